@@ -1,0 +1,286 @@
+/* ember.h - Ember's public C API: eager tensors on CPU (CUDA designed in).
+ *
+ * Conventions (docs/api.md has the full reference):
+ *  - Every function is prefixed em_.  Functions that make a tensor return it,
+ *    or NULL on error; the reason is then readable with em_last_error().
+ *  - An op given a NULL tensor returns NULL and keeps the error that made the
+ *    NULL, so a chain such as em_add(em_mul(x, w), b) is checked once, at its
+ *    end.
+ *  - Ownership (docs/memory.md): a tensor made while a scope is open
+ *    (em_scope_begin) belongs to that scope and is released by em_scope_end,
+ *    unless it was moved out with em_keep.  A tensor made while no scope is
+ *    open belongs to the caller, who releases it with em_release.
+ */
+#ifndef EMBER_H
+#define EMBER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__)
+#define EM_API __attribute__((visibility("default")))
+#else
+#define EM_API
+#endif
+
+#define EM_MAX_DIMS 8
+
+/* Element types.  F16 and BF16 are storage types: em_cast converts to and
+ * from them; arithmetic on them reports EM_ERR_DTYPE for now. */
+typedef enum em_dtype {
+    EM_F32,
+    EM_F64,
+    EM_I32,
+    EM_I64,
+    EM_BOOL,
+    EM_F16,
+    EM_BF16,
+    EM_DTYPE_COUNT
+} em_dtype;
+
+typedef enum em_device_type { EM_CPU, EM_CUDA, EM_DEVICE_TYPE_COUNT } em_device_type;
+
+/* A device: its type and, for CUDA, the ordinal of the GPU. */
+typedef struct em_device {
+    em_device_type type;
+    int index;
+} em_device;
+
+#define EM_CPU_DEVICE ((em_device){EM_CPU, 0})
+
+/* Status codes.  EM_OK is 0; every error is negative. */
+typedef enum em_status {
+    EM_OK = 0,
+    EM_ERR_NULL = -1,        /* a required argument was NULL */
+    EM_ERR_SHAPE = -2,       /* sizes that do not agree or broadcast */
+    EM_ERR_DIM = -3,         /* a dim out of range, repeated, or too many dims */
+    EM_ERR_DTYPE = -4,       /* a dtype the op does not accept */
+    EM_ERR_DEVICE = -5,      /* tensors on different devices, or a device not available */
+    EM_ERR_OVERFLOW = -6,    /* sizes whose product or byte count overflows */
+    EM_ERR_NOMEM = -7,       /* an allocation failed */
+    EM_ERR_INDEX = -8,       /* an index out of range */
+    EM_ERR_ARG = -9,         /* any other invalid argument (negative size, zero step...) */
+    EM_ERR_STATE = -10,      /* a call out of order (em_scope_end without a scope...) */
+    EM_ERR_UNSUPPORTED = -11 /* valid, but not implemented for these inputs */
+} em_status;
+
+typedef struct em_tensor em_tensor;
+typedef struct em_generator em_generator;
+
+/* ---- Errors (per thread) ---- */
+
+/* The message of the most recent failure on this thread ("" if none). */
+EM_API const char *em_last_error(void);
+/* The status of the most recent failure on this thread (EM_OK if none). */
+EM_API em_status em_last_status(void);
+/* Forget the last failure. */
+EM_API void em_clear_error(void);
+EM_API const char *em_status_name(em_status s);
+
+/* ---- Allocation hook (per thread) ----
+ * Every host allocation Ember makes goes through the allocator current on
+ * the calling thread.  Objects remember the allocator that made them, so the
+ * allocator must outlive them.  NULL restores the default (aligned malloc). */
+typedef struct em_allocator {
+    void *(*alloc)(void *ud, size_t size, size_t align); /* NULL on failure */
+    void (*free)(void *ud, void *ptr);
+    void *ud;
+} em_allocator;
+EM_API void em_set_allocator(const em_allocator *a);
+EM_API const em_allocator *em_get_allocator(void);
+
+/* ---- Scopes (per thread) ---- */
+
+/* Open a scope; returns its depth (1 for the outermost). */
+EM_API int em_scope_begin(void);
+/* Release every tensor the innermost scope owns. */
+EM_API em_status em_scope_end(void);
+/* Move t out of the innermost scope to the enclosing one (or, outside all
+ * scopes, to the caller, who then em_release's it).  A tensor the scope does
+ * not own (an input) gets a new reference for the enclosing owner.
+ * Returns t, or NULL if t is NULL. */
+EM_API em_tensor *em_keep(em_tensor *t);
+/* Reference counting, for tensors held beyond a scope (weights in a
+ * struct): em_retain adds a reference the caller owns; em_release drops one
+ * the caller owns.  em_release(NULL) is a no-op. */
+EM_API em_tensor *em_retain(em_tensor *t);
+EM_API void em_release(em_tensor *t);
+
+/* ---- Dtypes and devices ---- */
+EM_API const char *em_dtype_name(em_dtype d);
+EM_API size_t em_dtype_size(em_dtype d); /* 0 for an invalid dtype */
+EM_API bool em_dtype_is_float(em_dtype d);
+EM_API em_dtype em_promote_types(em_dtype a, em_dtype b);
+EM_API em_device em_cpu(void);
+EM_API em_device em_cuda(int index);
+/* Whether tensors can be made on d in this process. */
+EM_API bool em_device_available(em_device d);
+
+/* ---- Creation ---- */
+/* Copies numel(sizes) elements of dtype from host memory. */
+EM_API em_tensor *em_from_data(const void *data, em_dtype dtype, int ndim,
+                               const int64_t *sizes, em_device dev);
+EM_API em_tensor *em_empty(int ndim, const int64_t *sizes, em_dtype dtype, em_device dev);
+EM_API em_tensor *em_zeros(int ndim, const int64_t *sizes, em_dtype dtype, em_device dev);
+EM_API em_tensor *em_ones(int ndim, const int64_t *sizes, em_dtype dtype, em_device dev);
+EM_API em_tensor *em_full(int ndim, const int64_t *sizes, double value, em_dtype dtype,
+                          em_device dev);
+/* A 0-dim tensor holding value. */
+EM_API em_tensor *em_scalar(double value, em_dtype dtype, em_device dev);
+/* [start, end) by step, ceil((end-start)/step) elements. */
+EM_API em_tensor *em_arange(double start, double end, double step, em_dtype dtype,
+                            em_device dev);
+
+/* A counter-based (Philox4x32-10) generator: the values depend only on the
+ * seed and on how many values were drawn before, never on threads. */
+EM_API em_generator *em_generator_new(uint64_t seed);
+EM_API void em_generator_free(em_generator *g);
+EM_API uint64_t em_generator_seed(const em_generator *g);
+EM_API uint64_t em_generator_offset(const em_generator *g);
+/* Uniform in [0, 1) and standard normal; f32 or f64. */
+EM_API em_tensor *em_rand(em_generator *g, int ndim, const int64_t *sizes, em_dtype dtype,
+                          em_device dev);
+EM_API em_tensor *em_randn(em_generator *g, int ndim, const int64_t *sizes, em_dtype dtype,
+                           em_device dev);
+
+/* ---- Reading values ---- */
+/* Copies t's elements in row-major order into buf, which holds nbytes
+ * (at least numel * dtype size). */
+EM_API em_status em_copy_to_host(const em_tensor *t, void *buf, size_t nbytes);
+/* The value of a one-element tensor. */
+EM_API em_status em_item(const em_tensor *t, double *out);
+EM_API em_status em_item_i64(const em_tensor *t, int64_t *out);
+/* Prints t (shape, dtype and values, abbreviated past 6 per dim). */
+EM_API em_status em_print(const em_tensor *t, FILE *f);
+
+/* ---- Metadata (pure getters; they never fail on a valid tensor) ---- */
+EM_API int em_ndim(const em_tensor *t);          /* -1 for NULL */
+EM_API int64_t em_size(const em_tensor *t, int dim);   /* dim may be negative; -1 on error */
+EM_API int64_t em_stride(const em_tensor *t, int dim); /* in elements; 0 on error */
+EM_API const int64_t *em_sizes(const em_tensor *t);
+EM_API const int64_t *em_strides(const em_tensor *t);
+EM_API int64_t em_offset(const em_tensor *t);    /* storage offset in elements */
+EM_API int64_t em_numel(const em_tensor *t);     /* -1 for NULL */
+EM_API em_dtype em_dtype_of(const em_tensor *t);
+EM_API em_device em_device_of(const em_tensor *t);
+EM_API bool em_is_contiguous(const em_tensor *t);
+/* Whether a and b view the same storage. */
+EM_API bool em_shares_storage(const em_tensor *a, const em_tensor *b);
+
+/* ---- Pointwise ops ----
+ * Binary ops broadcast as numpy does and promote dtypes
+ * (bool < i32 < i64 < f32 < f64).  Ops that are only defined on floats
+ * (exp, div, pow...) compute integer inputs in f32. */
+EM_API em_tensor *em_neg(const em_tensor *x);
+EM_API em_tensor *em_abs(const em_tensor *x);
+EM_API em_tensor *em_exp(const em_tensor *x);
+EM_API em_tensor *em_log(const em_tensor *x);
+EM_API em_tensor *em_sqrt(const em_tensor *x);
+EM_API em_tensor *em_rsqrt(const em_tensor *x);
+EM_API em_tensor *em_sin(const em_tensor *x);
+EM_API em_tensor *em_cos(const em_tensor *x);
+EM_API em_tensor *em_tanh(const em_tensor *x);
+EM_API em_tensor *em_sigmoid(const em_tensor *x);
+EM_API em_tensor *em_relu(const em_tensor *x);
+EM_API em_tensor *em_gelu(const em_tensor *x);      /* erf form: x/2 (1 + erf(x/sqrt 2)) */
+EM_API em_tensor *em_gelu_tanh(const em_tensor *x); /* tanh approximation */
+EM_API em_tensor *em_erf(const em_tensor *x);
+
+EM_API em_tensor *em_add(const em_tensor *a, const em_tensor *b);
+EM_API em_tensor *em_sub(const em_tensor *a, const em_tensor *b);
+EM_API em_tensor *em_mul(const em_tensor *a, const em_tensor *b);
+EM_API em_tensor *em_div(const em_tensor *a, const em_tensor *b);
+EM_API em_tensor *em_pow(const em_tensor *a, const em_tensor *b);
+EM_API em_tensor *em_maximum(const em_tensor *a, const em_tensor *b); /* NaN propagates */
+EM_API em_tensor *em_minimum(const em_tensor *a, const em_tensor *b);
+
+/* Scalar forms: x OP s.  The scalar takes x's dtype, except that a
+ * non-integral scalar with an integer x computes in f32. */
+EM_API em_tensor *em_add_scalar(const em_tensor *x, double s);
+EM_API em_tensor *em_sub_scalar(const em_tensor *x, double s);
+EM_API em_tensor *em_mul_scalar(const em_tensor *x, double s);
+EM_API em_tensor *em_div_scalar(const em_tensor *x, double s);
+EM_API em_tensor *em_pow_scalar(const em_tensor *x, double s);
+EM_API em_tensor *em_maximum_scalar(const em_tensor *x, double s);
+EM_API em_tensor *em_minimum_scalar(const em_tensor *x, double s);
+
+/* Comparisons give EM_BOOL.  NaN compares unequal to everything. */
+EM_API em_tensor *em_eq(const em_tensor *a, const em_tensor *b);
+EM_API em_tensor *em_ne(const em_tensor *a, const em_tensor *b);
+EM_API em_tensor *em_lt(const em_tensor *a, const em_tensor *b);
+EM_API em_tensor *em_le(const em_tensor *a, const em_tensor *b);
+EM_API em_tensor *em_gt(const em_tensor *a, const em_tensor *b);
+EM_API em_tensor *em_ge(const em_tensor *a, const em_tensor *b);
+
+/* cond ? a : b, elementwise; cond must be EM_BOOL; all three broadcast. */
+EM_API em_tensor *em_where(const em_tensor *cond, const em_tensor *a, const em_tensor *b);
+/* Converts to dtype (floats to integers truncate toward zero; to bool is x != 0). */
+EM_API em_tensor *em_cast(const em_tensor *x, em_dtype dtype);
+
+/* ---- Reductions ----
+ * dims lists ndims dims (negative counts from the end; ndims == 0 reduces
+ * over every dim); keepdim keeps reduced dims with size 1. */
+EM_API em_tensor *em_sum(const em_tensor *x, int ndims, const int *dims, bool keepdim);
+EM_API em_tensor *em_mean(const em_tensor *x, int ndims, const int *dims, bool keepdim);
+EM_API em_tensor *em_amax(const em_tensor *x, int ndims, const int *dims, bool keepdim);
+EM_API em_tensor *em_amin(const em_tensor *x, int ndims, const int *dims, bool keepdim);
+/* Variance with Bessel's correction `correction` (1: unbiased, 0: population). */
+EM_API em_tensor *em_var(const em_tensor *x, int ndims, const int *dims, int correction,
+                         bool keepdim);
+/* Index (EM_I64) of the first maximum along dim; NaN counts as the maximum. */
+EM_API em_tensor *em_argmax(const em_tensor *x, int dim, bool keepdim);
+
+/* ---- Views: they share x's storage ---- */
+/* sizes may hold one -1, inferred.  A view when strides allow; otherwise
+ * the result is a contiguous copy (as torch.reshape). */
+EM_API em_tensor *em_reshape(const em_tensor *x, int ndim, const int64_t *sizes);
+EM_API em_tensor *em_permute(const em_tensor *x, int ndim, const int *perm);
+EM_API em_tensor *em_transpose(const em_tensor *x, int dim0, int dim1);
+/* Elements start, start+step, ... < end along dim.  start and end may be
+ * negative (from the end) and are clamped as in Python; step > 0. */
+EM_API em_tensor *em_slice(const em_tensor *x, int dim, int64_t start, int64_t end,
+                           int64_t step);
+/* Broadcasts size-1 dims (and new leading dims) to sizes; -1 keeps a size. */
+EM_API em_tensor *em_expand(const em_tensor *x, int ndim, const int64_t *sizes);
+/* Removes dim, which must have size 1. */
+EM_API em_tensor *em_squeeze(const em_tensor *x, int dim);
+/* Inserts a size-1 dim at dim (-1: at the end). */
+EM_API em_tensor *em_unsqueeze(const em_tensor *x, int dim);
+/* x itself (a new reference) if contiguous, else a contiguous copy. */
+EM_API em_tensor *em_contiguous(const em_tensor *x);
+
+/* ---- Joining and indexing ---- */
+EM_API em_tensor *em_cat(int n, em_tensor *const *xs, int dim);
+/* x's slices at idx (1-D, EM_I32 or EM_I64) along dim.  An index outside
+ * [0, size) is an EM_ERR_INDEX error. */
+EM_API em_tensor *em_index_select(const em_tensor *x, int dim, const em_tensor *idx);
+/* weight[V, D] rows at idx (any shape): shape idx.shape + [D]. */
+EM_API em_tensor *em_embedding(const em_tensor *weight, const em_tensor *idx);
+
+/* ---- Linear algebra ----
+ * torch.matmul semantics: 1-D operands are promoted and the added dim
+ * removed; batch dims broadcast.  f32/f64 run on OpenBLAS. */
+EM_API em_tensor *em_matmul(const em_tensor *a, const em_tensor *b);
+
+/* ---- Decompositions: defined by the primitives above ---- */
+EM_API em_tensor *em_softmax(const em_tensor *x, int dim);
+EM_API em_tensor *em_log_softmax(const em_tensor *x, int dim);
+/* Normalizes over the last nnorm dims; weight and bias (shape of those
+ * dims) may be NULL. */
+EM_API em_tensor *em_layer_norm(const em_tensor *x, int nnorm, const em_tensor *weight,
+                                const em_tensor *bias, double eps);
+
+/* ---- Runtime settings ---- */
+/* Threads for eager CPU kernels (EMBER_NUM_THREADS; default: all cores). */
+EM_API int em_num_threads(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

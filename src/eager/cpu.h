@@ -1,0 +1,54 @@
+/* cpu.h - the CPU backend's kernel helpers (src/eager/cpu_*.c).
+ *
+ * Pointwise kernels run through em_iter: the output and the inputs,
+ * broadcast to the output's sizes, walked together with byte strides, with
+ * adjacent dims merged where every operand allows it (so a contiguous
+ * tensor is one flat loop).  A kernel supplies only the inner loop. */
+#ifndef EMBER_CPU_H
+#define EMBER_CPU_H
+
+#include "eager.h"
+
+#define EM_ITER_MAX_OPS 4
+
+typedef struct em_iter {
+    int nops;                                   /* output + inputs */
+    int ndim;                                   /* after merging dims; >= 1 */
+    int64_t sizes[EM_MAX_DIMS];                 /* innermost dim last */
+    int64_t strides[EM_ITER_MAX_OPS][EM_MAX_DIMS]; /* bytes */
+    char *ptrs[EM_ITER_MAX_OPS];
+    int64_t numel;
+} em_iter;
+
+/* Inner loop over n elements: ptrs[k] is operand k's first element and
+ * strides[k] its byte stride (operand 0 is the output). */
+typedef void (*em_loop_fn)(char **ptrs, const int64_t *strides, int64_t n,
+                           const em_op_attrs *a);
+
+/* Sets up an iteration writing out (any strides) and reading in[0..nin-1],
+ * each broadcast to out's sizes (the caller checked they broadcast). */
+void em_iter_init(em_iter *it, em_tensor *out, int nin, em_tensor *const *in);
+/* Runs loop over every element, split across threads when large. */
+void em_iter_run(const em_iter *it, em_loop_fn loop, const em_op_attrs *a);
+
+/* Below this many elements a pointwise kernel runs on one thread. */
+#define EM_PARALLEL_GRAIN 32768
+
+/* Loads element p of dtype d as double, and stores v into p as dtype d.
+ * Slow generic paths (casts, printing, tests); kernels use typed loops. */
+double em_load_f64(const void *p, em_dtype d);
+void em_store_f64(void *p, em_dtype d, double v);
+int64_t em_load_i64(const void *p, em_dtype d);
+
+/* IEEE half and bfloat16 conversions (round to nearest even). */
+float em_half_to_float(uint16_t h);
+uint16_t em_float_to_half(float f);
+float em_bf16_to_float(uint16_t h);
+uint16_t em_float_to_bf16(float f);
+
+/* Kernels named in ops.def. */
+#define X(NAME, name, kind, nin, infer, cpu) em_status cpu(const em_op_call *c, em_tensor *out);
+#include "ops.def"
+#undef X
+
+#endif

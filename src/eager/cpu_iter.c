@@ -1,0 +1,193 @@
+/* cpu_iter.c - the strided N-operand iterator behind every pointwise CPU
+ * kernel, and scalar load/store/convert helpers. */
+#include "cpu.h"
+
+#include <math.h>
+#include <string.h>
+
+void em_iter_init(em_iter *it, em_tensor *out, int nin, em_tensor *const *in) {
+    int nd = out->ndim;
+    memset(it, 0, sizeof *it);
+    it->nops = nin + 1;
+    it->numel = em_shape_numel(nd, out->sizes);
+    int64_t sizes[EM_MAX_DIMS];
+    int64_t strides[EM_ITER_MAX_OPS][EM_MAX_DIMS];
+    em_tensor *ops[EM_ITER_MAX_OPS];
+    ops[0] = out;
+    for (int k = 0; k < nin; k++) ops[k + 1] = in[k];
+    for (int k = 0; k < it->nops; k++) {
+        em_tensor *t = ops[k];
+        int64_t es = (int64_t)em_dtype_size(t->dtype);
+        int shift = nd - t->ndim; /* numpy broadcasting aligns trailing dims */
+        for (int d = 0; d < nd; d++) {
+            int td = d - shift;
+            bool bcast = td < 0 || (t->sizes[td] == 1 && out->sizes[d] != 1);
+            strides[k][d] = bcast ? 0 : t->strides[td] * es;
+        }
+        it->ptrs[k] = em_data(t);
+    }
+    memcpy(sizes, out->sizes, sizeof(int64_t) * (size_t)nd);
+    /* Merge dim d into d+1 (the inner one) when every operand steps over
+     * d exactly as over a whole run of d+1; drop size-1 dims. */
+    int n = 0;
+    for (int d = 0; d < nd; d++) {
+        if (sizes[d] == 1) continue;
+        if (n > 0) {
+            bool merge = true;
+            for (int k = 0; k < it->nops; k++)
+                if (it->strides[k][n - 1] != strides[k][d] * sizes[d]) merge = false;
+            if (merge) {
+                it->sizes[n - 1] *= sizes[d];
+                for (int k = 0; k < it->nops; k++) it->strides[k][n - 1] = strides[k][d];
+                continue;
+            }
+        }
+        it->sizes[n] = sizes[d];
+        for (int k = 0; k < it->nops; k++) it->strides[k][n] = strides[k][d];
+        n++;
+    }
+    if (n == 0) { /* a single element */
+        it->sizes[0] = 1;
+        n = 1;
+    }
+    it->ndim = n;
+}
+
+typedef struct iter_job {
+    const em_iter *it;
+    em_loop_fn loop;
+    const em_op_attrs *a;
+} iter_job;
+
+/* Runs the elements [begin, end) of the flattened iteration space. */
+static void iter_range(void *ctx, int64_t begin, int64_t end) {
+    const iter_job *j = ctx;
+    const em_iter *it = j->it;
+    int nd = it->ndim, nops = it->nops;
+    int64_t inner = it->sizes[nd - 1];
+    int64_t idx[EM_MAX_DIMS];
+    int64_t rest = begin;
+    for (int d = nd - 1; d >= 0; d--) {
+        idx[d] = rest % it->sizes[d];
+        rest /= it->sizes[d];
+    }
+    int64_t inner_strides[EM_ITER_MAX_OPS];
+    for (int k = 0; k < nops; k++) inner_strides[k] = it->strides[k][nd - 1];
+    int64_t pos = begin;
+    while (pos < end) {
+        char *ptrs[EM_ITER_MAX_OPS];
+        for (int k = 0; k < nops; k++) {
+            int64_t off = 0;
+            for (int d = 0; d < nd; d++) off += idx[d] * it->strides[k][d];
+            ptrs[k] = it->ptrs[k] + off;
+        }
+        int64_t n = inner - idx[nd - 1];
+        if (n > end - pos) n = end - pos;
+        j->loop(ptrs, inner_strides, n, j->a);
+        pos += n;
+        idx[nd - 1] += n;
+        for (int d = nd - 1; d > 0 && idx[d] == it->sizes[d]; d--) {
+            idx[d] = 0;
+            idx[d - 1]++;
+        }
+    }
+}
+
+void em_iter_run(const em_iter *it, em_loop_fn loop, const em_op_attrs *a) {
+    if (it->numel <= 0) return;
+    iter_job j = {it, loop, a};
+    em_parallel_for(it->numel, EM_PARALLEL_GRAIN, iter_range, &j);
+}
+
+/* ---- Scalars ---- */
+
+float em_half_to_float(uint16_t h) {
+    uint32_t sign = (uint32_t)(h >> 15) << 31, exp = (h >> 10) & 0x1f, man = h & 0x3ff;
+    uint32_t bits;
+    if (exp == 0x1f) {
+        bits = sign | 0x7f800000u | (man << 13); /* inf, NaN */
+    } else if (exp == 0) {
+        float f = ldexpf((float)man, -24); /* zero, subnormal */
+        return sign ? -f : f;
+    } else {
+        bits = sign | ((exp + 112) << 23) | (man << 13);
+    }
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+uint16_t em_float_to_half(float f) {
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    uint16_t sign = (uint16_t)((x >> 16) & 0x8000);
+    uint32_t ax = x & 0x7fffffffu;
+    if (ax > 0x7f800000u) return sign | 0x7e00;      /* NaN */
+    if (ax >= 0x477ff000u) return sign | 0x7c00;     /* rounds to inf */
+    if (ax < 0x38800000u) {                         /* subnormal or zero */
+        float a;
+        memcpy(&a, &ax, 4);
+        return sign | (uint16_t)lrintf(a * 0x1p24f); /* round to nearest even */
+    }
+    uint32_t m = ax + 0xc8000fffu + ((ax >> 13) & 1); /* rebias by -112, round to even */
+    return sign | (uint16_t)(m >> 13);
+}
+
+float em_bf16_to_float(uint16_t h) {
+    uint32_t bits = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+uint16_t em_float_to_bf16(float f) {
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    if ((x & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((x >> 16) | 0x40); /* quiet NaN */
+    x += 0x7fffu + ((x >> 16) & 1);
+    return (uint16_t)(x >> 16);
+}
+
+double em_load_f64(const void *p, em_dtype d) {
+    switch (d) {
+    case EM_F32: return *(const float *)p;
+    case EM_F64: return *(const double *)p;
+    case EM_I32: return *(const int32_t *)p;
+    case EM_I64: return (double)*(const int64_t *)p;
+    case EM_BOOL: return *(const uint8_t *)p ? 1.0 : 0.0;
+    case EM_F16: return em_half_to_float(*(const uint16_t *)p);
+    case EM_BF16: return em_bf16_to_float(*(const uint16_t *)p);
+    default: return NAN;
+    }
+}
+
+int64_t em_load_i64(const void *p, em_dtype d) {
+    if (d == EM_I64) return *(const int64_t *)p;
+    if (d == EM_I32) return *(const int32_t *)p;
+    if (d == EM_BOOL) return *(const uint8_t *)p != 0;
+    double v = em_load_f64(p, d);
+    if (isnan(v)) return 0;
+    if (v >= 0x1p63) return INT64_MAX;
+    if (v < -0x1p63) return INT64_MIN;
+    return (int64_t)v;
+}
+
+static int64_t clamp_to_int(double v, double lo, double hi) {
+    if (isnan(v)) return 0;
+    if (v <= lo) return (int64_t)lo;
+    if (v >= hi) return (int64_t)hi;
+    return (int64_t)v;
+}
+
+void em_store_f64(void *p, em_dtype d, double v) {
+    switch (d) {
+    case EM_F32: *(float *)p = (float)v; break;
+    case EM_F64: *(double *)p = v; break;
+    case EM_I32: *(int32_t *)p = (int32_t)clamp_to_int(v, INT32_MIN, INT32_MAX); break;
+    case EM_I64: *(int64_t *)p = clamp_to_int(v, -0x1p63, 0x1p63 - 1024); break;
+    case EM_BOOL: *(uint8_t *)p = v != 0; break;
+    case EM_F16: *(uint16_t *)p = em_float_to_half((float)v); break;
+    case EM_BF16: *(uint16_t *)p = em_float_to_bf16((float)v); break;
+    default: break;
+    }
+}

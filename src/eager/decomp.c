@@ -1,0 +1,80 @@
+/* decomp.c - ops defined by decomposition into primitives.
+ *
+ * One definition serves eager mode and, later, tracing: recording sees the
+ * primitives these call, as Inductor sees ATen decompositions. */
+#include "eager.h"
+
+static em_tensor *kept(em_tensor *r) {
+    r = em_keep(r);
+    em_scope_end();
+    return r;
+}
+
+/* softmax(x) = exp(x - max) / sum(exp(x - max)); subtracting the max keeps
+ * exp from overflowing and does not change the result. */
+em_tensor *em_softmax(const em_tensor *x, int dim) {
+    if (!x) {
+        em_error_null("em_softmax", "x");
+        return NULL;
+    }
+    em_scope_begin();
+    em_tensor *xf = em_dtype_is_float(x->dtype) ? (em_tensor *)x : em_cast(x, EM_F32);
+    em_tensor *e = em_exp(em_sub(xf, em_amax(xf, 1, &dim, true)));
+    return kept(em_div(e, em_sum(e, 1, &dim, true)));
+}
+
+/* log_softmax(x) = (x - max) - log(sum(exp(x - max))). */
+em_tensor *em_log_softmax(const em_tensor *x, int dim) {
+    if (!x) {
+        em_error_null("em_log_softmax", "x");
+        return NULL;
+    }
+    em_scope_begin();
+    em_tensor *xf = em_dtype_is_float(x->dtype) ? (em_tensor *)x : em_cast(x, EM_F32);
+    em_tensor *shifted = em_sub(xf, em_amax(xf, 1, &dim, true));
+    return kept(em_sub(shifted, em_log(em_sum(em_exp(shifted), 1, &dim, true))));
+}
+
+/* (x - mean) / sqrt(var + eps) * weight + bias over the last nnorm dims,
+ * with the population variance (correction 0), as torch.layer_norm. */
+em_tensor *em_layer_norm(const em_tensor *x, int nnorm, const em_tensor *weight,
+                         const em_tensor *bias, double eps) {
+    if (!x) {
+        em_error_null("em_layer_norm", "x");
+        return NULL;
+    }
+    if (nnorm < 1 || nnorm > x->ndim) {
+        em_error(EM_ERR_DIM, "em_layer_norm: cannot normalize over the last %d dims of a %d-d "
+                 "tensor", nnorm, x->ndim);
+        return NULL;
+    }
+    if (!(eps >= 0)) {
+        em_error(EM_ERR_ARG, "em_layer_norm: eps %g is negative or NaN", eps);
+        return NULL;
+    }
+    const em_tensor *affine[2] = {weight, bias};
+    for (int k = 0; k < 2; k++) {
+        const em_tensor *p = affine[k];
+        if (!p) continue;
+        bool ok = p->ndim == nnorm;
+        for (int i = 0; ok && i < nnorm; i++)
+            ok = p->sizes[i] == x->sizes[x->ndim - nnorm + i];
+        if (!ok) {
+            char s1[160], s2[160];
+            em_error(EM_ERR_SHAPE, "em_layer_norm: %s of sizes %s does not match the normalized "
+                     "sizes %s", k ? "bias" : "weight", em_shape_str(p->ndim, p->sizes, s1, sizeof s1),
+                     em_shape_str(nnorm, x->sizes + x->ndim - nnorm, s2, sizeof s2));
+            return NULL;
+        }
+    }
+    int dims[EM_MAX_DIMS];
+    for (int i = 0; i < nnorm; i++) dims[i] = x->ndim - nnorm + i;
+    em_scope_begin();
+    em_tensor *xf = em_dtype_is_float(x->dtype) ? (em_tensor *)x : em_cast(x, EM_F32);
+    em_tensor *centered = em_sub(xf, em_mean(xf, nnorm, dims, true));
+    em_tensor *var = em_var(xf, nnorm, dims, 0, true);
+    em_tensor *y = em_mul(centered, em_rsqrt(em_add_scalar(var, eps)));
+    if (weight) y = em_mul(y, weight);
+    if (bias) y = em_add(y, bias);
+    return kept(y);
+}

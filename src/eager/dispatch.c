@@ -1,0 +1,76 @@
+/* dispatch.c - the one dispatch point every op goes through.
+ *
+ * em_dispatch: check the inputs -> infer the result's meta -> hand the call
+ * to the thread's hook (recording, lazy mode) or run it eagerly on the
+ * inputs' device.  Keeping this the only path is what lets a later mode see
+ * every op without the ops knowing. */
+#include "eager.h"
+
+#include <string.h>
+
+em_dispatch_hook em_set_dispatch_hook(em_dispatch_hook h) {
+    em_context *c = em_ctx();
+    em_dispatch_hook old = c->hook;
+    c->hook = h;
+    return old;
+}
+
+static em_status check_inputs(const em_op_call *c) {
+    const em_op_info *info = &em_op_table[c->op];
+    if (info->nin >= 0 && c->nin != info->nin)
+        return em_error(EM_ERR_ARG, "%s: takes %d inputs, got %d", info->name, info->nin, c->nin);
+    for (int i = 0; i < c->nin; i++) {
+        if (!c->in[i]) {
+            char arg[32];
+            snprintf(arg, sizeof arg, "input %d", i);
+            return em_error_null(info->name, arg);
+        }
+        if (!c->in[i]->storage && !em_ctx()->hook.fn)
+            return em_error(EM_ERR_STATE, "%s: input %d has no data", info->name, i);
+        if (i > 0 && !em_same_device(c->in[i]->device, c->in[0]->device)) {
+            char a[32], b[32];
+            return em_error(EM_ERR_DEVICE, "%s: input %d is on %s but input 0 is on %s",
+                            info->name, i, em_device_name(c->in[i]->device, a, sizeof a),
+                            em_device_name(c->in[0]->device, b, sizeof b));
+        }
+    }
+    return EM_OK;
+}
+
+em_tensor *em_dispatch(em_op op, int nin, em_tensor *const *in, const em_op_attrs *a) {
+    static const em_op_attrs no_attrs;
+    em_op_call c = {op, nin, in, a ? a : &no_attrs};
+    if ((unsigned)op >= EM_OP_COUNT) {
+        em_error(EM_ERR_ARG, "invalid op %d", (int)op);
+        return NULL;
+    }
+    if (check_inputs(&c) != EM_OK) return NULL;
+    em_meta m;
+    memset(&m, 0, sizeof m);
+    m.device = nin > 0 ? in[0]->device : c.attrs->device;
+    if (em_op_table[op].infer(&c, &m) != EM_OK) return NULL;
+    em_context *ctx = em_ctx();
+    if (ctx->hook.fn) return ctx->hook.fn(ctx->hook.ud, &c, &m);
+    return em_dispatch_eager(&c, &m);
+}
+
+em_tensor *em_dispatch_eager(const em_op_call *c, const em_meta *m) {
+    const em_op_info *info = &em_op_table[c->op];
+    if (info->kind == EM_KIND_VIEW) return em_tensor_view(c->in[0], m);
+    if (info->kind == EM_KIND_COPY && em_is_contiguous(c->in[0])) {
+        /* contiguous of a contiguous tensor is an alias, as in torch */
+        em_meta v = *m;
+        memcpy(v.strides, c->in[0]->strides, sizeof(int64_t) * (size_t)v.ndim);
+        v.offset = c->in[0]->offset;
+        return em_tensor_view(c->in[0], &v);
+    }
+    const em_backend *b = em_backend_for(m->device);
+    if (!b) return NULL;
+    em_tensor *out = em_tensor_alloc(m);
+    if (!out) return NULL;
+    if (b->run(c, out) != EM_OK) {
+        em_tensor_discard(out);
+        return NULL;
+    }
+    return out;
+}

@@ -1,0 +1,217 @@
+/* eager.h - internals of the eager tensor library (src/eager).
+ *
+ * What this room offers the rest of Ember:
+ *  - the tensor and storage objects (em_tensor, em_storage) and their meta;
+ *  - the op table (ops.def) as enum em_op and em_op_info[];
+ *  - the one dispatch point (em_dispatch) every public op goes through, and
+ *    the per-thread hook that recording and lazy mode will install there;
+ *  - device backends as function-pointer tables (em_backend);
+ *  - the per-thread context: last error, scope stack, allocator, hook.
+ * Eager knows nothing of trace, guards, jit or cache. */
+#ifndef EMBER_EAGER_H
+#define EMBER_EAGER_H
+
+#include "ember.h"
+
+#include <stdarg.h>
+#include <stdatomic.h>
+
+/* ---- Op table ---- */
+typedef enum em_op {
+#define X(NAME, name, kind, nin, infer, cpu) EM_OP_##NAME,
+#include "ops.def"
+#undef X
+    EM_OP_COUNT
+} em_op;
+
+typedef enum em_op_kind {
+    EM_KIND_CREATE,  /* no tensor inputs: empty, full, arange, rand, randn */
+    EM_KIND_UNARY,   /* pointwise, one input */
+    EM_KIND_BINARY,  /* pointwise, two inputs of one dtype, broadcast */
+    EM_KIND_TERNARY, /* where */
+    EM_KIND_REDUCE,  /* reduction over attrs.dims */
+    EM_KIND_VIEW,    /* shares the input's storage; no kernel */
+    EM_KIND_COPY,    /* contiguous */
+    EM_KIND_CAT,
+    EM_KIND_INDEX,
+    EM_KIND_MATMUL
+} em_op_kind;
+
+/* Scalar attributes of an op call.  One flat struct for every op, so that a
+ * graph node can hold any call; each op reads only the fields it documents. */
+typedef struct em_op_attrs {
+    int ndim;                      /* creation, reshape, expand: target rank */
+    int64_t sizes[EM_MAX_DIMS];    /* creation, reshape, expand: target sizes */
+    int ndims;                     /* reductions: how many dims; permute: rank */
+    int dims[EM_MAX_DIMS];         /* reductions: dims (normalized); permute: perm */
+    int dim;                       /* slice, squeeze, unsqueeze, cat, index_select, argmax */
+    int64_t start, end, step;      /* slice (normalized, clamped) */
+    double value;                  /* full: fill value */
+    double fstart, fstep;          /* arange: value i is fstart + i * fstep */
+    int correction;                /* var */
+    bool keepdim;                  /* reductions */
+    em_dtype dtype;                /* creation, cast: result dtype */
+    em_device device;              /* creation: result device */
+    uint64_t seed, offset;         /* rand, randn: Philox key and first counter */
+} em_op_attrs;
+
+/* One call of an op: what the dispatcher, kernels and hooks see. */
+typedef struct em_op_call {
+    em_op op;
+    int nin;
+    em_tensor *const *in;
+    const em_op_attrs *attrs;
+} em_op_call;
+
+/* The result's meta, computed by the op's infer rule before any data. */
+typedef struct em_meta {
+    int ndim;
+    int64_t sizes[EM_MAX_DIMS];
+    int64_t strides[EM_MAX_DIMS]; /* views only: strides and offset of the view */
+    int64_t offset;
+    em_dtype dtype;
+    em_device device;
+} em_meta;
+
+typedef em_status (*em_infer_fn)(const em_op_call *c, em_meta *out);
+typedef em_status (*em_kernel_fn)(const em_op_call *c, em_tensor *out);
+
+typedef struct em_op_info {
+    const char *name;
+    em_op_kind kind;
+    int nin;             /* -1: variadic */
+    em_infer_fn infer;
+    em_kernel_fn cpu;    /* views: cpu_view, which computes nothing */
+} em_op_info;
+
+extern const em_op_info em_op_table[EM_OP_COUNT];
+
+/* ---- Objects ---- */
+
+/* Refcounted memory on one device.  Views share it. */
+typedef struct em_storage {
+    atomic_int refcount;
+    void *data;
+    size_t nbytes;
+    em_device device;
+    const em_allocator *alloc; /* host memory: the allocator that made it */
+} em_storage;
+
+struct em_tensor {
+    atomic_int refcount;
+    int ndim;
+    int64_t sizes[EM_MAX_DIMS];
+    int64_t strides[EM_MAX_DIMS]; /* in elements; 0 on broadcast dims */
+    int64_t offset;               /* in elements, into storage */
+    em_dtype dtype;
+    em_device device;
+    em_storage *storage;          /* NULL only for a tensor whose value a mode will
+                                     compute later (lazy mode) */
+    int scope;                    /* depth of the owning scope; 0: none */
+    const em_allocator *alloc;    /* the allocator that made this struct */
+    /* A slot for the mode that recorded this tensor (trace, lazy): ext_free
+     * is called with ext when the tensor dies. */
+    void *ext;
+    void (*ext_free)(void *ext);
+};
+
+/* ---- Device backends ----
+ * Each device type has one table.  alloc/free/copy are required; run
+ * executes one op call into out (whose storage is allocated). */
+typedef struct em_backend {
+    const char *name;
+    bool (*available)(em_device d);
+    em_status (*alloc)(em_device d, size_t nbytes, void **ptr);
+    void (*free)(em_device d, void *ptr);
+    /* Copies n bytes between two devices of which at least one is this one. */
+    em_status (*copy)(void *dst, em_device dd, const void *src, em_device sd, size_t n);
+    em_status (*run)(const em_op_call *c, em_tensor *out);
+} em_backend;
+
+extern const em_backend em_cpu_backend;
+/* The table for d's type, or NULL (with an error set) if not built/available. */
+const em_backend *em_backend_for(em_device d);
+
+/* ---- Dispatch ----
+ * Every op goes through em_dispatch: it checks the inputs, infers the
+ * result's meta, then gives the call to the thread's hook if one is
+ * installed (recording, lazy mode), else runs it eagerly. */
+em_tensor *em_dispatch(em_op op, int nin, em_tensor *const *in, const em_op_attrs *a);
+/* Runs a checked call eagerly: allocates the result (or makes the view) and
+ * calls the device's kernel.  Hooks call this to compute real values. */
+em_tensor *em_dispatch_eager(const em_op_call *c, const em_meta *m);
+
+typedef em_tensor *(*em_hook_fn)(void *ud, const em_op_call *c, const em_meta *m);
+typedef struct em_dispatch_hook {
+    em_hook_fn fn;
+    void *ud;
+} em_dispatch_hook;
+/* Installs h on this thread and returns the previous hook (to restore). */
+em_dispatch_hook em_set_dispatch_hook(em_dispatch_hook h);
+
+/* ---- Per-thread context ---- */
+typedef struct em_scope_frame {
+    em_tensor **items;
+    int n, cap;
+} em_scope_frame;
+
+typedef struct em_context {
+    em_status status;
+    char message[512];
+    const em_allocator *alloc;
+    em_scope_frame *scopes; /* scopes[0] is the outermost */
+    int nscopes, capscopes;
+    em_dispatch_hook hook;
+} em_context;
+
+em_context *em_ctx(void);
+
+/* Records a failure (printf-style message) and returns s. */
+em_status em_error(em_status s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* NULL input: keeps a pending error (the one that made the NULL) or sets
+ * EM_ERR_NULL naming the function and argument. */
+em_status em_error_null(const char *fn, const char *arg);
+
+/* ---- Memory ---- */
+void *em_malloc(size_t size);          /* through the thread's allocator, 64-byte aligned */
+void *em_calloc(size_t n, size_t size);
+void em_free_with(const em_allocator *a, void *p);
+void em_free(void *p);                 /* with the thread's allocator */
+
+/* ---- Tensor internals ---- */
+/* A new tensor of meta m with fresh storage (uninitialized), owned as a
+ * newly made tensor is (by the innermost scope, or by the caller). */
+em_tensor *em_tensor_alloc(const em_meta *m);
+/* A view of base's storage with m's sizes, strides and offset. */
+em_tensor *em_tensor_view(const em_tensor *base, const em_meta *m);
+/* Hands a new tensor to the innermost scope (or leaves it to the caller). */
+em_tensor *em_tensor_adopt(em_tensor *t);
+/* Drops a tensor just made (on a failure path): out of its scope, released. */
+void em_tensor_discard(em_tensor *t);
+/* Validates creation arguments (ndim, sizes >= 0, dtype, device, overflow). */
+em_status em_check_creation(const char *fn, int ndim, const int64_t *sizes, em_dtype dtype,
+                            em_device dev);
+/* Address of element 0 of t. */
+static inline char *em_data(const em_tensor *t) {
+    return (char *)t->storage->data + t->offset * (int64_t)em_dtype_size(t->dtype);
+}
+bool em_meta_check_numel(const em_meta *m, int64_t *numel); /* false on overflow */
+int64_t em_shape_numel(int ndim, const int64_t *sizes);     /* -1 on overflow */
+void em_contiguous_strides(int ndim, const int64_t *sizes, int64_t *strides);
+/* Normalizes dim against ndim (negative from the end); false if out of range. */
+bool em_norm_dim(int dim, int ndim, int *out);
+bool em_same_device(em_device a, em_device b);
+const char *em_device_name(em_device d, char *buf, size_t n);
+/* "[2, 3, 4]" into buf. */
+const char *em_shape_str(int ndim, const int64_t *sizes, char *buf, size_t n);
+
+/* ---- CPU threading ---- */
+typedef void (*em_range_fn)(void *ctx, int64_t begin, int64_t end);
+/* Splits [0, n) into chunks of at least grain and runs fn on them, in
+ * parallel when n is large enough to pay for it. */
+void em_parallel_for(int64_t n, int64_t grain, em_range_fn fn, void *ctx);
+
+/* ---- Philox4x32-10 ---- */
+void em_philox(uint64_t seed, uint64_t counter, uint32_t out[4]);
+
+#endif

@@ -1,0 +1,503 @@
+/* test_core.c - tensors, scopes, errors, allocation, views, host I/O. */
+#include "testutil.h"
+
+#include <string.h>
+
+static const em_device CPU = {EM_CPU, 0};
+
+/* ---- errors ---- */
+
+START_TEST(error_chain_keeps_first_error) {
+    em_tensor *a = em_ones(2, TU_SIZES(2, 3), EM_F32, CPU);
+    em_tensor *b = em_ones(1, TU_SIZES(4), EM_F32, CPU);
+    em_tensor *r = em_exp(em_add(em_mul(a, b), a)); /* mul fails: [2,3] vs [4] */
+    ck_assert_ptr_null(r);
+    ck_assert_int_eq(em_last_status(), EM_ERR_SHAPE);
+    ck_assert_msg(strstr(em_last_error(), "mul") && strstr(em_last_error(), "[2, 3]") &&
+                      strstr(em_last_error(), "[4]"),
+                  "message: %s", em_last_error());
+    em_clear_error();
+    ck_assert_int_eq(em_last_status(), EM_OK);
+    ck_assert_str_eq(em_last_error(), "");
+}
+END_TEST
+
+START_TEST(error_null_names_argument) {
+    tu_check_fails(em_add(NULL, NULL), EM_ERR_NULL);
+    ck_assert_msg(strstr(em_last_error(), "em_add"), "%s", em_last_error());
+    tu_check_fails(em_exp(NULL), EM_ERR_NULL);
+    tu_check_fails(em_reshape(NULL, 1, TU_SIZES(1)), EM_ERR_NULL);
+    tu_check_fails(em_cat(1, NULL, 0), EM_ERR_NULL);
+    ck_assert_int_eq(em_copy_to_host(NULL, NULL, 0), EM_ERR_NULL);
+    double v;
+    ck_assert_int_eq(em_item(NULL, &v), EM_ERR_NULL);
+    ck_assert_int_eq(em_print(NULL, stdout), EM_ERR_NULL);
+    ck_assert_int_eq(em_ndim(NULL), -1);
+    ck_assert_int_eq(em_numel(NULL), -1);
+    em_release(NULL);
+    ck_assert_ptr_null(em_keep(NULL));
+}
+END_TEST
+
+START_TEST(status_names) {
+    ck_assert_str_eq(em_status_name(EM_OK), "EM_OK");
+    ck_assert_str_eq(em_status_name(EM_ERR_INDEX), "EM_ERR_INDEX");
+    ck_assert_str_eq(em_status_name((em_status)-99), "EM_ERR_UNKNOWN");
+}
+END_TEST
+
+START_TEST(creation_errors) {
+    tu_check_fails(em_zeros(-1, TU_SIZES(1), EM_F32, CPU), EM_ERR_DIM);
+    tu_check_fails(em_zeros(9, TU_SIZES(1, 1, 1, 1, 1, 1, 1, 1, 1), EM_F32, CPU), EM_ERR_DIM);
+    tu_check_fails(em_zeros(2, TU_SIZES(2, -3), EM_F32, CPU), EM_ERR_ARG);
+    tu_check_fails(em_zeros(2, NULL, EM_F32, CPU), EM_ERR_NULL);
+    tu_check_fails(em_zeros(1, TU_SIZES(2), (em_dtype)42, CPU), EM_ERR_DTYPE);
+    tu_check_fails(em_zeros(3, TU_SIZES(1 << 30, 1 << 30, 1 << 30), EM_F32, CPU),
+                   EM_ERR_OVERFLOW);
+    tu_check_fails(em_zeros(1, TU_SIZES(INT64_MAX / 2), EM_F64, CPU), EM_ERR_OVERFLOW);
+    tu_check_fails(em_zeros(1, TU_SIZES(2), EM_F32, em_cuda(0)), EM_ERR_DEVICE);
+    tu_check_fails(em_zeros(1, TU_SIZES(2), EM_F32, ((em_device){(em_device_type)7, 0})),
+                   EM_ERR_DEVICE);
+    ck_assert(!em_device_available(em_cuda(0)));
+    ck_assert(em_device_available(em_cpu()));
+}
+END_TEST
+
+/* ---- metadata ---- */
+
+START_TEST(metadata) {
+    em_tensor *t = em_zeros(3, TU_SIZES(2, 3, 4), EM_F64, CPU);
+    ck_assert_int_eq(em_ndim(t), 3);
+    ck_assert_int_eq(em_size(t, 0), 2);
+    ck_assert_int_eq(em_size(t, -1), 4);
+    ck_assert_int_eq(em_size(t, 3), -1);
+    ck_assert_int_eq(em_stride(t, 0), 12);
+    ck_assert_int_eq(em_stride(t, -1), 1);
+    ck_assert_int_eq(em_numel(t), 24);
+    ck_assert_int_eq(em_dtype_of(t), EM_F64);
+    ck_assert_int_eq(em_device_of(t).type, EM_CPU);
+    ck_assert(em_is_contiguous(t));
+    ck_assert_int_eq(em_offset(t), 0);
+    em_tensor *s = em_scalar(3.5, EM_F32, CPU);
+    ck_assert_int_eq(em_ndim(s), 0);
+    ck_assert_int_eq(em_numel(s), 1);
+    em_tensor *z = em_zeros(2, TU_SIZES(3, 0), EM_F32, CPU);
+    ck_assert_int_eq(em_numel(z), 0);
+    ck_assert(em_is_contiguous(z));
+}
+END_TEST
+
+START_TEST(dtypes_and_promotion) {
+    ck_assert_int_eq(em_dtype_size(EM_F32), 4);
+    ck_assert_int_eq(em_dtype_size(EM_F64), 8);
+    ck_assert_int_eq(em_dtype_size(EM_I32), 4);
+    ck_assert_int_eq(em_dtype_size(EM_I64), 8);
+    ck_assert_int_eq(em_dtype_size(EM_BOOL), 1);
+    ck_assert_int_eq(em_dtype_size(EM_F16), 2);
+    ck_assert_int_eq(em_dtype_size(EM_BF16), 2);
+    ck_assert_int_eq(em_dtype_size((em_dtype)99), 0);
+    ck_assert_str_eq(em_dtype_name(EM_BF16), "bf16");
+    ck_assert_int_eq(em_promote_types(EM_I32, EM_F32), EM_F32);
+    ck_assert_int_eq(em_promote_types(EM_I32, EM_I64), EM_I64);
+    ck_assert_int_eq(em_promote_types(EM_BOOL, EM_I32), EM_I32);
+    ck_assert_int_eq(em_promote_types(EM_F32, EM_F64), EM_F64);
+    ck_assert_int_eq(em_promote_types(EM_F16, EM_BF16), EM_F32);
+    ck_assert_int_eq(em_promote_types(EM_I64, EM_F16), EM_F16);
+    ck_assert(em_dtype_is_float(EM_BF16));
+    ck_assert(!em_dtype_is_float(EM_I64));
+}
+END_TEST
+
+/* ---- host I/O ---- */
+
+START_TEST(from_data_round_trip) {
+    const int32_t v[6] = {1, -2, 3, -4, 5, -6};
+    em_tensor *t = em_from_data(v, EM_I32, 2, TU_SIZES(2, 3), CPU);
+    int32_t out[6] = {0};
+    ck_assert_int_eq(em_copy_to_host(t, out, sizeof out), EM_OK);
+    ck_assert_mem_eq(out, v, sizeof v);
+    ck_assert_int_eq(em_copy_to_host(t, out, sizeof out - 1), EM_ERR_ARG);
+    tu_check_fails(em_from_data(NULL, EM_I32, 1, TU_SIZES(2), CPU), EM_ERR_NULL);
+    /* a transposed view copies out in row-major order of the view */
+    em_tensor *tt = em_transpose(t, 0, 1);
+    ck_assert_int_eq(em_copy_to_host(tt, out, sizeof out), EM_OK);
+    const int32_t want[6] = {1, -4, -2, 5, 3, -6};
+    ck_assert_mem_eq(out, want, sizeof want);
+}
+END_TEST
+
+START_TEST(item_values) {
+    double v;
+    int64_t i;
+    ck_assert_int_eq(em_item(em_scalar(-2.5, EM_F64, CPU), &v), EM_OK);
+    ck_assert(v == -2.5);
+    ck_assert_int_eq(em_item_i64(em_scalar(7, EM_I64, CPU), &i), EM_OK);
+    ck_assert_int_eq(i, 7);
+    ck_assert_int_eq(em_item(em_full(3, TU_SIZES(1, 1, 1), 4, EM_I32, CPU), &v), EM_OK);
+    ck_assert(v == 4);
+    ck_assert_int_eq(em_item(em_zeros(1, TU_SIZES(2), EM_F32, CPU), &v), EM_ERR_SHAPE);
+    ck_assert_int_eq(em_item(em_scalar(1, EM_F32, CPU), NULL), EM_ERR_NULL);
+    ck_assert_int_eq(em_item_i64(em_zeros(1, TU_SIZES(0), EM_F32, CPU), &i), EM_ERR_SHAPE);
+}
+END_TEST
+
+START_TEST(print_format) {
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    const double v[4] = {1, 2.5, NAN, -INFINITY};
+    ck_assert_int_eq(em_print(tu_tensor(v, 2, TU_SIZES(2, 2), EM_F32), f), EM_OK);
+    ck_assert_int_eq(em_print(em_arange(0, 10, 1, EM_I64, CPU), f), EM_OK);
+    ck_assert_int_eq(em_print(em_zeros(1, TU_SIZES(0), EM_BOOL, CPU), f), EM_OK);
+    fclose(f);
+    ck_assert_msg(strstr(buf, "[[1, 2.5],\n"), "%s", buf);
+    ck_assert_msg(strstr(buf, "[nan, -inf]]"), "%s", buf);
+    ck_assert_msg(strstr(buf, "[0, 1, 2, ..., 7, 8, 9], sizes=[10], dtype=i64"), "%s", buf);
+    ck_assert_msg(strstr(buf, "tensor([], sizes=[0], dtype=bool, device=cpu)"), "%s", buf);
+    free(buf);
+}
+END_TEST
+
+/* ---- scopes and lifetime ---- */
+
+START_TEST(scope_keep_moves_out) {
+    em_tensor *kept = NULL;
+    int depth = em_scope_begin(); /* inside the fixture's scope */
+    ck_assert_int_eq(depth, 2);
+    em_tensor *a = em_full(1, TU_SIZES(3), 2, EM_F32, CPU);
+    em_tensor *b = em_add(em_mul(a, a), a); /* the intermediate is the scope's */
+    kept = em_keep(b);
+    ck_assert_ptr_eq(kept, b);
+    ck_assert_int_eq(em_scope_end(), EM_OK);
+    /* b survived its scope: 2*2+2 = 6 */
+    double ref[3] = {6, 6, 6};
+    tu_check_close(kept, ref, 1, TU_SIZES(3), 0, 0);
+}
+END_TEST
+
+START_TEST(scope_keep_without_outer_scope) {
+    /* the fixture's scope is closed here on purpose: outside every scope
+     * the caller owns what em_keep hands out */
+    ck_assert_int_eq(em_scope_end(), EM_OK);
+    em_scope_begin();
+    em_tensor *t = em_keep(em_ones(1, TU_SIZES(2), EM_F32, CPU));
+    em_scope_end();
+    double v[2];
+    ck_assert_int_eq(em_copy_to_host(t, v, sizeof v), EM_OK);
+    ck_assert(v[0] == 1 && v[1] == 1);
+    em_release(t);
+    /* no scope: ops give the caller a reference */
+    em_tensor *u = em_ones(1, TU_SIZES(2), EM_F32, CPU);
+    em_tensor *w = em_add(u, u);
+    em_release(w);
+    em_release(u);
+    ck_assert_int_eq(em_scope_end(), EM_ERR_STATE);
+    em_scope_begin(); /* for the fixture's teardown */
+}
+END_TEST
+
+START_TEST(scope_keep_of_input_adds_reference) {
+    em_tensor *x = em_ones(1, TU_SIZES(2), EM_F32, CPU); /* owned by the fixture's scope */
+    em_scope_begin();
+    em_scope_begin();
+    em_tensor *k = em_keep(x); /* not the inner scope's: the middle one gets a reference */
+    ck_assert_ptr_eq(k, x);
+    em_scope_end();
+    em_scope_end();
+    double v[2];
+    ck_assert_int_eq(em_copy_to_host(x, v, sizeof v), EM_OK);
+    ck_assert(v[0] == 1);
+}
+END_TEST
+
+START_TEST(release_of_scope_tensor_is_refused) {
+    em_tensor *x = em_ones(1, TU_SIZES(2), EM_F32, CPU);
+    em_clear_error();
+    em_release(x); /* the scope owns the only reference */
+    ck_assert_int_eq(em_last_status(), EM_ERR_STATE);
+    double v[2];
+    ck_assert_int_eq(em_copy_to_host(x, v, sizeof v), EM_OK); /* still alive */
+    em_retain(x);
+    em_release(x); /* a reference of our own: fine */
+    ck_assert_int_eq(em_copy_to_host(x, v, sizeof v), EM_OK);
+}
+END_TEST
+
+START_TEST(views_outlive_base_reference) {
+    ck_assert_int_eq(em_scope_end(), EM_OK); /* manage by hand */
+    em_tensor *base = em_arange(0, 6, 1, EM_F32, CPU);
+    em_tensor *view = em_slice(base, 0, 1, 6, 2);
+    em_release(base); /* storage lives on in the view */
+    double ref[3] = {1, 3, 5};
+    em_scope_begin();
+    tu_check_close(view, ref, 1, TU_SIZES(3), 0, 0);
+    em_scope_end();
+    em_release(view);
+    em_scope_begin();
+}
+END_TEST
+
+/* ---- allocation hook: fail the Nth allocation ---- */
+
+typedef struct counting {
+    int allocs, frees, fail_at;
+} counting;
+
+static void *count_alloc(void *ud, size_t size, size_t align) {
+    counting *c = ud;
+    if (++c->allocs == c->fail_at) return NULL;
+    void *p = NULL;
+    return posix_memalign(&p, align, size ? size : 1) ? NULL : p;
+}
+
+static void count_free(void *ud, void *p) {
+    ((counting *)ud)->frees++;
+    free(p);
+}
+
+/* A chain of ops, each allocation failing in turn: every failure must come
+ * back as EM_ERR_NOMEM (or the NULL it causes), and nothing may leak. */
+START_TEST(failing_allocations_are_reported_and_leak_nothing) {
+    int completed = 0;
+    for (int n = 1; n < 200 && !completed; n++) {
+        counting c = {0, 0, n};
+        em_allocator a = {count_alloc, count_free, &c};
+        em_set_allocator(&a);
+        em_clear_error();
+        em_scope_begin();
+        em_tensor *x = em_arange(0, 64, 1, EM_F32, CPU);
+        em_tensor *y = em_softmax(em_reshape(em_add_scalar(x, 1), 2, TU_SIZES(8, 8)), -1);
+        em_tensor *z = em_sum(em_transpose(y, 0, 1), 1, (int[]){0}, false);
+        if (z) {
+            double v[8];
+            ck_assert_int_eq(em_copy_to_host(z, v, sizeof v), EM_OK);
+            for (int i = 0; i < 8; i++) ck_assert(fabs(v[i] - 1) < 1e-5);
+            completed = c.fail_at > c.allocs; /* no failure was injected */
+        } else {
+            ck_assert_msg(em_last_status() == EM_ERR_NOMEM, "fail at %d: %s", n, em_last_error());
+        }
+        em_scope_end();
+        em_set_allocator(NULL);
+        ck_assert_msg(c.allocs - (c.allocs >= n) == c.frees,
+                      "fail at %d: %d allocations, %d frees", n, c.allocs, c.frees);
+    }
+    ck_assert(completed);
+}
+END_TEST
+
+/* ---- views ---- */
+
+static em_tensor *iota(int ndim, const int64_t *sizes) {
+    int64_t n = 1;
+    for (int i = 0; i < ndim; i++) n *= sizes[i];
+    return em_reshape(em_arange(0, (double)n, 1, EM_F64, CPU), ndim, sizes);
+}
+
+START_TEST(reshape_views_when_possible) {
+    em_tensor *x = iota(2, TU_SIZES(4, 6));
+    em_tensor *r = em_reshape(x, 3, TU_SIZES(2, -1, 3));
+    ck_assert(em_shares_storage(r, x));
+    ck_assert_int_eq(em_size(r, 1), 4);
+    double ref[24];
+    for (int i = 0; i < 24; i++) ref[i] = i;
+    tu_check_close(r, ref, 3, TU_SIZES(2, 4, 3), 0, 0);
+    /* a transposed tensor cannot be flattened as a view: reshape copies */
+    em_tensor *t = em_transpose(x, 0, 1);
+    em_tensor *f = em_reshape(t, 1, TU_SIZES(-1));
+    ck_assert(!em_shares_storage(f, x));
+    for (int i = 0; i < 6; i++)
+        for (int j = 0; j < 4; j++) ref[i * 4 + j] = j * 6 + i;
+    tu_check_close(f, ref, 1, TU_SIZES(24), 0, 0);
+    /* but splitting a dim of the transposed tensor is a view */
+    em_tensor *s = em_reshape(t, 3, TU_SIZES(2, 3, 4));
+    ck_assert(em_shares_storage(s, x));
+    tu_check_close(s, ref, 3, TU_SIZES(2, 3, 4), 0, 0);
+    /* 0-d and size-0 */
+    em_tensor *sc = em_reshape(em_scalar(5, EM_F32, CPU), 2, TU_SIZES(1, 1));
+    double five = 5;
+    tu_check_close(sc, &five, 2, TU_SIZES(1, 1), 0, 0);
+    em_tensor *e = em_reshape(em_zeros(2, TU_SIZES(0, 4), EM_F32, CPU), 3, TU_SIZES(2, 0, -1));
+    ck_assert_ptr_null(e); /* -1 with 0 known elements is ambiguous */
+    ck_assert_int_eq(em_last_status(), EM_ERR_SHAPE);
+    e = em_reshape(em_zeros(2, TU_SIZES(0, 4), EM_F32, CPU), 2, TU_SIZES(4, 0));
+    ck_assert_int_eq(em_numel(e), 0);
+    tu_check_fails(em_reshape(x, 2, TU_SIZES(5, 5)), EM_ERR_SHAPE);
+    tu_check_fails(em_reshape(x, 2, TU_SIZES(-1, -1)), EM_ERR_ARG);
+    tu_check_fails(em_reshape(x, 2, TU_SIZES(-1, 7)), EM_ERR_SHAPE);
+    tu_check_fails(em_reshape(x, 9, TU_SIZES(1, 1, 1, 1, 1, 1, 1, 1, 24)), EM_ERR_DIM);
+}
+END_TEST
+
+START_TEST(permute_and_transpose) {
+    em_tensor *x = iota(3, TU_SIZES(2, 3, 4));
+    em_tensor *p = em_permute(x, 3, (int[]){2, 0, -2});
+    ck_assert(em_shares_storage(p, x));
+    ck_assert(!em_is_contiguous(p));
+    double ref[24];
+    int64_t idx[3] = {0};
+    int k = 0;
+    do {
+        ref[k++] = idx[1] * 12 + idx[2] * 4 + idx[0]; /* p[i,j,l] = x[j,l,i] */
+    } while (tu_next(3, TU_SIZES(4, 2, 3), idx));
+    tu_check_close(p, ref, 3, TU_SIZES(4, 2, 3), 0, 0);
+    em_tensor *t = em_transpose(x, -1, 0);
+    ck_assert_int_eq(em_size(t, 0), 4);
+    ck_assert_int_eq(em_stride(t, 0), 1);
+    ck_assert_int_eq(em_stride(t, 2), 12);
+    tu_check_fails(em_permute(x, 3, (int[]){0, 0, 1}), EM_ERR_DIM);
+    tu_check_fails(em_permute(x, 2, (int[]){0, 1}), EM_ERR_DIM);
+    tu_check_fails(em_permute(x, 3, (int[]){0, 1, 3}), EM_ERR_DIM);
+    tu_check_fails(em_transpose(x, 0, 3), EM_ERR_DIM);
+    /* a 0-d tensor transposes to itself */
+    em_tensor *s = em_transpose(em_scalar(2, EM_F32, CPU), 0, -1);
+    double two = 2;
+    tu_check_close(s, &two, 0, NULL, 0, 0);
+}
+END_TEST
+
+START_TEST(slice_python_semantics) {
+    em_tensor *x = iota(2, TU_SIZES(3, 10));
+    em_tensor *s = em_slice(x, 1, -8, 100, 3); /* columns 2, 5, 8 */
+    ck_assert(em_shares_storage(s, x));
+    ck_assert_int_eq(em_offset(s), 2);
+    double ref[9];
+    for (int i = 0; i < 3; i++)
+        for (int j = 0; j < 3; j++) ref[i * 3 + j] = i * 10 + 2 + 3 * j;
+    tu_check_close(s, ref, 2, TU_SIZES(3, 3), 0, 0);
+    em_tensor *e = em_slice(x, 0, 2, 1, 1); /* empty */
+    ck_assert_int_eq(em_size(e, 0), 0);
+    em_tensor *last = em_slice(x, -1, -1, 10, 1);
+    double lr[3] = {9, 19, 29};
+    tu_check_close(last, lr, 2, TU_SIZES(3, 1), 0, 0);
+    /* slice of a slice */
+    em_tensor *ss = em_slice(em_slice(x, 1, 1, 10, 2), 1, 1, 5, 2); /* cols 3, 7 */
+    double sr[6] = {3, 7, 13, 17, 23, 27};
+    tu_check_close(ss, sr, 2, TU_SIZES(3, 2), 0, 0);
+    tu_check_fails(em_slice(x, 1, 0, 5, 0), EM_ERR_ARG);
+    tu_check_fails(em_slice(x, 1, 0, 5, -1), EM_ERR_ARG);
+    tu_check_fails(em_slice(x, 2, 0, 5, 1), EM_ERR_DIM);
+    tu_check_fails(em_slice(em_scalar(1, EM_F32, CPU), 0, 0, 1, 1), EM_ERR_DIM);
+}
+END_TEST
+
+START_TEST(expand_squeeze_unsqueeze) {
+    em_tensor *x = iota(2, TU_SIZES(3, 1));
+    em_tensor *e = em_expand(x, 3, TU_SIZES(2, -1, 4));
+    ck_assert(em_shares_storage(e, x));
+    ck_assert_int_eq(em_stride(e, 0), 0);
+    ck_assert_int_eq(em_stride(e, 2), 0);
+    double ref[24];
+    for (int a = 0; a < 2; a++)
+        for (int i = 0; i < 3; i++)
+            for (int j = 0; j < 4; j++) ref[a * 12 + i * 4 + j] = i;
+    tu_check_close(e, ref, 3, TU_SIZES(2, 3, 4), 0, 0);
+    em_tensor *z = em_expand(x, 2, TU_SIZES(3, 0));
+    ck_assert_int_eq(em_numel(z), 0);
+    tu_check_fails(em_expand(x, 2, TU_SIZES(4, 4)), EM_ERR_SHAPE);
+    tu_check_fails(em_expand(x, 1, TU_SIZES(3)), EM_ERR_DIM);
+    tu_check_fails(em_expand(x, 3, TU_SIZES(-1, 3, 2)), EM_ERR_ARG);
+
+    em_tensor *s = em_squeeze(x, -1);
+    double sr[3] = {0, 1, 2};
+    tu_check_close(s, sr, 1, TU_SIZES(3), 0, 0);
+    tu_check_fails(em_squeeze(x, 0), EM_ERR_SHAPE);
+    tu_check_fails(em_squeeze(x, 2), EM_ERR_DIM);
+    em_tensor *u = em_unsqueeze(s, 0);
+    tu_check_close(u, sr, 2, TU_SIZES(1, 3), 0, 0);
+    u = em_unsqueeze(s, -1);
+    tu_check_close(u, sr, 2, TU_SIZES(3, 1), 0, 0);
+    ck_assert(em_is_contiguous(u));
+    tu_check_fails(em_unsqueeze(s, 3), EM_ERR_DIM);
+    em_tensor *big = em_zeros(8, TU_SIZES(1, 1, 1, 1, 1, 1, 1, 1), EM_F32, CPU);
+    tu_check_fails(em_unsqueeze(big, 0), EM_ERR_DIM);
+    em_tensor *u0 = em_unsqueeze(em_scalar(4, EM_I32, CPU), 0);
+    double four = 4;
+    tu_check_close(u0, &four, 1, TU_SIZES(1), 0, 0);
+}
+END_TEST
+
+START_TEST(contiguous_aliases_or_copies) {
+    em_tensor *x = iota(2, TU_SIZES(2, 3));
+    em_tensor *c = em_contiguous(x);
+    ck_assert(em_shares_storage(c, x)); /* already contiguous: an alias */
+    em_tensor *t = em_contiguous(em_transpose(x, 0, 1));
+    ck_assert(!em_shares_storage(t, x));
+    ck_assert(em_is_contiguous(t));
+    double ref[6] = {0, 3, 1, 4, 2, 5};
+    tu_check_close(t, ref, 2, TU_SIZES(3, 2), 0, 0);
+    /* an expanded (stride 0) tensor materializes */
+    em_tensor *e = em_contiguous(em_expand(em_scalar(7, EM_I64, CPU), 2, TU_SIZES(2, 2)));
+    double er[4] = {7, 7, 7, 7};
+    tu_check_close(e, er, 2, TU_SIZES(2, 2), 0, 0);
+    ck_assert_int_eq(em_stride(e, 0), 2);
+}
+END_TEST
+
+/* ---- generator ---- */
+
+START_TEST(philox_known_answer) {
+    /* Random123's known answer: philox4x32-10 of counter 0 under key 0 is
+     * {0x6627e8d5, ...}; rand's first f32 is its top 24 bits over 2^24. */
+    em_generator *g0 = em_generator_new(0);
+    double u;
+    ck_assert_int_eq(em_item(em_rand(g0, 0, NULL, EM_F32, CPU), &u), EM_OK);
+    ck_assert_double_eq(u, (double)(0x6627e8d5u >> 8) / 16777216.0);
+    em_generator_free(g0);
+    em_generator *g = em_generator_new(1234);
+    ck_assert_int_eq(em_generator_seed(g), 1234);
+    ck_assert_int_eq(em_generator_offset(g), 0);
+    em_tensor *a = em_rand(g, 2, TU_SIZES(3, 5), EM_F32, CPU);
+    ck_assert_int_eq(em_generator_offset(g), 15);
+    ck_assert_ptr_nonnull(a);
+    tu_check_fails(em_rand(NULL, 1, TU_SIZES(2), EM_F32, CPU), EM_ERR_NULL);
+    ck_assert_int_eq(em_generator_offset(g), 15);
+    em_generator_free(g);
+    em_generator_free(NULL);
+}
+END_TEST
+
+/* ---- threads ---- */
+
+START_TEST(num_threads_positive) { ck_assert_int_ge(em_num_threads(), 1); }
+END_TEST
+
+static Suite *suite(void) {
+    Suite *s = suite_create("core");
+    TCase *tc = tcase_create("errors");
+    tcase_add_checked_fixture(tc, tu_setup, tu_teardown);
+    tcase_add_test(tc, error_chain_keeps_first_error);
+    tcase_add_test(tc, error_null_names_argument);
+    tcase_add_test(tc, status_names);
+    tcase_add_test(tc, creation_errors);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("tensors");
+    tcase_add_checked_fixture(tc, tu_setup, tu_teardown);
+    tcase_add_test(tc, metadata);
+    tcase_add_test(tc, dtypes_and_promotion);
+    tcase_add_test(tc, from_data_round_trip);
+    tcase_add_test(tc, item_values);
+    tcase_add_test(tc, print_format);
+    tcase_add_test(tc, philox_known_answer);
+    tcase_add_test(tc, num_threads_positive);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("memory");
+    tcase_add_checked_fixture(tc, tu_setup, tu_teardown);
+    tcase_add_test(tc, scope_keep_moves_out);
+    tcase_add_test(tc, scope_keep_without_outer_scope);
+    tcase_add_test(tc, scope_keep_of_input_adds_reference);
+    tcase_add_test(tc, release_of_scope_tensor_is_refused);
+    tcase_add_test(tc, views_outlive_base_reference);
+    tcase_add_test(tc, failing_allocations_are_reported_and_leak_nothing);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("views");
+    tcase_add_checked_fixture(tc, tu_setup, tu_teardown);
+    tcase_add_test(tc, reshape_views_when_possible);
+    tcase_add_test(tc, permute_and_transpose);
+    tcase_add_test(tc, slice_python_semantics);
+    tcase_add_test(tc, expand_squeeze_unsqueeze);
+    tcase_add_test(tc, contiguous_aliases_or_copies);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void) { return tu_run(suite()); }

@@ -1,0 +1,117 @@
+#include "testutil.h"
+
+#include <stdio.h>
+#include <string.h>
+
+static uint64_t xorshift(uint64_t *s) {
+    uint64_t x = *s;
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    return *s = x;
+}
+
+static double uniform(uint64_t *s) { return ((xorshift(s) >> 11) + 0.5) / 9007199254740992.0; }
+
+em_tensor *tu_random(uint64_t seed, int ndim, const int64_t *sizes, em_dtype dtype,
+                     double scale) {
+    int64_t n = 1;
+    for (int i = 0; i < ndim; i++) n *= sizes[i];
+    double *v = malloc(sizeof(double) * (size_t)(n > 0 ? n : 1));
+    uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
+    for (int64_t i = 0; i < n; i++) {
+        double u1 = uniform(&s), u2 = uniform(&s);
+        v[i] = scale * sqrt(-2 * log(u1)) * cos(2 * M_PI * u2);
+        if (!em_dtype_is_float(dtype)) v[i] = round(v[i]);
+    }
+    em_tensor *t = tu_tensor(v, ndim, sizes, dtype);
+    free(v);
+    return t;
+}
+
+em_tensor *tu_tensor(const double *v, int ndim, const int64_t *sizes, em_dtype dtype) {
+    int64_t n = 1;
+    for (int i = 0; i < ndim; i++) n *= sizes[i];
+    em_tensor *d = em_from_data(v, EM_F64, ndim, sizes, em_cpu());
+    ck_assert_msg(d != NULL, "tu_tensor: %s", em_last_error());
+    if (dtype == EM_F64) return d;
+    em_tensor *t = em_cast(d, dtype);
+    ck_assert_msg(t != NULL, "tu_tensor cast: %s", em_last_error());
+    (void)n;
+    return t;
+}
+
+double *tu_values(const em_tensor *t) {
+    em_tensor *d = em_cast(t, EM_F64);
+    ck_assert_msg(d != NULL, "tu_values: %s", em_last_error());
+    int64_t n = em_numel(d);
+    double *v = malloc(sizeof(double) * (size_t)(n > 0 ? n : 1));
+    ck_assert_int_eq(em_copy_to_host(d, v, sizeof(double) * (size_t)n), EM_OK);
+    return v;
+}
+
+int64_t tu_flat(int ndim, const int64_t *sizes, const int64_t *idx) {
+    int64_t f = 0;
+    for (int i = 0; i < ndim; i++) f = f * sizes[i] + idx[i];
+    return f;
+}
+
+int tu_next(int ndim, const int64_t *sizes, int64_t *idx) {
+    for (int i = ndim - 1; i >= 0; i--) {
+        if (++idx[i] < sizes[i]) return 1;
+        idx[i] = 0;
+    }
+    return 0;
+}
+
+double tu_bcast_get(const double *a, int andim, const int64_t *asizes, int ndim,
+                    const int64_t *idx) {
+    int64_t f = 0;
+    for (int i = 0; i < andim; i++) {
+        int64_t j = idx[ndim - andim + i];
+        f = f * asizes[i] + (asizes[i] == 1 ? 0 : j);
+    }
+    return a[f];
+}
+
+void tu_check_close_at(const char *file, int line, const em_tensor *t, const double *ref,
+                       int ndim, const int64_t *sizes, double rtol, double atol) {
+    ck_assert_msg(t != NULL, "%s:%d: result is NULL: %s", file, line, em_last_error());
+    ck_assert_msg(em_ndim(t) == ndim, "%s:%d: ndim %d, expected %d", file, line, em_ndim(t),
+                  ndim);
+    int64_t n = 1;
+    for (int i = 0; i < ndim; i++) {
+        ck_assert_msg(em_size(t, i) == sizes[i], "%s:%d: size[%d] %lld, expected %lld", file,
+                      line, i, (long long)em_size(t, i), (long long)sizes[i]);
+        n *= sizes[i];
+    }
+    double *v = tu_values(t);
+    for (int64_t i = 0; i < n; i++) {
+        double a = v[i], r = ref[i];
+        int ok;
+        if (isnan(r)) ok = isnan(a);
+        else if (isinf(r)) ok = a == r;
+        else ok = fabs(a - r) <= atol + rtol * fabs(r);
+        if (!ok) {
+            free(v);
+            ck_abort_msg("%s:%d: element %lld is %.17g, expected %.17g", file, line,
+                         (long long)i, a, r);
+        }
+    }
+    free(v);
+}
+
+int tu_run(Suite *s) {
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_ENV);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}
+
+void tu_setup(void) {
+    em_clear_error();
+    em_scope_begin();
+}
+
+void tu_teardown(void) { em_scope_end(); }
