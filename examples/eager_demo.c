@@ -31,7 +31,7 @@ int main(void) {
     em_tensor *w1 = em_mul_scalar(em_randn(g, 2, (int64_t[]){8, 16}, EM_F32, em_cpu()), 0.35);
     em_tensor *b1 = em_zeros(1, (int64_t[]){16}, EM_F32, em_cpu());
     em_tensor *w2 = em_mul_scalar(em_randn(g, 2, (int64_t[]){16, 3}, EM_F32, em_cpu()), 0.25);
-    em_tensor *b2 = em_arange(-0.1, 0.2, 0.1, EM_F32, em_cpu());
+    em_tensor *b2 = em_mul_scalar(em_arange(-1, 2, 1, EM_F32, em_cpu()), 0.1);
     CHECK(x && w1 && b1 && w2 && b2);
     printf("input x:\n");
     em_print(x, stdout);

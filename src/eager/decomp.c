@@ -4,6 +4,20 @@
  * primitives these call, as Inductor sees ATen decompositions. */
 #include "eager.h"
 
+/* Checks x and dim for the softmax family (naming the caller's function). */
+static bool softmax_args(const char *fn, const em_tensor *x, int dim) {
+    int d;
+    if (!x) {
+        em_error_null(fn, "x");
+        return false;
+    }
+    if (!em_norm_dim(dim, x->ndim, &d)) {
+        em_error(EM_ERR_DIM, "%s: dim %d is out of range for a %d-d tensor", fn, dim, x->ndim);
+        return false;
+    }
+    return true;
+}
+
 static em_tensor *kept(em_tensor *r) {
     r = em_keep(r);
     em_scope_end();
@@ -13,10 +27,7 @@ static em_tensor *kept(em_tensor *r) {
 /* softmax(x) = exp(x - max) / sum(exp(x - max)); subtracting the max keeps
  * exp from overflowing and does not change the result. */
 em_tensor *em_softmax(const em_tensor *x, int dim) {
-    if (!x) {
-        em_error_null("em_softmax", "x");
-        return NULL;
-    }
+    if (!softmax_args("em_softmax", x, dim)) return NULL;
     em_scope_begin();
     em_tensor *xf = em_dtype_is_float(x->dtype) ? (em_tensor *)x : em_cast(x, EM_F32);
     em_tensor *e = em_exp(em_sub(xf, em_amax(xf, 1, &dim, true)));
@@ -25,10 +36,7 @@ em_tensor *em_softmax(const em_tensor *x, int dim) {
 
 /* log_softmax(x) = (x - max) - log(sum(exp(x - max))). */
 em_tensor *em_log_softmax(const em_tensor *x, int dim) {
-    if (!x) {
-        em_error_null("em_log_softmax", "x");
-        return NULL;
-    }
+    if (!softmax_args("em_log_softmax", x, dim)) return NULL;
     em_scope_begin();
     em_tensor *xf = em_dtype_is_float(x->dtype) ? (em_tensor *)x : em_cast(x, EM_F32);
     em_tensor *shifted = em_sub(xf, em_amax(xf, 1, &dim, true));

@@ -28,6 +28,13 @@ static em_tensor *null_arg(const char *fn, const char *arg) {
     return NULL;
 }
 
+/* A NULL that is not a tensor is the caller's mistake, never the result of
+ * an earlier failure: always report it. */
+static em_tensor *null_ptr(const char *fn, const char *arg) {
+    em_error(EM_ERR_NULL, "%s: %s is NULL", fn, arg);
+    return NULL;
+}
+
 /* x converted to dtype d: x itself when it already is (no new tensor). */
 static const em_tensor *as_dtype(const em_tensor *x, em_dtype d) {
     return x && x->dtype != d ? em_cast(x, d) : x;
@@ -112,7 +119,7 @@ uint64_t em_generator_offset(const em_generator *g) { return g ? g->offset : 0; 
 
 static em_tensor *random(em_op op, const char *fn, em_generator *g, int ndim,
                          const int64_t *sizes, em_dtype dtype, em_device dev) {
-    if (!g) return null_arg(fn, "generator");
+    if (!g) return null_ptr(fn, "generator");
     em_op_attrs a = {.seed = g->seed, .offset = g->offset};
     em_tensor *t = create(op, fn, ndim, sizes, dtype, dev, &a);
     /* Each element consumes one Philox counter, so the next draw starts
@@ -249,7 +256,7 @@ static em_status reduce_attrs(const char *fn, const em_tensor *x, int ndims, con
                               em_op_attrs *a) {
     if (ndims < 0 || ndims > EM_MAX_DIMS)
         return em_error(EM_ERR_DIM, "%s: %d dims given", fn, ndims);
-    if (ndims > 0 && !dims) return em_error_null(fn, "dims");
+    if (ndims > 0 && !dims) return em_error(EM_ERR_NULL, "%s: dims is NULL", fn);
     if (ndims == 0) {
         a->ndims = x->ndim;
         for (int i = 0; i < x->ndim; i++) a->dims[i] = i;
@@ -330,7 +337,7 @@ em_tensor *em_reshape(const em_tensor *x, int ndim, const int64_t *sizes) {
         em_error(EM_ERR_DIM, "em_reshape: %d dims (at most %d)", ndim, EM_MAX_DIMS);
         return NULL;
     }
-    if (ndim > 0 && !sizes) return null_arg("em_reshape", "sizes");
+    if (ndim > 0 && !sizes) return null_ptr("em_reshape", "sizes");
     em_op_attrs a = {.ndim = ndim};
     int infer = -1;
     int64_t known = 1;
@@ -369,7 +376,7 @@ em_tensor *em_reshape(const em_tensor *x, int ndim, const int64_t *sizes) {
 
 em_tensor *em_permute(const em_tensor *x, int ndim, const int *perm) {
     if (!x) return null_arg("em_permute", "x");
-    if (ndim > 0 && !perm) return null_arg("em_permute", "perm");
+    if (ndim > 0 && !perm) return null_ptr("em_permute", "perm");
     if (ndim != x->ndim) {
         em_error(EM_ERR_DIM, "em_permute: %d dims given for a %d-d tensor", ndim, x->ndim);
         return NULL;
@@ -426,7 +433,7 @@ em_tensor *em_slice(const em_tensor *x, int dim, int64_t start, int64_t end, int
 
 em_tensor *em_expand(const em_tensor *x, int ndim, const int64_t *sizes) {
     if (!x) return null_arg("em_expand", "x");
-    if (ndim > 0 && !sizes) return null_arg("em_expand", "sizes");
+    if (ndim > 0 && !sizes) return null_ptr("em_expand", "sizes");
     if (ndim < 0 || ndim > EM_MAX_DIMS) {
         em_error(EM_ERR_DIM, "em_expand: %d dims (at most %d)", ndim, EM_MAX_DIMS);
         return NULL;
@@ -466,7 +473,7 @@ em_tensor *em_cat(int n, em_tensor *const *xs, int dim) {
         em_error(EM_ERR_ARG, "em_cat: %d tensors given (at least 1)", n);
         return NULL;
     }
-    if (!xs) return null_arg("em_cat", "xs");
+    if (!xs) return null_ptr("em_cat", "xs");
     for (int i = 0; i < n; i++) {
         if (!xs[i]) {
             char arg[32];

@@ -243,7 +243,7 @@ bool em_shares_storage(const em_tensor *a, const em_tensor *b) {
 static em_status check_dims(const char *fn, int ndim, const int64_t *sizes) {
     if (ndim < 0 || ndim > EM_MAX_DIMS)
         return em_error(EM_ERR_DIM, "%s: ndim %d is outside [0, %d]", fn, ndim, EM_MAX_DIMS);
-    if (ndim > 0 && !sizes) return em_error_null(fn, "sizes");
+    if (ndim > 0 && !sizes) return em_error(EM_ERR_NULL, "%s: sizes is NULL", fn);
     for (int i = 0; i < ndim; i++)
         if (sizes[i] < 0)
             return em_error(EM_ERR_ARG, "%s: size %lld at dim %d is negative", fn,
@@ -271,7 +271,7 @@ em_tensor *em_from_data(const void *data, em_dtype dtype, int ndim, const int64_
                         em_device dev) {
     if (em_check_creation("em_from_data", ndim, sizes, dtype, dev) != EM_OK) return NULL;
     if (!data) {
-        em_error_null("em_from_data", "data");
+        em_error(EM_ERR_NULL, "em_from_data: data is NULL");
         return NULL;
     }
     em_meta m = {.ndim = ndim, .dtype = dtype, .device = dev};
@@ -288,7 +288,7 @@ em_tensor *em_from_data(const void *data, em_dtype dtype, int ndim, const int64_
 
 em_status em_copy_to_host(const em_tensor *t, void *buf, size_t nbytes) {
     if (!t) return em_error_null("em_copy_to_host", "tensor");
-    if (!buf) return em_error_null("em_copy_to_host", "buf");
+    if (!buf) return em_error(EM_ERR_NULL, "em_copy_to_host: buf is NULL");
     if (!t->storage)
         return em_error(EM_ERR_STATE, "em_copy_to_host: the tensor has no data yet");
     size_t need = (size_t)em_numel(t) * em_dtype_size(t->dtype);
@@ -309,7 +309,7 @@ em_status em_copy_to_host(const em_tensor *t, void *buf, size_t nbytes) {
 
 em_status em_item(const em_tensor *t, double *out) {
     if (!t) return em_error_null("em_item", "tensor");
-    if (!out) return em_error_null("em_item", "out");
+    if (!out) return em_error(EM_ERR_NULL, "em_item: out is NULL");
     if (em_numel(t) != 1)
         return em_error(EM_ERR_SHAPE, "em_item: the tensor has %lld elements, not 1",
                         (long long)em_numel(t));
@@ -321,7 +321,7 @@ em_status em_item(const em_tensor *t, double *out) {
 
 em_status em_item_i64(const em_tensor *t, int64_t *out) {
     if (!t) return em_error_null("em_item_i64", "tensor");
-    if (!out) return em_error_null("em_item_i64", "out");
+    if (!out) return em_error(EM_ERR_NULL, "em_item_i64: out is NULL");
     if (em_numel(t) != 1)
         return em_error(EM_ERR_SHAPE, "em_item_i64: the tensor has %lld elements, not 1",
                         (long long)em_numel(t));
