@@ -184,7 +184,9 @@ void em_store_f64(void *p, em_dtype d, double v) {
     case EM_F32: *(float *)p = (float)v; break;
     case EM_F64: *(double *)p = v; break;
     case EM_I32: *(int32_t *)p = (int32_t)clamp_to_int(v, INT32_MIN, INT32_MAX); break;
-    case EM_I64: *(int64_t *)p = clamp_to_int(v, -0x1p63, 0x1p63 - 1024); break;
+    case EM_I64: /* 2^63 itself is not an int64: saturate before converting */
+        *(int64_t *)p = isnan(v) ? 0 : v >= 0x1p63 ? INT64_MAX : v <= -0x1p63 ? INT64_MIN : (int64_t)v;
+        break;
     case EM_BOOL: *(uint8_t *)p = v != 0; break;
     case EM_F16: *(uint16_t *)p = em_float_to_half((float)v); break;
     case EM_BF16: *(uint16_t *)p = em_float_to_bf16((float)v); break;

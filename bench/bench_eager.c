@@ -1,0 +1,194 @@
+/* bench_eager.c - the workloads of WORKLOADS.md on Ember's eager CPU ops,
+ * with the machine's floors measured in the same run.
+ *
+ *   bench/bench_eager [--reps N] [--json FILE]
+ *
+ * For each workload: the median time, and the fraction of its floor
+ * (bytes at the measured triad bandwidth, or FLOP at the measured sgemm
+ * rate).  Eager mode is the reference the compiled modes must beat. */
+#include <ember.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <cblas.h>
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static int cmp(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double median(double *v, int n) {
+    qsort(v, (size_t)n, sizeof *v, cmp);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+static em_generator *gen;
+
+static em_tensor *rnd(int ndim, const int64_t *sizes, double scale) {
+    em_tensor *t = em_randn(gen, ndim, sizes, EM_F32, em_cpu());
+    return scale == 1.0 ? t : em_mul_scalar(t, scale);
+}
+#define RND(scale, ...) rnd(sizeof((int64_t[]){__VA_ARGS__}) / 8, (int64_t[]){__VA_ARGS__}, scale)
+
+/* ---- workloads: each runs once, in its own scope ---- */
+
+typedef struct workload {
+    const char *name;
+    em_tensor *in[13];
+    double bytes, flops;
+    em_tensor *(*run)(em_tensor **in);
+} workload;
+
+static em_tensor *pointwise(em_tensor **in) {
+    return em_add(em_mul_scalar(em_tanh(em_add(em_mul(in[0], in[1]), in[2])), 0.5), in[0]);
+}
+static em_tensor *softmax(em_tensor **in) { return em_softmax(in[0], -1); }
+static em_tensor *layernorm(em_tensor **in) { return em_layer_norm(in[0], 1, in[1], in[2], 1e-5); }
+static em_tensor *mlp(em_tensor **in) {
+    em_tensor *h = em_gelu_tanh(em_add(em_matmul(in[0], in[1]), in[2]));
+    return em_add(em_matmul(h, in[3]), in[4]);
+}
+
+enum { B = 1, T = 128, E = 256, NH = 4, HD = E / NH };
+
+static em_tensor *heads(em_tensor *qkv, int which) {
+    em_tensor *t = em_slice(qkv, -1, which * E, (which + 1) * E, 1);
+    return em_transpose(em_reshape(t, 4, (int64_t[]){B, T, NH, HD}), 1, 2);
+}
+
+static em_tensor *attention_block(em_tensor **in) {
+    em_tensor *x = in[0], *mask = in[12];
+    em_tensor *h = em_layer_norm(x, 1, in[1], in[2], 1e-5);
+    em_tensor *qkv = em_add(em_matmul(h, in[3]), in[4]);
+    em_tensor *q = heads(qkv, 0), *k = heads(qkv, 1), *v = heads(qkv, 2);
+    em_tensor *att = em_mul_scalar(em_matmul(q, em_transpose(k, -2, -1)), 1.0 / sqrt(HD));
+    att = em_softmax(em_add(att, mask), -1);
+    em_tensor *y = em_reshape(em_transpose(em_matmul(att, v), 1, 2), 3, (int64_t[]){B, T, E});
+    x = em_add(x, em_add(em_matmul(y, in[5]), in[6]));
+    h = em_layer_norm(x, 1, in[7], in[8], 1e-5);
+    /* w1, b1, w2, b2 are in[9..11] and the last bias reuses in[6]'s shape (E) */
+    em_tensor *m = em_gelu_tanh(em_add(em_matmul(h, in[9]), in[10]));
+    return em_add(x, em_add(em_matmul(m, in[11]), in[6]));
+}
+
+static em_tensor *tiny_chain(em_tensor **in) {
+    em_tensor *x = in[0];
+    for (int i = 0; i < 5; i++) x = em_sub_scalar(em_relu(em_add_scalar(em_mul(x, in[1]), 1.0)), 0.5);
+    return x;
+}
+
+/* ---- floors ---- */
+
+static double triad_bandwidth(void) {
+    int64_t n = 1 << 25; /* 3 x 128 MiB */
+    float *a = malloc(sizeof(float) * n), *b = malloc(sizeof(float) * n),
+          *c = malloc(sizeof(float) * n);
+    for (int64_t i = 0; i < n; i++) a[i] = 1, b[i] = 2, c[i] = 0;
+    double best[7];
+    for (int r = 0; r < 7; r++) {
+        double t0 = now();
+#pragma omp parallel for
+        for (int64_t i = 0; i < n; i++) c[i] = a[i] * 1.5f + b[i];
+        best[r] = 3.0 * 4 * n / (now() - t0);
+    }
+    free(a), free(b), free(c);
+    return median(best, 7);
+}
+
+static double sgemm_rate(void) {
+    int n = 1024;
+    float *a = calloc((size_t)n * n, 4), *b = calloc((size_t)n * n, 4), *c = calloc((size_t)n * n, 4);
+    double r[5];
+    for (int i = 0; i < 5; i++) {
+        double t0 = now();
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1, a, n, b, n, 0, c, n);
+        r[i] = 2.0 * n * n * n / (now() - t0);
+    }
+    free(a), free(b), free(c);
+    return median(r, 5);
+}
+
+int main(int argc, char **argv) {
+    int reps = 21;
+    const char *json = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--json") && i + 1 < argc) json = argv[++i];
+        else {
+            fprintf(stderr, "usage: %s [--reps N] [--json FILE]\n", argv[0]);
+            return 2;
+        }
+    }
+    if (reps < 1 || reps > 1000) reps = 21;
+    gen = em_generator_new(0);
+    em_scope_begin();
+    const int64_t N = 1 << 22, R = 8192, C = 1024, M = 256, K = 512, H = 2048;
+    em_tensor *mask = em_where(em_gt(em_unsqueeze(em_arange(0, T, 1, EM_I64, em_cpu()), 0),
+                                     em_unsqueeze(em_arange(0, T, 1, EM_I64, em_cpu()), 1)),
+                               em_scalar(-INFINITY, EM_F32, em_cpu()),
+                               em_scalar(0, EM_F32, em_cpu()));
+    double blk_flops = 2.0 * B * T * (E * 3.0 * E + E * E + 8.0 * E * E) + 4.0 * B * NH * T * T * HD;
+    workload w[] = {
+        {"pointwise", {RND(1, N), RND(1, N), RND(1, N)}, 4.0 * 4 * N, 0, pointwise},
+        {"softmax", {RND(1, R, C)}, 2.0 * 4 * R * C, 0, softmax},
+        {"layernorm", {RND(1, R, C), RND(1, C), RND(1, C)}, 2.0 * 4 * R * C, 0, layernorm},
+        {"mlp", {RND(1, M, K), RND(1 / sqrt(K), K, H), RND(1, H), RND(1 / sqrt(H), H, K), RND(1, K)},
+         0, 2.0 * M * K * H * 2, mlp},
+        {"attention_block",
+         {RND(1, B, T, E), RND(1, E), RND(1, E), RND(1 / sqrt(E), E, 3 * E), RND(1, 3 * E),
+          RND(1 / sqrt(E), E, E), RND(1, E), RND(1, E), RND(1, E), RND(1 / sqrt(E), E, 4 * E),
+          RND(1, 4 * E), RND(1 / sqrt(4 * E), 4 * E, E), mask},
+         0, blk_flops, attention_block},
+        {"tiny_chain", {RND(1, 16), RND(1, 16)}, 0, 0, tiny_chain},
+    };
+    int nw = sizeof w / sizeof w[0];
+    double bw = triad_bandwidth(), mm = sgemm_rate();
+    printf("Ember eager CPU, %d threads; floors measured now: triad %.1f GB/s, sgemm %.1f GFLOP/s\n",
+           em_num_threads(), bw / 1e9, mm / 1e9);
+    printf("%-16s %12s %10s %14s\n", "workload", "median", "of floor", "floor");
+    FILE *jf = json ? fopen(json, "w") : NULL;
+    if (jf) fprintf(jf, "{\"threads\": %d, \"triad_gbs\": %.3f, \"sgemm_gflops\": %.3f, \"workloads\": [",
+                    em_num_threads(), bw / 1e9, mm / 1e9);
+    for (int i = 0; i < nw; i++) {
+        int r = w[i].flops == 0 && w[i].bytes == 0 ? reps * 50 : reps;
+        double *t = malloc(sizeof(double) * r);
+        for (int k = -3; k < r; k++) {
+            em_scope_begin();
+            double t0 = now();
+            em_tensor *y = w[i].run(w[i].in);
+            double dt = now() - t0;
+            if (!y) {
+                fprintf(stderr, "%s failed: %s\n", w[i].name, em_last_error());
+                return 1;
+            }
+            em_scope_end();
+            if (k >= 0) t[k] = dt;
+        }
+        double med = median(t, r);
+        free(t);
+        double floor = w[i].flops ? w[i].flops / mm : w[i].bytes / bw;
+        char fl[32] = "-";
+        if (floor > 0) snprintf(fl, sizeof fl, "%.3f ms", floor * 1e3);
+        printf("%-16s %9.3f ms %9.1f%% %14s\n", w[i].name, med * 1e3,
+               floor > 0 ? 100 * floor / med : 0.0, fl);
+        if (jf) fprintf(jf, "%s{\"name\": \"%s\", \"median_ms\": %.6f, \"floor_ms\": %.6f}", i ? ", " : "",
+                        w[i].name, med * 1e3, floor * 1e3);
+    }
+    if (jf) {
+        fprintf(jf, "]}\n");
+        fclose(jf);
+    }
+    em_scope_end();
+    em_generator_free(gen);
+    return 0;
+}
