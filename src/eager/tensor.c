@@ -258,7 +258,7 @@ em_status em_check_creation(const char *fn, int ndim, const int64_t *sizes, em_d
     if (!dtype_valid(dtype)) return em_error(EM_ERR_DTYPE, "%s: invalid dtype %d", fn, (int)dtype);
     if (!em_backend_for(dev)) return em_last_status();
     em_meta m = {.ndim = ndim, .dtype = dtype, .device = dev};
-    memcpy(m.sizes, sizes, sizeof(int64_t) * (size_t)ndim);
+    if (ndim > 0) memcpy(m.sizes, sizes, sizeof(int64_t) * (size_t)ndim);
     int64_t n;
     char shape[160];
     if (!em_meta_check_numel(&m, &n))
@@ -275,7 +275,7 @@ em_tensor *em_from_data(const void *data, em_dtype dtype, int ndim, const int64_
         return NULL;
     }
     em_meta m = {.ndim = ndim, .dtype = dtype, .device = dev};
-    memcpy(m.sizes, sizes, sizeof(int64_t) * (size_t)ndim);
+    if (ndim > 0) memcpy(m.sizes, sizes, sizeof(int64_t) * (size_t)ndim);
     em_tensor *t = em_tensor_alloc(&m);
     if (!t) return NULL;
     const em_backend *b = em_backend_for(dev);
@@ -286,25 +286,32 @@ em_tensor *em_from_data(const void *data, em_dtype dtype, int ndim, const int64_
     return t;
 }
 
-em_status em_copy_to_host(const em_tensor *t, void *buf, size_t nbytes) {
-    if (!t) return em_error_null("em_copy_to_host", "tensor");
-    if (!buf) return em_error(EM_ERR_NULL, "em_copy_to_host: buf is NULL");
-    if (!t->storage)
-        return em_error(EM_ERR_STATE, "em_copy_to_host: the tensor has no data yet");
+/* Copies t's values to buf for the public function fn. */
+static em_status copy_out(const em_tensor *t, void *buf, size_t nbytes, const char *fn) {
+    if (!t) return em_error_null(fn, "tensor");
+    if (!buf) return em_error(EM_ERR_NULL, "%s: buf is NULL", fn);
     size_t need = (size_t)em_numel(t) * em_dtype_size(t->dtype);
     if (nbytes < need)
-        return em_error(EM_ERR_ARG, "em_copy_to_host: buffer of %zu bytes, %zu needed", nbytes,
-                        need);
-    if (need == 0) return EM_OK;
-    em_scope_begin();
-    em_tensor *c = em_contiguous(t);
-    em_status s = c ? EM_OK : em_last_status();
-    if (c) {
-        const em_backend *b = em_backend_for(c->device);
-        s = b ? b->copy(buf, em_cpu(), em_data(c), c->device, need) : em_last_status();
+        return em_error(EM_ERR_ARG, "%s: buffer of %zu bytes, %zu needed", fn, nbytes, need);
+    em_dispatch_hook saved = em_begin_host_read(t, fn);
+    em_status s = EM_OK;
+    if (!t->storage) s = em_error(EM_ERR_STATE, "%s: the tensor has no data yet", fn);
+    if (s == EM_OK && need > 0) {
+        em_scope_begin();
+        em_tensor *c = em_contiguous(t);
+        s = c ? EM_OK : em_last_status();
+        if (c) {
+            const em_backend *b = em_backend_for(c->device);
+            s = b ? b->copy(buf, em_cpu(), em_data(c), c->device, need) : em_last_status();
+        }
+        em_scope_end();
     }
-    em_scope_end();
+    em_end_host_read(saved);
     return s;
+}
+
+em_status em_copy_to_host(const em_tensor *t, void *buf, size_t nbytes) {
+    return copy_out(t, buf, nbytes, "em_copy_to_host");
 }
 
 em_status em_item(const em_tensor *t, double *out) {
@@ -314,7 +321,7 @@ em_status em_item(const em_tensor *t, double *out) {
         return em_error(EM_ERR_SHAPE, "em_item: the tensor has %lld elements, not 1",
                         (long long)em_numel(t));
     unsigned char buf[8];
-    em_status s = em_copy_to_host(t, buf, sizeof buf);
+    em_status s = copy_out(t, buf, sizeof buf, "em_item");
     if (s == EM_OK) *out = em_load_f64(buf, t->dtype);
     return s;
 }
@@ -326,7 +333,7 @@ em_status em_item_i64(const em_tensor *t, int64_t *out) {
         return em_error(EM_ERR_SHAPE, "em_item_i64: the tensor has %lld elements, not 1",
                         (long long)em_numel(t));
     unsigned char buf[8];
-    em_status s = em_copy_to_host(t, buf, sizeof buf);
+    em_status s = copy_out(t, buf, sizeof buf, "em_item_i64");
     if (s == EM_OK) *out = em_load_i64(buf, t->dtype);
     return s;
 }

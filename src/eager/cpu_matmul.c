@@ -1,0 +1,252 @@
+/* cpu_matmul.c - batched matrix product on CPU.
+ *
+ * in[0] [..., M, K] @ in[1] [..., K, N] -> out [batch..., M, N] (contiguous),
+ * batch dims broadcast (a missing or size-1 batch dim reads with stride 0).
+ * f32/f64 go through cblas_?gemm, reading each operand in place when one of
+ * its two matrix strides is 1 (as is, or transposed) and the other a valid
+ * leading dimension; otherwise the operand is first copied contiguous (its
+ * distinct batches only).  Integers use plain loops with wrapping (modular)
+ * accumulation, which gives the same bits as accumulating in int64. */
+#include "cpu.h"
+
+#include <cblas.h>
+#include <limits.h>
+#include <string.h>
+
+/* Below this many multiply-adds per product OpenBLAS runs single-threaded,
+ * so small products of a batch run in parallel across the batch. */
+#define MM_SMALL 65536
+
+typedef struct operand {
+    const char *data;
+    int64_t bst[EM_MAX_DIMS]; /* batch strides (elements), aligned to out's batch dims */
+    int64_t rs, cs;           /* matrix row and column strides (elements) */
+    int64_t rows, cols;
+    bool trans;               /* BLAS reads it transposed */
+    int64_t ld;               /* BLAS leading dimension */
+    void *tmp;                /* a contiguous copy we own, or NULL */
+} operand;
+
+static void operand_init(operand *op, const em_tensor *t, int nb, const int64_t *bsz) {
+    int nd = t->ndim;
+    op->data = em_data(t);
+    op->rows = t->sizes[nd - 2];
+    op->cols = t->sizes[nd - 1];
+    op->rs = t->strides[nd - 2];
+    op->cs = t->strides[nd - 1];
+    int tb = nd - 2; /* t's batch dims, aligned right */
+    for (int d = 0; d < nb; d++) {
+        int td = d - (nb - tb);
+        op->bst[d] = td >= 0 && t->sizes[td] != 1 && bsz[d] != 1 ? t->strides[td] : 0;
+    }
+    op->tmp = NULL;
+}
+
+/* Whether BLAS can read the matrix in place; sets trans and ld. */
+static bool blas_layout(operand *op) {
+    int64_t r = op->rows, c = op->cols;
+    int64_t mr = r > 1 ? r : 1, mc = c > 1 ? c : 1;
+    if ((c == 1 || op->cs == 1) && (r == 1 || op->rs >= mc)) {
+        op->trans = false;
+        op->ld = r == 1 ? mc : op->rs;
+    } else if ((r == 1 || op->rs == 1) && (c == 1 || op->cs >= mr)) {
+        op->trans = true;
+        op->ld = c == 1 ? mr : op->cs;
+    } else {
+        return false;
+    }
+    return op->ld <= INT_MAX;
+}
+
+/* Copies t's distinct data (broadcast batch dims taken once) into a
+ * contiguous buffer and points op at it. */
+static em_status operand_copy(operand *op, const em_tensor *t, int nb, const int64_t *bsz) {
+    int nd = t->ndim, tb = nd - 2;
+    int64_t esz = (int64_t)em_dtype_size(t->dtype);
+    int64_t sz[EM_MAX_DIMS], st[EM_MAX_DIMS];
+    for (int d = 0; d < nd; d++) {
+        bool bcast = d < tb && (t->sizes[d] == 1 || t->strides[d] == 0);
+        sz[d] = bcast ? 1 : t->sizes[d];
+        st[d] = t->strides[d];
+    }
+    int64_t n = em_shape_numel(nd, sz);
+    char *buf = em_malloc((size_t)(n > 0 ? n : 1) * (size_t)esz);
+    if (!buf) return em_error(EM_ERR_NOMEM, "matmul: out of memory (%lld elements)", (long long)n);
+    /* strided copy, innermost dim in a loop */
+    const char *src = em_data(t);
+    int64_t idx[EM_MAX_DIMS] = {0}, off = 0, last = sz[nd - 1], lst = st[nd - 1];
+    char *dst = buf;
+    for (int64_t r = 0, nrun = last ? n / last : 0; r < nrun; r++) {
+        if (esz == 4)
+            for (int64_t i = 0; i < last; i++)
+                ((uint32_t *)dst)[i] = ((const uint32_t *)src)[off + i * lst];
+        else
+            for (int64_t i = 0; i < last; i++)
+                ((uint64_t *)dst)[i] = ((const uint64_t *)src)[off + i * lst];
+        dst += last * esz;
+        for (int d = nd - 2; d >= 0; d--) {
+            off += st[d];
+            if (++idx[d] < sz[d]) break;
+            off -= st[d] * sz[d];
+            idx[d] = 0;
+        }
+    }
+    /* the copy's strides */
+    int64_t cst[EM_MAX_DIMS];
+    em_contiguous_strides(nd, sz, cst);
+    op->tmp = buf;
+    op->data = buf;
+    op->rs = cst[nd - 2];
+    op->cs = cst[nd - 1];
+    for (int d = 0; d < nb; d++) {
+        int td = d - (nb - tb);
+        op->bst[d] = td >= 0 && sz[td] != 1 && bsz[d] != 1 ? cst[td] : 0;
+    }
+    return EM_OK;
+}
+
+typedef struct mmctx {
+    operand a, b;
+    char *c;
+    em_dtype dt;
+    int64_t esz, M, N, K;
+    int nb;
+    int64_t bsz[EM_MAX_DIMS];
+    int64_t nbatch;
+} mmctx;
+
+/* Element offsets of batch bi in a and b. */
+static void batch_offsets(const mmctx *X, int64_t bi, int64_t *ao, int64_t *bo) {
+    *ao = *bo = 0;
+    for (int d = X->nb - 1; d >= 0; d--) {
+        int64_t i = bi % X->bsz[d];
+        bi /= X->bsz[d];
+        *ao += i * X->a.bst[d];
+        *bo += i * X->b.bst[d];
+    }
+}
+
+static void gemm_batches(void *ctx, int64_t b, int64_t e) {
+    const mmctx *X = ctx;
+    int M = (int)X->M, N = (int)X->N, K = (int)X->K;
+    int ldc = N > 1 ? N : 1;
+    enum CBLAS_TRANSPOSE ta = X->a.trans ? CblasTrans : CblasNoTrans;
+    enum CBLAS_TRANSPOSE tb = X->b.trans ? CblasTrans : CblasNoTrans;
+    for (int64_t bi = b; bi < e; bi++) {
+        int64_t ao, bo;
+        batch_offsets(X, bi, &ao, &bo);
+        char *cp = X->c + bi * X->M * X->N * X->esz;
+        if (X->dt == EM_F32)
+            cblas_sgemm(CblasRowMajor, ta, tb, M, N, K, 1.0f,
+                        (const float *)X->a.data + ao, (int)X->a.ld,
+                        (const float *)X->b.data + bo, (int)X->b.ld, 0.0f, (float *)cp, ldc);
+        else
+            cblas_dgemm(CblasRowMajor, ta, tb, M, N, K, 1.0, (const double *)X->a.data + ao,
+                        (int)X->a.ld, (const double *)X->b.data + bo, (int)X->b.ld, 0.0,
+                        (double *)cp, ldc);
+    }
+}
+
+/* Plain loops over rows (batch, i) of the output: c[i, :] += a[i, k] * b[k, :].
+ * Integers wrap (unsigned arithmetic); floats (only for sizes BLAS cannot
+ * take) accumulate in the output's type. */
+#define LOOP_ROWS(NAME, T, U)                                                             \
+    static void NAME(void *ctx, int64_t b, int64_t e) {                                    \
+        const mmctx *X = ctx;                                                              \
+        int64_t N = X->N, K = X->K;                                                        \
+        for (int64_t row = b; row < e; row++) {                                            \
+            int64_t bi = row / X->M, i = row % X->M, ao, bo;                               \
+            batch_offsets(X, bi, &ao, &bo);                                                \
+            const T *A = (const T *)X->a.data + ao + i * X->a.rs;                          \
+            const T *B = (const T *)X->b.data + bo;                                        \
+            U *C = (U *)X->c + row * N;                                                    \
+            for (int64_t j = 0; j < N; j++) C[j] = 0;                                      \
+            for (int64_t k = 0; k < K; k++) {                                              \
+                U av = (U)A[k * X->a.cs];                                                  \
+                const T *Bk = B + k * X->b.rs;                                             \
+                if (X->b.cs == 1)                                                          \
+                    for (int64_t j = 0; j < N; j++) C[j] += av * (U)Bk[j];                 \
+                else                                                                       \
+                    for (int64_t j = 0; j < N; j++) C[j] += av * (U)Bk[j * X->b.cs];       \
+            }                                                                              \
+        }                                                                                  \
+    }
+LOOP_ROWS(rows_i32, int32_t, uint32_t)
+LOOP_ROWS(rows_i64, int64_t, uint64_t)
+LOOP_ROWS(rows_f32, float, float)
+LOOP_ROWS(rows_f64, double, double)
+
+em_status cpu_matmul(const em_op_call *c, em_tensor *out) {
+    const em_tensor *a = c->in[0], *b = c->in[1];
+    if (a->ndim < 2 || b->ndim < 2 || out->ndim < 2)
+        return em_error(EM_ERR_SHAPE, "matmul: operands must have at least 2 dims");
+    mmctx X;
+    X.nb = out->ndim - 2;
+    X.M = out->sizes[X.nb];
+    X.N = out->sizes[X.nb + 1];
+    X.K = a->sizes[a->ndim - 1];
+    X.dt = out->dtype;
+    X.esz = (int64_t)em_dtype_size(out->dtype);
+    if (a->dtype != X.dt || b->dtype != X.dt)
+        return em_error(EM_ERR_DTYPE, "matmul: operands must have the output's dtype");
+    if (b->sizes[b->ndim - 2] != X.K || a->sizes[a->ndim - 2] != X.M ||
+        b->sizes[b->ndim - 1] != X.N)
+        return em_error(EM_ERR_SHAPE, "matmul: operand sizes do not match the output");
+    X.nbatch = 1;
+    for (int d = 0; d < X.nb; d++) {
+        X.bsz[d] = out->sizes[d];
+        X.nbatch *= X.bsz[d];
+    }
+    int64_t numel = X.nbatch * X.M * X.N;
+    if (numel == 0) return EM_OK;
+    X.c = em_data(out);
+    if (X.K == 0) {
+        memset(X.c, 0, (size_t)(numel * X.esz));
+        return EM_OK;
+    }
+    operand_init(&X.a, a, X.nb, X.bsz);
+    operand_init(&X.b, b, X.nb, X.bsz);
+
+    em_range_fn rows = NULL;
+    switch (X.dt) {
+    case EM_I32: rows = rows_i32; break;
+    case EM_I64: rows = rows_i64; break;
+    case EM_F32:
+    case EM_F64: break;
+    default:
+        return em_error(EM_ERR_DTYPE, "matmul: dtype %s is not supported", em_dtype_name(X.dt));
+    }
+    bool blas = rows == NULL && X.M <= INT_MAX && X.N <= INT_MAX && X.K <= INT_MAX;
+    if (rows == NULL && !blas) rows = X.dt == EM_F32 ? rows_f32 : rows_f64;
+
+    em_status st = EM_OK;
+    if (blas) {
+        if (!blas_layout(&X.a)) {
+            st = operand_copy(&X.a, a, X.nb, X.bsz);
+            if (st == EM_OK && !blas_layout(&X.a)) blas = false;
+        }
+        if (st == EM_OK && !blas_layout(&X.b)) {
+            st = operand_copy(&X.b, b, X.nb, X.bsz);
+            if (st == EM_OK && !blas_layout(&X.b)) blas = false;
+        }
+        if (st == EM_OK && !blas) rows = X.dt == EM_F32 ? rows_f32 : rows_f64;
+    }
+    if (st == EM_OK) {
+        if (blas) {
+            if (X.nbatch > 1 && X.M <= MM_SMALL && X.N <= MM_SMALL && X.K <= MM_SMALL &&
+                X.M * X.N * X.K < MM_SMALL) {
+                int64_t grain = MM_SMALL / (X.M * X.N * X.K);
+                em_parallel_for(X.nbatch, grain > 0 ? grain : 1, gemm_batches, &X);
+            } else {
+                gemm_batches(&X, 0, X.nbatch);
+            }
+        } else {
+            int64_t work = X.N * X.K;
+            int64_t grain = work > 0 ? EM_PARALLEL_GRAIN / work : 1;
+            em_parallel_for(X.nbatch * X.M, grain > 0 ? grain : 1, rows, &X);
+        }
+    }
+    em_free(X.a.tmp);
+    em_free(X.b.tmp);
+    return st;
+}

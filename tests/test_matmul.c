@@ -1,0 +1,312 @@
+/* test_matmul.c - em_matmul against a float64 reference computed here
+ * (torch.matmul semantics: 1-d operands, broadcast batch dims). */
+#include "testutil.h"
+
+#include <string.h>
+
+static const em_dtype NUM4[] = {EM_F32, EM_F64, EM_I32, EM_I64};
+#define NNUM4 4
+
+/* The reference product of a and b (any ranks >= 1); sets the result's
+ * shape.  Returns a malloc'd row-major array. */
+static double *matmul_ref(const em_tensor *a, const em_tensor *b, int *ondim, int64_t *osz) {
+    int an = em_ndim(a), bn = em_ndim(b);
+    int64_t as[EM_MAX_DIMS + 1], bs[EM_MAX_DIMS + 1];
+    int and_, bnd;
+    /* promote 1-d operands */
+    if (an == 1) {
+        as[0] = 1;
+        as[1] = em_size(a, 0);
+        and_ = 2;
+    } else {
+        memcpy(as, em_sizes(a), sizeof(int64_t) * (size_t)an);
+        and_ = an;
+    }
+    if (bn == 1) {
+        bs[0] = em_size(b, 0);
+        bs[1] = 1;
+        bnd = 2;
+    } else {
+        memcpy(bs, em_sizes(b), sizeof(int64_t) * (size_t)bn);
+        bnd = bn;
+    }
+    int64_t M = as[and_ - 2], K = as[and_ - 1], N = bs[bnd - 1];
+    ck_assert_int_eq(K, bs[bnd - 2]);
+    int nb = (and_ > bnd ? and_ : bnd) - 2;
+    int64_t bsz[EM_MAX_DIMS], nbatch = 1;
+    for (int d = 0; d < nb; d++) {
+        int ad = d - (nb - (and_ - 2)), bd = d - (nb - (bnd - 2));
+        int64_t sa = ad >= 0 ? as[ad] : 1, sb = bd >= 0 ? bs[bd] : 1;
+        ck_assert(sa == sb || sa == 1 || sb == 1);
+        bsz[d] = sa == 1 ? sb : sa;
+        nbatch *= bsz[d];
+    }
+    double *av = tu_values(a), *bv = tu_values(b);
+    double *r = calloc((size_t)(nbatch * M * N > 0 ? nbatch * M * N : 1), sizeof(double));
+    int64_t bidx[EM_MAX_DIMS] = {0};
+    for (int64_t bi = 0; bi < nbatch; bi++) {
+        /* flat batch offsets of a and b */
+        int64_t ao = 0, bo = 0;
+        for (int d = 0; d < and_ - 2; d++) {
+            int od = d + (nb - (and_ - 2));
+            ao = ao * as[d] + (as[d] == 1 ? 0 : bidx[od]);
+        }
+        for (int d = 0; d < bnd - 2; d++) {
+            int od = d + (nb - (bnd - 2));
+            bo = bo * bs[d] + (bs[d] == 1 ? 0 : bidx[od]);
+        }
+        for (int64_t i = 0; i < M; i++)
+            for (int64_t j = 0; j < N; j++) {
+                double s = 0;
+                for (int64_t k = 0; k < K; k++)
+                    s += av[(ao * M + i) * K + k] * bv[(bo * K + k) * N + j];
+                r[(bi * M + i) * N + j] = s;
+            }
+        tu_next(nb, bsz, bidx);
+    }
+    /* the result's shape: batch, then M unless a was 1-d, N unless b was */
+    int nd = 0;
+    for (int d = 0; d < nb; d++) osz[nd++] = bsz[d];
+    if (an != 1) osz[nd++] = M;
+    if (bn != 1) osz[nd++] = N;
+    *ondim = nd;
+    free(av);
+    free(bv);
+    return r;
+}
+
+static void check_matmul_at(int line, const em_tensor *a, const em_tensor *b) {
+    ck_assert_msg(a && b, "line %d: NULL input: %s", line, em_last_error());
+    int nd;
+    int64_t osz[EM_MAX_DIMS];
+    double *ref = matmul_ref(a, b, &nd, osz);
+    em_tensor *r = em_matmul(a, b);
+    ck_assert_msg(r != NULL, "line %d: em_matmul failed: %s", line, em_last_error());
+    em_dtype want = em_promote_types(em_dtype_of(a), em_dtype_of(b));
+    ck_assert_msg(em_dtype_of(r) == want, "line %d: dtype %s, expected %s", line,
+                  em_dtype_name(em_dtype_of(r)), em_dtype_name(want));
+    int64_t K = em_size(a, -1);
+    double rtol = 0, atol = 0;
+    if (want == EM_F32) {
+        rtol = 1e-5;
+        atol = 1e-5 * (double)(K + 1);
+    } else if (want == EM_F64) {
+        rtol = 1e-12;
+        atol = 1e-12 * (double)(K + 1);
+    }
+    tu_check_close_at(__FILE__, line, r, ref, nd, osz, rtol, atol);
+    free(ref);
+}
+#define check_matmul(a, b) check_matmul_at(__LINE__, a, b)
+
+#define RND(seed, dt, ...) \
+    tu_random(seed, (int)(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t)), TU_SIZES(__VA_ARGS__), dt, 3.0)
+
+START_TEST(test_2d_every_dtype) {
+    for (int t = 0; t < NNUM4; t++) {
+        em_dtype dt = NUM4[t];
+        check_matmul(RND(1, dt, 3, 4), RND(2, dt, 4, 5));
+        check_matmul(RND(3, dt, 1, 1), RND(4, dt, 1, 1));
+        check_matmul(RND(5, dt, 1, 7), RND(6, dt, 7, 1));
+        check_matmul(RND(7, dt, 5, 1), RND(8, dt, 1, 6)); /* K = 1: outer product */
+        check_matmul(RND(9, dt, 64, 33), RND(10, dt, 33, 17));
+        check_matmul(RND(11, dt, 2, 100), RND(12, dt, 100, 3));
+        em_tensor *r = em_matmul(RND(13, dt, 3, 4), RND(14, dt, 4, 5));
+        ck_assert_int_eq(em_ndim(r), 2);
+        ck_assert_int_eq(em_size(r, 0), 3);
+        ck_assert_int_eq(em_size(r, 1), 5);
+    }
+    /* exact small case */
+    em_tensor *a = tu_tensor((double[]){1, 2, 3, 4, 5, 6}, 2, TU_SIZES(2, 3), EM_F64);
+    em_tensor *b = tu_tensor((double[]){7, 8, 9, 10, 11, 12}, 2, TU_SIZES(3, 2), EM_F64);
+    tu_check_close(em_matmul(a, b), ((double[]){58, 64, 139, 154}), 2, TU_SIZES(2, 2), 0, 0);
+}
+END_TEST
+
+START_TEST(test_1d_operands) {
+    for (int t = 0; t < NNUM4; t++) {
+        em_dtype dt = NUM4[t];
+        check_matmul(RND(20, dt, 4), RND(21, dt, 4, 5));     /* [5] */
+        check_matmul(RND(22, dt, 3, 4), RND(23, dt, 4));     /* [3] */
+        check_matmul(RND(24, dt, 6), RND(25, dt, 6));        /* 0-d */
+        check_matmul(RND(26, dt, 4), RND(27, dt, 2, 4, 5));  /* [2, 5] */
+        check_matmul(RND(28, dt, 2, 3, 4), RND(29, dt, 4));  /* [2, 3] */
+        check_matmul(RND(30, dt, 1), RND(31, dt, 1));
+        em_tensor *dot = em_matmul(RND(32, dt, 6), RND(33, dt, 6));
+        ck_assert_int_eq(em_ndim(dot), 0);
+        em_tensor *v = em_matmul(RND(34, dt, 4), RND(35, dt, 4, 5));
+        ck_assert_int_eq(em_ndim(v), 1);
+        ck_assert_int_eq(em_size(v, 0), 5);
+    }
+    double r;
+    em_tensor *x = tu_tensor((double[]){1, 2, 3}, 1, TU_SIZES(3), EM_I64);
+    em_tensor *y = tu_tensor((double[]){4, -5, 6}, 1, TU_SIZES(3), EM_I64);
+    ck_assert_int_eq(em_item(em_matmul(x, y), &r), EM_OK);
+    ck_assert(r == 12.0);
+}
+END_TEST
+
+START_TEST(test_batched_broadcast) {
+    for (int t = 0; t < NNUM4; t++) {
+        em_dtype dt = NUM4[t];
+        check_matmul(RND(40, dt, 2, 3, 4), RND(41, dt, 2, 4, 5));
+        check_matmul(RND(42, dt, 2, 3, 4), RND(43, dt, 4, 5));       /* b broadcast */
+        check_matmul(RND(44, dt, 3, 4), RND(45, dt, 2, 4, 5));       /* a broadcast */
+        check_matmul(RND(46, dt, 2, 1, 3, 4), RND(47, dt, 1, 5, 4, 6)); /* [2, 5, 3, 6] */
+        check_matmul(RND(48, dt, 5, 3, 4), RND(49, dt, 1, 4, 2));    /* size-1 batch */
+        check_matmul(RND(50, dt, 1, 3, 4), RND(51, dt, 1, 4, 2));
+        check_matmul(RND(52, dt, 3, 1, 2, 3, 4), RND(53, dt, 2, 1, 4, 2));
+        em_tensor *r = em_matmul(RND(54, dt, 2, 1, 3, 4), RND(55, dt, 1, 5, 4, 6));
+        ck_assert_int_eq(em_ndim(r), 4);
+        ck_assert_int_eq(em_size(r, 0), 2);
+        ck_assert_int_eq(em_size(r, 1), 5);
+        ck_assert_int_eq(em_size(r, 2), 3);
+        ck_assert_int_eq(em_size(r, 3), 6);
+    }
+}
+END_TEST
+
+START_TEST(test_noncontiguous) {
+    for (int t = 0; t < NNUM4; t++) {
+        em_dtype dt = NUM4[t];
+        /* transposed operands: BLAS reads them with CblasTrans */
+        em_tensor *at = em_transpose(RND(60, dt, 4, 3), 0, 1);  /* [3, 4] */
+        em_tensor *bt = em_transpose(RND(61, dt, 5, 4), 0, 1);  /* [4, 5] */
+        check_matmul(at, RND(62, dt, 4, 5));
+        check_matmul(RND(63, dt, 3, 4), bt);
+        check_matmul(at, bt);
+        /* batched transposes and permuted batch dims */
+        em_tensor *a3 = em_transpose(RND(64, dt, 2, 4, 3), 1, 2); /* [2, 3, 4] */
+        em_tensor *b3 = em_permute(RND(65, dt, 4, 2, 5), 3, (int[]){1, 0, 2}); /* [2, 4, 5] */
+        check_matmul(a3, b3);
+        check_matmul(em_transpose(a3, 0, 1), RND(66, dt, 4, 2)); /* [3, 2, 4] @ [4, 2] */
+        /* column slices: a leading dim larger than the row */
+        em_tensor *as = em_slice(RND(67, dt, 3, 10), 1, 2, 6, 1); /* [3, 4], rs 10 */
+        check_matmul(as, bt);
+        /* slices with step: a has no unit stride (copied first); b rows 10 apart */
+        em_tensor *ass = em_slice(RND(68, dt, 3, 8), 1, 0, 8, 2); /* [3, 4] stride 2 */
+        em_tensor *bss = em_slice(RND(69, dt, 8, 5), 0, 1, 8, 2); /* [4, 5] row stride 10 */
+        check_matmul(ass, bss);
+        check_matmul(ass, RND(70, dt, 4));
+        check_matmul(em_slice(RND(71, dt, 2, 3, 12), 2, 0, 12, 3), b3); /* batched, copied */
+        /* expanded: broadcast batch (stride 0) and stride-0 matrix dims */
+        em_tensor *ae = em_expand(RND(72, dt, 1, 3, 4), 3, TU_SIZES(6, 3, 4));
+        check_matmul(ae, RND(73, dt, 6, 4, 2));
+        em_tensor *row = em_expand(RND(74, dt, 1, 4), 2, TU_SIZES(3, 4)); /* rs 0 */
+        check_matmul(row, RND(75, dt, 4, 5));
+        em_tensor *col = em_expand(RND(76, dt, 4, 1), 2, TU_SIZES(4, 5)); /* cs 0 */
+        check_matmul(RND(77, dt, 3, 4), col);
+        em_tensor *be = em_expand(em_slice(RND(78, dt, 1, 4, 10), 2, 0, 10, 2), 3,
+                                  TU_SIZES(3, 4, 5)); /* batch broadcast + step */
+        check_matmul(RND(79, dt, 3, 2, 4), be);
+        /* a 1-d operand with a step */
+        check_matmul(em_slice(RND(80, dt, 8), 0, 0, 8, 2), RND(81, dt, 4, 3));
+    }
+}
+END_TEST
+
+START_TEST(test_empty) {
+    for (int t = 0; t < NNUM4; t++) {
+        em_dtype dt = NUM4[t];
+        /* K == 0: zeros */
+        em_tensor *a = em_zeros(2, TU_SIZES(3, 0), dt, em_cpu());
+        em_tensor *b = em_zeros(2, TU_SIZES(0, 4), dt, em_cpu());
+        check_matmul(a, b);
+        em_tensor *z = em_matmul(a, b);
+        ck_assert_int_eq(em_numel(z), 12);
+        double zv[12];
+        ck_assert_int_eq(em_copy_to_host(em_cast(z, EM_F64), zv, sizeof zv), EM_OK);
+        for (int i = 0; i < 12; i++) ck_assert(zv[i] == 0.0);
+        check_matmul(em_zeros(3, TU_SIZES(2, 3, 0), dt, em_cpu()),
+                     em_zeros(2, TU_SIZES(0, 5), dt, em_cpu()));
+        check_matmul(em_zeros(1, TU_SIZES(0), dt, em_cpu()),
+                     em_zeros(1, TU_SIZES(0), dt, em_cpu())); /* empty dot: 0 */
+        /* M == 0, N == 0, batch == 0 */
+        check_matmul(em_zeros(2, TU_SIZES(0, 4), dt, em_cpu()), RND(90, dt, 4, 5));
+        check_matmul(RND(91, dt, 3, 4), em_zeros(2, TU_SIZES(4, 0), dt, em_cpu()));
+        check_matmul(em_zeros(3, TU_SIZES(0, 3, 4), dt, em_cpu()), RND(92, dt, 4, 5));
+        check_matmul(RND(93, dt, 2, 3, 4), em_zeros(3, TU_SIZES(1, 4, 0), dt, em_cpu()));
+    }
+}
+END_TEST
+
+START_TEST(test_mixed_dtypes) {
+    check_matmul(RND(100, EM_I32, 3, 4), RND(101, EM_F32, 4, 5));  /* f32 */
+    check_matmul(RND(102, EM_F32, 3, 4), RND(103, EM_I32, 4, 5));  /* f32 */
+    check_matmul(RND(104, EM_I64, 3, 4), RND(105, EM_F64, 4, 2));  /* f64 */
+    check_matmul(RND(106, EM_I32, 3, 4), RND(107, EM_I64, 4, 2));  /* i64 */
+    check_matmul(RND(108, EM_F32, 2, 4), RND(109, EM_F64, 4, 2));  /* f64 */
+    check_matmul(RND(110, EM_BOOL, 2, 4), RND(111, EM_F32, 4, 2)); /* f32 */
+    check_matmul(RND(112, EM_I32, 4), RND(113, EM_F32, 2, 4, 3));
+    em_tensor *r = em_matmul(RND(114, EM_I32, 2, 2), RND(115, EM_F32, 2, 2));
+    ck_assert_int_eq(em_dtype_of(r), EM_F32);
+}
+END_TEST
+
+START_TEST(test_large) {
+    for (int t = 0; t < NNUM4; t++) {
+        em_dtype dt = NUM4[t];
+        /* many small products: run in parallel across the batch */
+        check_matmul(RND(120, dt, 64, 8, 8), RND(121, dt, 64, 8, 8));
+        check_matmul(em_transpose(RND(122, dt, 48, 9, 7), 1, 2), RND(123, dt, 9, 5));
+        /* one big product */
+        check_matmul(RND(124, dt, 120, 150), RND(125, dt, 150, 90));
+        check_matmul(em_transpose(RND(126, dt, 150, 120), 0, 1),
+                     em_transpose(RND(127, dt, 90, 150), 0, 1));
+    }
+    /* exact integer values that need more than 32 bits in the sum */
+    em_tensor *a = em_full(2, TU_SIZES(2, 3), 2000000000.0, EM_I64, em_cpu());
+    em_tensor *b = em_full(2, TU_SIZES(3, 2), 3.0, EM_I64, em_cpu());
+    int64_t out[4];
+    ck_assert_int_eq(em_copy_to_host(em_matmul(a, b), out, sizeof out), EM_OK);
+    for (int i = 0; i < 4; i++) ck_assert_int_eq(out[i], 18000000000LL);
+}
+END_TEST
+
+START_TEST(test_errors) {
+    em_tensor *a = RND(130, EM_F32, 2, 3);
+    tu_check_fails(em_matmul(a, RND(131, EM_F32, 4, 5)), EM_ERR_SHAPE);      /* inner */
+    tu_check_fails(em_matmul(RND(132, EM_F32, 3), RND(133, EM_F32, 4)), EM_ERR_SHAPE);
+    tu_check_fails(em_matmul(RND(134, EM_F32, 3), RND(135, EM_F32, 2, 3)), EM_ERR_SHAPE);
+    tu_check_fails(em_matmul(a, RND(136, EM_F32, 2)), EM_ERR_SHAPE);
+    tu_check_fails(em_matmul(RND(137, EM_F32, 2, 3, 4), RND(138, EM_F32, 3, 4, 5)),
+                   EM_ERR_SHAPE); /* batch 2 vs 3 */
+    tu_check_fails(em_matmul(RND(139, EM_F32, 2, 2, 3, 4), RND(140, EM_F32, 3, 4, 5)),
+                   EM_ERR_SHAPE);
+    em_tensor *s = em_scalar(2, EM_F32, em_cpu());
+    tu_check_fails(em_matmul(s, a), EM_ERR_SHAPE);
+    tu_check_fails(em_matmul(a, s), EM_ERR_SHAPE);
+    tu_check_fails(em_matmul(s, s), EM_ERR_SHAPE);
+    tu_check_fails(em_matmul(NULL, a), EM_ERR_NULL);
+    tu_check_fails(em_matmul(a, NULL), EM_ERR_NULL);
+    tu_check_fails(em_matmul(em_cast(a, EM_F16), em_cast(RND(141, EM_F32, 3, 2), EM_F16)),
+                   EM_ERR_DTYPE);
+}
+END_TEST
+
+static Suite *suite(void) {
+    Suite *s = suite_create("matmul");
+    struct {
+        const char *name;
+        const TTest *t;
+    } tests[] = {
+        {"2d_every_dtype", test_2d_every_dtype},
+        {"1d_operands", test_1d_operands},
+        {"batched_broadcast", test_batched_broadcast},
+        {"noncontiguous", test_noncontiguous},
+        {"empty", test_empty},
+        {"mixed_dtypes", test_mixed_dtypes},
+        {"large", test_large},
+        {"errors", test_errors},
+    };
+    for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++) {
+        TCase *tc = tcase_create(tests[i].name);
+        tcase_add_checked_fixture(tc, tu_setup, tu_teardown);
+        tcase_set_timeout(tc, 120);
+        tcase_add_test(tc, tests[i].t);
+        suite_add_tcase(s, tc);
+    }
+    return s;
+}
+
+int main(void) { return tu_run(suite()); }
