@@ -47,7 +47,7 @@ float em_bf16_to_float(uint16_t h);
 uint16_t em_float_to_bf16(float f);
 
 /* Kernels named in ops.def. */
-#define X(NAME, name, kind, nin, infer, cpu) em_status cpu(const em_op_call *c, em_tensor *out);
+#define X(NAME, name, kind, nin, attrs, infer, cpu) em_status cpu(const em_op_call *c, em_tensor *out);
 #include "ops.def"
 #undef X
 

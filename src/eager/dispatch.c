@@ -15,6 +15,14 @@ em_dispatch_hook em_set_dispatch_hook(em_dispatch_hook h) {
     return old;
 }
 
+em_dispatch_hook em_begin_host_read(const em_tensor *t, const char *what) {
+    em_dispatch_hook saved = em_set_dispatch_hook((em_dispatch_hook){0});
+    if (saved.on_read) saved.on_read(saved.ud, t, what);
+    return saved;
+}
+
+void em_end_host_read(em_dispatch_hook saved) { em_set_dispatch_hook(saved); }
+
 static em_status check_inputs(const em_op_call *c) {
     const em_op_info *info = &em_op_table[c->op];
     if (info->nin >= 0 && c->nin != info->nin)

@@ -18,7 +18,7 @@
 
 /* ---- Op table ---- */
 typedef enum em_op {
-#define X(NAME, name, kind, nin, infer, cpu) EM_OP_##NAME,
+#define X(NAME, name, kind, nin, attrs, infer, cpu) EM_OP_##NAME,
 #include "ops.def"
 #undef X
     EM_OP_COUNT
@@ -37,6 +37,21 @@ typedef enum em_op_kind {
     EM_KIND_MATMUL
 } em_op_kind;
 
+/* Which em_op_attrs fields an op reads (the attrs column of ops.def). */
+enum {
+    A_SIZES = 1 << 0,      /* ndim, sizes */
+    A_DIMS = 1 << 1,       /* ndims, dims */
+    A_DIM = 1 << 2,        /* dim */
+    A_RANGE = 1 << 3,      /* start, end, step */
+    A_VALUE = 1 << 4,      /* value */
+    A_ARANGE = 1 << 5,     /* fstart, fstep */
+    A_CORRECTION = 1 << 6, /* correction */
+    A_KEEPDIM = 1 << 7,    /* keepdim */
+    A_DTYPE = 1 << 8,      /* dtype */
+    A_DEVICE = 1 << 9,     /* device */
+    A_RNG = 1 << 10        /* seed, offset, generator */
+};
+
 /* Scalar attributes of an op call.  One flat struct for every op, so that a
  * graph node can hold any call; each op reads only the fields it documents. */
 typedef struct em_op_attrs {
@@ -53,6 +68,9 @@ typedef struct em_op_attrs {
     em_dtype dtype;                /* creation, cast: result dtype */
     em_device device;              /* creation: result device */
     uint64_t seed, offset;         /* rand, randn: Philox key and first counter */
+    em_generator *generator;       /* rand, randn: the generator drawn from (kernels
+                                      read only seed and offset; recording needs
+                                      to know whose state advanced) */
 } em_op_attrs;
 
 /* One call of an op: what the dispatcher, kernels and hooks see. */
@@ -80,6 +98,7 @@ typedef struct em_op_info {
     const char *name;
     em_op_kind kind;
     int nin;             /* -1: variadic */
+    unsigned attrs;      /* A_* flags */
     em_infer_fn infer;
     em_kernel_fn cpu;    /* views: cpu_view, which computes nothing */
 } em_op_info;
@@ -145,9 +164,17 @@ typedef em_tensor *(*em_hook_fn)(void *ud, const em_op_call *c, const em_meta *m
 typedef struct em_dispatch_hook {
     em_hook_fn fn;
     void *ud;
+    /* Optional: told before the host reads t's values (what: the public
+     * function reading).  Recording sees a graph break here; lazy mode will
+     * materialize t.  Ops the read runs internally bypass the hook. */
+    void (*on_read)(void *ud, const em_tensor *t, const char *what);
 } em_dispatch_hook;
 /* Installs h on this thread and returns the previous hook (to restore). */
 em_dispatch_hook em_set_dispatch_hook(em_dispatch_hook h);
+/* Tells the hook that the host is about to read t, then uninstalls it until
+ * em_end_host_read (the read's own ops are not the program's). */
+em_dispatch_hook em_begin_host_read(const em_tensor *t, const char *what);
+void em_end_host_read(em_dispatch_hook saved);
 
 /* ---- Per-thread context ---- */
 typedef struct em_scope_frame {

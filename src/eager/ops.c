@@ -120,7 +120,7 @@ uint64_t em_generator_offset(const em_generator *g) { return g ? g->offset : 0; 
 static em_tensor *random(em_op op, const char *fn, em_generator *g, int ndim,
                          const int64_t *sizes, em_dtype dtype, em_device dev) {
     if (!g) return null_ptr(fn, "generator");
-    em_op_attrs a = {.seed = g->seed, .offset = g->offset};
+    em_op_attrs a = {.seed = g->seed, .offset = g->offset, .generator = g};
     em_tensor *t = create(op, fn, ndim, sizes, dtype, dev, &a);
     /* Each element consumes one Philox counter, so the next draw starts
      * where this one ended whatever the shapes. */

@@ -45,8 +45,8 @@ static void print_dim(FILE *f, const em_tensor *t, const char *base, int d, int 
 em_status em_print(const em_tensor *t, FILE *f) {
     if (!t) return em_error_null("em_print", "tensor");
     if (!f) return em_error_null("em_print", "f");
+    em_dispatch_hook saved = em_begin_host_read(t, "em_print");
     em_scope_begin();
-    /* printing reads values: bring them to the host first */
     em_tensor *h = (em_tensor *)t;
     em_status s = EM_OK;
     if (t->device.type != EM_CPU || !t->storage) {
@@ -62,5 +62,6 @@ em_status em_print(const em_tensor *t, FILE *f) {
                 em_device_name(h->device, dev, sizeof dev));
     }
     em_scope_end();
+    em_end_host_read(saved);
     return s;
 }
