@@ -276,6 +276,65 @@ EM_API em_tensor *em_log_softmax(const em_tensor *x, int dim);
 EM_API em_tensor *em_layer_norm(const em_tensor *x, int nnorm, const em_tensor *weight,
                                 const em_tensor *bias, double eps);
 
+
+/* ---- Compiled functions (em_compile) ----
+ *
+ * A function Ember can compile reads its input tensors and scalars and
+ * writes its output tensors:
+ *
+ *   em_status fn(void *ctx, em_tensor *const *in, const double *scalars,
+ *                em_tensor **out);
+ *
+ * It must be a function of in, scalars and the tensors it reaches through
+ * ctx (weights), with no other side effects: the first call for a given
+ * set of input shapes runs it while recording a graph; later matching
+ * calls run the graph, not fn (docs/compile.md). */
+typedef em_status (*em_fn)(void *ctx, em_tensor *const *in, const double *scalars,
+                           em_tensor **out);
+
+typedef struct em_compiled em_compiled;
+
+typedef struct em_compile_options {
+    int ninputs;                   /* input tensors (0..64) */
+    int nscalars;                  /* scalar arguments (0..64) */
+    int noutputs;                  /* output tensors (1..64) */
+    const char *name;              /* for logs (default "fn") */
+    const char *const *input_names; /* optional, ninputs names (default in0...) */
+    int recompile_limit;           /* entries before falling back to eager; 0: the
+                                      EMBER_RECOMPILE_LIMIT variable, else 8 */
+    const char *backend;           /* "replay" (default): the graph run op by op */
+    /* Optional: slots (e.g. &model->w1) that hold the tensors fn reaches
+     * through ctx.  A captured tensor found in a slot is guarded on
+     * identity: if the slot later holds another tensor, the entry no
+     * longer matches. */
+    em_tensor *const *const *watch;
+    int nwatch;
+} em_compile_options;
+
+typedef struct em_compile_stats {
+    int64_t calls;        /* em_call invocations that ran */
+    int64_t hits;         /* calls served by an existing entry */
+    int64_t traces;       /* calls that recorded a new entry */
+    int64_t eager;        /* calls run eagerly (recompile limit, graph break) */
+    int entries;          /* entries (graphs) held */
+    bool broken;          /* a graph break was seen: fn now always runs eagerly */
+    char last_failure[256]; /* why the last non-matching call matched no entry */
+} em_compile_stats;
+
+/* Wraps fn; nothing runs until the first em_call.  NULL on bad options. */
+EM_API em_compiled *em_compile(em_fn fn, void *ctx, const em_compile_options *opts);
+/* Calls the compiled function: in has opts.ninputs tensors, scalars
+ * opts.nscalars values, out room for opts.noutputs results, which are
+ * owned as any new tensor (by the innermost scope, or by the caller). */
+EM_API em_status em_call(em_compiled *f, em_tensor *const *in, const double *scalars,
+                         em_tensor **out);
+EM_API em_status em_compiled_stats(const em_compiled *f, em_compile_stats *out);
+/* Prints entry i's graph (0: most recently used) as text (dot false) or
+ * Graphviz DOT (dot true), then its guards as comments (text only). */
+EM_API em_status em_compiled_print(const em_compiled *f, int entry, bool dot, FILE *out);
+/* Frees f, its entries and their references to captured tensors. */
+EM_API void em_compiled_free(em_compiled *f);
+
 /* ---- Runtime settings ---- */
 /* Threads for eager CPU kernels (EMBER_NUM_THREADS; default: all cores). */
 EM_API int em_num_threads(void);

@@ -1,0 +1,161 @@
+/* guards.c - building, checking and explaining guard sets. */
+#include "guards.h"
+
+#include <string.h>
+
+void gd_free(gd_guards *gs) {
+    if (!gs) return;
+    for (int i = 0; gs->names && i < gs->ntensors; i++) em_free(gs->names[i]);
+    em_free(gs->names);
+    em_free(gs->tensors);
+    em_free(gs->scalars);
+    em_free(gs->watch);
+    em_free(gs);
+}
+
+static void guard_of(gd_tensor *gt, const em_tensor *t) {
+    memset(gt, 0, sizeof *gt);
+    gt->dtype = t->dtype;
+    gt->device = t->device;
+    gt->ndim = t->ndim;
+    for (int d = 0; d < t->ndim; d++) {
+        gt->sizes[d] = t->sizes[d];
+        gt->strides[d] = t->sizes[d] > 1 ? t->strides[d] : 0;
+    }
+}
+
+static void *dup_array(const void *p, size_t n) {
+    void *q = em_malloc(n ? n : 1);
+    if (q && n) memcpy(q, p, n);
+    return q;
+}
+
+gd_guards *gd_build(const tr_graph *g, em_tensor *const *in, const double *scalars,
+                    int nscalars, em_tensor *const *const *watch, int nwatch) {
+    gd_guards *gs = em_calloc(1, sizeof *gs);
+    if (!gs) return NULL;
+    gs->ntensors = g->ninputs;
+    gs->tensors = em_calloc((size_t)(g->ninputs ? g->ninputs : 1), sizeof *gs->tensors);
+    gs->names = em_calloc((size_t)(g->ninputs ? g->ninputs : 1), sizeof *gs->names);
+    gs->nscalars = nscalars;
+    gs->scalars = dup_array(scalars, sizeof(double) * (size_t)nscalars);
+    gs->watch = em_calloc((size_t)(nwatch ? nwatch : 1), sizeof *gs->watch);
+    if (!gs->tensors || !gs->names || !gs->scalars || !gs->watch) goto fail;
+    for (int i = 0; i < g->nnodes; i++) {
+        const tr_node *n = &g->nodes[i];
+        if (n->kind != TR_INPUT) continue;
+        guard_of(&gs->tensors[n->index], in[n->index]);
+        gs->names[n->index] = dup_array(n->name, strlen(n->name) + 1);
+        if (!gs->names[n->index]) goto fail;
+    }
+    /* a constant is guarded on identity when the user told us where it lives */
+    for (int c = 0; c < g->nconsts; c++) {
+        for (int w = 0; w < nwatch; w++) {
+            if (*watch[w] == g->consts[c]) {
+                gs->watch[gs->nwatch++] = (gd_watch){watch[w], g->consts[c]};
+                break;
+            }
+        }
+    }
+    return gs;
+fail:
+    gd_free(gs);
+    return NULL;
+}
+
+/* The fast path: called on every call of a compiled function, for every
+ * entry until one matches.  Straight-line compares, no allocation. */
+static inline bool tensor_ok(const gd_tensor *g, const em_tensor *t) {
+    if (t->dtype != g->dtype || t->ndim != g->ndim || t->device.type != g->device.type ||
+        t->device.index != g->device.index)
+        return false;
+    for (int d = 0; d < g->ndim; d++) {
+        if (t->sizes[d] != g->sizes[d]) return false;
+        if (g->sizes[d] > 1 && t->strides[d] != g->strides[d]) return false;
+    }
+    return true;
+}
+
+bool gd_check(const gd_guards *gs, em_tensor *const *in, const double *scalars) {
+    for (int i = 0; i < gs->ntensors; i++)
+        if (!tensor_ok(&gs->tensors[i], in[i])) return false;
+    if (gs->nscalars && memcmp(gs->scalars, scalars, sizeof(double) * (size_t)gs->nscalars))
+        return false;
+    for (int w = 0; w < gs->nwatch; w++)
+        if (*gs->watch[w].slot != gs->watch[w].expect) return false;
+    return true;
+}
+
+int gd_explain(const gd_guards *gs, em_tensor *const *in, const double *scalars, char *buf,
+               size_t n) {
+    char a[32], b[32];
+    int passed = 0;
+    buf[0] = '\0';
+    for (int i = 0; i < gs->ntensors; i++) {
+        const gd_tensor *g = &gs->tensors[i];
+        const em_tensor *t = in[i];
+        const char *nm = gs->names[i];
+        if (t->dtype != g->dtype) {
+            snprintf(buf, n, "input %d (%s): dtype mismatch: expected %s, got %s", i, nm,
+                     em_dtype_name(g->dtype), em_dtype_name(t->dtype));
+            return passed;
+        }
+        if (!em_same_device(t->device, g->device) || t->device.index != g->device.index) {
+            snprintf(buf, n, "input %d (%s): device mismatch: expected %s, got %s", i, nm,
+                     em_device_name(g->device, a, sizeof a), em_device_name(t->device, b, sizeof b));
+            return passed;
+        }
+        if (t->ndim != g->ndim) {
+            snprintf(buf, n, "input %d (%s): rank mismatch: expected %d dims, got %d", i, nm,
+                     g->ndim, t->ndim);
+            return passed;
+        }
+        passed += 3; /* dtype, device, rank */
+        for (int d = 0; d < g->ndim; d++, passed++) {
+            if (t->sizes[d] != g->sizes[d]) {
+                snprintf(buf, n, "input %d (%s): size mismatch at dim %d: expected %lld, got %lld",
+                         i, nm, d, (long long)g->sizes[d], (long long)t->sizes[d]);
+                return passed;
+            }
+        }
+        for (int d = 0; d < g->ndim; d++, passed++) {
+            if (g->sizes[d] > 1 && t->strides[d] != g->strides[d]) {
+                snprintf(buf, n,
+                         "input %d (%s): stride mismatch at dim %d: expected %lld, got %lld", i,
+                         nm, d, (long long)g->strides[d], (long long)t->strides[d]);
+                return passed;
+            }
+        }
+    }
+    for (int i = 0; i < gs->nscalars; i++, passed++) {
+        if (memcmp(&gs->scalars[i], &scalars[i], sizeof(double))) {
+            snprintf(buf, n, "scalar %d: value mismatch: expected %.17g, got %.17g", i,
+                     gs->scalars[i], scalars[i]);
+            return passed;
+        }
+    }
+    for (int w = 0; w < gs->nwatch; w++) {
+        if (*gs->watch[w].slot != gs->watch[w].expect) {
+            snprintf(buf, n, "a watched constant slot holds another tensor than the one captured");
+            return passed;
+        }
+    }
+    return passed;
+}
+
+em_status gd_print(const gd_guards *gs, FILE *f) {
+    char shape[160], strides[160], dev[32];
+    for (int i = 0; i < gs->ntensors; i++) {
+        const gd_tensor *g = &gs->tensors[i];
+        fprintf(f, "guard input %d (%s): dtype=%s device=%s sizes=%s strides=%s\n", i,
+                gs->names[i], em_dtype_name(g->dtype), em_device_name(g->device, dev, sizeof dev),
+                em_shape_str(g->ndim, g->sizes, shape, sizeof shape),
+                em_shape_str(g->ndim, g->strides, strides, sizeof strides));
+    }
+    for (int i = 0; i < gs->nscalars; i++)
+        fprintf(f, "guard scalar %d == %.17g\n", i, gs->scalars[i]);
+    for (int w = 0; w < gs->nwatch; w++)
+        fprintf(f, "guard watched slot %p holds the captured tensor %p\n",
+                (const void *)gs->watch[w].slot, (const void *)gs->watch[w].expect);
+    return EM_OK;
+}

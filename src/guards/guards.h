@@ -1,0 +1,53 @@
+/* guards.h - the checks that decide whether a captured graph applies to a
+ * call (src/guards).
+ *
+ * A guard set is built at the end of a trace from the call's arguments: for
+ * each input tensor its dtype, device, rank, sizes and strides (strides of
+ * size-1 dims are free: no kernel reads them), for each scalar its value
+ * (bitwise), and for each captured constant found in a watched slot, the
+ * slot's identity.  gd_check is the fast path run on every call;
+ * gd_explain says, in words, why a call does not match.
+ * Ownership: a guard set owns copies of everything it compares. */
+#ifndef EMBER_GUARDS_H
+#define EMBER_GUARDS_H
+
+#include "trace.h"
+
+typedef struct gd_tensor {
+    em_dtype dtype;
+    em_device device;
+    int ndim;
+    int64_t sizes[EM_MAX_DIMS];
+    int64_t strides[EM_MAX_DIMS]; /* 0 where the size is 0 or 1 */
+} gd_tensor;
+
+typedef struct gd_watch {
+    em_tensor *const *slot;  /* where the user keeps the tensor */
+    const em_tensor *expect; /* the tensor the graph captured */
+} gd_watch;
+
+typedef struct gd_guards {
+    int ntensors;
+    gd_tensor *tensors;
+    char **names;            /* input names, for messages */
+    int nscalars;
+    double *scalars;
+    int nwatch;
+    gd_watch *watch;
+} gd_guards;
+
+/* Guards for a graph traced with inputs in and scalars: constants of g
+ * found in one of the nwatch slots are guarded on identity. */
+gd_guards *gd_build(const tr_graph *g, em_tensor *const *in, const double *scalars,
+                    int nscalars, em_tensor *const *const *watch, int nwatch);
+void gd_free(gd_guards *gs);
+/* Whether the call (in, scalars) passes every guard. */
+bool gd_check(const gd_guards *gs, em_tensor *const *in, const double *scalars);
+/* The first guard the call fails, as a sentence (empty if none fails).
+ * Returns how many guards passed before it: among several entries, the
+ * one that got furthest gives the most useful explanation. */
+int gd_explain(const gd_guards *gs, em_tensor *const *in, const double *scalars, char *buf,
+               size_t n);
+em_status gd_print(const gd_guards *gs, FILE *f);
+
+#endif

@@ -1,0 +1,53 @@
+/* jit.h - compiled functions (src/jit): entries, backends, logging.
+ *
+ * em_compile wraps a user function; each call either runs an entry whose
+ * guards match, or traces the function into a new entry (graph + guards +
+ * backend state), or, past the recompile limit or after a graph break,
+ * runs it eagerly. */
+#ifndef EMBER_JIT_H
+#define EMBER_JIT_H
+
+#include <pthread.h>
+
+#include "guards.h"
+#include "trace.h"
+
+/* ---- backends: how an entry's graph runs ----
+ * compile builds the backend's state for g (which outlives it); run
+ * computes the graph's outputs from its inputs (new tensors, owned as any
+ * op result); free releases the state.  All three are required. */
+typedef struct jit_backend {
+    const char *name;
+    em_status (*compile)(const tr_graph *g, void **state);
+    em_status (*run)(void *state, const tr_graph *g, em_tensor *const *in, em_tensor **out);
+    void (*free)(void *state);
+} jit_backend;
+
+extern const jit_backend jit_replay_backend;
+/* The backend called name, or NULL. */
+const jit_backend *jit_backend_find(const char *name);
+
+/* ---- logging (EMBER_LOG, EMBER_LOG_FILE) ---- */
+enum {
+    JIT_LOG_GRAPH = 1 << 0,      /* each captured graph */
+    JIT_LOG_GUARDS = 1 << 1,     /* each entry's guards */
+    JIT_LOG_RECOMPILES = 1 << 2, /* each recompile, with the failed guard */
+    JIT_LOG_BREAKS = 1 << 3      /* each graph break */
+};
+
+typedef struct jit_log {
+    unsigned flags;
+    FILE *f;       /* stderr or the EMBER_LOG_FILE */
+    bool own;      /* f was opened here */
+} jit_log;
+
+/* Reads EMBER_LOG and EMBER_LOG_FILE; unknown names are reported once on
+ * the log itself and ignored. */
+void jit_log_open(jit_log *l);
+void jit_log_close(jit_log *l);
+/* Prints "[ember] " + the message + newline when flag is on (flag 0:
+ * always). */
+void jit_logf(const jit_log *l, unsigned flag, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+#endif

@@ -1,0 +1,67 @@
+/* log.c - EMBER_LOG: which events a compiled function reports, and where. */
+#include "jit.h"
+
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const struct {
+    const char *name;
+    unsigned flag;
+} log_names[] = {
+    {"graph", JIT_LOG_GRAPH},
+    {"guards", JIT_LOG_GUARDS},
+    {"recompiles", JIT_LOG_RECOMPILES},
+    {"breaks", JIT_LOG_BREAKS},
+    {"all", JIT_LOG_GRAPH | JIT_LOG_GUARDS | JIT_LOG_RECOMPILES | JIT_LOG_BREAKS},
+};
+
+void jit_log_open(jit_log *l) {
+    memset(l, 0, sizeof *l);
+    l->f = stderr;
+    const char *file = getenv("EMBER_LOG_FILE");
+    if (file && *file) {
+        FILE *f = fopen(file, "a");
+        if (f) {
+            l->f = f;
+            l->own = true;
+        } else {
+            fprintf(stderr, "[ember] cannot open EMBER_LOG_FILE %s: logging to stderr\n", file);
+        }
+    }
+    const char *spec = getenv("EMBER_LOG");
+    if (!spec) return;
+    char word[32];
+    for (const char *p = spec; *p;) {
+        size_t n = strcspn(p, ",");
+        if (n > 0 && n < sizeof word) {
+            memcpy(word, p, n);
+            word[n] = '\0';
+            size_t k;
+            for (k = 0; k < sizeof log_names / sizeof log_names[0]; k++)
+                if (!strcmp(word, log_names[k].name)) break;
+            if (k < sizeof log_names / sizeof log_names[0]) l->flags |= log_names[k].flag;
+            else fprintf(l->f, "[ember] EMBER_LOG: unknown option '%s' (graph, guards, "
+                         "recompiles, breaks, all)\n", word);
+        }
+        p += n;
+        if (*p == ',') p++;
+    }
+}
+
+void jit_log_close(jit_log *l) {
+    if (l->own) fclose(l->f);
+    l->f = NULL;
+    l->own = false;
+}
+
+void jit_logf(const jit_log *l, unsigned flag, const char *fmt, ...) {
+    if (flag && !(l->flags & flag)) return;
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("[ember] ", l->f);
+    vfprintf(l->f, fmt, ap);
+    fputc('\n', l->f);
+    va_end(ap);
+    fflush(l->f);
+}

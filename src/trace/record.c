@@ -1,0 +1,188 @@
+/* record.c - capturing a graph while code runs eagerly.
+ *
+ * The recorder installs itself as the thread's dispatch hook.  Each op the
+ * traced code calls runs eagerly (so the trace's results are real) and
+ * appends a node.  A tensor the graph has not seen, used as an input, is a
+ * constant: a weight reached through the function's context, or data made
+ * with em_from_data inside it.  A host read (em_item, em_copy_to_host,
+ * em_print) is a graph break: the values it reads can steer what the code
+ * does next, which one graph cannot express. */
+#include "trace.h"
+
+#include <string.h>
+
+struct tr_recorder {
+    tr_graph *g;
+    em_dispatch_hook prev;   /* restored at the end */
+    /* tensor -> node: open addressing on the pointer.  Every key holds a
+     * reference, so no tensor of the trace can die and have its address
+     * reused by another while recording. */
+    em_tensor **keys;
+    int *vals;
+    int cap, count;
+    bool broken;
+    char why[256];
+};
+
+static size_t slot_of(const tr_recorder *r, const em_tensor *t) {
+    uint64_t h = (uint64_t)(uintptr_t)t * 0x9E3779B97F4A7C15ull;
+    return (size_t)(h >> 32) & (size_t)(r->cap - 1);
+}
+
+static int map_get(const tr_recorder *r, const em_tensor *t) {
+    for (size_t i = slot_of(r, t);; i = (i + 1) & (size_t)(r->cap - 1)) {
+        if (!r->keys[i]) return -1;
+        if (r->keys[i] == t) return r->vals[i];
+    }
+}
+
+static bool map_put(tr_recorder *r, em_tensor *t, int node) {
+    if (2 * (r->count + 1) > r->cap) {
+        int cap = r->cap * 2;
+        em_tensor **keys = em_calloc((size_t)cap, sizeof *keys);
+        int *vals = em_malloc(sizeof *vals * (size_t)cap);
+        if (!keys || !vals) {
+            em_free(keys);
+            em_free(vals);
+            return false;
+        }
+        em_tensor **ok = r->keys;
+        int *ov = r->vals, oc = r->cap;
+        r->keys = keys;
+        r->vals = vals;
+        r->cap = cap;
+        for (int i = 0; i < oc; i++) {
+            if (!ok[i]) continue;
+            size_t j = slot_of(r, ok[i]);
+            while (keys[j]) j = (j + 1) & (size_t)(cap - 1);
+            keys[j] = ok[i];
+            vals[j] = ov[i];
+        }
+        em_free(ok);
+        em_free(ov);
+    }
+    size_t i = slot_of(r, t);
+    while (r->keys[i] && r->keys[i] != t) i = (i + 1) & (size_t)(r->cap - 1);
+    if (!r->keys[i]) {
+        r->keys[i] = em_retain(t);
+        r->count++;
+    }
+    r->vals[i] = node;
+    return true;
+}
+
+static void set_break(tr_recorder *r, const char *why) {
+    if (r->broken) return;
+    r->broken = true;
+    snprintf(r->why, sizeof r->why, "%s", why);
+}
+
+/* The node of tensor t, adding it as a constant when the graph has not
+ * seen it. */
+static int node_of(tr_recorder *r, em_tensor *t) {
+    int n = map_get(r, t);
+    if (n >= 0) return n;
+    n = tr_add_const(r->g, t);
+    if (n < 0 || !map_put(r, t, n)) return -1;
+    return n;
+}
+
+static em_tensor *record_op(void *ud, const em_op_call *c, const em_meta *m) {
+    tr_recorder *r = ud;
+    /* Kernels may call ops themselves: those are not the program's. */
+    em_dispatch_hook self = em_set_dispatch_hook((em_dispatch_hook){0});
+    em_tensor *t = em_dispatch_eager(c, m);
+    em_set_dispatch_hook(self);
+    if (!t || r->broken) return t;
+    int stack[8], *in = c->nin <= 8 ? stack : em_malloc(sizeof(int) * (size_t)c->nin);
+    bool ok = in != NULL;
+    for (int i = 0; ok && i < c->nin; i++) ok = (in[i] = node_of(r, c->in[i])) >= 0;
+    em_meta meta;
+    tr_meta_of(t, &meta);
+    int n = ok ? tr_add_call(r->g, c->op, c->nin, in, c->attrs, &meta) : -1;
+    if (n < 0 || !map_put(r, t, n)) {
+        em_status s = em_last_status();
+        set_break(r, "out of memory while recording");
+        em_clear_error(); /* the op itself succeeded: keep its result valid */
+        (void)s;
+    }
+    if (in != stack) em_free(in);
+    return t;
+}
+
+static void record_read(void *ud, const em_tensor *t, const char *what) {
+    tr_recorder *r = ud;
+    char why[256];
+    int n = map_get(r, t);
+    if (n >= 0)
+        snprintf(why, sizeof why, "%s reads the values of %%%d (%s) while tracing", what, n,
+                 r->g->nodes[n].kind == TR_CALL ? em_op_table[r->g->nodes[n].op].name : "input");
+    else
+        snprintf(why, sizeof why, "%s reads the values of a tensor while tracing", what);
+    set_break(r, why);
+}
+
+tr_recorder *tr_record_begin(int ninputs, em_tensor *const *inputs, const char *const *names) {
+    tr_recorder *r = em_malloc(sizeof *r);
+    if (!r) return NULL;
+    memset(r, 0, sizeof *r);
+    r->cap = 64;
+    r->keys = em_calloc((size_t)r->cap, sizeof *r->keys);
+    r->vals = em_malloc(sizeof *r->vals * (size_t)r->cap);
+    r->g = tr_graph_new();
+    bool ok = r->keys && r->vals && r->g;
+    for (int i = 0; ok && i < ninputs; i++) {
+        em_meta m;
+        tr_meta_of(inputs[i], &m);
+        int n = tr_add_input(r->g, names ? names[i] : NULL, &m);
+        /* the same tensor passed twice reads as the first input */
+        ok = n >= 0 && (map_get(r, inputs[i]) >= 0 || map_put(r, inputs[i], n));
+    }
+    if (!ok) {
+        r->prev = em_set_dispatch_hook((em_dispatch_hook){0});
+        tr_record_abort(r);
+        return NULL;
+    }
+    r->prev = em_set_dispatch_hook((em_dispatch_hook){record_op, r, record_read});
+    return r;
+}
+
+static void recorder_free(tr_recorder *r) {
+    em_set_dispatch_hook(r->prev);
+    for (int i = 0; i < r->cap; i++) em_release(r->keys[i]);
+    em_free(r->keys);
+    em_free(r->vals);
+    em_free(r);
+}
+
+void tr_record_abort(tr_recorder *r) {
+    if (!r) return;
+    tr_graph_free(r->g);
+    recorder_free(r);
+}
+
+tr_graph *tr_record_end(tr_recorder *r, int nout, em_tensor *const *outs, char *why,
+                        size_t whylen) {
+    em_set_dispatch_hook(r->prev);
+    tr_graph *g = r->g;
+    int stack[16], *ids = nout <= 16 ? stack : em_malloc(sizeof(int) * (size_t)nout);
+    bool ok = ids != NULL && !r->broken;
+    for (int i = 0; ok && i < nout; i++) {
+        if (!outs[i]) {
+            em_error(EM_ERR_NULL, "the traced function left output %d NULL", i);
+            ok = false;
+        } else {
+            ok = (ids[i] = node_of(r, outs[i])) >= 0;
+        }
+    }
+    if (ok) ok = tr_set_outputs(g, nout, ids) == EM_OK;
+    if (ids != stack) em_free(ids);
+    if (why && whylen) snprintf(why, whylen, "%s", r->broken ? r->why : "");
+    r->g = NULL;
+    recorder_free(r);
+    if (!ok) {
+        tr_graph_free(g);
+        return NULL;
+    }
+    return g;
+}

@@ -1,0 +1,119 @@
+/* trace.h - Ember's graph IR (src/trace): the one header every pass and
+ * every consumer of captured graphs includes.
+ *
+ * A graph is a list of nodes in topological order, in the spirit of
+ * torch.fx: inputs (placeholders), constants (tensors captured by
+ * reference), and calls of ops from the op table; then the list of output
+ * nodes.  Each node records its result's meta (dtype, device, sizes,
+ * strides, offset), as the trace saw it.
+ *
+ * Ownership: a graph owns its nodes, names and node input arrays, and one
+ * reference to each constant tensor; tr_graph_free releases all of it. */
+#ifndef EMBER_TRACE_H
+#define EMBER_TRACE_H
+
+#include <stdio.h>
+
+#include "eager.h"
+
+typedef enum tr_kind {
+    TR_INPUT, /* the index-th input tensor of the function */
+    TR_CONST, /* the index-th constant of the graph */
+    TR_CALL   /* op(in...) with attrs */
+} tr_kind;
+
+typedef struct tr_node {
+    tr_kind kind;
+    em_op op;          /* TR_CALL */
+    int nin;           /* TR_CALL: number of inputs */
+    int *in;           /* TR_CALL: indices of earlier nodes */
+    em_op_attrs attrs; /* TR_CALL: only the fields em_op_table[op].attrs names
+                          are meaningful; attrs.generator is borrowed */
+    em_meta meta;      /* the result: dtype, device, sizes, strides, offset */
+    int index;         /* TR_INPUT: input number; TR_CONST: constant number */
+    char *name;        /* TR_INPUT: the input's name (unique in the graph) */
+} tr_node;
+
+typedef struct tr_graph {
+    tr_node *nodes;
+    int nnodes, capnodes;
+    int ninputs;       /* TR_INPUT nodes, numbered 0..ninputs-1 */
+    em_tensor **consts; /* one reference each */
+    int nconsts, capconsts;
+    int *outputs;      /* node indices */
+    int noutputs;
+} tr_graph;
+
+/* ---- graph.c: building ---- */
+tr_graph *tr_graph_new(void);
+void tr_graph_free(tr_graph *g);
+/* Each returns the new node's index, or -1 (error set). */
+int tr_add_input(tr_graph *g, const char *name, const em_meta *m);
+int tr_add_const(tr_graph *g, em_tensor *t); /* takes a new reference to t */
+int tr_add_call(tr_graph *g, em_op op, int nin, const int *in, const em_op_attrs *a,
+                const em_meta *m);
+em_status tr_set_outputs(tr_graph *g, int n, const int *nodes);
+/* The meta of tensor t (sizes, strides, offset, dtype, device). */
+void tr_meta_of(const em_tensor *t, em_meta *m);
+/* Whether two nodes compute the same thing from the same inputs: same op,
+ * inputs and (meaningful) attrs. */
+bool tr_same_call(const tr_node *a, const tr_node *b);
+/* A hash of what tr_same_call compares. */
+uint64_t tr_call_hash(const tr_node *n);
+/* Whether removing or merging n would change what the program does beyond
+ * its result (rand/randn advance their generator; empty has no value). */
+bool tr_has_effect(const tr_node *n);
+
+/* ---- text.c: the text form ----
+ *
+ *   graph(%x: f32[4, 8]{8, 1}, %w: f32[8, 16]{16, 1}) {
+ *     %2 = constant #0 : f32[16]{1}
+ *     %3 = matmul(%x, %w) : f32[4, 16]{16, 1}
+ *     %4 = add(%3, %2) : f32[4, 16]{16, 1}
+ *     %5 = full() [sizes=[], value=0.5, dtype=f32, device=cpu] : f32[]{}
+ *     return (%4, %5)
+ *   }
+ *
+ * Node k prints as %k, except inputs, which print as %name.  A meta is
+ * dtype[sizes]{strides}, then +offset when nonzero and @device when not
+ * the CPU.  Attrs print in brackets, only those the op reads (ops.def),
+ * with floats in %.17g so that the text parses back to the same graph. */
+em_status tr_print(const tr_graph *g, FILE *f);
+/* The text form in a buffer from em_malloc (caller em_free's), or NULL. */
+char *tr_to_text(const tr_graph *g);
+/* Parses the text form.  consts[0..nconsts) are the tensors of the
+ * constant slots (a reference is taken); a graph with more constants than
+ * given is an error.  Every malformed input is an error (EM_ERR_ARG, with
+ * line and column), never a crash; the result is verified. */
+tr_graph *tr_parse(const char *text, em_tensor *const *consts, int nconsts);
+/* Graphviz DOT: one box per node (op, meta), edges from inputs. */
+em_status tr_print_dot(const tr_graph *g, FILE *f);
+
+/* ---- passes: one per file, run in order by tr_optimize (passes.c) ---- */
+em_status tr_verify(const tr_graph *g); /* verify.c: the invariants below */
+int tr_dce(tr_graph *g);                /* dce.c: returns nodes removed */
+int tr_cse(tr_graph *g);                /* cse.c: returns nodes merged */
+em_status tr_optimize(tr_graph *g, bool verify_each);
+/* Invariants (tr_verify): nodes in topological order (inputs < index);
+ * inputs numbered 0..ninputs-1 once each, with unique names; constants in
+ * range and present; calls with a valid op, the table's arity, and a meta
+ * that the op's infer rule reproduces from the inputs' metas; at least
+ * one output, each a valid node. */
+
+/* Removes the nodes keep[i] == false, renumbering inputs and outputs.
+ * (No node kept may use a node removed.) */
+void tr_compact(tr_graph *g, const bool *keep);
+
+/* ---- record.c: capturing a graph while code runs eagerly ---- */
+typedef struct tr_recorder tr_recorder;
+/* Starts recording on this thread: ops run eagerly and append nodes.
+ * inputs are the function's declared inputs (names may be NULL). */
+tr_recorder *tr_record_begin(int ninputs, em_tensor *const *inputs, const char *const *names);
+/* Stops recording.  Returns the graph whose outputs are outs, or NULL:
+ * on a graph break (the reason is copied to why) or on error. */
+tr_graph *tr_record_end(tr_recorder *r, int nout, em_tensor *const *outs, char *why,
+                        size_t whylen);
+/* Stops recording and drops everything (the function failed). */
+void tr_record_abort(tr_recorder *r);
+
+#endif

@@ -1,0 +1,91 @@
+/* verify.c - the graph's invariants (trace.h lists them), checked after
+ * every pass in tests and debug builds, and on every parsed graph. */
+#include "trace.h"
+
+#include <string.h>
+
+static em_status bad(int node, const char *what) {
+    return em_error(EM_ERR_STATE, "graph verifier: node %%%d: %s", node, what);
+}
+
+/* A stand-in tensor carrying only a node's meta: enough for infer rules,
+ * which never read data. */
+static void fake_tensor(em_tensor *t, const em_meta *m) {
+    memset(t, 0, sizeof *t);
+    t->ndim = m->ndim;
+    memcpy(t->sizes, m->sizes, sizeof(int64_t) * (size_t)m->ndim);
+    memcpy(t->strides, m->strides, sizeof(int64_t) * (size_t)m->ndim);
+    t->offset = m->offset;
+    t->dtype = m->dtype;
+    t->device = m->device;
+}
+
+static bool same_meta(const em_meta *a, const em_meta *b, bool strides) {
+    if (a->ndim != b->ndim || a->dtype != b->dtype || !em_same_device(a->device, b->device))
+        return false;
+    if (memcmp(a->sizes, b->sizes, sizeof(int64_t) * (size_t)a->ndim)) return false;
+    if (!strides) return true;
+    if (a->offset != b->offset && em_shape_numel(a->ndim, a->sizes) > 0) return false;
+    for (int d = 0; d < a->ndim; d++)
+        if (a->sizes[d] > 1 && a->strides[d] != b->strides[d]) return false;
+    return true;
+}
+
+static em_status verify_call(const tr_graph *g, int i) {
+    const tr_node *n = &g->nodes[i];
+    if ((unsigned)n->op >= EM_OP_COUNT) return bad(i, "invalid op");
+    const em_op_info *info = &em_op_table[n->op];
+    if (info->nin >= 0 ? n->nin != info->nin : n->nin < 1) return bad(i, "wrong number of inputs");
+    if (n->nin > 64) return bad(i, "too many inputs");
+    em_tensor fakes[64];
+    em_tensor *ins[64];
+    for (int k = 0; k < n->nin; k++) {
+        if (n->in[k] < 0 || n->in[k] >= i) return bad(i, "an input is not an earlier node");
+        fake_tensor(&fakes[k], &g->nodes[n->in[k]].meta);
+        ins[k] = &fakes[k];
+    }
+    em_op_call c = {n->op, n->nin, ins, &n->attrs};
+    em_meta m;
+    memset(&m, 0, sizeof m);
+    m.device = n->nin > 0 ? ins[0]->device : n->attrs.device;
+    if (info->infer(&c, &m) != EM_OK) {
+        char why[600];
+        snprintf(why, sizeof why, "%s rejects its inputs: %s", info->name, em_last_error());
+        return bad(i, why);
+    }
+    /* views must reproduce strides too; fresh results may have any layout */
+    if (!same_meta(&m, &n->meta, info->kind == EM_KIND_VIEW))
+        return bad(i, "its meta differs from what its op infers");
+    return EM_OK;
+}
+
+em_status tr_verify(const tr_graph *g) {
+    if (!g) return em_error(EM_ERR_NULL, "graph verifier: NULL graph");
+    int ninputs = 0;
+    for (int i = 0; i < g->nnodes; i++) {
+        const tr_node *n = &g->nodes[i];
+        em_status s = EM_OK;
+        switch (n->kind) {
+        case TR_INPUT:
+            if (n->index != ninputs++) s = bad(i, "inputs are not numbered in order");
+            else if (!n->name || !n->name[0]) s = bad(i, "input without a name");
+            for (int j = 0; s == EM_OK && j < i; j++)
+                if (g->nodes[j].kind == TR_INPUT && !strcmp(g->nodes[j].name, n->name))
+                    s = bad(i, "two inputs share a name");
+            break;
+        case TR_CONST:
+            if (n->index < 0 || n->index >= g->nconsts || !g->consts[n->index])
+                s = bad(i, "constant index out of range");
+            break;
+        case TR_CALL: s = verify_call(g, i); break;
+        default: s = bad(i, "unknown node kind");
+        }
+        if (s != EM_OK) return s;
+    }
+    if (ninputs != g->ninputs) return em_error(EM_ERR_STATE, "graph verifier: input count");
+    if (g->noutputs < 1) return em_error(EM_ERR_STATE, "graph verifier: no outputs");
+    for (int i = 0; i < g->noutputs; i++)
+        if (g->outputs[i] < 0 || g->outputs[i] >= g->nnodes)
+            return em_error(EM_ERR_STATE, "graph verifier: output %d is not a node", i);
+    return EM_OK;
+}

@@ -1,0 +1,667 @@
+/* test_compile.c - em_compile: capture, entries, recompiles, the recompile
+ * limit, graph breaks, replay equal to eager, logging, errors. */
+#include "testutil.h"
+
+#include <pthread.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "jit.h"
+
+static const em_device CPU = {EM_CPU, 0};
+
+/* ---- functions under test ---- */
+
+typedef struct layer {
+    em_tensor *w, *b;
+} layer;
+
+/* relu(x @ w + b), w and b reached through ctx: captured constants */
+static em_status mlp_layer(void *ctx, em_tensor *const *in, const double *s, em_tensor **out) {
+    (void)s;
+    layer *l = ctx;
+    out[0] = em_relu(em_add(em_matmul(in[0], l->w), l->b));
+    return out[0] ? EM_OK : em_last_status();
+}
+
+static em_status softmax_fn(void *ctx, em_tensor *const *in, const double *s, em_tensor **out) {
+    (void)ctx;
+    (void)s;
+    out[0] = em_softmax(in[0], -1);
+    return out[0] ? EM_OK : em_last_status();
+}
+
+static em_status layer_norm_fn(void *ctx, em_tensor *const *in, const double *s, em_tensor **out) {
+    (void)ctx;
+    out[0] = em_layer_norm(in[0], 1, in[1], in[2], s[0]);
+    return out[0] ? EM_OK : em_last_status();
+}
+
+/* x * s0 + tanh(x) twice over (CSE merges the second tanh), plus a dead exp */
+static em_tensor *dead;
+static em_status cse_fn(void *ctx, em_tensor *const *in, const double *s, em_tensor **out) {
+    (void)ctx;
+    em_tensor *a = em_tanh(in[0]), *b = em_tanh(in[0]);
+    dead = em_exp(in[0]);
+    out[0] = em_add(em_mul_scalar(a, s[0]), b);
+    return out[0] ? EM_OK : em_last_status();
+}
+
+/* reads a value mid-way: a graph break */
+static em_status breaking_fn(void *ctx, em_tensor *const *in, const double *s, em_tensor **out) {
+    (void)ctx;
+    (void)s;
+    double m;
+    em_tensor *y = em_mul_scalar(in[0], 2);
+    if (em_item(em_amax(y, 0, NULL, false), &m) != EM_OK) return em_last_status();
+    out[0] = m > 0 ? em_sub_scalar(y, m) : y;
+    return EM_OK;
+}
+
+/* random noise from the generator in ctx */
+static em_status noisy_fn(void *ctx, em_tensor *const *in, const double *s, em_tensor **out) {
+    (void)s;
+    em_generator *g = ctx;
+    out[0] = em_add(in[0], em_randn(g, em_ndim(in[0]), em_sizes(in[0]), EM_F32, CPU));
+    out[1] = em_rand(g, 1, TU_SIZES(3), EM_F64, CPU);
+    return out[0] && out[1] ? EM_OK : em_last_status();
+}
+
+static em_status failing_fn(void *ctx, em_tensor *const *in, const double *s, em_tensor **out) {
+    (void)ctx;
+    (void)s;
+    out[0] = em_add(in[0], em_ones(1, TU_SIZES(7), EM_F32, CPU)); /* shapes do not broadcast */
+    return out[0] ? EM_OK : em_last_status();
+}
+
+static em_compile_options opts1(const char *name, int nin, int nscalars) {
+    static const char *names[] = {"x", "w", "b"};
+    em_compile_options o = {.ninputs = nin, .nscalars = nscalars, .noutputs = 1, .name = name,
+                            .input_names = names};
+    return o;
+}
+
+static char *printed(const em_compiled *f, int entry, bool dot) {
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *fp = open_memstream(&buf, &len);
+    ck_assert_int_eq(em_compiled_print(f, entry, dot, fp), EM_OK);
+    fclose(fp);
+    return buf;
+}
+
+/* Asserts two tensors hold bitwise-identical values. */
+static void check_identical(const em_tensor *a, const em_tensor *b) {
+    ck_assert_int_eq(em_numel(a), em_numel(b));
+    ck_assert_int_eq(em_dtype_of(a), em_dtype_of(b));
+    size_t n = (size_t)em_numel(a) * em_dtype_size(em_dtype_of(a));
+    char *x = malloc(n + 1), *y = malloc(n + 1);
+    ck_assert_int_eq(em_copy_to_host(a, x, n), EM_OK);
+    ck_assert_int_eq(em_copy_to_host(b, y, n), EM_OK);
+    ck_assert(memcmp(x, y, n) == 0);
+    free(x);
+    free(y);
+}
+
+/* ---- golden graphs ---- */
+
+START_TEST(golden_mlp_layer) {
+    const double wv[6] = {1, -1, 0.5, 2, 0, 1}, bv[3] = {0.25, -0.5, 1};
+    layer l = {tu_tensor(wv, 2, TU_SIZES(2, 3), EM_F32), tu_tensor(bv, 1, TU_SIZES(3), EM_F32)};
+    em_compile_options o = opts1("mlp", 1, 0);
+    em_compiled *f = em_compile(mlp_layer, &l, &o);
+    em_tensor *x = tu_random(1, 2, TU_SIZES(4, 2), EM_F32, 1), *y;
+    ck_assert_int_eq(em_call(f, &x, NULL, &y), EM_OK);
+    char *text = printed(f, 0, false);
+    ck_assert_str_eq(text,
+                     "graph(%x: f32[4, 2]{2, 1}) {\n"
+                     "  %1 = constant #0 : f32[2, 3]{3, 1}\n"
+                     "  %2 = matmul(%x, %1) : f32[4, 3]{3, 1}\n"
+                     "  %3 = constant #1 : f32[3]{1}\n"
+                     "  %4 = add(%2, %3) : f32[4, 3]{3, 1}\n"
+                     "  %5 = relu(%4) : f32[4, 3]{3, 1}\n"
+                     "  return (%5)\n"
+                     "}\n"
+                     "guard input 0 (x): dtype=f32 device=cpu sizes=[4, 2] strides=[2, 1]\n");
+    free(text);
+    /* the values are relu(x @ w + b) */
+    double *xv = tu_values(x), ref[12];
+    for (int i = 0; i < 4; i++)
+        for (int j = 0; j < 3; j++) {
+            double a = bv[j];
+            for (int k = 0; k < 2; k++) a += xv[i * 2 + k] * wv[k * 3 + j];
+            ref[i * 3 + j] = a > 0 ? a : 0;
+        }
+    tu_check_close(y, ref, 2, TU_SIZES(4, 3), 1e-6, 1e-6);
+    free(xv);
+    char *dot = printed(f, 0, true);
+    ck_assert_msg(strstr(dot, "digraph"), "%s", dot);
+    free(dot);
+    em_compiled_free(f);
+}
+END_TEST
+
+START_TEST(golden_softmax) {
+    em_compile_options o = opts1("softmax", 1, 0);
+    em_compiled *f = em_compile(softmax_fn, NULL, &o);
+    em_tensor *x = tu_random(2, 2, TU_SIZES(2, 5), EM_F32, 1), *y;
+    ck_assert_int_eq(em_call(f, &x, NULL, &y), EM_OK);
+    char *text = printed(f, 0, false);
+    ck_assert_str_eq(text,
+                     "graph(%x: f32[2, 5]{5, 1}) {\n"
+                     "  %1 = amax(%x) [dims=[1], keepdim=true] : f32[2, 1]{1, 1}\n"
+                     "  %2 = sub(%x, %1) : f32[2, 5]{5, 1}\n"
+                     "  %3 = exp(%2) : f32[2, 5]{5, 1}\n"
+                     "  %4 = sum(%3) [dims=[1], keepdim=true] : f32[2, 1]{1, 1}\n"
+                     "  %5 = div(%3, %4) : f32[2, 5]{5, 1}\n"
+                     "  return (%5)\n"
+                     "}\n"
+                     "guard input 0 (x): dtype=f32 device=cpu sizes=[2, 5] strides=[5, 1]\n");
+    free(text);
+    em_compiled_free(f);
+}
+END_TEST
+
+START_TEST(golden_layer_norm) {
+    em_compile_options o = opts1("layer_norm", 3, 1);
+    em_compiled *f = em_compile(layer_norm_fn, NULL, &o);
+    em_tensor *in[3] = {tu_random(3, 2, TU_SIZES(3, 4), EM_F32, 1),
+                        tu_random(4, 1, TU_SIZES(4), EM_F32, 1),
+                        tu_random(5, 1, TU_SIZES(4), EM_F32, 1)};
+    double eps = 1e-5;
+    em_tensor *y;
+    ck_assert_int_eq(em_call(f, in, &eps, &y), EM_OK);
+    char *text = printed(f, 0, false);
+    ck_assert_str_eq(text,
+                     "graph(%x: f32[3, 4]{4, 1}, %w: f32[4]{1}, %b: f32[4]{1}) {\n"
+                     "  %3 = mean(%x) [dims=[1], keepdim=true] : f32[3, 1]{1, 1}\n"
+                     "  %4 = sub(%x, %3) : f32[3, 4]{4, 1}\n"
+                     "  %5 = var(%x) [dims=[1], correction=0, keepdim=true] : f32[3, 1]{1, 1}\n"
+                     "  %6 = full() [sizes=[], value=1.0000000000000001e-05, dtype=f32, "
+                     "device=cpu] : f32[]{}\n"
+                     "  %7 = add(%5, %6) : f32[3, 1]{1, 1}\n"
+                     "  %8 = rsqrt(%7) : f32[3, 1]{1, 1}\n"
+                     "  %9 = mul(%4, %8) : f32[3, 4]{4, 1}\n"
+                     "  %10 = mul(%9, %w) : f32[3, 4]{4, 1}\n"
+                     "  %11 = add(%10, %b) : f32[3, 4]{4, 1}\n"
+                     "  return (%11)\n"
+                     "}\n"
+                     "guard input 0 (x): dtype=f32 device=cpu sizes=[3, 4] strides=[4, 1]\n"
+                     "guard input 1 (w): dtype=f32 device=cpu sizes=[4] strides=[1]\n"
+                     "guard input 2 (b): dtype=f32 device=cpu sizes=[4] strides=[1]\n"
+                     "guard scalar 0 == 1.0000000000000001e-05\n");
+    free(text);
+    em_compiled_free(f);
+}
+END_TEST
+
+/* ---- passes through em_compile ---- */
+
+START_TEST(cse_and_dce_in_captured_graph) {
+    em_compile_options o = opts1("cse", 1, 1);
+    em_compiled *f = em_compile(cse_fn, NULL, &o);
+    em_tensor *x = tu_random(6, 1, TU_SIZES(5), EM_F32, 1), *y;
+    double s = 3;
+    ck_assert_int_eq(em_call(f, &x, &s, &y), EM_OK);
+    char *text = printed(f, 0, false);
+    /* one tanh (CSE), no exp (DCE) */
+    ck_assert_msg(strstr(text, "tanh") && !strstr(strstr(text, "tanh") + 1, "tanh("), "%s", text);
+    ck_assert_msg(!strstr(text, "exp("), "%s", text);
+    free(text);
+    /* replay gives the same values as the eager trace */
+    em_tensor *y2;
+    ck_assert_int_eq(em_call(f, &x, &s, &y2), EM_OK);
+    check_identical(y, y2);
+    em_compile_stats st;
+    em_compiled_stats(f, &st);
+    ck_assert_int_eq(st.hits, 1);
+    em_compiled_free(f);
+}
+END_TEST
+
+/* ---- entries, recompiles, limit ---- */
+
+START_TEST(recompiles_on_shape_dtype_stride) {
+    layer l = {tu_random(7, 2, TU_SIZES(4, 4), EM_F32, 1), tu_random(8, 1, TU_SIZES(4), EM_F32, 1)};
+    em_compile_options o = opts1("mlp", 1, 0);
+    em_compiled *f = em_compile(mlp_layer, &l, &o);
+    em_compile_stats st;
+    em_tensor *y;
+    em_tensor *a = tu_random(9, 2, TU_SIZES(4, 4), EM_F32, 1);
+    ck_assert_int_eq(em_call(f, &a, NULL, &y), EM_OK);
+    ck_assert_int_eq(em_call(f, &a, NULL, &y), EM_OK);
+    em_compiled_stats(f, &st);
+    ck_assert_int_eq(st.traces, 1);
+    ck_assert_int_eq(st.hits, 1);
+    /* shape */
+    em_tensor *b = tu_random(10, 2, TU_SIZES(6, 4), EM_F32, 1);
+    ck_assert_int_eq(em_call(f, &b, NULL, &y), EM_OK);
+    em_compiled_stats(f, &st);
+    ck_assert_int_eq(st.traces, 2);
+    ck_assert_str_eq(st.last_failure, "input 0 (x): size mismatch at dim 0: expected 4, got 6");
+    /* dtype: f64 x with f32 weights promotes inside; still a new entry */
+    em_tensor *c = tu_random(11, 2, TU_SIZES(4, 4), EM_F64, 1);
+    ck_assert_int_eq(em_call(f, &c, NULL, &y), EM_OK);
+    ck_assert_int_eq(em_dtype_of(y), EM_F64);
+    em_compiled_stats(f, &st);
+    ck_assert_int_eq(st.traces, 3);
+    ck_assert_str_eq(st.last_failure, "input 0 (x): dtype mismatch: expected f32, got f64");
+    /* stride: the transpose of a 4x4 */
+    em_tensor *d = em_transpose(a, 0, 1);
+    ck_assert_int_eq(em_call(f, &d, NULL, &y), EM_OK);
+    em_compiled_stats(f, &st);
+    ck_assert_int_eq(st.traces, 4);
+    ck_assert_str_eq(st.last_failure, "input 0 (x): stride mismatch at dim 0: expected 4, got 1");
+    /* every earlier shape is still served by its entry */
+    em_tensor *all[4] = {a, b, c, d};
+    for (int i = 0; i < 4; i++) ck_assert_int_eq(em_call(f, &all[i], NULL, &y), EM_OK);
+    em_compiled_stats(f, &st);
+    ck_assert_int_eq(st.traces, 4);
+    ck_assert_int_eq(st.hits, 5);
+    ck_assert_int_eq(st.entries, 4);
+    ck_assert_int_eq(st.calls, 9);
+    ck_assert_int_eq(st.eager, 0);
+    em_compiled_free(f);
+}
+END_TEST
+
+START_TEST(recompile_limit_falls_back_to_eager) {
+    em_compile_options o = opts1("softmax", 1, 0);
+    o.recompile_limit = 2;
+    em_compiled *f = em_compile(softmax_fn, NULL, &o);
+    em_compile_stats st;
+    em_tensor *y;
+    for (int n = 1; n <= 5; n++) {
+        em_tensor *x = tu_random((uint64_t)n, 2, TU_SIZES(n, 3), EM_F32, 1);
+        ck_assert_int_eq(em_call(f, &x, NULL, &y), EM_OK);
+        /* eager or not, the values are softmax */
+        double *xv = tu_values(x), ref[15];
+        for (int i = 0; i < n; i++) {
+            double m = fmax(fmax(xv[3 * i], xv[3 * i + 1]), xv[3 * i + 2]), s = 0;
+            for (int j = 0; j < 3; j++) s += exp(xv[3 * i + j] - m);
+            for (int j = 0; j < 3; j++) ref[3 * i + j] = exp(xv[3 * i + j] - m) / s;
+        }
+        tu_check_close(y, ref, 2, TU_SIZES(n, 3), 1e-6, 1e-7);
+        free(xv);
+    }
+    em_compiled_stats(f, &st);
+    ck_assert_int_eq(st.calls, 5);
+    ck_assert_int_eq(st.traces, 2);
+    ck_assert_int_eq(st.entries, 2);
+    ck_assert_int_eq(st.eager, 3);
+    ck_assert_int_eq(st.hits, 0);
+    ck_assert_str_eq(st.last_failure, "input 0 (x): size mismatch at dim 0: expected 2, got 5");
+    /* a call matching an entry is still served by it */
+    em_tensor *x1 = tu_random(99, 2, TU_SIZES(1, 3), EM_F32, 1);
+    ck_assert_int_eq(em_call(f, &x1, NULL, &y), EM_OK);
+    em_compiled_stats(f, &st);
+    ck_assert_int_eq(st.hits, 1);
+    ck_assert_int_eq(st.eager, 3);
+    em_compiled_free(f);
+}
+END_TEST
+
+START_TEST(recompile_limit_from_environment) {
+    setenv("EMBER_RECOMPILE_LIMIT", "1", 1);
+    em_compile_options o = opts1("softmax", 1, 0);
+    em_compiled *f = em_compile(softmax_fn, NULL, &o);
+    unsetenv("EMBER_RECOMPILE_LIMIT");
+    em_tensor *y, *a = em_ones(1, TU_SIZES(2), EM_F32, CPU), *b = em_ones(1, TU_SIZES(3), EM_F32, CPU);
+    ck_assert_int_eq(em_call(f, &a, NULL, &y), EM_OK);
+    ck_assert_int_eq(em_call(f, &b, NULL, &y), EM_OK);
+    em_compile_stats st;
+    em_compiled_stats(f, &st);
+    ck_assert_int_eq(st.entries, 1);
+    ck_assert_int_eq(st.eager, 1);
+    em_compiled_free(f);
+}
+END_TEST
+
+START_TEST(scalar_arguments_are_guarded) {
+    em_compile_options o = opts1("cse", 1, 1);
+    em_compiled *f = em_compile(cse_fn, NULL, &o);
+    em_tensor *x = tu_random(12, 1, TU_SIZES(4), EM_F32, 1), *y;
+    double s = 2;
+    ck_assert_int_eq(em_call(f, &x, &s, &y), EM_OK);
+    s = 5;
+    ck_assert_int_eq(em_call(f, &x, &s, &y), EM_OK);
+    em_compile_stats st;
+    em_compiled_stats(f, &st);
+    ck_assert_int_eq(st.traces, 2);
+    ck_assert_str_eq(st.last_failure, "scalar 0: value mismatch: expected 2, got 5");
+    /* the value is baked into the graph: the result uses 5 */
+    double *xv = tu_values(x), ref[4];
+    for (int i = 0; i < 4; i++) ref[i] = tanh(xv[i]) * 5 + tanh(xv[i]);
+    tu_check_close(y, ref, 1, TU_SIZES(4), 1e-5, 1e-6);
+    free(xv);
+    em_compiled_free(f);
+}
+END_TEST
+
+/* ---- replay equals eager ---- */
+
+START_TEST(replay_matches_eager_bitwise) {
+    layer l = {tu_random(13, 2, TU_SIZES(16, 8), EM_F32, 1), tu_random(14, 1, TU_SIZES(8), EM_F32, 1)};
+    em_compile_options o = opts1("mlp", 1, 0);
+    em_compiled *f = em_compile(mlp_layer, &l, &o);
+    em_tensor *x = tu_random(15, 2, TU_SIZES(5, 16), EM_F32, 1), *y0, *y1, *y2;
+    ck_assert_int_eq(mlp_layer(&l, &x, NULL, &y0), EM_OK); /* plain eager */
+    ck_assert_int_eq(em_call(f, &x, NULL, &y1), EM_OK);     /* trace */
+    ck_assert_int_eq(em_call(f, &x, NULL, &y2), EM_OK);     /* replay */
+    check_identical(y0, y1);
+    check_identical(y0, y2);
+    em_compiled_free(f);
+}
+END_TEST
+
+START_TEST(random_ops_advance_the_generator_like_eager) {
+    em_generator *ge = em_generator_new(77), *gc = em_generator_new(77);
+    em_compile_options o = {.ninputs = 1, .noutputs = 2, .name = "noisy"};
+    em_compiled *f = em_compile(noisy_fn, gc, &o);
+    em_tensor *x = tu_random(16, 2, TU_SIZES(3, 4), EM_F32, 1);
+    for (int call = 0; call < 3; call++) {
+        em_tensor *e[2], *c[2];
+        ck_assert_int_eq(noisy_fn(ge, &x, NULL, e), EM_OK);
+        ck_assert_int_eq(em_call(f, &x, NULL, c), EM_OK);
+        check_identical(e[0], c[0]);
+        check_identical(e[1], c[1]);
+    }
+    ck_assert_int_eq(em_generator_offset(ge), em_generator_offset(gc));
+    em_compile_stats st;
+    em_compiled_stats(f, &st);
+    ck_assert_int_eq(st.hits, 2);
+    em_compiled_free(f);
+    em_generator_free(ge);
+    em_generator_free(gc);
+}
+END_TEST
+
+/* ---- graph breaks ---- */
+
+START_TEST(graph_break_runs_eagerly_from_then_on) {
+    em_compile_options o = opts1("breaking", 1, 0);
+    em_compiled *f = em_compile(breaking_fn, NULL, &o);
+    const double v[3] = {1, -2, 3};
+    em_tensor *x = tu_tensor(v, 1, TU_SIZES(3), EM_F32), *y;
+    for (int i = 0; i < 3; i++) {
+        ck_assert_int_eq(em_call(f, &x, NULL, &y), EM_OK);
+        double ref[3] = {2 - 6, -4 - 6, 6 - 6};
+        tu_check_close(y, ref, 1, TU_SIZES(3), 0, 0);
+    }
+    em_compile_stats st;
+    em_compiled_stats(f, &st);
+    ck_assert(st.broken);
+    ck_assert_int_eq(st.entries, 0);
+    ck_assert_int_eq(st.eager, 3);
+    ck_assert_int_eq(st.traces, 0);
+    em_compiled_free(f);
+}
+END_TEST
+
+/* ---- logging ---- */
+
+static char *read_file(const char *path) {
+    FILE *f = fopen(path, "r");
+    ck_assert_ptr_nonnull(f);
+    static char buf[1 << 16];
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    buf[n] = '\0';
+    fclose(f);
+    return buf;
+}
+
+START_TEST(ember_log_reports_graph_recompiles_breaks_and_limit) {
+    char path[] = "/tmp/ember-log-XXXXXX";
+    int fd = mkstemp(path);
+    ck_assert_int_ge(fd, 0);
+    close(fd);
+    setenv("EMBER_LOG", "graph,guards,recompiles,breaks,bogus", 1);
+    setenv("EMBER_LOG_FILE", path, 1);
+    em_compile_options o = opts1("softmax", 1, 0);
+    o.recompile_limit = 1;
+    em_compiled *f = em_compile(softmax_fn, NULL, &o);
+    em_compile_options ob = opts1("breaking", 1, 0);
+    em_compiled *fb = em_compile(breaking_fn, NULL, &ob);
+    unsetenv("EMBER_LOG");
+    unsetenv("EMBER_LOG_FILE");
+    em_tensor *y, *a = em_ones(1, TU_SIZES(2), EM_F32, CPU), *b = em_ones(1, TU_SIZES(3), EM_F32, CPU);
+    ck_assert_int_eq(em_call(f, &a, NULL, &y), EM_OK);
+    ck_assert_int_eq(em_call(f, &b, NULL, &y), EM_OK);
+    ck_assert_int_eq(em_call(f, &b, NULL, &y), EM_OK);
+    ck_assert_int_eq(em_call(fb, &a, NULL, &y), EM_OK);
+    em_compiled_free(f);
+    em_compiled_free(fb);
+    char *log = read_file(path);
+    unlink(path);
+    ck_assert_msg(strstr(log, "[ember] EMBER_LOG: unknown option 'bogus'"), "%s", log);
+    ck_assert_msg(strstr(log, "[ember] captured graph of softmax (entry 1):\ngraph(%x: f32[2]{1}) {"),
+                  "%s", log);
+    ck_assert_msg(strstr(log, "[ember] guards of softmax (entry 1):\nguard input 0 (x)"), "%s", log);
+    const char *lim = "[ember] softmax hit the recompile limit (1 entries); calls that match no "
+                      "entry run eagerly. Last failure: input 0 (x): size mismatch at dim 0: "
+                      "expected 2, got 3\n";
+    ck_assert_msg(strstr(log, lim), "%s", log);
+    ck_assert_msg(strstr(strstr(log, lim) + strlen(lim), "recompile limit") == NULL, "logged twice: %s", log);
+    ck_assert_msg(strstr(log, "[ember] graph break in breaking: em_item reads the values of %"),
+                  "%s", log);
+    ck_assert_msg(strstr(log, "(amax) while tracing; breaking runs eagerly from now on"), "%s", log);
+}
+END_TEST
+
+START_TEST(recompile_is_logged_with_reason) {
+    char path[] = "/tmp/ember-log-XXXXXX";
+    int fd = mkstemp(path);
+    close(fd);
+    setenv("EMBER_LOG", "recompiles", 1);
+    setenv("EMBER_LOG_FILE", path, 1);
+    em_compile_options o = opts1("softmax", 1, 0);
+    em_compiled *f = em_compile(softmax_fn, NULL, &o);
+    unsetenv("EMBER_LOG");
+    unsetenv("EMBER_LOG_FILE");
+    em_tensor *y, *a = em_ones(1, TU_SIZES(2), EM_F32, CPU), *b = em_ones(1, TU_SIZES(2), EM_F64, CPU);
+    ck_assert_int_eq(em_call(f, &a, NULL, &y), EM_OK);
+    ck_assert_int_eq(em_call(f, &b, NULL, &y), EM_OK);
+    em_compiled_free(f);
+    char *log = read_file(path);
+    unlink(path);
+    ck_assert_str_eq(log, "[ember] recompiling softmax (entry 2 of at most 8): input 0 (x): "
+                          "dtype mismatch: expected f32, got f64\n");
+}
+END_TEST
+
+/* ---- errors ---- */
+
+START_TEST(bad_options_and_calls) {
+    em_compile_options o = opts1("f", 1, 0);
+    em_clear_error();
+    ck_assert_ptr_null(em_compile(NULL, NULL, &o));
+    ck_assert_int_eq(em_last_status(), EM_ERR_NULL);
+    ck_assert_ptr_null(em_compile(softmax_fn, NULL, NULL));
+    ck_assert_int_eq(em_last_status(), EM_ERR_NULL);
+    em_compile_options bad = o;
+    bad.noutputs = 0;
+    ck_assert_ptr_null(em_compile(softmax_fn, NULL, &bad));
+    ck_assert_int_eq(em_last_status(), EM_ERR_ARG);
+    bad = o;
+    bad.ninputs = 65;
+    ck_assert_ptr_null(em_compile(softmax_fn, NULL, &bad));
+    bad = o;
+    bad.backend = "triton";
+    ck_assert_ptr_null(em_compile(softmax_fn, NULL, &bad));
+    ck_assert_msg(strstr(em_last_error(), "unknown backend 'triton'"), "%s", em_last_error());
+    bad = o;
+    bad.recompile_limit = -1;
+    ck_assert_ptr_null(em_compile(softmax_fn, NULL, &bad));
+    const char *dup[2] = {"x", "x"};
+    bad = opts1("f", 2, 0);
+    bad.input_names = dup;
+    ck_assert_ptr_null(em_compile(softmax_fn, NULL, &bad));
+    ck_assert_msg(strstr(em_last_error(), "repeated"), "%s", em_last_error());
+    const char *nonid[1] = {"my x"};
+    bad = opts1("f", 1, 0);
+    bad.input_names = nonid;
+    ck_assert_ptr_null(em_compile(softmax_fn, NULL, &bad));
+
+    em_compiled *f = em_compile(softmax_fn, NULL, &o);
+    em_tensor *y = (em_tensor *)1, *nul = NULL;
+    ck_assert_int_eq(em_call(NULL, &nul, NULL, &y), EM_ERR_NULL);
+    ck_assert_int_eq(em_call(f, NULL, NULL, &y), EM_ERR_NULL);
+    ck_assert_ptr_null(y);
+    em_clear_error();
+    ck_assert_int_eq(em_call(f, &nul, NULL, &y), EM_ERR_NULL);
+    ck_assert_msg(strstr(em_last_error(), "softmax") || strstr(em_last_error(), "x"), "%s",
+                  em_last_error());
+    em_tensor *x = em_ones(1, TU_SIZES(2), EM_F32, CPU);
+    ck_assert_int_eq(em_call(f, &x, NULL, NULL), EM_ERR_NULL);
+    em_compile_stats st;
+    ck_assert_int_eq(em_compiled_stats(f, NULL), EM_ERR_NULL);
+    ck_assert_int_eq(em_compiled_stats(NULL, &st), EM_ERR_NULL);
+    ck_assert_int_eq(em_compiled_print(f, 0, false, stdout), EM_ERR_INDEX); /* no entry yet */
+    em_compiled_stats(f, &st);
+    ck_assert_int_eq(st.calls, 0);
+    em_compiled_free(f);
+    em_compiled_free(NULL);
+}
+END_TEST
+
+START_TEST(function_errors_propagate_and_add_no_entry) {
+    em_compile_options o = opts1("failing", 1, 0);
+    em_compiled *f = em_compile(failing_fn, NULL, &o);
+    em_tensor *x = em_ones(1, TU_SIZES(3), EM_F32, CPU), *y = (em_tensor *)1;
+    em_clear_error();
+    ck_assert_int_eq(em_call(f, &x, NULL, &y), EM_ERR_SHAPE);
+    ck_assert_ptr_null(y);
+    ck_assert_msg(strstr(em_last_error(), "do not broadcast"), "%s", em_last_error());
+    em_compile_stats st;
+    em_compiled_stats(f, &st);
+    ck_assert_int_eq(st.entries, 0);
+    em_compiled_free(f);
+}
+END_TEST
+
+/* ---- ownership and threads ---- */
+
+START_TEST(outputs_belong_to_the_callers_scope) {
+    em_compile_options o = opts1("softmax", 1, 0);
+    em_compiled *f = em_compile(softmax_fn, NULL, &o);
+    ck_assert_int_eq(em_scope_end(), EM_OK); /* no scope: the caller owns outputs */
+    em_tensor *x = em_arange(0, 4, 1, EM_F32, CPU), *y;
+    for (int i = 0; i < 2; i++) {
+        ck_assert_int_eq(em_call(f, &x, NULL, &y), EM_OK);
+        double s;
+        em_scope_begin();
+        ck_assert_int_eq(em_item(em_sum(y, 0, NULL, false), &s), EM_OK);
+        em_scope_end();
+        ck_assert(fabs(s - 1) < 1e-6);
+        em_release(y);
+    }
+    em_release(x);
+    em_scope_begin();
+    em_compiled_free(f);
+}
+END_TEST
+
+typedef struct worker {
+    em_compiled *f;
+    int n;
+    int ok;
+} worker;
+
+static void *work(void *p) {
+    worker *w = p;
+    em_scope_begin();
+    for (int i = 0; i < 50; i++) {
+        em_scope_begin();
+        int64_t n = 2 + (i + w->n) % 3;
+        em_tensor *x = em_arange(0, (double)n, 1, EM_F32, em_cpu()), *y;
+        double s;
+        if (em_call(w->f, &x, NULL, &y) == EM_OK && em_item(em_sum(y, 0, NULL, false), &s) == EM_OK &&
+            fabs(s - 1) < 1e-6)
+            w->ok++;
+        em_scope_end();
+    }
+    em_scope_end();
+    return NULL;
+}
+
+START_TEST(concurrent_calls) {
+    em_compile_options o = opts1("softmax", 1, 0);
+    em_compiled *f = em_compile(softmax_fn, NULL, &o);
+    pthread_t t[4];
+    worker w[4];
+    for (int i = 0; i < 4; i++) {
+        w[i] = (worker){f, i, 0};
+        pthread_create(&t[i], NULL, work, &w[i]);
+    }
+    for (int i = 0; i < 4; i++) {
+        pthread_join(t[i], NULL);
+        ck_assert_int_eq(w[i].ok, 50);
+    }
+    em_compile_stats st;
+    em_compiled_stats(f, &st);
+    ck_assert_int_eq(st.calls, 200);
+    ck_assert_int_eq(st.traces, 3);
+    ck_assert_int_eq(st.hits, 197);
+    em_compiled_free(f);
+}
+END_TEST
+
+static em_compiled *inner_f;
+static em_status outer_fn(void *ctx, em_tensor *const *in, const double *s, em_tensor **out) {
+    (void)ctx;
+    (void)s;
+    em_tensor *t;
+    em_status st = em_call(inner_f, in, NULL, &t);
+    if (st != EM_OK) return st;
+    out[0] = em_mul_scalar(t, 2);
+    return EM_OK;
+}
+
+START_TEST(nested_compiled_call_is_inlined) {
+    em_compile_options oi = opts1("inner", 1, 0), oo = opts1("outer", 1, 0);
+    inner_f = em_compile(softmax_fn, NULL, &oi);
+    em_compiled *outer = em_compile(outer_fn, NULL, &oo);
+    em_tensor *x = tu_random(18, 1, TU_SIZES(3), EM_F32, 1), *y;
+    ck_assert_int_eq(em_call(outer, &x, NULL, &y), EM_OK);
+    char *text = printed(outer, 0, false);
+    ck_assert_msg(strstr(text, "amax(%x)") && strstr(text, "mul("), "%s", text);
+    ck_assert_msg(!strstr(text, "constant"), "the inner result leaked in as a constant: %s", text);
+    free(text);
+    em_compiled_free(outer);
+    em_compiled_free(inner_f);
+}
+END_TEST
+
+static Suite *suite(void) {
+    Suite *s = suite_create("compile");
+    TCase *tc = tcase_create("capture");
+    tcase_add_checked_fixture(tc, tu_setup, tu_teardown);
+    tcase_add_test(tc, golden_mlp_layer);
+    tcase_add_test(tc, golden_softmax);
+    tcase_add_test(tc, golden_layer_norm);
+    tcase_add_test(tc, cse_and_dce_in_captured_graph);
+    tcase_add_test(tc, nested_compiled_call_is_inlined);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("entries");
+    tcase_add_checked_fixture(tc, tu_setup, tu_teardown);
+    tcase_add_test(tc, recompiles_on_shape_dtype_stride);
+    tcase_add_test(tc, recompile_limit_falls_back_to_eager);
+    tcase_add_test(tc, recompile_limit_from_environment);
+    tcase_add_test(tc, scalar_arguments_are_guarded);
+    tcase_add_test(tc, replay_matches_eager_bitwise);
+    tcase_add_test(tc, random_ops_advance_the_generator_like_eager);
+    tcase_add_test(tc, graph_break_runs_eagerly_from_then_on);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("runtime");
+    tcase_add_checked_fixture(tc, tu_setup, tu_teardown);
+    tcase_add_test(tc, ember_log_reports_graph_recompiles_breaks_and_limit);
+    tcase_add_test(tc, recompile_is_logged_with_reason);
+    tcase_add_test(tc, bad_options_and_calls);
+    tcase_add_test(tc, function_errors_propagate_and_add_no_entry);
+    tcase_add_test(tc, outputs_belong_to_the_callers_scope);
+    tcase_add_test(tc, concurrent_calls);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void) { return tu_run(suite()); }
