@@ -120,6 +120,8 @@ static void assert_parse_fails_at(const char *file, int line, const char *text,
 }
 #define assert_parse_fails(text, consts, n) assert_parse_fails_at(__FILE__, __LINE__, (text), (consts), (n))
 
+#define X_F4_ "graph(%x: f32[4]{1}) {\n"
+
 /* ---- the graphs ---- */
 
 static const char *mlp_text =
@@ -235,7 +237,7 @@ static tr_graph *odd_graph(void) {
     int i1 = input(g, "my input", &off);
     int i2 = input(g, "q\"uo\\te\n", &off);
     int i3 = input(g, "3", &off);
-    int i4 = input(g, "", &off);
+    int i4 = input(g, "a b,c", &off);
     em_meta r = cuda;
     int k1 = tr_add_call(g, EM_OP_RELU, 1, INS(ig), NULL, &r);
     em_meta tr = {.ndim = 2, .sizes = {5, 3}, .strides = {1, 5}, .dtype = EM_F32,
@@ -252,11 +254,11 @@ static tr_graph *odd_graph(void) {
 
 static const char *odd_text =
     "graph(%gpu: f32[3, 5]{5, 1}@cuda:1, %\"my input\": f64[2]{2}+1, "
-    "%\"q\\\"uo\\\\te\\x0a\": f64[2]{2}+1, %\"3\": f64[2]{2}+1, %\"\": f64[2]{2}+1) {\n"
+    "%\"q\\\"uo\\\\te\\x0a\": f64[2]{2}+1, %\"3\": f64[2]{2}+1, %\"a b,c\": f64[2]{2}+1) {\n"
     "  %5 = relu(%gpu) : f32[3, 5]{5, 1}@cuda:1\n"
     "  %6 = permute(%5) [dims=[1, 0]] : f32[5, 3]{1, 5}@cuda:1\n"
     "  %7 = add(%\"my input\", %\"q\\\"uo\\\\te\\x0a\") : f64[2]{1}\n"
-    "  %8 = mul(%\"3\", %\"\") : f64[2]{1}\n"
+    "  %8 = mul(%\"3\", %\"a b,c\") : f64[2]{1}\n"
     "  return (%6, %7, %8, %\"my input\")\n"
     "}\n";
 
@@ -477,6 +479,24 @@ START_TEST(parse_relabels_and_is_lenient_on_layout) {
 }
 END_TEST
 
+/* Views reproduce their op's strides and offset, except (as tr_verify)
+ * strides of dims of size 1 and the offset of an empty view. */
+START_TEST(parse_view_metas_as_verify) {
+    const char *ok = X_F4_ "  %1 = unsqueeze(%x) [dim=0] : f32[1, 4]{99, 1}\n"
+                     "  %2 = slice(%x) [dim=0, start=4, end=4, step=1] : f32[0]{1}+7\n"
+                     "  return (%1, %2)\n}\n";
+    tr_graph *g = tr_parse(ok, NULL, 0);
+    ck_assert_msg(g != NULL, "%s", em_last_error());
+    ck_assert_int_eq(g->nodes[1].meta.strides[0], 99);
+    ck_assert_int_eq(g->nodes[2].meta.offset, 7);
+    tr_graph_free(g);
+    assert_parse_fails(X_F4_ "  %1 = unsqueeze(%x) [dim=0] : f32[1, 4]{4, 2}\n  return (%1)\n}\n",
+                       NULL, 0);
+    ck_assert_str_eq(em_last_error(), "graph text line 2, column 32: unsqueeze gives strides "
+                                      "[4, 1] and offset 0, not these");
+}
+END_TEST
+
 /* The numbers of the text do not depend on the host's locale. */
 START_TEST(numbers_ignore_locale) {
     const char *names[] = {"de_DE.UTF-8", "de_DE.utf8", "fr_FR.UTF-8", "C.UTF-8"};
@@ -498,7 +518,7 @@ END_TEST
 
 /* ---- (c) parse errors ---- */
 
-#define X_F4 "graph(%x: f32[4]{1}) {\n"
+#define X_F4 X_F4_
 #define RET1 "  return (%1)\n}\n"
 
 static const struct {
@@ -607,6 +627,10 @@ static const struct {
     {"graph(%\"a\\x00\": f32[4]{1}) {\n  return (%x)\n}\n", "line 1, column 10"},
     {"graph(%\"a\\x4\": f32[4]{1}) {\n  return (%x)\n}\n", "line 1, column 10"},
     {"graph(%: f32[4]{1}) {\n  return (%x)\n}\n", "line 1, column 8"},
+    {"graph(%\"\": f32[4]{1}) {\n  return (%\"\")\n}\n", "line 1, column 7"},
+    {X_F4 "  %1 = unsqueeze(%x) [dim=0] : f32[1, 4]{4, 1}\n"
+     "  %2 = slice(%1) [dim=1, start=0, end=4, step=2] : f32[1, 2]{4, 1}\n  return (%2)\n}\n",
+     "line 3, column 52"},
     /* garbage */
     {"\x01\xff\xfe", "line 1, column 1"},
     {"graph(\xff) {\n}\n", "line 1, column 7"},
@@ -898,6 +922,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, round_trip_odd);
     tcase_add_test(tc, round_trip_numbers);
     tcase_add_test(tc, parse_relabels_and_is_lenient_on_layout);
+    tcase_add_test(tc, parse_view_metas_as_verify);
     tcase_add_test(tc, numbers_ignore_locale);
     tcase_add_test(tc, parse_errors_table);
     tcase_add_test(tc, parse_error_messages);

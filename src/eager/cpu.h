@@ -31,6 +31,11 @@ void em_iter_init(em_iter *it, em_tensor *out, int nin, em_tensor *const *in);
 /* Runs loop over every element, split across threads when large. */
 void em_iter_run(const em_iter *it, em_loop_fn loop, const em_op_attrs *a);
 
+/* Appends a dim of size s and stride t (any unit) after dims [0, *n),
+ * merging it into the last one when the two are contiguous with each
+ * other: how kernels collapse a view into the fewest loops. */
+void em_dims_push(int64_t *sizes, int64_t *strides, int *n, int64_t s, int64_t t);
+
 /* Below this many elements a pointwise kernel runs on one thread. */
 #define EM_PARALLEL_GRAIN 32768
 

@@ -40,16 +40,9 @@ typedef struct rowcopy {
     int64_t chunk, nch;
 } rowcopy;
 
+/* em_dims_push, leaving out size-1 dims (they step nowhere) */
 static void push_dim(int64_t *sz, int64_t *st, int *n, int64_t s, int64_t t) {
-    if (s == 1) return;
-    if (*n > 0 && st[*n - 1] == t * s) {
-        sz[*n - 1] *= s;
-        st[*n - 1] = t;
-        return;
-    }
-    sz[*n] = s;
-    st[*n] = t;
-    (*n)++;
+    if (s != 1) em_dims_push(sz, st, n, s, t);
 }
 
 /* The geometry of copying src: outer dims [0, dim), block dims [bdim, ndim). */

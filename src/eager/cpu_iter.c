@@ -99,6 +99,17 @@ void em_iter_run(const em_iter *it, em_loop_fn loop, const em_op_attrs *a) {
     em_parallel_for(it->numel, EM_PARALLEL_GRAIN, iter_range, &j);
 }
 
+void em_dims_push(int64_t *sizes, int64_t *strides, int *n, int64_t s, int64_t t) {
+    if (*n > 0 && strides[*n - 1] == t * s) {
+        sizes[*n - 1] *= s;
+        strides[*n - 1] = t;
+        return;
+    }
+    sizes[*n] = s;
+    strides[*n] = t;
+    (*n)++;
+}
+
 /* ---- Scalars ---- */
 
 float em_half_to_float(uint16_t h) {

@@ -289,21 +289,21 @@ typedef struct plan {
     int64_t nout, nred;
 } plan;
 
-/* Appends dim (s, st) after dims[0..*n), merging it into the last one when
- * the two are contiguous with each other. */
-static void push_dim(int64_t *sz, int64_t *st, int *n, int64_t s, int64_t t) {
-    if (*n > 0 && st[*n - 1] == t * s) {
-        sz[*n - 1] *= s;
-        st[*n - 1] = t;
-        return;
-    }
-    sz[*n] = s;
-    st[*n] = t;
-    (*n)++;
-}
 
 /* Stride order key for the inner dims: broadcast (stride 0) dims first. */
 static int64_t stride_key(int64_t st) { return st == 0 ? INT64_MAX : st; }
+
+/* Steps the output multi-index idx (row-major) and returns the input
+ * offset of the next output's block, given the current one. */
+static inline int64_t next_output(const plan *P, int64_t *idx, int64_t off) {
+    for (int d = P->no - 1; d >= 0; d--) {
+        off += P->ost[d];
+        if (++idx[d] < P->osz[d]) break;
+        off -= P->ost[d] * P->osz[d];
+        idx[d] = 0;
+    }
+    return off;
+}
 
 static void make_plan(plan *P, const em_tensor *x, const bool *red) {
     P->no = P->ni = 0;
@@ -312,7 +312,7 @@ static void make_plan(plan *P, const em_tensor *x, const bool *red) {
     for (int d = 0; d < x->ndim; d++)
         if (!red[d]) {
             P->nout *= x->sizes[d];
-            if (x->sizes[d] != 1) push_dim(P->osz, P->ost, &P->no, x->sizes[d], x->strides[d]);
+            if (x->sizes[d] != 1) em_dims_push(P->osz, P->ost, &P->no, x->sizes[d], x->strides[d]);
         }
     if (P->no == 0) {
         P->osz[0] = 1;
@@ -351,7 +351,7 @@ static void make_plan(plan *P, const em_tensor *x, const bool *red) {
         rst[b + 1] = t;
     }
     for (int a = 0; a < nr; a++) {
-        push_dim(P->isz, P->ist, &P->ni, rsz[a], rst[a]);
+        em_dims_push(P->isz, P->ist, &P->ni, rsz[a], rst[a]);
         P->nred *= rsz[a];
     }
     if (P->ni == 0) {
@@ -551,12 +551,7 @@ static void h_items(void *ctx, int64_t b, int64_t e) {
         if (++c == R->nch) {
             c = 0;
             o++;
-            for (int d = P->no - 1; d >= 0; d--) {
-                off += P->ost[d];
-                if (++idx[d] < P->osz[d]) break;
-                off -= P->ost[d] * P->osz[d];
-                idx[d] = 0;
-            }
+            off = next_output(P, idx, off);
         }
     }
 }
@@ -884,12 +879,7 @@ static void argmax_items(void *ctx, int64_t b, int64_t e) {
         if (++c == A->nch) {
             c = 0;
             o++;
-            for (int d = P->no - 1; d >= 0; d--) {
-                off += P->ost[d];
-                if (++idx[d] < P->osz[d]) break;
-                off -= P->ost[d] * P->osz[d];
-                idx[d] = 0;
-            }
+            off = next_output(P, idx, off);
         }
     }
 }
