@@ -1150,6 +1150,87 @@ START_TEST(test_contiguous) {
 }
 END_TEST
 
+/* Large transposed and permuted copies (the tiled path of contiguous), every
+ * element size, sizes that are not multiples of the tile, checked bitwise
+ * against references built here from the raw bytes. */
+static void check_bytes(const char *ctx, em_dtype dt, const em_tensor *c, const unsigned char *exp_,
+                        int64_t n) {
+    size_t es = em_dtype_size(dt);
+    ck_assert_msg(c != NULL, "%s %s: %s", ctx, em_dtype_name(dt), em_last_error());
+    ck_assert_msg(em_is_contiguous(c), "%s %s: not contiguous", ctx, em_dtype_name(dt));
+    ck_assert_int_eq(em_numel(c), n);
+    unsigned char *out = malloc((size_t)n * es);
+    ck_assert_int_eq(em_copy_to_host(c, out, (size_t)n * es), EM_OK);
+    for (int64_t i = 0; i < n; i++)
+        if (memcmp(out + i * es, exp_ + i * es, es) != 0) {
+            free(out);
+            ck_abort_msg("%s %s: element %lld differs", ctx, em_dtype_name(dt), (long long)i);
+        }
+    free(out);
+}
+
+START_TEST(test_contiguous_tiled) {
+    const int64_t R = 300, C = 517;          /* 2-D */
+    const int64_t A = 7, B = 65, D = 130;    /* 3-D */
+    for (int d = 0; d < 7; d++) {
+        em_dtype dt = all_dtypes[d];
+        size_t es = em_dtype_size(dt);
+        int64_t n2 = R * C, n3 = A * B * D;
+        unsigned char *raw = malloc((size_t)(n2 > n3 ? n2 : n3) * es);
+        unsigned char *exp_ = malloc((size_t)(3 * n2 > n3 ? 3 * n2 : n3) * es);
+        for (int64_t i = 0; i < (n2 > n3 ? n2 : n3) * (int64_t)es; i++)
+            raw[i] = (unsigned char)((i * 2654435761u) >> 13);
+        if (dt == EM_BOOL)
+            for (int64_t i = 0; i < (n2 > n3 ? n2 : n3); i++) raw[i] &= 1;
+#define CP(dst, src) memcpy(exp_ + (size_t)(dst) * es, raw + (size_t)(src) * es, es)
+        /* [R, C] transposed: out[i][j] = x[j][i] */
+        em_tensor *x = em_from_data(raw, dt, 2, TU_SIZES(R, C), em_cpu());
+        ck_assert_ptr_nonnull(x);
+        for (int64_t i = 0; i < C; i++)
+            for (int64_t j = 0; j < R; j++) CP(i * R + j, j * C + i);
+        check_bytes("transpose", dt, em_contiguous(em_transpose(x, 0, 1)), exp_, n2);
+        /* every other column, transposed: the small stride is 2 elements */
+        int64_t C2 = (C + 1) / 2;
+        for (int64_t i = 0; i < C2; i++)
+            for (int64_t j = 0; j < R; j++) CP(i * R + j, j * C + 2 * i);
+        check_bytes("slice transpose", dt,
+                    em_contiguous(em_transpose(em_slice(x, 1, 0, C, 2), 0, 1)), exp_, C2 * R);
+        /* rows 5..250 and columns 3..400 transposed: an offset, partial tiles */
+        for (int64_t i = 0; i < 397; i++)
+            for (int64_t j = 0; j < 245; j++) CP(i * 245 + j, (j + 5) * C + i + 3);
+        em_tensor *win = em_slice(em_slice(x, 0, 5, 250, 1), 1, 3, 400, 1);
+        check_bytes("window transpose", dt, em_contiguous(em_transpose(win, 0, 1)), exp_, 397 * 245);
+        /* [A, B, D]: transpose(0, 2) -> [D, B, A], transpose(1, 2) -> [A, D, B],
+         * permute (1, 2, 0) -> [B, D, A] */
+        em_tensor *y = em_from_data(raw, dt, 3, TU_SIZES(A, B, D), em_cpu());
+        ck_assert_ptr_nonnull(y);
+        for (int64_t i = 0; i < D; i++)
+            for (int64_t j = 0; j < B; j++)
+                for (int64_t k = 0; k < A; k++) CP((i * B + j) * A + k, (k * B + j) * D + i);
+        check_bytes("transpose(0, 2)", dt, em_contiguous(em_transpose(y, 0, 2)), exp_, n3);
+        for (int64_t i = 0; i < A; i++)
+            for (int64_t j = 0; j < D; j++)
+                for (int64_t k = 0; k < B; k++) CP((i * D + j) * B + k, (i * B + k) * D + j);
+        check_bytes("transpose(1, 2)", dt, em_contiguous(em_transpose(y, 1, 2)), exp_, n3);
+        for (int64_t i = 0; i < B; i++)
+            for (int64_t j = 0; j < D; j++)
+                for (int64_t k = 0; k < A; k++) CP((i * D + j) * A + k, (k * B + i) * D + j);
+        check_bytes("permute", dt, em_contiguous(em_permute(y, 3, (const int[]){1, 2, 0})), exp_, n3);
+        /* a broadcast (stride 0) dim beside the transposed plane: [3, C, R] */
+        for (int64_t b = 0; b < 3; b++)
+            for (int64_t i = 0; i < C; i++)
+                for (int64_t j = 0; j < R; j++) CP((b * C + i) * R + j, j * C + i);
+        check_bytes("expand transpose", dt,
+                    em_contiguous(em_expand(em_unsqueeze(em_transpose(x, 0, 1), 0), 3,
+                                            TU_SIZES(3, C, R))),
+                    exp_, 3 * n2);
+#undef CP
+        free(raw);
+        free(exp_);
+    }
+}
+END_TEST
+
 static Suite *suite(void) {
     Suite *s = suite_create("pointwise");
     TCase *tc = tcase_create("unary");
@@ -1189,6 +1270,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, test_cast_rounding);
     tcase_add_test(tc, test_cast_special);
     tcase_add_test(tc, test_contiguous);
+    tcase_add_test(tc, test_contiguous_tiled);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -1,0 +1,115 @@
+/* kir.h - the loop-level kernel IR, shared by the CPU (libgccjit) and CUDA
+ * (NVRTC) code generators.
+ *
+ * A kernel is a linear list of instructions in SSA form, like tinygrad's
+ * linearized uops: each instruction defines at most one value, named by its
+ * index, and uses only values defined before it.  Loops are brackets:
+ * K_RANGE opens one (its value is the loop variable) and K_END closes the
+ * innermost.  Accumulators (K_ACC) are the only mutable values: defined
+ * with an initial value before a loop, updated inside (K_ACC_UPDATE), read
+ * after it by using the K_ACC instruction as an operand.
+ *
+ * Parameters: buffers (K_BUF: a typed pointer, numbered in order) and int64
+ * sizes (K_SIZE: the kernel's size arguments, numbered in order; dynamic
+ * shapes pass sizes here).  The outermost K_RANGE may be marked parallel:
+ * the generated function then takes [begin, end) of that loop and the
+ * runtime splits its extent over threads (CPU) or blocks (CUDA).
+ *
+ *   kernel softmax_rows(%0 = buf f32 #0, %1 = buf f32 #1, %2 = size #0)
+ *     %3 = const i64 1024
+ *     %4 = range %2 parallel
+ *     %5 = mul i64 %4, %3
+ *     %6 = acc f32 max -inf
+ *     %7 = range %3
+ *     ...
+ *     end
+ *     end
+ *
+ * Ownership: a kernel owns its instruction array and name; kir_free
+ * releases both. */
+#ifndef EMBER_KIR_H
+#define EMBER_KIR_H
+
+#include <stdio.h>
+
+#include "eager.h"
+
+typedef enum k_opcode {
+    K_BUF,        /* buffer parameter ival (dtype: element type) */
+    K_SIZE,       /* int64 size parameter ival */
+    K_CONST,      /* constant: fval for floats, ival for integers and bool */
+    K_RANGE,      /* for v in [0, src0): opens a loop; flags K_PARALLEL */
+    K_END,        /* closes the innermost open loop */
+    K_LOAD,       /* src0 (a K_BUF) [src1 (i64 element index)] */
+    K_STORE,      /* src0 (a K_BUF) [src1] = src2 */
+    K_ALU,        /* alu(src0[, src1[, src2]]) */
+    K_CAST,       /* src0 converted to dtype */
+    K_ACC,        /* accumulator of dtype with initial value src0 (a K_CONST); alu is
+                     the combining op (add, max, min) */
+    K_ACC_UPDATE, /* src0 (a K_ACC) = alu_of(src0)(src0, src1) */
+} k_opcode;
+
+/* Scalar operations: a subset of the op table's pointwise ops plus index
+ * arithmetic.  Every code generator implements each of them; float
+ * transcendental ones use vmath.h's approximations on the CPU. */
+typedef enum k_alu {
+    KA_NONE,
+    /* unary */
+    KA_NEG, KA_ABS, KA_EXP, KA_LOG, KA_SQRT, KA_RSQRT, KA_SIN, KA_COS, KA_TANH,
+    KA_SIGMOID, KA_RELU, KA_GELU, KA_GELU_TANH, KA_ERF,
+    /* binary */
+    KA_ADD, KA_SUB, KA_MUL, KA_DIV, KA_POW, KA_MAX, KA_MIN,
+    KA_IDIV, KA_MOD,            /* integer index arithmetic (non-negative operands) */
+    KA_EQ, KA_NE, KA_LT, KA_LE, KA_GT, KA_GE, /* result bool */
+    /* ternary */
+    KA_WHERE,                   /* src0 (bool) ? src1 : src2 */
+    KA_COUNT
+} k_alu;
+
+enum { K_PARALLEL = 1 };
+
+typedef struct k_inst {
+    k_opcode op;
+    k_alu alu;       /* K_ALU, K_ACC */
+    em_dtype dtype;  /* the value's type (K_STORE, K_END: none) */
+    int nsrc;
+    int src[3];      /* indices of earlier instructions */
+    double fval;     /* K_CONST of a float dtype */
+    int64_t ival;    /* K_CONST of an integer/bool dtype; K_BUF/K_SIZE: parameter number */
+    unsigned flags;  /* K_RANGE: K_PARALLEL */
+} k_inst;
+
+typedef struct k_kernel {
+    char *name;
+    k_inst *insts;
+    int n, cap;
+    int nbufs, nsizes;   /* parameters, by number */
+} k_kernel;
+
+/* ---- kir.c: building ---- */
+k_kernel *kir_new(const char *name);
+void kir_free(k_kernel *k);
+/* Each returns the new instruction's index, or -1 (error set). */
+int kir_buf(k_kernel *k, em_dtype elem);          /* next buffer parameter */
+int kir_size(k_kernel *k);                        /* next size parameter */
+int kir_const_f(k_kernel *k, em_dtype d, double v);
+int kir_const_i(k_kernel *k, em_dtype d, int64_t v);
+int kir_range(k_kernel *k, int extent, unsigned flags);
+int kir_end(k_kernel *k);
+int kir_load(k_kernel *k, int buf, int index);
+int kir_store(k_kernel *k, int buf, int index, int value);
+int kir_alu(k_kernel *k, k_alu op, int a, int b, int c); /* unused operands: -1 */
+int kir_cast(k_kernel *k, int value, em_dtype d);
+int kir_acc(k_kernel *k, k_alu combine, int init);
+int kir_acc_update(k_kernel *k, int acc, int value);
+
+/* ---- text form and checks ---- */
+const char *kir_alu_name(k_alu a);
+em_status kir_print(const k_kernel *k, FILE *f);
+/* Invariants: operands defined earlier and visible (not inside a closed
+ * loop, except accumulators read after theirs); ranges balanced; at most
+ * the outermost range parallel; operand dtypes fit each op; loads and
+ * stores address buffers with i64 indices. */
+em_status kir_verify(const k_kernel *k);
+
+#endif
