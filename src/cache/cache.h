@@ -1,0 +1,275 @@
+/* cache.h - the kernel cache (src/cache): a content-addressed store of
+ * compiled artifacts (shared objects, PTX, CUBIN, graph text), in memory and
+ * on disk.
+ *
+ * The cache knows keys and bytes, not what they mean.  The caller hashes
+ * everything that determines an artifact (kernel source, compiler and its
+ * options, target) into a kc_key with a kc_hasher, then asks for the pair
+ * (key, kind); kind says which artifact of that key ("so", "ptx", "cubin",
+ * "graph").  Same key and kind, same bytes: an entry is never updated, only
+ * written again whole.
+ *
+ * Two tiers.  The memory tier is a table (key, kind) -> bytes and/or the
+ * path of a verified file, so a second lookup in a process costs a hash
+ * probe.  The disk tier lives under one directory and survives the process:
+ *
+ *   <dir>/v1/<first 2 hex digits of key>/<32 hex key>.<kind>        payload
+ *   <dir>/v1/<first 2 hex digits of key>/<32 hex key>.<kind>.meta   header
+ *
+ * The payload file holds exactly the artifact's bytes, so a verified "so"
+ * payload is dlopen'ed where it lies.  The header is a sidecar text file,
+ * byte for byte as kc_meta_format writes it:
+ *
+ *   ember-cache 1
+ *   key <32 hex: the entry's key>
+ *   kind <kind>
+ *   size <payload length in bytes, decimal>
+ *   xxh3-128 <32 hex: XXH3-128 of the payload>
+ *   created <creation time, seconds since the epoch>
+ *
+ * A read verifies the header (exact text, version, key, kind), the payload's
+ * length and its checksum; anything else (unreadable, truncated, foreign,
+ * another kind) is a miss counted as corrupt, never wrong bytes.  Writes go
+ * to a mkstemp file in the entry's directory, are fsync'ed and renamed over
+ * the final name, payload first then header: concurrent writers of one key
+ * each leave complete files and the last rename wins.  The header's mtime is
+ * the entry's last use (set on put and on each disk hit): kc_prune evicts
+ * the least recently used entries first.
+ *
+ * Trust: the directory is created 0700.  A directory or entry writable by
+ * group or others, or owned by another user, is refused with a message: a
+ * refused directory (or one that cannot be created or written) leaves the
+ * cache memory-only; a refused entry is a miss, replaced by the next put.
+ *
+ * Environment (read by kc_open): EMBER_CACHE_DIR (used when no directory is
+ * given; default $XDG_CACHE_HOME/ember, else $HOME/.cache/ember),
+ * EMBER_CACHE=0 (memory only), EMBER_CACHE_MAX_SIZE ("500M", "2G", bytes:
+ * prune to that size after each put).  docs/cache.md has the details.
+ *
+ * Errors: functions return em_status (or NULL) and set em_last_error();
+ * problems with the disk are not errors but warnings, each kind printed
+ * once per cache object, and the cache carries on in memory.
+ * Threads: one kc_cache may be shared; a mutex inside serializes calls.
+ * Ownership: a kc_cache owns its table and everything in it; buffers and
+ * paths it returns belong to the caller (em_free). */
+#ifndef EMBER_CACHE_H
+#define EMBER_CACHE_H
+
+#include "ember.h"
+
+/* Version of the key derivation and of the on-disk format: part of every
+ * key, of every header and of the layout's "v1" directory. */
+#define KC_FORMAT_VERSION 1u
+
+/* ---- keys ---- */
+
+/* An XXH3-128 digest, as its canonical (big-endian) bytes. */
+typedef struct kc_key {
+    uint8_t bytes[16];
+} kc_key;
+
+#define KC_KEY_HEX_SIZE 33 /* 32 hex digits and a NUL */
+
+/* "0123...ef": the key as it appears in file names. */
+void kc_key_hex(const kc_key *k, char out[KC_KEY_HEX_SIZE]);
+/* Parses 32 lowercase hex digits; false if s is anything else. */
+bool kc_key_from_hex(const char *s, kc_key *k);
+bool kc_key_equal(const kc_key *a, const kc_key *b);
+
+/* A streaming hasher for key material.  The caller owns it (it may live on
+ * the stack; it allocates nothing).  reset starts a key with the cache's
+ * format version, so a new format never meets an old key.  update feeds raw
+ * bytes (pieces concatenate: update("ab"), update("c") == update("abc"));
+ * update_str and update_u64 feed one self-delimiting field each, so
+ * ("ab", "c") and ("a", "bc") give different keys.  digest does not change
+ * the state: more material may follow. */
+typedef struct kc_hasher {
+    _Alignas(64) unsigned char state[640]; /* an XXH3 state (hash.c checks the size) */
+} kc_hasher;
+
+void kc_hasher_reset(kc_hasher *h);
+/* reset with another format version: for tests and tools reading old keys. */
+void kc_hasher_reset_version(kc_hasher *h, uint32_t version);
+void kc_hasher_update(kc_hasher *h, const void *data, size_t n);
+/* The length, then the bytes; NULL is a field distinct from "". */
+void kc_hasher_update_str(kc_hasher *h, const char *s);
+/* 8 bytes, little-endian. */
+void kc_hasher_update_u64(kc_hasher *h, uint64_t v);
+kc_key kc_hasher_digest(const kc_hasher *h);
+
+/* ---- the cache ---- */
+
+typedef struct kc_cache kc_cache;
+
+enum {
+    KC_MEMORY_ONLY = 1u << 0 /* no disk tier, whatever the environment says */
+};
+
+/* Receives each warning once per cache object, as "cache: ..." with no
+ * newline.  Without one, warnings go to stderr as "[ember] cache: ...". */
+typedef void (*kc_log_fn)(void *ud, const char *msg);
+
+typedef struct kc_options {
+    const char *dir;   /* NULL or "": EMBER_CACHE_DIR, $XDG_CACHE_HOME/ember,
+                          $HOME/.cache/ember (the first that is set) */
+    unsigned flags;    /* KC_* */
+    kc_log_fn log;     /* optional */
+    void *log_ud;
+    uint64_t max_size; /* prune to this many bytes after each put; 0:
+                          EMBER_CACHE_MAX_SIZE, or no limit */
+} kc_options;
+
+/* Opens a cache.  A disk tier that cannot be used (refused, not creatable,
+ * not writable) is not an error: the cache is memory-only and says why once
+ * (EMBER_CACHE=0 and KC_MEMORY_ONLY make it memory-only silently).  NULL
+ * (with the error set) only when memory or a mutex cannot be had. */
+kc_cache *kc_open(const char *dir, unsigned flags);
+kc_cache *kc_open_with(const kc_options *o);
+/* Frees the cache and its table; files on disk stay.  NULL is a no-op. */
+void kc_close(kc_cache *c);
+/* Whether entries go to disk.  A cache whose disk fails later becomes
+ * memory-only; this tells the present state. */
+bool kc_on_disk(kc_cache *c);
+/* The absolute cache directory (the one holding v1/), or NULL when the
+ * cache never had a disk tier.  Valid until kc_close. */
+const char *kc_dir(const kc_cache *c);
+
+/* Kinds are 1 to 15 characters of [a-z0-9_]. */
+#define KC_KIND_MAX 15
+
+/* Looks up (key, kind).  Hit: EM_OK, *data a copy of the payload (from
+ * em_malloc, the caller em_free's it; never NULL, even for 0 bytes) and *n
+ * its length.  Miss: EM_OK, *data NULL, *n 0.  Any other status is an error
+ * in the arguments (EM_ERR_NULL, EM_ERR_ARG) or EM_ERR_NOMEM. */
+em_status kc_get(kc_cache *c, const kc_key *key, const char *kind, void **data, size_t *n);
+/* As kc_get, for use in place: on a hit *path is the absolute path of a file
+ * holding exactly the verified payload (em_malloc'd, the caller em_free's
+ * it), on a miss NULL.  The file stays valid until a prune evicts it (or,
+ * memory-only, until kc_close). */
+em_status kc_get_file(kc_cache *c, const kc_key *key, const char *kind, char **path);
+/* Stores n bytes under (key, kind), replacing any entry (a corrupt one
+ * too).  When the disk fails the bytes still go to memory (EM_OK). */
+em_status kc_put(kc_cache *c, const kc_key *key, const char *kind, const void *data,
+                 size_t n);
+/* Stores the file at path (a regular file the caller made, e.g. a compiler's
+ * output) under (key, kind), moving it into the cache (renamed, or copied
+ * then removed when it is on another file system or has other links); it
+ * becomes mode 0600.  On success the file is gone from path; EM_ERR_ARG (not
+ * a readable regular file, or a symbolic link) leaves it there.
+ * Memory-only, the file moves to a private directory ($TMPDIR/ember-cache-*)
+ * that kc_close removes; EM_ERR_STATE if that directory cannot be made. */
+em_status kc_put_file(kc_cache *c, const kc_key *key, const char *kind, const char *path);
+
+/* Removes least recently used disk entries (by header mtime; stale temporary
+ * files too) until the disk tier holds at most max_bytes (payloads and
+ * headers).  EM_OK, also when memory-only (nothing to do). */
+em_status kc_prune(kc_cache *c, uint64_t max_bytes);
+
+typedef struct kc_counters {
+    uint64_t hits_mem;      /* lookups served by the memory table */
+    uint64_t hits_disk;     /* lookups read and verified from disk */
+    uint64_t misses;        /* lookups that found nothing usable */
+    uint64_t writes;        /* entries written to disk */
+    uint64_t bytes_written; /* payload bytes written to disk */
+    uint64_t corrupt;       /* disk entries that failed verification (each a miss too) */
+    uint64_t refused;       /* disk entries refused by the trust checks (each a miss too) */
+    uint64_t evicted;       /* disk entries removed by kc_prune */
+    uint64_t entries;       /* entries in the memory table */
+} kc_counters;
+
+em_status kc_stats(kc_cache *c, kc_counters *out);
+
+/* "500M", "2G", "64k", "123" (bytes); K, M, G, T are powers of 1024, an
+ * optional trailing "B" or "iB" is accepted.  EM_ERR_ARG on anything else. */
+em_status kc_parse_size(const char *s, uint64_t *out);
+
+/* ==== Internals shared by the files of src/cache ==== */
+
+/* An XXH3-128 checksum of a payload. */
+typedef struct kc_sum {
+    uint8_t bytes[16];
+} kc_sum;
+
+/* ---- hash.c ---- */
+kc_sum kc_checksum(const void *data, size_t n);
+/* A streaming checksum over a file descriptor from its current offset:
+ * false on a read error; *n gets the bytes read. */
+bool kc_checksum_fd(int fd, kc_sum *sum, uint64_t *n);
+/* kc_parse_size without setting an error. */
+bool kc_size_from_str(const char *s, uint64_t *out);
+
+/* ---- store.c: the disk tier ---- */
+
+/* An entry's header, parsed. */
+typedef struct kc_meta {
+    uint32_t version;
+    kc_key key;
+    char kind[KC_KIND_MAX + 1];
+    uint64_t size;
+    kc_sum sum;
+    int64_t created;
+} kc_meta;
+
+#define KC_META_MAX 256 /* longer header files are foreign */
+
+/* The header text of m into buf (KC_META_MAX bytes); returns its length. */
+size_t kc_meta_format(const kc_meta *m, char *buf);
+/* Parses exactly what kc_meta_format writes (n bytes of text); false on
+ * any difference. */
+bool kc_meta_parse(const char *text, size_t n, kc_meta *m);
+
+typedef enum kc_read {
+    KC_READ_OK,
+    KC_READ_ABSENT,  /* no header: a plain miss */
+    KC_READ_CORRUPT, /* present but unusable */
+    KC_READ_REFUSED, /* fails the trust checks */
+    KC_READ_NOMEM
+} kc_read;
+
+/* Opens and checks the disk root <dir>: creates it (0700) and v1/, refuses
+ * it if untrusted or unwritable.  false with the reason in why. */
+bool kc_store_open(const char *dir, char **root, char *why, size_t nwhy);
+/* Path of an entry's payload (meta: of its header) under root, em_malloc'd. */
+char *kc_store_path(const char *root, const kc_key *k, const char *kind, bool meta);
+/* Reads and verifies an entry.  With data, *data gets the payload in a
+ * buffer from em_malloc; without, the payload is only checksummed (for
+ * kc_get_file).  *m gets the header.  On a hit, the header's mtime is set
+ * to now (LRU).  why gets the reason of a CORRUPT or REFUSED result. */
+kc_read kc_store_read(const char *root, const kc_key *k, const char *kind, void **data,
+                      kc_meta *m, char *why, size_t nwhy);
+/* Checks the payload file at path (as an entry: regular, trusted) against
+ * size and sum; with data, also returns its bytes (em_malloc). */
+kc_read kc_file_read(const char *path, uint64_t size, const kc_sum *sum, void **data,
+                     char *why, size_t nwhy);
+/* Writes an entry atomically from bytes.  false with the reason in why. */
+bool kc_store_write(const char *root, const kc_meta *m, const void *data, char *why,
+                    size_t nwhy);
+/* Moves the open regular file fd (at src, of header m) into place as an
+ * entry's payload under root, then writes the header. */
+bool kc_store_move(const char *root, const kc_meta *m, int fd, const char *src, char *why,
+                   size_t nwhy);
+/* Moves fd (at src) to dir/name, or copies it there and removes src. */
+bool kc_move_file(int fd, const char *src, const char *dir, const char *name, char *why,
+                  size_t nwhy);
+/* Writes data to dir/name atomically (mkstemp, fsync, rename). */
+bool kc_write_file(const char *dir, const char *name, const void *data, size_t n, char *why,
+                   size_t nwhy);
+
+/* ---- prune.c ---- */
+
+/* An evicted entry, as kc_store_prune reports it to forget. */
+typedef void (*kc_forget_fn)(void *ud, const kc_key *k, const char *kind);
+/* kc_prune's work on root: *evicted gets the entries removed, *total the
+ * bytes left.  keep (with keep_kind; may be NULL) is never evicted: the
+ * entry a put just wrote, whose mtime may tie with older ones (file times
+ * advance by the kernel's clock tick, a few ms). */
+bool kc_store_prune(const char *root, uint64_t max_bytes, const kc_key *keep,
+                    const char *keep_kind, kc_forget_fn forget, void *ud, uint64_t *evicted,
+                    uint64_t *total, char *why, size_t nwhy);
+
+/* A kind of [a-z0-9_]{1,15}. */
+bool kc_kind_valid(const char *kind);
+/* printf into a new em_malloc'd string; NULL (EM_ERR_NOMEM set) on failure. */
+char *kc_strfmt(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+#endif
