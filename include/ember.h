@@ -302,7 +302,8 @@ typedef struct em_compile_options {
     const char *const *input_names; /* optional, ninputs names (default in0...) */
     int recompile_limit;           /* entries before falling back to eager; 0: the
                                       EMBER_RECOMPILE_LIMIT variable, else 8 */
-    const char *backend;           /* "replay" (default): the graph run op by op */
+    const char *backend;           /* "cpu" (default): fused kernels compiled with
+                                      libgccjit; "replay": the graph run op by op */
     /* Optional: slots (e.g. &model->w1) that hold the tensors fn reaches
      * through ctx.  A captured tensor found in a slot is guarded on
      * identity: if the slot later holds another tensor, the entry no
@@ -317,6 +318,9 @@ typedef struct em_compile_stats {
     int64_t traces;       /* calls that recorded a new entry */
     int64_t eager;        /* calls run eagerly (recompile limit, graph break) */
     int entries;          /* entries (graphs) held */
+    int kernels;          /* native kernels of the most recent entry */
+    int64_t kernels_compiled; /* kernels this function had to compile */
+    int64_t kernels_loaded;   /* kernels it found in the kernel cache instead */
     bool broken;          /* a graph break was seen: fn now always runs eagerly */
     char last_failure[256]; /* why the last non-matching call matched no entry */
 } em_compile_stats;

@@ -1,7 +1,10 @@
 #include "testutil.h"
 
+#include <ftw.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 
 static uint64_t xorshift(uint64_t *s) {
     uint64_t x = *s;
@@ -101,11 +104,21 @@ void tu_check_close_at(const char *file, int line, const em_tensor *t, const dou
     free(v);
 }
 
+static int remove_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
+    (void)sb, (void)flag, (void)ftw;
+    return remove(path);
+}
+
 int tu_run(Suite *s) {
+    /* compiled kernels go to a private cache, not the user's */
+    char dir[] = "/tmp/ember-test-XXXXXX";
+    bool own = !getenv("EMBER_CACHE_DIR") && mkdtemp(dir);
+    if (own) setenv("EMBER_CACHE_DIR", dir, 1);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_ENV);
     int failed = srunner_ntests_failed(sr);
     srunner_free(sr);
+    if (own) nftw(dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
     return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
 }
 

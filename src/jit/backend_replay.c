@@ -6,14 +6,14 @@
 
 #include <string.h>
 
-static em_status replay_compile(const tr_graph *g, void **state) {
+static em_status replay_compile(const tr_graph *g, jit_env *env, void **state) {
     (void)g;
+    (void)env;
     *state = NULL; /* nothing to prepare: the graph is the program */
     return EM_OK;
 }
 
-/* Runs one call node on its input values. */
-static em_tensor *replay_call(const tr_node *n, em_tensor **vals) {
+em_tensor *jit_replay_node(const tr_node *n, em_tensor **vals) {
     em_tensor *stack[8], **ins = n->nin <= 8 ? stack : em_malloc(sizeof *ins * (size_t)n->nin);
     if (!ins) return NULL;
     for (int k = 0; k < n->nin; k++) ins[k] = vals[n->in[k]];
@@ -43,7 +43,7 @@ static em_status replay_run(void *state, const tr_graph *g, em_tensor *const *in
         switch (n->kind) {
         case TR_INPUT: vals[i] = in[n->index]; break;
         case TR_CONST: vals[i] = g->consts[n->index]; break;
-        case TR_CALL: vals[i] = replay_call(n, vals); break;
+        case TR_CALL: vals[i] = jit_replay_node(n, vals); break;
         }
         if (!vals[i]) s = em_last_status() != EM_OK ? em_last_status() : EM_ERR_STATE;
     }
@@ -63,7 +63,7 @@ const jit_backend jit_replay_backend = {
 };
 
 const jit_backend *jit_backend_find(const char *name) {
-    static const jit_backend *const all[] = {&jit_replay_backend};
+    static const jit_backend *const all[] = {&jit_cpu_backend, &jit_replay_backend};
     if (!name) return all[0];
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
         if (!strcmp(all[i]->name, name)) return all[i];

@@ -34,6 +34,7 @@ struct em_compiled {
     bool limit_logged;
     em_compile_stats stats;
     jit_log log;
+    jit_env env;          /* the kernel cache and compile counters */
     pthread_mutex_t lock; /* entries and stats; held while tracing */
     const em_allocator *alloc;
 };
@@ -65,7 +66,7 @@ static em_status check_options(em_fn fn, const em_compile_options *o) {
         return em_error(EM_ERR_ARG, "em_compile: recompile_limit %d is negative",
                         o->recompile_limit);
     if (o->backend && !jit_backend_find(o->backend))
-        return em_error(EM_ERR_ARG, "em_compile: unknown backend '%s' (available: replay)",
+        return em_error(EM_ERR_ARG, "em_compile: unknown backend '%s' (available: cpu, replay)",
                         o->backend);
     if (o->name && !o->name[0]) return em_error(EM_ERR_ARG, "em_compile: empty name");
     for (int i = 0; o->input_names && i < o->ninputs; i++) {
@@ -110,6 +111,8 @@ em_compiled *em_compile(em_fn fn, void *ctx, const em_compile_options *opts) {
     f->alloc = em_get_allocator();
     jit_log_open(&f->log);
     f->limit = opts->recompile_limit ? opts->recompile_limit : env_limit(&f->log);
+    f->env.log = &f->log;
+    if (f->backend != &jit_replay_backend) f->env.cache = kc_open(NULL, 0);
     f->name = dup_str(opts->name ? opts->name : "fn");
     f->input_names = em_calloc((size_t)(f->ninputs ? f->ninputs : 1), sizeof(char *));
     f->watch = em_calloc((size_t)(opts->nwatch ? opts->nwatch : 1), sizeof *f->watch);
@@ -133,6 +136,7 @@ em_compiled *em_compile(em_fn fn, void *ctx, const em_compile_options *opts) {
         em_free(f->watch);
         em_free(f->entries);
         em_free(f->name);
+        kc_close(f->env.cache);
         em_free(f);
         return NULL;
     }
@@ -157,6 +161,7 @@ void em_compiled_free(em_compiled *f) {
     em_free(f->watch);
     em_free(f->entries);
     em_free(f->name);
+    kc_close(f->env.cache);
     jit_log_close(&f->log);
     pthread_mutex_destroy(&f->lock);
     em_free(f);
@@ -239,7 +244,7 @@ static jit_entry *make_entry(em_compiled *f, tr_graph *g, em_tensor *const *in,
 #endif
     if (tr_optimize(g, verify) != EM_OK ||
         !(e->guards = gd_build(g, in, scalars, f->nscalars, f->watch, f->nwatch)) ||
-        f->backend->compile(g, &e->state) != EM_OK) {
+        f->backend->compile(g, &f->env, &e->state) != EM_OK) {
         entry_free(f, e);
         return NULL;
     }
@@ -277,6 +282,9 @@ static em_status trace(em_compiled *f, em_tensor *const *in, const double *scala
     f->nentries++;
     f->stats.traces++;
     f->stats.entries = f->nentries;
+    f->stats.kernels = f->backend->kernels ? f->backend->kernels(e->state) : 0;
+    f->stats.kernels_compiled = f->env.compiled;
+    f->stats.kernels_loaded = f->env.loaded;
     log_entry(f, e);
     return finish_outputs(f, EM_OK, out);
 }

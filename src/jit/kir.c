@@ -281,7 +281,7 @@ em_status kir_verify(const k_kernel *k) {
         case K_ACC_UPDATE:
             if (k->insts[in->src[0]].op != K_ACC) s = bad(k, i, "update of a non-accumulator");
             else if (k->insts[in->src[1]].dtype != in->dtype) s = bad(k, i, "update dtype");
-            else if (depth_of[in->src[0]] >= depth) s = bad(k, i, "update outside the accumulator's loop");
+            else if (depth_of[in->src[0]] > depth) s = bad(k, i, "update outside the accumulator's loop");
             break;
         default: s = bad(k, i, "unknown opcode");
         }

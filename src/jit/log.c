@@ -13,7 +13,10 @@ static const struct {
     {"guards", JIT_LOG_GUARDS},
     {"recompiles", JIT_LOG_RECOMPILES},
     {"breaks", JIT_LOG_BREAKS},
-    {"all", JIT_LOG_GRAPH | JIT_LOG_GUARDS | JIT_LOG_RECOMPILES | JIT_LOG_BREAKS},
+    {"code", JIT_LOG_CODE},
+    {"cache", JIT_LOG_CACHE},
+    {"all", JIT_LOG_GRAPH | JIT_LOG_GUARDS | JIT_LOG_RECOMPILES | JIT_LOG_BREAKS | JIT_LOG_CODE |
+                JIT_LOG_CACHE},
 };
 
 void jit_log_open(jit_log *l) {
@@ -42,7 +45,7 @@ void jit_log_open(jit_log *l) {
                 if (!strcmp(word, log_names[k].name)) break;
             if (k < sizeof log_names / sizeof log_names[0]) l->flags |= log_names[k].flag;
             else fprintf(l->f, "[ember] EMBER_LOG: unknown option '%s' (graph, guards, "
-                         "recompiles, breaks, all)\n", word);
+                         "recompiles, breaks, code, cache, all)\n", word);
         }
         p += n;
         if (*p == ',') p++;

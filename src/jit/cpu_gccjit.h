@@ -1,0 +1,65 @@
+/* cpu_gccjit.h - the CPU code generator: kernel IR (kir.h) -> libgccjit ->
+ * native code.
+ *
+ * A compiled kernel is a shared object exporting two functions:
+ *
+ *   void NAME(void *const *bufs, const int64_t *sizes, int64_t begin, int64_t end);
+ *       runs the kernel.  bufs[i] is buffer parameter #i (typed by its
+ *       K_BUF), sizes[i] size parameter #i.  If the kernel has a parallel
+ *       range, only its iterations [begin, end) (clipped to [0, extent))
+ *       run; otherwise begin and end are ignored and everything runs.
+ *   int64_t NAME__plan(void *const *bufs, const int64_t *sizes, double *work);
+ *       the extent of the parallel range for these arguments, or -1 when
+ *       the kernel must run as one call (no parallel range, or code outside
+ *       it that the threads would race on: stores or accumulators at the
+ *       top level); *work: estimated scalar operations per iteration of the
+ *       parallel range (inner extents known at the top level multiplied in).
+ *
+ * jit_cpu_run splits the parallel range over em_parallel_for's threads with
+ * a grain of about 64K operations, so that small kernels run on the calling
+ * thread.  Code generation: -O3, -march=x86-64-v4/v3/v2 as the running CPU
+ * supports (cpuid), -fno-math-errno -fno-trapping-math (no -ffast-math:
+ * NaN, inf and signed zeros keep IEEE semantics); float32 exp, log, tanh,
+ * sigmoid, erf, gelu, gelu_tanh are vmath.h's approximations, inlined
+ * (vectorizable); float64 ones call libm.  Float add reductions in an
+ * innermost loop accumulate into 16 (f32) or 8 (f64) partial sums, float
+ * max/min reductions compare order-preserving integer keys, so that both
+ * vectorize without -ffast-math.  f16 and bf16 are not supported yet.
+ *
+ * Dtype semantics follow the eager CPU kernels: i32 arithmetic wraps; float
+ * max/min propagate NaN; float -> int casts truncate, saturate, NaN -> 0;
+ * anything -> bool is x != 0.  KA_IDIV/KA_MOD (integer, non-negative
+ * operands) by 0 give a and 0 instead of trapping. */
+#ifndef EMBER_CPU_GCCJIT_H
+#define EMBER_CPU_GCCJIT_H
+
+#include "kir.h"
+
+typedef struct jit_cpu_kernel jit_cpu_kernel;
+
+typedef void (*jit_cpu_fn)(void *const *bufs, const int64_t *sizes, int64_t begin, int64_t end);
+
+/* Compiles k in process.  EM_ERR_ARG for IR that fails kir_verify (or a
+ * kernel name that is not a C identifier), EM_ERR_UNSUPPORTED for dtypes or
+ * ops the generator lacks, EM_ERR_STATE with libgccjit's first error
+ * message when compilation fails. */
+em_status jit_cpu_compile(const k_kernel *k, jit_cpu_kernel **out);
+/* Runs the whole iteration space, split over threads when it pays. */
+em_status jit_cpu_run(const jit_cpu_kernel *ck, void *const *bufs, const int64_t *sizes);
+/* Compiles k to a shared object at path (for the on-disk cache). */
+em_status jit_cpu_write_so(const k_kernel *k, const char *path);
+/* Loads a shared object written by jit_cpu_write_so for the kernel name. */
+em_status jit_cpu_load_so(const char *path, const char *name, jit_cpu_kernel **out);
+void jit_cpu_free(jit_cpu_kernel *ck);
+/* What the generated code depends on besides the kernel IR: libgccjit's
+ * version and the target options (part of every cache key). */
+const char *jit_cpu_target(void);
+
+/* For tests and tools: the generated entry point, and a run that cuts the
+ * parallel range into exactly nchunks contiguous pieces (spread over the
+ * threads em_parallel_for has; with one thread, run in order). */
+jit_cpu_fn jit_cpu_entry(const jit_cpu_kernel *ck);
+em_status jit_cpu_run_chunks(const jit_cpu_kernel *ck, void *const *bufs, const int64_t *sizes,
+                             int nchunks);
+
+#endif

@@ -1,0 +1,47 @@
+/* fuse.h - fusion (schedule.c) and lowering of fused groups to kernel IR
+ * (lower.c), used by the CPU backend (backend_cpu.c). */
+#ifndef EMBER_FUSE_H
+#define EMBER_FUSE_H
+
+#include "kir.h"
+#include "trace.h"
+
+/* A fused group's iteration space F (sizes) and its k trailing inner dims
+ * (-1 until a reduction sets it: then pointwise-only). */
+typedef struct sc_group {
+    int ndim;
+    int64_t sizes[EM_MAX_DIMS];
+    int k;
+} sc_group;
+
+typedef enum sc_step_kind { SC_EAGER, SC_KERNEL } sc_step_kind;
+
+typedef struct sc_step {
+    sc_step_kind kind;
+    int node;  /* SC_EAGER: the node, run with the eager op */
+    int group; /* SC_KERNEL: the group */
+} sc_step;
+
+typedef struct sc_schedule {
+    const tr_graph *g;   /* borrowed */
+    bool *fusible;       /* per node */
+    bool *materialized;  /* per node: its value goes to memory */
+    int *group;          /* per node: its group, or -1 */
+    sc_group *groups;
+    int ngroups;
+    sc_step *steps;      /* in execution order */
+    int nsteps, capsteps;
+} sc_schedule;
+
+sc_schedule *sc_build(const tr_graph *g);
+void sc_free(sc_schedule *s);
+bool sc_is_reduction(const tr_node *n);
+
+/* ---- lower.c ----
+ * The kernel of group gi: its buffer parameters are the nodes in
+ * bufs[0..*nbufs) (inputs first, then the *nouts stored nodes, last).
+ * bufs has room for one entry per graph node.  NULL with an error when the
+ * group cannot be lowered (the backend then runs the graph eagerly). */
+k_kernel *sc_lower(const sc_schedule *s, int gi, int *bufs, int *nbufs, int *nouts);
+
+#endif

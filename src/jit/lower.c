@@ -1,0 +1,388 @@
+/* lower.c - a fused group to kernel IR.
+ *
+ *   for o in [0, O) parallel           O: the product of the kept dims
+ *     (o's multi-index, each buffer's row offset: on first use)
+ *     for each reduction r:             one pass over the row (var: two)
+ *       acc = init; for j...: acc <- value(input of r at (o, j)); end
+ *     store each stored row value at o
+ *     for j...: store each stored full value at (o, j); end
+ *
+ * value(node) emits the node's computation at the current position,
+ * recursively; buffers (graph inputs, constants, results of eager ops and
+ * of earlier kernels) are loaded with strides known at compile time (the
+ * guards fix them).  Dims that every buffer walks contiguously are merged
+ * first, so a pointwise kernel over contiguous tensors is one flat loop. */
+#include "fuse.h"
+
+#include <math.h>
+#include <string.h>
+
+typedef struct lower {
+    const sc_schedule *s;
+    const tr_graph *g;
+    int gi;
+    k_kernel *k;
+    /* iteration space after merging: dims [0, no) outer, [no, nd) inner */
+    int nd, no;
+    int64_t sizes[EM_MAX_DIMS];
+    int *bufs;               /* buffer parameter -> node */
+    int nbufs;
+    int64_t (*strides)[EM_MAX_DIMS]; /* per buffer, per merged dim (elements) */
+    int *param;              /* per buffer: its K_BUF instruction */
+    int *buf_of;             /* per node: its buffer index or -1 */
+    int *row_val, *full_val; /* per node: value emitted in row / inner scope, or -1 */
+    int *row_base;           /* per buffer: row offset instruction or -1 */
+    int o;                   /* the outer loop variable (or a constant 0) */
+    int oidx[EM_MAX_DIMS];   /* o's multi-index over the outer dims */
+    int j[EM_MAX_DIMS];      /* the inner loop variables (valid inside) */
+    bool inner;              /* emitting inside the inner loops */
+    bool failed;
+} lower;
+
+static bool is_leaf(const lower *L, int v) {
+    const tr_node *n = &L->g->nodes[v];
+    if (n->kind != TR_CALL || !L->s->fusible[v]) return true;
+    /* values of earlier kernels: stored ones are loaded, others recomputed */
+    return L->s->group[v] != L->gi && L->s->materialized[v];
+}
+
+static void fail(lower *L, const char *why) {
+    if (!L->failed) em_error(EM_ERR_UNSUPPORTED, "lowering group %d: %s", L->gi, why);
+    L->failed = true;
+}
+
+/* ---- collecting buffers and their strides over the group's dims ---- */
+
+static int add_buf(lower *L, int v) {
+    if (L->buf_of[v] >= 0) return L->buf_of[v];
+    L->bufs[L->nbufs] = v;
+    L->buf_of[v] = L->nbufs;
+    return L->nbufs++;
+}
+
+static void collect(lower *L, int v, bool *seen) {
+    if (seen[v]) return;
+    seen[v] = true;
+    if (is_leaf(L, v)) {
+        add_buf(L, v);
+        return;
+    }
+    const tr_node *n = &L->g->nodes[v];
+    for (int i = 0; i < n->nin; i++) collect(L, n->in[i], seen);
+}
+
+/* Strides of buffer b's tensor over the group's dims F (numpy trailing
+ * alignment; 0 where b broadcasts), or for stored values, of the
+ * contiguous result. */
+static void buf_strides(const lower *L, int b, const sc_group *gr, int64_t *st) {
+    const em_meta *m = &L->g->nodes[L->bufs[b]].meta;
+    int64_t cont[EM_MAX_DIMS];
+    em_contiguous_strides(m->ndim, m->sizes, cont);
+    bool stored = L->s->group[L->bufs[b]] == L->gi;
+    const tr_node *n = &L->g->nodes[L->bufs[b]];
+    /* a reduction stored without keepdim has the outer dims only: it lines
+     * up with F's leading dims, not (as numpy broadcasting would) its last */
+    bool leading = stored && sc_is_reduction(n) && !n->attrs.keepdim;
+    int shift = leading ? 0 : gr->ndim - m->ndim;
+    for (int d = 0; d < gr->ndim; d++) {
+        int md = d - shift;
+        if (md < 0 || md >= m->ndim || m->sizes[md] == 1) st[d] = 0;
+        else st[d] = stored ? cont[md] : m->strides[md];
+    }
+}
+
+/* Merges adjacent dims that every buffer walks as one, within the outer
+ * dims and within the k inner ones; size-1 dims walk nowhere and go. */
+static void merge_dims(lower *L, const sc_group *gr, int k) {
+    int nd = 0, no = 0;
+    bool last_outer = true;
+    for (int d = 0; d < gr->ndim; d++) {
+        bool outer = d < gr->ndim - k;
+        if (gr->sizes[d] == 1) continue;
+        bool merge = nd > 0 && last_outer == outer;
+        for (int b = 0; merge && b < L->nbufs; b++)
+            if (L->strides[b][nd - 1] != L->strides[b][d] * gr->sizes[d]) merge = false;
+        if (merge) {
+            L->sizes[nd - 1] *= gr->sizes[d];
+            for (int b = 0; b < L->nbufs; b++) L->strides[b][nd - 1] = L->strides[b][d];
+            continue;
+        }
+        L->sizes[nd] = gr->sizes[d];
+        for (int b = 0; b < L->nbufs; b++) L->strides[b][nd] = L->strides[b][d];
+        nd++;
+        if (outer) no = nd;
+        last_outer = outer;
+    }
+    L->nd = nd;
+    L->no = no;
+}
+
+/* ---- emitting ---- */
+
+static int ci(lower *L, int64_t v) { return kir_const_i(L->k, EM_I64, v); }
+
+/* Buffer b's element offset at the current position: its row offset
+ * (emitted once per row, see emit) plus the inner loop terms. */
+static int offset(lower *L, int b) {
+    int off = L->row_base[b];
+    for (int d = L->no; L->inner && d < L->nd; d++) {
+        if (L->strides[b][d] == 0) continue;
+        int t = L->strides[b][d] == 1 ? L->j[d]
+                                      : kir_alu(L->k, KA_MUL, L->j[d], ci(L, L->strides[b][d]), -1);
+        off = kir_alu(L->k, KA_ADD, off, t, -1);
+    }
+    return off;
+}
+
+static const k_alu alu_of_op[EM_OP_COUNT] = {
+    [EM_OP_NEG] = KA_NEG, [EM_OP_ABS] = KA_ABS, [EM_OP_EXP] = KA_EXP, [EM_OP_LOG] = KA_LOG,
+    [EM_OP_SQRT] = KA_SQRT, [EM_OP_RSQRT] = KA_RSQRT, [EM_OP_SIN] = KA_SIN, [EM_OP_COS] = KA_COS,
+    [EM_OP_TANH] = KA_TANH, [EM_OP_SIGMOID] = KA_SIGMOID, [EM_OP_RELU] = KA_RELU,
+    [EM_OP_GELU] = KA_GELU, [EM_OP_GELU_TANH] = KA_GELU_TANH, [EM_OP_ERF] = KA_ERF,
+    [EM_OP_ADD] = KA_ADD, [EM_OP_SUB] = KA_SUB, [EM_OP_MUL] = KA_MUL, [EM_OP_DIV] = KA_DIV,
+    [EM_OP_POW] = KA_POW, [EM_OP_MAXIMUM] = KA_MAX, [EM_OP_MINIMUM] = KA_MIN, [EM_OP_EQ] = KA_EQ,
+    [EM_OP_NE] = KA_NE, [EM_OP_LT] = KA_LT, [EM_OP_LE] = KA_LE, [EM_OP_GT] = KA_GT,
+    [EM_OP_GE] = KA_GE, [EM_OP_WHERE] = KA_WHERE,
+};
+
+/* Whether node v varies along the inner dims (then it cannot be computed
+ * in row scope). */
+static bool varies_inner(const lower *L, int v) {
+    const em_meta *m = &L->g->nodes[v].meta;
+    const sc_group *gr = &L->s->groups[L->gi];
+    int k = gr->k > 0 ? gr->k : 0;
+    int shift = gr->ndim - m->ndim;
+    if (L->s->group[v] == L->gi && sc_is_reduction(&L->g->nodes[v])) return false; /* per row */
+    for (int d = gr->ndim - k; d < gr->ndim; d++) {
+        int md = d - shift;
+        if (md >= 0 && m->sizes[md] != 1) return true;
+    }
+    return k == 0 && L->nd > L->no; /* pointwise kernels: everything is inner */
+}
+
+static int value(lower *L, int v);
+
+static int compute(lower *L, int v) {
+    const tr_node *n = &L->g->nodes[v];
+    if (n->op == EM_OP_FULL) {
+        return em_dtype_is_float(n->meta.dtype) ? kir_const_f(L->k, n->meta.dtype, n->attrs.value)
+                                                : kir_const_i(L->k, n->meta.dtype,
+                                                              (int64_t)n->attrs.value);
+    }
+    if (n->op == EM_OP_CAST) return kir_cast(L->k, value(L, n->in[0]), n->meta.dtype);
+    if (n->op == EM_OP_CONTIGUOUS) return value(L, n->in[0]);
+    if (sc_is_reduction(n)) {
+        fail(L, "a reduction used before its pass");
+        return -1;
+    }
+    k_alu a = alu_of_op[n->op];
+    if (a == KA_NONE) {
+        fail(L, em_op_table[n->op].name);
+        return -1;
+    }
+    int x = n->nin > 0 ? value(L, n->in[0]) : -1, y = n->nin > 1 ? value(L, n->in[1]) : -1,
+        z = n->nin > 2 ? value(L, n->in[2]) : -1;
+    return kir_alu(L->k, a, x, y, z);
+}
+
+static int value(lower *L, int v) {
+    if (L->failed) return -1;
+    int *memo = L->inner ? L->full_val : L->row_val;
+    if (L->row_val[v] >= 0) return L->row_val[v];
+    if (memo[v] >= 0) return memo[v];
+    if (!L->inner && varies_inner(L, v)) {
+        fail(L, "a value that varies along the row is needed per row");
+        return -1;
+    }
+    int r;
+    if (is_leaf(L, v)) {
+        int b = L->buf_of[v];
+        r = kir_load(L->k, L->param[b], offset(L, b));
+    } else {
+        r = compute(L, v);
+    }
+    if (r < 0) L->failed = true;
+    memo[v] = r;
+    return r;
+}
+
+/* Opens the inner loops (j over each inner dim). */
+static void open_inner(lower *L) {
+    for (int d = L->no; d < L->nd; d++) L->j[d] = kir_range(L->k, ci(L, L->sizes[d]), 0);
+    L->inner = true;
+    for (int i = 0; i < L->g->nnodes; i++) L->full_val[i] = -1;
+}
+
+static void close_inner(lower *L) {
+    for (int d = L->no; d < L->nd; d++) kir_end(L->k);
+    L->inner = false;
+}
+
+static int64_t inner_count(const lower *L) {
+    int64_t n = 1;
+    for (int d = L->no; d < L->nd; d++) n *= L->sizes[d];
+    return n;
+}
+
+/* One pass over the row accumulating x (a function of the position). */
+static int reduce_pass(lower *L, int input, k_alu combine, em_dtype acc_dtype, int center) {
+    int c;
+    if (em_dtype_is_float(acc_dtype)) {
+        c = kir_const_f(L->k, acc_dtype, combine == KA_ADD ? 0 : combine == KA_MAX ? -INFINITY : INFINITY);
+    } else if (combine == KA_ADD) {
+        c = kir_const_i(L->k, acc_dtype, 0);
+    } else {
+        int64_t lo = acc_dtype == EM_I32 ? INT32_MIN : acc_dtype == EM_BOOL ? 0 : INT64_MIN;
+        int64_t hi = acc_dtype == EM_I32 ? INT32_MAX : acc_dtype == EM_BOOL ? 1 : INT64_MAX;
+        c = kir_const_i(L->k, acc_dtype, combine == KA_MAX ? lo : hi);
+    }
+    int acc = kir_acc(L->k, combine, c);
+    open_inner(L);
+    int x = value(L, input);
+    if (L->g->nodes[input].meta.dtype != acc_dtype) x = kir_cast(L->k, x, acc_dtype);
+    if (center >= 0) {
+        int d = kir_alu(L->k, KA_SUB, x, center, -1);
+        x = kir_alu(L->k, KA_MUL, d, d, -1);
+    }
+    kir_acc_update(L->k, acc, x);
+    close_inner(L);
+    return acc;
+}
+
+static void lower_reduction(lower *L, int v) {
+    const tr_node *n = &L->g->nodes[v];
+    em_dtype dt = n->meta.dtype;
+    double count = (double)inner_count(L);
+    int r;
+    switch (n->op) {
+    case EM_OP_AMAX: r = reduce_pass(L, n->in[0], KA_MAX, dt, -1); break;
+    case EM_OP_AMIN: r = reduce_pass(L, n->in[0], KA_MIN, dt, -1); break;
+    case EM_OP_SUM: r = reduce_pass(L, n->in[0], KA_ADD, dt, -1); break;
+    case EM_OP_MEAN:
+        r = kir_alu(L->k, KA_DIV, reduce_pass(L, n->in[0], KA_ADD, dt, -1),
+                    kir_const_f(L->k, dt, count), -1);
+        break;
+    default: { /* var: two passes, as the eager kernel, to avoid cancellation */
+        int mean = kir_alu(L->k, KA_DIV, reduce_pass(L, n->in[0], KA_ADD, dt, -1),
+                           kir_const_f(L->k, dt, count), -1);
+        double dof = count - n->attrs.correction;
+        r = kir_alu(L->k, KA_DIV, reduce_pass(L, n->in[0], KA_ADD, dt, mean),
+                    kir_const_f(L->k, dt, dof > 0 ? dof : 0), -1);
+    }
+    }
+    if (r < 0) L->failed = true;
+    L->row_val[v] = r;
+}
+
+static bool alloc_tables(lower *L, int *bufs) {
+    int n = L->g->nnodes + 1;
+    L->bufs = bufs;
+    L->strides = em_malloc(sizeof *L->strides * (size_t)n);
+    L->param = em_malloc(sizeof(int) * (size_t)n);
+    L->buf_of = em_malloc(sizeof(int) * (size_t)n);
+    L->row_val = em_malloc(sizeof(int) * (size_t)n);
+    L->full_val = em_malloc(sizeof(int) * (size_t)n);
+    L->row_base = em_malloc(sizeof(int) * (size_t)n);
+    if (!L->strides || !L->param || !L->buf_of || !L->row_val || !L->full_val || !L->row_base)
+        return false;
+    for (int i = 0; i < n; i++) L->buf_of[i] = L->row_val[i] = L->full_val[i] = L->row_base[i] = -1;
+    return true;
+}
+
+static void free_tables(lower *L) {
+    em_free(L->strides);
+    em_free(L->param);
+    em_free(L->buf_of);
+    em_free(L->row_val);
+    em_free(L->full_val);
+    em_free(L->row_base);
+}
+
+/* The body: the outer loop and everything inside it. */
+static void emit(lower *L, int nin) {
+    const tr_graph *g = L->g;
+    int64_t outer = 1;
+    for (int d = 0; d < L->no; d++) outer *= L->sizes[d];
+    L->o = kir_range(L->k, ci(L, outer), K_PARALLEL);
+    int rem = L->o;
+    for (int d = L->no - 1; d >= 0; d--) { /* o's multi-index, innermost first */
+        if (d == 0) {
+            L->oidx[d] = rem;
+            break;
+        }
+        L->oidx[d] = kir_alu(L->k, KA_MOD, rem, ci(L, L->sizes[d]), -1);
+        rem = kir_alu(L->k, KA_IDIV, rem, ci(L, L->sizes[d]), -1);
+    }
+    /* every buffer's row offset, once per row (the compiler drops unused ones) */
+    for (int b = 0; b < L->nbufs; b++) {
+        int off = -1;
+        for (int d = 0; d < L->no; d++) {
+            if (L->strides[b][d] == 0) continue;
+            int t = L->strides[b][d] == 1 ? L->oidx[d]
+                                          : kir_alu(L->k, KA_MUL, L->oidx[d], ci(L, L->strides[b][d]), -1);
+            off = off < 0 ? t : kir_alu(L->k, KA_ADD, off, t, -1);
+        }
+        L->row_base[b] = off < 0 ? ci(L, 0) : off;
+    }
+    for (int v = 0; v < g->nnodes; v++)
+        if (L->s->group[v] == L->gi && sc_is_reduction(&g->nodes[v])) lower_reduction(L, v);
+    /* stored values: per row first, then one pass for the full ones */
+    bool any_full = false;
+    for (int b = nin; b < L->nbufs; b++) {
+        int v = L->bufs[b];
+        if (varies_inner(L, v)) {
+            any_full = true;
+            continue;
+        }
+        kir_store(L->k, L->param[b], offset(L, b), value(L, v));
+    }
+    if (any_full) {
+        open_inner(L);
+        for (int b = nin; b < L->nbufs; b++)
+            if (varies_inner(L, L->bufs[b])) kir_store(L->k, L->param[b], offset(L, b), value(L, L->bufs[b]));
+        close_inner(L);
+    }
+    kir_end(L->k);
+}
+
+k_kernel *sc_lower(const sc_schedule *s, int gi, int *bufs, int *nbufs, int *nouts) {
+    lower L = {.s = s, .g = s->g, .gi = gi};
+    const sc_group *gr = &s->groups[gi];
+    const tr_graph *g = s->g;
+    k_kernel *k = NULL;
+    bool *seen = em_calloc((size_t)g->nnodes + 1, sizeof(bool));
+    if (!seen || !alloc_tables(&L, bufs)) goto done;
+    /* inputs: every leaf the stored values and the reductions read */
+    for (int v = 0; v < g->nnodes; v++) {
+        if (s->group[v] != gi) continue;
+        if (s->materialized[v] || sc_is_reduction(&g->nodes[v])) {
+            const tr_node *n = &g->nodes[v];
+            for (int i = 0; i < n->nin; i++) collect(&L, n->in[i], seen);
+        }
+    }
+    int nin = L.nbufs;
+    for (int v = 0; v < g->nnodes; v++)
+        if (s->group[v] == gi && s->materialized[v]) add_buf(&L, v);
+    for (int b = 0; b < L.nbufs; b++) buf_strides(&L, b, gr, L.strides[b]);
+    /* a pointwise kernel merges across all its dims: when they all merge it
+     * is one flat parallel loop; otherwise its last dim is the inner loop */
+    merge_dims(&L, gr, gr->k > 0 ? gr->k : 0);
+    if (gr->k <= 0 && L.nd > 1) L.no = L.nd - 1;
+    char name[32];
+    snprintf(name, sizeof name, "k%d", gi);
+    L.k = k = kir_new(name);
+    if (!k) goto done;
+    for (int b = 0; b < L.nbufs; b++) L.param[b] = kir_buf(k, g->nodes[L.bufs[b]].meta.dtype);
+    emit(&L, nin);
+    if (L.failed || kir_verify(k) != EM_OK) {
+        kir_free(k);
+        k = NULL;
+        goto done;
+    }
+    *nbufs = L.nbufs;
+    *nouts = L.nbufs - nin;
+done:
+    em_free(seen);
+    free_tables(&L);
+    return k;
+}

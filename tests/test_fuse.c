@@ -1,0 +1,221 @@
+/* test_fuse.c - the cpu backend: fused native kernels agree with eager
+ * mode, and fusion gives the kernel counts it promises. */
+#include "testutil.h"
+
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static const em_device CPU = {EM_CPU, 0};
+
+typedef em_status (*fn_t)(void *, em_tensor *const *, const double *, em_tensor **);
+
+/* Compiles fn with the cpu backend, calls it twice (trace, then the
+ * compiled entry) and checks both calls against fn run eagerly. */
+static int check_fn(fn_t fn, int nin, em_tensor **in, double rtol, double atol) {
+    em_compile_options o = {.ninputs = nin, .noutputs = 1, .name = "f", .backend = "cpu"};
+    em_compiled *f = em_compile(fn, NULL, &o);
+    ck_assert_ptr_nonnull(f);
+    em_tensor *ref, *y1, *y2;
+    ck_assert_int_eq(fn(NULL, in, NULL, &ref), EM_OK);
+    ck_assert_msg(em_call(f, in, NULL, &y1) == EM_OK, "%s", em_last_error());
+    ck_assert_msg(em_call(f, in, NULL, &y2) == EM_OK, "%s", em_last_error());
+    em_compile_stats st;
+    em_compiled_stats(f, &st);
+    ck_assert_int_eq(st.hits, 1);
+    double *r = tu_values(ref);
+    ck_assert_int_eq(em_dtype_of(y2), em_dtype_of(ref));
+    tu_check_close(y2, r, em_ndim(ref), em_sizes(ref), rtol, atol);
+    free(r);
+    em_compiled_free(f);
+    return st.kernels;
+}
+
+static em_status pointwise(void *c, em_tensor *const *in, const double *s, em_tensor **out) {
+    (void)c, (void)s;
+    out[0] = em_add(em_mul_scalar(em_tanh(em_add(em_mul(in[0], in[1]), in[2])), 0.5), in[0]);
+    return out[0] ? EM_OK : em_last_status();
+}
+
+static em_status softmax(void *c, em_tensor *const *in, const double *s, em_tensor **out) {
+    (void)c, (void)s;
+    out[0] = em_softmax(in[0], -1);
+    return out[0] ? EM_OK : em_last_status();
+}
+
+static em_status log_softmax(void *c, em_tensor *const *in, const double *s, em_tensor **out) {
+    (void)c, (void)s;
+    out[0] = em_log_softmax(in[0], -1);
+    return out[0] ? EM_OK : em_last_status();
+}
+
+static em_status layernorm(void *c, em_tensor *const *in, const double *s, em_tensor **out) {
+    (void)c, (void)s;
+    out[0] = em_layer_norm(in[0], 1, in[1], in[2], 1e-5);
+    return out[0] ? EM_OK : em_last_status();
+}
+
+static em_status mlp(void *c, em_tensor *const *in, const double *s, em_tensor **out) {
+    (void)c, (void)s;
+    out[0] = em_gelu_tanh(em_add(em_matmul(in[0], in[1]), in[2]));
+    return out[0] ? EM_OK : em_last_status();
+}
+
+static em_status reductions(void *c, em_tensor *const *in, const double *s, em_tensor **out) {
+    (void)c, (void)s;
+    int last = -1, first = 0;
+    em_tensor *a = em_sum(in[0], 1, &last, false);         /* no keepdim */
+    em_tensor *b = em_mean(in[0], 1, &first, false);       /* leading dim: eager */
+    em_tensor *v = em_var(in[0], 1, &last, 1, false);
+    em_tensor *m = em_amin(in[0], 1, &last, false);
+    out[0] = em_add(em_add(a, em_sum(b, 0, NULL, false)), em_sub(v, m));
+    return out[0] ? EM_OK : em_last_status();
+}
+
+static em_status logic(void *c, em_tensor *const *in, const double *s, em_tensor **out) {
+    (void)c, (void)s;
+    em_tensor *gt = em_gt(in[0], in[1]);
+    out[0] = em_where(gt, em_cast(in[0], EM_I64), em_maximum(em_cast(in[1], EM_I64), em_abs(in[2])));
+    return out[0] ? EM_OK : em_last_status();
+}
+
+static em_tensor *randn(uint64_t seed, int nd, const int64_t *sz) {
+    return tu_random(seed, nd, sz, EM_F32, 1.0);
+}
+
+START_TEST(pointwise_fuses_into_one_kernel) {
+    int64_t sizes[][3] = {{1, 1, 1}, {1, 1, 7}, {1, 3, 1000}, {2, 3, 333}, {1, 1, 100003}};
+    for (int i = 0; i < 5; i++) {
+        em_tensor *in[3] = {randn(1, 3, sizes[i]), randn(2, 3, sizes[i]), randn(3, 3, sizes[i])};
+        ck_assert_int_eq(check_fn(pointwise, 3, in, 1e-5, 1e-6), 1);
+    }
+    /* broadcast and transposed operands */
+    em_tensor *x = randn(4, 2, TU_SIZES(64, 48));
+    em_tensor *in[3] = {em_transpose(randn(5, 2, TU_SIZES(48, 64)), 0, 1), randn(6, 1, TU_SIZES(48)),
+                        randn(7, 2, TU_SIZES(64, 1))};
+    (void)x;
+    ck_assert_int_eq(check_fn(pointwise, 3, in, 1e-5, 1e-6), 1);
+    /* size 0 */
+    em_tensor *z[3] = {randn(8, 2, TU_SIZES(0, 5)), randn(9, 2, TU_SIZES(0, 5)), randn(10, 1, TU_SIZES(5))};
+    check_fn(pointwise, 3, z, 0, 0);
+}
+END_TEST
+
+START_TEST(softmax_is_one_kernel) {
+    int64_t sizes[][2] = {{4, 1}, {3, 7}, {64, 1000}, {1, 4099}};
+    for (int i = 0; i < 4; i++) {
+        em_tensor *x = tu_random(11, 2, sizes[i], EM_F32, 3.0);
+        ck_assert_int_eq(check_fn(softmax, 1, &x, 1e-5, 1e-7), 1);
+        ck_assert_int_eq(check_fn(log_softmax, 1, &x, 1e-5, 1e-5), 1);
+    }
+    em_tensor *t = em_transpose(tu_random(12, 2, TU_SIZES(100, 30), EM_F64, 2.0), 0, 1);
+    ck_assert_int_eq(check_fn(softmax, 1, &t, 1e-12, 1e-14), 1);
+    const double ext[6] = {1000, -1000, NAN, 1, INFINITY, 0};
+    em_tensor *e = tu_tensor(ext, 2, TU_SIZES(3, 2), EM_F32);
+    check_fn(softmax, 1, &e, 1e-6, 1e-7);
+}
+END_TEST
+
+START_TEST(layernorm_is_one_kernel) {
+    em_tensor *in[3] = {tu_random(13, 3, TU_SIZES(2, 5, 256), EM_F32, 2.0),
+                        randn(14, 1, TU_SIZES(256)), randn(15, 1, TU_SIZES(256))};
+    ck_assert_int_eq(check_fn(layernorm, 3, in, 1e-4, 1e-5), 1);
+    em_tensor *one[3] = {randn(16, 2, TU_SIZES(3, 1)), randn(17, 1, TU_SIZES(1)), randn(18, 1, TU_SIZES(1))};
+    check_fn(layernorm, 3, one, 1e-5, 1e-5);
+}
+END_TEST
+
+START_TEST(mlp_epilogue_fuses_after_matmul) {
+    em_tensor *in[3] = {randn(19, 2, TU_SIZES(16, 32)), tu_random(20, 2, TU_SIZES(32, 24), EM_F32, 0.2),
+                        randn(21, 1, TU_SIZES(24))};
+    ck_assert_int_eq(check_fn(mlp, 3, in, 1e-5, 1e-5), 1);
+}
+END_TEST
+
+START_TEST(reductions_and_leading_dims) {
+    em_tensor *x = tu_random(22, 2, TU_SIZES(6, 50), EM_F32, 1.0);
+    check_fn(reductions, 1, &x, 1e-5, 1e-5);
+    em_tensor *xd = tu_random(23, 2, TU_SIZES(6, 1), EM_F64, 1.0);
+    check_fn(reductions, 1, &xd, 1e-12, 1e-12);
+}
+END_TEST
+
+START_TEST(integers_bools_and_where) {
+    em_tensor *in[3] = {tu_random(24, 2, TU_SIZES(5, 9), EM_I32, 10), tu_random(25, 1, TU_SIZES(9), EM_I32, 10),
+                        tu_random(26, 2, TU_SIZES(5, 1), EM_I64, 10)};
+    ck_assert_int_eq(check_fn(logic, 3, in, 0, 0), 1);
+}
+END_TEST
+
+/* Compiles softmax for x and returns its stats. */
+static em_compile_stats softmax_stats(em_tensor *x) {
+    em_compile_options o = {.ninputs = 1, .noutputs = 1, .name = "softmax"};
+    em_compiled *f = em_compile(softmax, NULL, &o);
+    em_tensor *y;
+    ck_assert_int_eq(em_call(f, &x, NULL, &y), EM_OK);
+    em_compile_stats st;
+    em_compiled_stats(f, &st);
+    em_compiled_free(f);
+    return st;
+}
+
+START_TEST(second_process_loads_kernels_from_the_cache) {
+    char dir[] = "/tmp/ember-fuse-cache-XXXXXX";
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    char *saved = getenv("EMBER_CACHE_DIR") ? strdup(getenv("EMBER_CACHE_DIR")) : NULL;
+    setenv("EMBER_CACHE_DIR", dir, 1);
+    em_tensor *x = tu_random(30, 2, TU_SIZES(5, 77), EM_F32, 1);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) { /* the first process compiles and stores */
+        em_compile_stats st = softmax_stats(x);
+        _exit(st.kernels_compiled == 1 && st.kernels_loaded == 0 ? 0 : 1);
+    }
+    int status;
+    waitpid(pid, &status, 0);
+    ck_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    em_compile_stats st = softmax_stats(x); /* a new cache object: the disk tier */
+    ck_assert_int_eq(st.kernels_compiled, 0);
+    ck_assert_int_eq(st.kernels_loaded, 1);
+    /* a corrupted shared object is a miss: compiled again, right result */
+    char cmd[256];
+    snprintf(cmd, sizeof cmd, "for f in %s/v1/*/*.so; do printf garbage > \"$f\"; done", dir);
+    ck_assert_int_eq(system(cmd), 0);
+    em_compile_options o = {.ninputs = 1, .noutputs = 1, .name = "softmax"};
+    em_compiled *f = em_compile(softmax, NULL, &o);
+    em_tensor *y, *ref = em_softmax(x, -1);
+    ck_assert_int_eq(em_call(f, &x, NULL, &y), EM_OK);
+    ck_assert_int_eq(em_call(f, &x, NULL, &y), EM_OK);
+    em_compiled_stats(f, &st);
+    ck_assert_int_eq(st.kernels_compiled, 1);
+    double *r = tu_values(ref);
+    tu_check_close(y, r, 2, TU_SIZES(5, 77), 1e-5, 1e-7);
+    free(r);
+    em_compiled_free(f);
+    if (saved) setenv("EMBER_CACHE_DIR", saved, 1);
+    free(saved);
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    ck_assert_int_eq(system(cmd), 0);
+}
+END_TEST
+
+static Suite *suite(void) {
+    Suite *s = suite_create("fuse");
+    TCase *tc = tcase_create("fuse");
+    tcase_add_checked_fixture(tc, tu_setup, tu_teardown);
+    tcase_set_timeout(tc, 600);
+    tcase_add_test(tc, pointwise_fuses_into_one_kernel);
+    tcase_add_test(tc, softmax_is_one_kernel);
+    tcase_add_test(tc, layernorm_is_one_kernel);
+    tcase_add_test(tc, mlp_epilogue_fuses_after_matmul);
+    tcase_add_test(tc, reductions_and_leading_dims);
+    tcase_add_test(tc, integers_bools_and_where);
+    tcase_add_test(tc, second_process_loads_kernels_from_the_cache);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void) {
+    (void)CPU;
+    return tu_run(suite());
+}
