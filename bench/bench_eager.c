@@ -1,11 +1,15 @@
-/* bench_eager.c - the workloads of WORKLOADS.md on Ember's eager CPU ops,
- * with the machine's floors measured in the same run.
+/* bench_eager.c - the workloads of WORKLOADS.md on the CPU: Ember eager
+ * and em_compile (fused libgccjit kernels), with the machine's floors
+ * measured in the same run.
  *
  *   bench/bench_eager [--reps N] [--json FILE]
  *
- * For each workload: the median time, and the fraction of its floor
- * (bytes at the measured triad bandwidth, or FLOP at the measured sgemm
- * rate).  Eager mode is the reference the compiled modes must beat. */
+ * For each workload: eager and compiled medians, the speedup, the
+ * fraction of the floor (bytes at the measured triad bandwidth, or FLOP at
+ * the measured sgemm rate) the compiled version reaches, and the latency of
+ * the first compiled call: cold (empty kernel cache, this process) and
+ * warm (a new process, the cache filled by this one).  The kernel cache
+ * is a fresh temporary directory. */
 #include <ember.h>
 
 #include <math.h>
@@ -87,6 +91,38 @@ static em_tensor *tiny_chain(em_tensor **in) {
     return x;
 }
 
+/* em_compile's view of a workload: its tensors are the inputs */
+static em_status run_workload(void *ctx, em_tensor *const *in, const double *s, em_tensor **out) {
+    (void)s;
+    const workload *w = ctx;
+    out[0] = w->run((em_tensor **)in);
+    return out[0] ? EM_OK : em_last_status();
+}
+
+static int ninputs(const workload *w) {
+    int n = 0;
+    while (n < 13 && w->in[n]) n++;
+    return n;
+}
+
+static em_compiled *compile_workload(workload *w) {
+    em_compile_options o = {.ninputs = ninputs(w), .noutputs = 1, .name = w->name};
+    return em_compile(run_workload, w, &o);
+}
+
+/* The first call of a fresh compiled function, in seconds. */
+static double first_call(workload *w) {
+    em_compiled *f = compile_workload(w);
+    em_tensor *y;
+    em_scope_begin();
+    double t0 = now();
+    em_status s = em_call(f, w->in, NULL, &y);
+    double dt = now() - t0;
+    em_scope_end();
+    em_compiled_free(f);
+    return s == EM_OK ? dt : -1;
+}
+
 /* ---- floors ---- */
 
 static double triad_bandwidth(void) {
@@ -119,11 +155,12 @@ static double sgemm_rate(void) {
 }
 
 int main(int argc, char **argv) {
-    int reps = 21;
+    int reps = 21, first = -1;
     const char *json = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--json") && i + 1 < argc) json = argv[++i];
+        else if (!strcmp(argv[i], "--first-call") && i + 1 < argc) first = atoi(argv[++i]);
         else {
             fprintf(stderr, "usage: %s [--reps N] [--json FILE]\n", argv[0]);
             return 2;
@@ -152,38 +189,64 @@ int main(int argc, char **argv) {
         {"tiny_chain", {RND(1, 16), RND(1, 16)}, 0, 0, tiny_chain},
     };
     int nw = sizeof w / sizeof w[0];
+    if (first >= 0 && first < nw) { /* the child of a warm first-call measurement */
+        printf("%.6f\n", first_call(&w[first]));
+        return 0;
+    }
+    char cache[] = "/tmp/ember-bench-cache-XXXXXX";
+    if (!mkdtemp(cache)) return 1;
+    setenv("EMBER_CACHE_DIR", cache, 1);
     double bw = triad_bandwidth(), mm = sgemm_rate();
-    printf("Ember eager CPU, %d threads; floors measured now: triad %.1f GB/s, sgemm %.1f GFLOP/s\n",
+    printf("Ember on the CPU, %d threads; floors measured now: triad %.1f GB/s, sgemm %.1f GFLOP/s\n",
            em_num_threads(), bw / 1e9, mm / 1e9);
-    printf("%-16s %12s %10s %14s\n", "workload", "median", "of floor", "floor");
+    printf("%-16s %10s %10s %8s %9s %11s %11s %8s\n", "workload", "eager", "compiled", "speedup",
+           "of floor", "cold first", "warm first", "kernels");
     FILE *jf = json ? fopen(json, "w") : NULL;
     if (jf) fprintf(jf, "{\"threads\": %d, \"triad_gbs\": %.3f, \"sgemm_gflops\": %.3f, \"workloads\": [",
                     em_num_threads(), bw / 1e9, mm / 1e9);
     for (int i = 0; i < nw; i++) {
         int r = w[i].flops == 0 && w[i].bytes == 0 ? reps * 50 : reps;
-        double *t = malloc(sizeof(double) * r);
+        double *te = malloc(sizeof(double) * r), *tc = malloc(sizeof(double) * r);
+        double cold = first_call(&w[i]);
+        char cmd[512];
+        snprintf(cmd, sizeof cmd, "'%s' --first-call %d", argv[0], i);
+        FILE *p = popen(cmd, "r");
+        double warm = -1;
+        if (!p || fscanf(p, "%lf", &warm) != 1) warm = -1;
+        if (p) pclose(p);
+        em_compiled *f = compile_workload(&w[i]);
+        em_compile_stats st = {0};
         for (int k = -3; k < r; k++) {
             em_scope_begin();
             double t0 = now();
             em_tensor *y = w[i].run(w[i].in);
-            double dt = now() - t0;
-            if (!y) {
+            double t1 = now();
+            em_status s = em_call(f, w[i].in, NULL, &y);
+            double t2 = now();
+            if (!y || s != EM_OK) {
                 fprintf(stderr, "%s failed: %s\n", w[i].name, em_last_error());
                 return 1;
             }
             em_scope_end();
-            if (k >= 0) t[k] = dt;
+            if (k >= 0) te[k] = t1 - t0, tc[k] = t2 - t1;
         }
-        double med = median(t, r);
-        free(t);
+        em_compiled_stats(f, &st);
+        em_compiled_free(f);
+        double me = median(te, r), mc = median(tc, r);
+        free(te), free(tc);
         double floor = w[i].flops ? w[i].flops / mm : w[i].bytes / bw;
         char fl[32] = "-";
-        if (floor > 0) snprintf(fl, sizeof fl, "%.3f ms", floor * 1e3);
-        printf("%-16s %9.3f ms %9.1f%% %14s\n", w[i].name, med * 1e3,
-               floor > 0 ? 100 * floor / med : 0.0, fl);
-        if (jf) fprintf(jf, "%s{\"name\": \"%s\", \"median_ms\": %.6f, \"floor_ms\": %.6f}", i ? ", " : "",
-                        w[i].name, med * 1e3, floor * 1e3);
+        if (floor > 0) snprintf(fl, sizeof fl, "%.1f%%", 100 * floor / mc);
+        printf("%-16s %7.3f ms %7.3f ms %7.2fx %9s %8.1f ms %8.1f ms %8d\n", w[i].name, me * 1e3,
+               mc * 1e3, me / mc, fl, cold * 1e3, warm * 1e3, st.kernels);
+        if (jf) fprintf(jf, "%s{\"name\": \"%s\", \"eager_ms\": %.6f, \"compiled_ms\": %.6f, "
+                        "\"floor_ms\": %.6f, \"cold_first_ms\": %.3f, \"warm_first_ms\": %.3f, "
+                        "\"kernels\": %d}", i ? ", " : "", w[i].name, me * 1e3, mc * 1e3, floor * 1e3,
+                        cold * 1e3, warm * 1e3, st.kernels);
     }
+    char rm[128];
+    snprintf(rm, sizeof rm, "rm -rf '%s'", cache);
+    if (system(rm) != 0) fprintf(stderr, "could not remove %s\n", cache);
     if (jf) {
         fprintf(jf, "]}\n");
         fclose(jf);

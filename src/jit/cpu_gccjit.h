@@ -26,10 +26,12 @@
  * max/min reductions compare order-preserving integer keys, so that both
  * vectorize without -ffast-math.  f16 and bf16 are not supported yet.
  *
- * Dtype semantics follow the eager CPU kernels: i32 arithmetic wraps; float
- * max/min propagate NaN; float -> int casts truncate, saturate, NaN -> 0;
- * anything -> bool is x != 0.  KA_IDIV/KA_MOD (integer, non-negative
- * operands) by 0 give a and 0 instead of trapping. */
+ * Dtype semantics follow the eager CPU kernels: i32 arithmetic wraps (i64
+ * is signed C arithmetic: it is index arithmetic, which gcc analyses
+ * assuming no overflow); float max/min propagate NaN; float -> int casts
+ * truncate, saturate, NaN -> 0; anything -> bool is x != 0; bool values
+ * are bytes 0/1.  KA_IDIV/KA_MOD (integer, non-negative operands) by 0
+ * give a and 0 instead of trapping. */
 #ifndef EMBER_CPU_GCCJIT_H
 #define EMBER_CPU_GCCJIT_H
 
@@ -52,7 +54,8 @@ em_status jit_cpu_write_so(const k_kernel *k, const char *path);
 em_status jit_cpu_load_so(const char *path, const char *name, jit_cpu_kernel **out);
 void jit_cpu_free(jit_cpu_kernel *ck);
 /* What the generated code depends on besides the kernel IR: libgccjit's
- * version and the target options (part of every cache key). */
+ * version, the generator's version and the target options (part of every
+ * cache key).  A per-thread buffer, valid until the thread's next call. */
 const char *jit_cpu_target(void);
 
 /* For tests and tools: the generated entry point, and a run that cuts the

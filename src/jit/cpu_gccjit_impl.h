@@ -1,7 +1,8 @@
 /* cpu_gccjit_impl.h - internals shared by the libgccjit code generator
  * (cpu_gccjit.c: kernel IR to gccjit) and its math library
  * (cpu_vmath_gccjit.c: vmath.h's float32 approximations as gccjit
- * functions).  Not for other rooms: it includes libgccjit.h.
+ * functions, and the scalar semantics of every kernel IR op).  Not for
+ * other rooms: it includes libgccjit.h.
  *
  * Emission helpers: every value an expression needs more than once is put
  * in a fresh local (cg_let), so that no tree is evaluated twice; gcc's SSA
@@ -15,11 +16,23 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "kir.h"
+
 typedef gcc_jit_rvalue *cg_val;
+
+/* Longest kernel name; the plan function is NAME CG_PLAN_SUFFIX. */
+#define CG_MAX_NAME 200
+#define CG_PLAN_SUFFIX "__plan"
+
+/* ---- cpu_gccjit_emit.c ----
+ * Adds the kernel's two functions (see cpu_gccjit.h) to ctx; k has passed
+ * the generator's checks.  *uses_libm: link with -lm.  Errors of gccjit
+ * itself are left on the context. */
+em_status cg_emit_kernel(gcc_jit_context *ctx, const k_kernel *k, bool *uses_libm);
 
 /* The scalar types of one context. */
 typedef struct cg_types {
-    gcc_jit_type *v, *vptr, *boolean;
+    gcc_jit_type *v, *vptr;
     gcc_jit_type *f32, *f64, *u8, *i32, *u32, *i64, *u64;
 } cg_types;
 
@@ -42,7 +55,7 @@ gcc_jit_block *cg_block(cg *g, const char *prefix);
 cg_val cg_f32(cg *g, float v);
 cg_val cg_f64(cg *g, double v);
 cg_val cg_int(cg *g, gcc_jit_type *ty, int64_t v);
-cg_val cg_bin(cg *g, enum gcc_jit_binary_op op, cg_val a, cg_val b); /* type of a */
+cg_val cg_bin(cg *g, enum gcc_jit_binary_op op, cg_val a, cg_val b);  /* type of a */
 cg_val cg_cmp(cg *g, enum gcc_jit_comparison op, cg_val a, cg_val b); /* bool */
 cg_val cg_cast(cg *g, cg_val v, gcc_jit_type *ty);
 cg_val cg_bitcast(cg *g, cg_val v, gcc_jit_type *ty);
@@ -57,6 +70,13 @@ cg_val cg_fabs(cg *g, cg_val x);
 /* bool a & b, a | b without short-circuit branches. */
 cg_val cg_and(cg *g, cg_val a, cg_val b);
 cg_val cg_or(cg *g, cg_val a, cg_val b);
+
+static inline bool cg_is_float(em_dtype d) { return d == EM_F32 || d == EM_F64; }
+static inline bool cg_is_int(em_dtype d) { return d == EM_I32 || d == EM_I64; }
+static inline bool cg_is_compare(k_alu a) { return a >= KA_EQ && a <= KA_GE; }
+
+/* The value type of a dtype: float, double, int32, int64; bool is uint8 0/1. */
+gcc_jit_type *cg_dtype(const cg_types *t, em_dtype d);
 
 /* ---- cpu_vmath_gccjit.c: the float32 approximations ----
  * Built once per context on first use (with the helpers they need), as
@@ -82,5 +102,34 @@ typedef struct cg_math {
 /* The function (built on first use), or NULL if gccjit failed (its error
  * is then on the context). */
 gcc_jit_function *cg_math_get(cg_math *m, gcc_jit_context *ctx, const cg_types *t, cg_mathfn f);
+
+/* ---- cpu_vmath_gccjit.c: the kernel IR's scalar operations ---- */
+
+/* libm functions and gcc builtins kernels call */
+typedef enum cg_extfn {
+    CGX_SQRTF, CGX_SQRT, CGX_SINF, CGX_SIN, CGX_COSF, CGX_COS, CGX_POWF, CGX_POW,
+    CGX_EXP, CGX_LOG, CGX_TANH, CGX_ERF, CGX_ERFC, CGX_COUNT
+} cg_extfn;
+
+/* What one context's kernel has called so far. */
+typedef struct cg_lib {
+    cg_math math;
+    gcc_jit_function *ext[CGX_COUNT];
+    bool uses_libm; /* link with -lm */
+} cg_lib;
+
+/* Whether cg_alu implements op on operands of dtype d. */
+bool cg_alu_supported(k_alu op, em_dtype d);
+/* op (a[, b[, c]]) on operands of dtype d (for where: of b and c): the
+ * result has dtype d, or bool (uint8) for comparisons.  Semantics are the
+ * eager CPU kernels' (see cpu_gccjit.h). */
+cg_val cg_alu(cg *g, cg_lib *lib, k_alu op, em_dtype d, cg_val a, cg_val b, cg_val c);
+/* v converted from dtype from to dtype to. */
+cg_val cg_convert(cg *g, cg_val v, em_dtype from, em_dtype to);
+/* The order-preserving integer key of a float (int32 for float, int64 for
+ * double): x < y iff key(x) < key(y), -0 < +0, and NaN maps to the top key
+ * (max) or the bottom one (min) so that it wins; and its inverse. */
+cg_val cg_fkey(cg *g, cg_val v, bool max);
+cg_val cg_funkey(cg *g, cg_val key, gcc_jit_type *ft);
 
 #endif

@@ -1,5 +1,8 @@
-/* cpu_vmath_gccjit.c - emission helpers and vmath.h's float32 exp, log,
- * tanh, sigmoid, erf, gelu and gelu_tanh as libgccjit functions.
+/* cpu_vmath_gccjit.c - emission helpers, the kernel IR's scalar operations
+ * (cg_alu, cg_convert: the eager kernels' semantics per dtype), and
+ * vmath.h's float32 exp, log, tanh, sigmoid, erf, gelu and gelu_tanh as
+ * libgccjit functions.  float64 transcendentals call libm; sqrt is gcc's
+ * builtin (a vector instruction with -fno-math-errno).
  *
  * Each function is a line-by-line port of its static inline original in
  * src/eager/vmath.h (same constants, same operation order; see there for
@@ -10,6 +13,7 @@
  * functions a kernel uses are built, once per context. */
 #include "cpu_gccjit_impl.h"
 
+#include <math.h>
 #include <stdio.h>
 
 /* ---- emission helpers ---- */
@@ -17,7 +21,6 @@
 void cg_types_init(cg_types *t, gcc_jit_context *ctx) {
     t->v = gcc_jit_context_get_type(ctx, GCC_JIT_TYPE_VOID);
     t->vptr = gcc_jit_context_get_type(ctx, GCC_JIT_TYPE_VOID_PTR);
-    t->boolean = gcc_jit_context_get_type(ctx, GCC_JIT_TYPE_BOOL);
     t->f32 = gcc_jit_context_get_type(ctx, GCC_JIT_TYPE_FLOAT);
     t->f64 = gcc_jit_context_get_type(ctx, GCC_JIT_TYPE_DOUBLE);
     t->u8 = gcc_jit_context_get_int_type(ctx, 1, 0);
@@ -45,8 +48,12 @@ cg_val cg_let(cg *g, cg_val v) {
     return gcc_jit_lvalue_as_rvalue(l);
 }
 
-cg_val cg_f32(cg *g, float v) { return gcc_jit_context_new_rvalue_from_double(g->ctx, g->t->f32, v); }
-cg_val cg_f64(cg *g, double v) { return gcc_jit_context_new_rvalue_from_double(g->ctx, g->t->f64, v); }
+cg_val cg_f32(cg *g, float v) {
+    return gcc_jit_context_new_rvalue_from_double(g->ctx, g->t->f32, v);
+}
+cg_val cg_f64(cg *g, double v) {
+    return gcc_jit_context_new_rvalue_from_double(g->ctx, g->t->f64, v);
+}
 cg_val cg_int(cg *g, gcc_jit_type *ty, int64_t v) {
     return gcc_jit_context_new_rvalue_from_long(g->ctx, ty, (long)v);
 }
@@ -68,7 +75,8 @@ cg_val cg_bitcast(cg *g, cg_val v, gcc_jit_type *ty) {
 }
 
 cg_val cg_neg(cg *g, cg_val v) {
-    return gcc_jit_context_new_unary_op(g->ctx, NULL, GCC_JIT_UNARY_OP_MINUS, gcc_jit_rvalue_get_type(v), v);
+    return gcc_jit_context_new_unary_op(g->ctx, NULL, GCC_JIT_UNARY_OP_MINUS,
+                                        gcc_jit_rvalue_get_type(v), v);
 }
 
 cg_val cg_not(cg *g, cg_val v) {
@@ -88,22 +96,26 @@ cg_val cg_select(cg *g, cg_val c, cg_val a, cg_val b) {
     bool same = ty == ut;
     cg_val m = cg_let(g, cg_neg(g, cg_cast(g, c, ut))); /* all ones when c */
     cg_val ua = same ? a : cg_bitcast(g, a, ut), ub = same ? b : cg_bitcast(g, b, ut);
-    cg_val r = cg_bin(g, GCC_JIT_BINARY_OP_BITWISE_OR, cg_bin(g, GCC_JIT_BINARY_OP_BITWISE_AND, ua, m),
-                      cg_bin(g, GCC_JIT_BINARY_OP_BITWISE_AND, ub, cg_not(g, m)));
+    cg_val r =
+        cg_bin(g, GCC_JIT_BINARY_OP_BITWISE_OR, cg_bin(g, GCC_JIT_BINARY_OP_BITWISE_AND, ua, m),
+               cg_bin(g, GCC_JIT_BINARY_OP_BITWISE_AND, ub, cg_not(g, m)));
     return cg_let(g, same ? r : cg_bitcast(g, r, ty));
 }
 
 cg_val cg_fabs(cg *g, cg_val x) {
     gcc_jit_type *ty = gcc_jit_rvalue_get_type(x), *ut = cg_utype(g, ty);
     cg_val mask = ut == g->t->u32 ? cg_int(g, ut, 0x7fffffff) : cg_int(g, ut, INT64_MAX);
-    return cg_let(g, cg_bitcast(g, cg_bin(g, GCC_JIT_BINARY_OP_BITWISE_AND, cg_bitcast(g, x, ut), mask), ty));
+    return cg_let(
+        g, cg_bitcast(g, cg_bin(g, GCC_JIT_BINARY_OP_BITWISE_AND, cg_bitcast(g, x, ut), mask), ty));
 }
 
 static cg_val bool_bits(cg *g, enum gcc_jit_binary_op op, cg_val a, cg_val b) {
     cg_val r = cg_bin(g, op, cg_cast(g, a, g->t->u8), cg_cast(g, b, g->t->u8));
     return cg_cmp(g, GCC_JIT_COMPARISON_NE, r, cg_int(g, g->t->u8, 0));
 }
-cg_val cg_and(cg *g, cg_val a, cg_val b) { return bool_bits(g, GCC_JIT_BINARY_OP_BITWISE_AND, a, b); }
+cg_val cg_and(cg *g, cg_val a, cg_val b) {
+    return bool_bits(g, GCC_JIT_BINARY_OP_BITWISE_AND, a, b);
+}
 cg_val cg_or(cg *g, cg_val a, cg_val b) { return bool_bits(g, GCC_JIT_BINARY_OP_BITWISE_OR, a, b); }
 
 /* ---- shorthands for the ports below ---- */
@@ -116,9 +128,15 @@ static cg_val add(cg *g, cg_val a, cg_val b) { return cg_bin(g, GCC_JIT_BINARY_O
 static cg_val sub(cg *g, cg_val a, cg_val b) { return cg_bin(g, GCC_JIT_BINARY_OP_MINUS, a, b); }
 static cg_val mul(cg *g, cg_val a, cg_val b) { return cg_bin(g, GCC_JIT_BINARY_OP_MULT, a, b); }
 static cg_val dvd(cg *g, cg_val a, cg_val b) { return cg_bin(g, GCC_JIT_BINARY_OP_DIVIDE, a, b); }
-static cg_val band(cg *g, cg_val a, cg_val b) { return cg_bin(g, GCC_JIT_BINARY_OP_BITWISE_AND, a, b); }
-static cg_val bor(cg *g, cg_val a, cg_val b) { return cg_bin(g, GCC_JIT_BINARY_OP_BITWISE_OR, a, b); }
-static cg_val bxor(cg *g, cg_val a, cg_val b) { return cg_bin(g, GCC_JIT_BINARY_OP_BITWISE_XOR, a, b); }
+static cg_val band(cg *g, cg_val a, cg_val b) {
+    return cg_bin(g, GCC_JIT_BINARY_OP_BITWISE_AND, a, b);
+}
+static cg_val bor(cg *g, cg_val a, cg_val b) {
+    return cg_bin(g, GCC_JIT_BINARY_OP_BITWISE_OR, a, b);
+}
+static cg_val bxor(cg *g, cg_val a, cg_val b) {
+    return cg_bin(g, GCC_JIT_BINARY_OP_BITWISE_XOR, a, b);
+}
 static cg_val shl(cg *g, cg_val a, cg_val b) { return cg_bin(g, GCC_JIT_BINARY_OP_LSHIFT, a, b); }
 static cg_val shr(cg *g, cg_val a, cg_val b) { return cg_bin(g, GCC_JIT_BINARY_OP_RSHIFT, a, b); }
 static cg_val lt(cg *g, cg_val a, cg_val b) { return cg_cmp(g, GCC_JIT_COMPARISON_LT, a, b); }
@@ -132,7 +150,8 @@ static cg_val sel(cg *g, cg_val c, cg_val a, cg_val b) { return cg_select(g, c, 
 static cg_val horner(cg *g, cg_val p, cg_val x, float c) { return LET(add(g, mul(g, p, x), F(c))); }
 /* |m| with the sign of s */
 static cg_val copysign_(cg *g, cg_val m, cg_val s) {
-    return LET(flt(g, bor(g, band(g, bits(g, m), U(0x7fffffff)), band(g, bits(g, s), U(0x80000000u)))));
+    return LET(
+        flt(g, bor(g, band(g, bits(g, m), U(0x7fffffff)), band(g, bits(g, s), U(0x80000000u)))));
 }
 
 /* Starts an always-inline function float name(float x[, float y]). */
@@ -140,8 +159,8 @@ static gcc_jit_function *begin(cg *g, const char *name, int np, cg_val *args) {
     gcc_jit_param *p[2];
     static const char *const pn[2] = {"x", "y"};
     for (int i = 0; i < np; i++) p[i] = gcc_jit_context_new_param(g->ctx, NULL, g->t->f32, pn[i]);
-    g->fn = gcc_jit_context_new_function(g->ctx, NULL, GCC_JIT_FUNCTION_ALWAYS_INLINE, g->t->f32, name,
-                                         np, p, 0);
+    g->fn = gcc_jit_context_new_function(g->ctx, NULL, GCC_JIT_FUNCTION_ALWAYS_INLINE, g->t->f32,
+                                         name, np, p, 0);
     if (!g->fn) return NULL;
     g->b = gcc_jit_function_new_block(g->fn, "entry");
     for (int i = 0; i < np; i++) args[i] = gcc_jit_param_as_rvalue(p[i]);
@@ -199,8 +218,8 @@ static void build_log(cg *g, cg_val x) {
     y = add(g, y, f);
     y = LET(add(g, y, mul(g, dk, F(6.9313812256e-01f))));
     cg_val inf = LET(flt(g, U(0x7f800000u)));
-    cg_val special =
-        sel(g, eq(g, x, F(0.0f)), cg_neg(g, inf), sel(g, lt(g, x, F(0.0f)), flt(g, U(0x7fc00000u)), x));
+    cg_val special = sel(g, eq(g, x, F(0.0f)), cg_neg(g, inf),
+                         sel(g, lt(g, x, F(0.0f)), flt(g, U(0x7fc00000u)), x));
     cg_val ok = cg_and(g, gt(g, x, F(0.0f)), lt(g, x, inf));
     gcc_jit_block_end_with_return(g->b, NULL, sel(g, ok, y, special));
 }
@@ -218,7 +237,8 @@ static void build_tanh(cg *g, cg_math *m, cg_val x) {
     cg_val e = call(g, m, CGM_EXP, 1, LET(mul(g, F(-2.0f), ax)), NULL);
     if (!e) return;
     cg_val big = LET(dvd(g, sub(g, F(1.0f), e), add(g, F(1.0f), e)));
-    gcc_jit_block_end_with_return(g->b, NULL, copysign_(g, sel(g, lt(g, ax, F(0.625f)), small, big), x));
+    gcc_jit_block_end_with_return(g->b, NULL,
+                                  copysign_(g, sel(g, lt(g, ax, F(0.625f)), small, big), x));
 }
 
 static void build_sigmoid(cg *g, cg_math *m, cg_val x) {
@@ -281,8 +301,9 @@ static void build_gelu(cg *g, cg_math *m, cg_val x) {
 
 static void build_gelu_tanh(cg *g, cg_math *m, cg_val x) {
     cg_val xd = LET(cg_cast(g, x, g->t->f64));
-    cg_val yd = LET(mul(g, xd, add(g, cg_f64(g, 1.5957691216057308),
-                                   mul(g, cg_f64(g, 0.07135481627260025), mul(g, xd, xd)))));
+    cg_val yd = LET(mul(g, xd,
+                        add(g, cg_f64(g, 1.5957691216057308),
+                            mul(g, cg_f64(g, 0.07135481627260025), mul(g, xd, xd)))));
     cg_val hi = LET(cg_cast(g, yd, g->t->f32));
     cg_val lo = LET(cg_cast(g, sub(g, yd, cg_cast(g, hi, g->t->f64)), g->t->f32));
     cg_val ahi = cg_fabs(g, hi);
@@ -296,7 +317,7 @@ static void build_gelu_tanh(cg *g, cg_math *m, cg_val x) {
 
 gcc_jit_function *cg_math_get(cg_math *m, gcc_jit_context *ctx, const cg_types *t, cg_mathfn f) {
     static const char *const names[CGM_COUNT] = {
-        "em_jit_exp_lo", "em_jit_expf",  "em_jit_logf",     "em_jit_tanhf",   "em_jit_sigmoidf",
+        "em_jit_exp_lo",    "em_jit_expf",     "em_jit_logf", "em_jit_tanhf", "em_jit_sigmoidf",
         "em_jit_erf_small", "em_jit_erfc_mid", "em_jit_erff", "em_jit_geluf", "em_jit_gelu_tanhf"};
     if ((unsigned)f >= CGM_COUNT) return NULL;
     if (m->fn[f]) return m->fn[f];
@@ -325,3 +346,233 @@ gcc_jit_function *cg_math_get(cg_math *m, gcc_jit_context *ctx, const cg_types *
     }
     return m->fn[f];
 }
+
+gcc_jit_type *cg_dtype(const cg_types *t, em_dtype d) {
+    switch (d) {
+    case EM_F32: return t->f32;
+    case EM_F64: return t->f64;
+    case EM_I32: return t->i32;
+    case EM_I64: return t->i64;
+    default: return t->u8;
+    }
+}
+
+bool cg_alu_supported(k_alu a, em_dtype d) {
+    if (cg_is_compare(a) || a == KA_WHERE) return true;
+    if (cg_is_float(d)) return a != KA_IDIV && a != KA_MOD;
+    if (cg_is_int(d))
+        return a == KA_NEG || a == KA_ABS || a == KA_RELU || a == KA_ADD || a == KA_SUB ||
+               a == KA_MUL || a == KA_MAX || a == KA_MIN || a == KA_IDIV || a == KA_MOD;
+    return a == KA_ADD || a == KA_SUB || a == KA_MUL || a == KA_MAX || a == KA_MIN;
+}
+
+/* ---- scalar operations of the kernel IR ---- */
+
+static cg_val ext_call(cg *g, cg_lib *lib, cg_extfn f, cg_val a, cg_val b) {
+    static const char *const names[CGX_COUNT] = {
+        "__builtin_sqrtf", "__builtin_sqrt", "sinf", "sin", "cosf", "cos", "powf",
+        "pow", "exp", "log", "tanh", "erf", "erfc"};
+    if (!lib->ext[f]) {
+        if (f == CGX_SQRTF || f == CGX_SQRT) {
+            lib->ext[f] = gcc_jit_context_get_builtin_function(g->ctx, names[f]);
+        } else {
+            gcc_jit_type *t =
+                (f == CGX_SINF || f == CGX_COSF || f == CGX_POWF) ? g->t->f32 : g->t->f64;
+            gcc_jit_param *p[2] = {gcc_jit_context_new_param(g->ctx, NULL, t, "a"),
+                                   gcc_jit_context_new_param(g->ctx, NULL, t, "b")};
+            lib->ext[f] = gcc_jit_context_new_function(g->ctx, NULL, GCC_JIT_FUNCTION_IMPORTED, t,
+                                                       names[f], b ? 2 : 1, p, 0);
+            lib->uses_libm = true;
+        }
+    }
+    cg_val args[2] = {a, b};
+    return gcc_jit_context_new_call(g->ctx, NULL, lib->ext[f], b ? 2 : 1, args);
+}
+
+static cg_val math_call(cg *g, cg_lib *lib, cg_mathfn f, cg_val x) {
+    gcc_jit_function *fn = cg_math_get(&lib->math, g->ctx, g->t, f);
+    return gcc_jit_context_new_call(g->ctx, NULL, fn, 1, &x);
+}
+
+static cg_val zero_of(cg *g, gcc_jit_type *t) { return gcc_jit_context_zero(g->ctx, t); }
+
+/* float max/min that propagate NaN: (a != a || a > b) ? a : b */
+static cg_val fminmax(cg *g, bool max, cg_val a, cg_val b) {
+    cg_val c = cg_or(g, cg_cmp(g, GCC_JIT_COMPARISON_NE, a, a),
+                     cg_cmp(g, max ? GCC_JIT_COMPARISON_GT : GCC_JIT_COMPARISON_LT, a, b));
+    return cg_select(g, c, a, b);
+}
+
+static cg_val unary_float(cg *g, cg_lib *lib, k_alu op, bool f32, cg_val x) {
+    gcc_jit_type *t = f32 ? g->t->f32 : g->t->f64;
+    cg_val one = gcc_jit_context_one(g->ctx, t), zero = zero_of(g, t);
+    switch (op) {
+    case KA_NEG: return cg_neg(g, x);
+    case KA_ABS: return cg_fabs(g, x);
+    case KA_EXP: return f32 ? math_call(g, lib, CGM_EXP, x) : ext_call(g, lib, CGX_EXP, x, NULL);
+    case KA_LOG: return f32 ? math_call(g, lib, CGM_LOG, x) : ext_call(g, lib, CGX_LOG, x, NULL);
+    case KA_SQRT: return ext_call(g, lib, f32 ? CGX_SQRTF : CGX_SQRT, x, NULL);
+    case KA_RSQRT:
+        return cg_bin(g, GCC_JIT_BINARY_OP_DIVIDE, one,
+                      cg_let(g, ext_call(g, lib, f32 ? CGX_SQRTF : CGX_SQRT, x, NULL)));
+    case KA_SIN: return ext_call(g, lib, f32 ? CGX_SINF : CGX_SIN, x, NULL);
+    case KA_COS: return ext_call(g, lib, f32 ? CGX_COSF : CGX_COS, x, NULL);
+    case KA_TANH: return f32 ? math_call(g, lib, CGM_TANH, x) : ext_call(g, lib, CGX_TANH, x, NULL);
+    case KA_ERF: return f32 ? math_call(g, lib, CGM_ERF, x) : ext_call(g, lib, CGX_ERF, x, NULL);
+    case KA_RELU: return cg_select(g, cg_cmp(g, GCC_JIT_COMPARISON_LT, x, zero), zero, x);
+    case KA_SIGMOID:
+    case KA_GELU_TANH: {
+        if (f32) return math_call(g, lib, op == KA_SIGMOID ? CGM_SIGMOID : CGM_GELU_TANH, x);
+        /* x * sigmoid(y), y = 2 sqrt(2/pi) (x + 0.044715 x^3) for gelu_tanh;
+         * sigmoid(y) = (y >= 0 ? 1 : e) / (1 + e), e = exp(-|y|) */
+        cg_val y = x;
+        if (op == KA_GELU_TANH)
+            y = cg_let(
+                g, cg_bin(g, GCC_JIT_BINARY_OP_MULT, x,
+                          cg_bin(g, GCC_JIT_BINARY_OP_PLUS, cg_f64(g, 1.5957691216057308),
+                                 cg_bin(g, GCC_JIT_BINARY_OP_MULT, cg_f64(g, 0.07135481627260025),
+                                        cg_bin(g, GCC_JIT_BINARY_OP_MULT, x, x)))));
+        cg_val e = cg_let(g, ext_call(g, lib, CGX_EXP, cg_neg(g, cg_fabs(g, y)), NULL));
+        cg_val num = cg_select(g, cg_cmp(g, GCC_JIT_COMPARISON_GE, y, zero), one, e);
+        cg_val s =
+            cg_bin(g, GCC_JIT_BINARY_OP_DIVIDE, num, cg_bin(g, GCC_JIT_BINARY_OP_PLUS, one, e));
+        return op == KA_SIGMOID ? s : cg_bin(g, GCC_JIT_BINARY_OP_MULT, x, s);
+    }
+    case KA_GELU:
+        if (f32) return math_call(g, lib, CGM_GELU, x);
+        /* x/2 erfc(-x/sqrt 2): no cancellation for negative x */
+        return cg_bin(g, GCC_JIT_BINARY_OP_MULT,
+                      cg_bin(g, GCC_JIT_BINARY_OP_MULT, cg_f64(g, 0.5), x),
+                      ext_call(g, lib, CGX_ERFC,
+                               cg_bin(g, GCC_JIT_BINARY_OP_MULT, x, cg_f64(g, -M_SQRT1_2)), NULL));
+    default: return NULL;
+    }
+}
+
+/* a op b for same-typed a, b of dtype d (op binary, not a comparison). */
+static cg_val binary(cg *g, cg_lib *lib, k_alu op, em_dtype d, cg_val a, cg_val b) {
+    gcc_jit_type *t = cg_dtype(g->t, d);
+    if (cg_is_float(d)) {
+        switch (op) {
+        case KA_ADD: return cg_bin(g, GCC_JIT_BINARY_OP_PLUS, a, b);
+        case KA_SUB: return cg_bin(g, GCC_JIT_BINARY_OP_MINUS, a, b);
+        case KA_MUL: return cg_bin(g, GCC_JIT_BINARY_OP_MULT, a, b);
+        case KA_DIV: return cg_bin(g, GCC_JIT_BINARY_OP_DIVIDE, a, b);
+        case KA_POW: return ext_call(g, lib, d == EM_F32 ? CGX_POWF : CGX_POW, a, b);
+        case KA_MAX: return fminmax(g, true, a, b);
+        case KA_MIN: return fminmax(g, false, a, b);
+        default: return NULL;
+        }
+    }
+    if (d == EM_BOOL) {
+        switch (op) {
+        case KA_ADD:
+        case KA_MAX: return cg_bin(g, GCC_JIT_BINARY_OP_BITWISE_OR, a, b);
+        case KA_MUL:
+        case KA_MIN: return cg_bin(g, GCC_JIT_BINARY_OP_BITWISE_AND, a, b);
+        case KA_SUB: return cg_bin(g, GCC_JIT_BINARY_OP_BITWISE_XOR, a, b);
+        default: return NULL;
+        }
+    }
+    gcc_jit_type *ut = cg_utype(g, t);
+    enum gcc_jit_binary_op bop;
+    switch (op) {
+    case KA_ADD: bop = GCC_JIT_BINARY_OP_PLUS; break;
+    case KA_SUB: bop = GCC_JIT_BINARY_OP_MINUS; break;
+    case KA_MUL: bop = GCC_JIT_BINARY_OP_MULT; break;
+    case KA_MAX: return cg_select(g, cg_cmp(g, GCC_JIT_COMPARISON_GT, a, b), a, b);
+    case KA_MIN: return cg_select(g, cg_cmp(g, GCC_JIT_COMPARISON_LT, a, b), a, b);
+    case KA_IDIV:
+    case KA_MOD: {
+        /* unsigned (operands are non-negative indices); a divisor of 0 acts as 1 */
+        cg_val dv = cg_bin(g, GCC_JIT_BINARY_OP_PLUS, cg_cast(g, b, ut),
+                           cg_cast(g, cg_cmp(g, GCC_JIT_COMPARISON_EQ, b, zero_of(g, t)), ut));
+        cg_val r = cg_bin(g, op == KA_IDIV ? GCC_JIT_BINARY_OP_DIVIDE : GCC_JIT_BINARY_OP_MODULO,
+                          cg_cast(g, a, ut), cg_let(g, dv));
+        return cg_cast(g, r, t);
+    }
+    default: return NULL;
+    }
+    /* i64: signed (index arithmetic, where gcc's no-overflow assumption lets
+     * it analyse addresses); i32: wraps like the eager kernels */
+    if (d == EM_I64) return cg_bin(g, bop, a, b);
+    return cg_cast(g, cg_bin(g, bop, cg_cast(g, a, ut), cg_cast(g, b, ut)), t);
+}
+
+cg_val cg_alu(cg *g, cg_lib *lib, k_alu op, em_dtype d, cg_val a, cg_val b, cg_val c) {
+    if (cg_is_compare(op)) {
+        static const enum gcc_jit_comparison cmp[] = {GCC_JIT_COMPARISON_EQ, GCC_JIT_COMPARISON_NE,
+                                                      GCC_JIT_COMPARISON_LT, GCC_JIT_COMPARISON_LE,
+                                                      GCC_JIT_COMPARISON_GT, GCC_JIT_COMPARISON_GE};
+        return cg_cast(g, cg_cmp(g, cmp[op - KA_EQ], a, b), g->t->u8);
+    }
+    if (op == KA_WHERE)
+        return cg_select(g, cg_cmp(g, GCC_JIT_COMPARISON_NE, a, zero_of(g, g->t->u8)), b, c);
+    if (op >= KA_ADD) return binary(g, lib, op, d, a, b);
+    if (cg_is_float(d)) return unary_float(g, lib, op, d == EM_F32, a);
+    if (d == EM_BOOL) return NULL;
+    gcc_jit_type *t = cg_dtype(g->t, d), *ut = cg_utype(g, t);
+    cg_val zero = zero_of(g, t);
+    cg_val neg = cg_cast(g, cg_neg(g, cg_cast(g, a, ut)), t); /* wraps */
+    cg_val isneg = cg_cmp(g, GCC_JIT_COMPARISON_LT, a, zero);
+    switch (op) {
+    case KA_NEG: return neg;
+    case KA_ABS: return cg_select(g, isneg, cg_let(g, neg), a);
+    case KA_RELU: return cg_select(g, isneg, zero, a);
+    default: return NULL;
+    }
+}
+
+/* Float to i32/i64 as the eager kernels do: through double, truncated,
+ * saturated, NaN -> 0. */
+static cg_val float_to_int(cg *g, cg_val v, em_dtype to) {
+    cg_val x = cg_let(g, cg_cast(g, v, g->t->f64));
+    gcc_jit_type *t = cg_dtype(g->t, to);
+    double top = to == EM_I64 ? 9223372036854775808.0 : 2147483647.0;
+    double bot = to == EM_I64 ? -9223372036854775808.0 : -2147483648.0;
+    cg_val hi = cg_let(g, cg_cmp(g, GCC_JIT_COMPARISON_GE, x, cg_f64(g, top)));
+    cg_val lo = cg_let(g, cg_cmp(g, GCC_JIT_COMPARISON_LE, x, cg_f64(g, bot)));
+    cg_val out = cg_or(g, cg_cmp(g, GCC_JIT_COMPARISON_NE, x, x), cg_or(g, hi, lo));
+    cg_val safe = cg_select(g, out, cg_f64(g, 0.0), x);
+    cg_val r = cg_let(g, cg_cast(g, safe, t));
+    r = cg_select(g, hi, cg_int(g, t, to == EM_I64 ? INT64_MAX : INT32_MAX), r);
+    return cg_select(g, lo, cg_int(g, t, to == EM_I64 ? INT64_MIN : INT32_MIN), r);
+}
+
+cg_val cg_convert(cg *g, cg_val v, em_dtype from, em_dtype to) {
+    if (from == to) return v;
+    if (to == EM_BOOL)
+        return cg_cast(g, cg_cmp(g, GCC_JIT_COMPARISON_NE, v, zero_of(g, cg_dtype(g->t, from))),
+                       g->t->u8);
+    if (cg_is_float(from) && cg_is_int(to)) return float_to_int(g, v, to);
+    return cg_cast(g, v, cg_dtype(g->t, to));
+}
+
+/* ---- order-preserving keys (float max/min reductions) ---- */
+
+/* Integer key of a float whose order is the float order; NaN -> the top
+ * (max) or bottom (min) key so that it wins. */
+cg_val cg_fkey(cg *g, cg_val v, bool max) {
+    bool f32 = gcc_jit_rvalue_get_type(v) == g->t->f32;
+    gcc_jit_type *it = f32 ? g->t->i32 : g->t->i64, *ut = f32 ? g->t->u32 : g->t->u64;
+    cg_val b = cg_let(g, cg_bitcast(g, v, it));
+    cg_val s =
+        cg_bin(g, GCC_JIT_BINARY_OP_RSHIFT,
+               cg_cast(g, cg_bin(g, GCC_JIT_BINARY_OP_RSHIFT, b, cg_int(g, it, f32 ? 31 : 63)), ut),
+               cg_int(g, ut, 1));
+    cg_val key = cg_let(g, cg_bin(g, GCC_JIT_BINARY_OP_BITWISE_XOR, b, cg_cast(g, s, it)));
+    int64_t ext = max ? (f32 ? INT32_MAX : INT64_MAX) : (f32 ? INT32_MIN : INT64_MIN);
+    return cg_select(g, cg_cmp(g, GCC_JIT_COMPARISON_NE, v, v), cg_int(g, it, ext), key);
+}
+
+cg_val cg_funkey(cg *g, cg_val key, gcc_jit_type *ft) {
+    bool f32 = ft == g->t->f32;
+    gcc_jit_type *it = f32 ? g->t->i32 : g->t->i64, *ut = f32 ? g->t->u32 : g->t->u64;
+    cg_val s = cg_bin(
+        g, GCC_JIT_BINARY_OP_RSHIFT,
+        cg_cast(g, cg_bin(g, GCC_JIT_BINARY_OP_RSHIFT, key, cg_int(g, it, f32 ? 31 : 63)), ut),
+        cg_int(g, ut, 1));
+    return cg_bitcast(g, cg_bin(g, GCC_JIT_BINARY_OP_BITWISE_XOR, key, cg_cast(g, s, it)), ft);
+}
+
+/* if (v CMP l) l = v;  (gcc's phiopt makes it a MAX_EXPR/MIN_EXPR) */

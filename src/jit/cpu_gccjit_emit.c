@@ -1,0 +1,490 @@
+/* cpu_gccjit_emit.c - the kernel IR as libgccjit functions: the kernel
+ * NAME and its plan NAME__plan (see cpu_gccjit.h for what they do).
+ *
+ * Emission walks the linear IR once.  Every value is assigned to a fresh
+ * local at its position (SSA by construction: a load keeps the value it
+ * read even if a later store changes memory); gcc's SSA passes remove the
+ * locals.  K_RANGE/K_END become a counted loop, condition at the top:
+ *
+ *     i = lo; goto cond;  cond: if (i < hi) goto body; else goto after;
+ *     body: ...; i += 1; goto cond;  after:
+ *
+ * Reductions.  An innermost loop that updates float accumulators not read
+ * inside it is emitted specially:
+ *  - add: partial sums in a local array p[U] (U = 16 for f32, 8 for f64),
+ *        a main loop over blocks of U iterations whose inner loop
+ *        (u = 0..U-1) adds iteration jb + u into p[u], then the partial
+ *        sums are added pairwise into the accumulator and a remainder loop
+ *        runs the last < U iterations in order.  The inner loop is a plain
+ *        element-wise loop over p, which gcc vectorizes (or unrolls and
+ *        SLP-vectorizes as U independent reductions): no reassociation of
+ *        any single chain is needed, so no -ffast-math.
+ *  - max/min: the running value is kept as an order-preserving integer key
+ *        (sign-magnitude to two's complement; NaN maps to the extreme, so
+ *        it wins as the eager kernels' NaN-propagating max does) and
+ *        updated with `if (k' > k) k = k'`, which gcc turns into MAX_EXPR,
+ *        an integer reduction it vectorizes; converted back after the loop.
+ * Integer accumulators need nothing (integer reductions vectorize). */
+#include <stdio.h>
+#include <string.h>
+
+#include "cpu_gccjit_impl.h"
+
+/* Guess for an inner loop extent unknown before the parallel loop. */
+#define UNKNOWN_EXTENT 16.0
+
+enum { ACC_PLAIN, ACC_PARTS, ACC_KEY };
+
+typedef struct kgen {
+    cg g;
+    cg_types T;
+    cg_lib lib; /* vmath functions and libm imports used so far */
+    const k_kernel *k;
+    int *match;  /* K_RANGE -> its K_END */
+    cg_val *val; /* value of each instruction */
+    gcc_jit_lvalue **acc, **part, **key;
+    unsigned char *mode; /* ACC_* per K_ACC */
+    int *accbuf;         /* scratch: accumulators of one loop */
+    cg_val *mult;        /* scratch: the plan's extent products */
+    cg_val u;            /* partial-sum index inside a split loop */
+    cg_val bufs, sizes, begin, end;
+} kgen;
+
+static gcc_jit_type *ty_of(kgen *G, em_dtype d) { return cg_dtype(&G->T, d); }
+
+/* ---- accumulators ---- */
+
+/* if (v CMP l) l = v;  (gcc's phiopt makes it a MAX_EXPR/MIN_EXPR) */
+static void if_replace(kgen *G, gcc_jit_lvalue *l, cg_val v, bool max) {
+    cg *g = &G->g;
+    gcc_jit_block *then = cg_block(g, "upd"), *join = cg_block(g, "join");
+    cg_val c = cg_cmp(g, max ? GCC_JIT_COMPARISON_GT : GCC_JIT_COMPARISON_LT, v,
+                      gcc_jit_lvalue_as_rvalue(l));
+    gcc_jit_block_end_with_conditional(g->b, NULL, c, then, join);
+    gcc_jit_block_add_assignment(then, NULL, l, v);
+    gcc_jit_block_end_with_jump(then, NULL, join);
+    g->b = join;
+}
+
+static void emit_update(kgen *G, const k_inst *in) {
+    cg *g = &G->g;
+    int a = in->src[0];
+    const k_inst *acc = &G->k->insts[a];
+    cg_val v = G->val[in->src[1]];
+    bool max = acc->alu == KA_MAX;
+    if (G->mode[a] == ACC_PARTS) {
+        gcc_jit_lvalue *p = gcc_jit_context_new_array_access(
+            g->ctx, NULL, gcc_jit_lvalue_as_rvalue(G->part[a]), G->u);
+        gcc_jit_block_add_assignment_op(g->b, NULL, p, GCC_JIT_BINARY_OP_PLUS, v);
+    } else if (G->mode[a] == ACC_KEY) {
+        if_replace(G, G->key[a], cg_let(g, cg_fkey(g, v, max)), max);
+    } else if (cg_is_int(acc->dtype) && acc->alu != KA_ADD) {
+        if_replace(G, G->acc[a], v, max);
+    } else {
+        cg_val r =
+            cg_alu(g, &G->lib, acc->alu, acc->dtype, gcc_jit_lvalue_as_rvalue(G->acc[a]), v, NULL);
+        gcc_jit_block_add_assignment(g->b, NULL, G->acc[a], r);
+    }
+}
+
+/* ---- instructions and loops ---- */
+
+static void emit_inst(kgen *G, int i) {
+    cg *g = &G->g;
+    const k_inst *in = &G->k->insts[i];
+    cg_val *val = G->val;
+    switch (in->op) {
+    case K_BUF: {
+        cg_val p = gcc_jit_lvalue_as_rvalue(
+            gcc_jit_context_new_array_access(g->ctx, NULL, G->bufs, cg_int(g, G->T.i64, in->ival)));
+        val[i] = cg_let(g, cg_cast(g, p, gcc_jit_type_get_pointer(ty_of(G, in->dtype))));
+        break;
+    }
+    case K_SIZE:
+        val[i] = cg_let(g, gcc_jit_lvalue_as_rvalue(gcc_jit_context_new_array_access(
+                               g->ctx, NULL, G->sizes, cg_int(g, G->T.i64, in->ival))));
+        break;
+    case K_CONST:
+        if (cg_is_float(in->dtype))
+            val[i] = gcc_jit_context_new_rvalue_from_double(g->ctx, ty_of(G, in->dtype), in->fval);
+        else
+            val[i] =
+                cg_int(g, ty_of(G, in->dtype), in->dtype == EM_BOOL ? in->ival != 0 : in->ival);
+        break;
+    case K_LOAD:
+        val[i] = cg_let(g, gcc_jit_lvalue_as_rvalue(gcc_jit_context_new_array_access(
+                               g->ctx, NULL, val[in->src[0]], val[in->src[1]])));
+        break;
+    case K_STORE:
+        gcc_jit_block_add_assignment(
+            g->b, NULL,
+            gcc_jit_context_new_array_access(g->ctx, NULL, val[in->src[0]], val[in->src[1]]),
+            val[in->src[2]]);
+        break;
+    case K_ALU: {
+        const k_inst *a = &G->k->insts[in->src[0]];
+        em_dtype d = in->alu == KA_WHERE ? G->k->insts[in->src[1]].dtype : a->dtype;
+        cg_val b = in->nsrc > 1 ? val[in->src[1]] : NULL, c = in->nsrc > 2 ? val[in->src[2]] : NULL;
+        val[i] = cg_let(g, cg_alu(g, &G->lib, in->alu, d, val[in->src[0]], b, c));
+        break;
+    }
+    case K_CAST:
+        val[i] =
+            cg_let(g, cg_convert(g, val[in->src[0]], G->k->insts[in->src[0]].dtype, in->dtype));
+        break;
+    case K_ACC:
+        G->acc[i] = cg_local(g, ty_of(G, in->dtype), "acc");
+        gcc_jit_block_add_assignment(g->b, NULL, G->acc[i], val[in->src[0]]);
+        val[i] = gcc_jit_lvalue_as_rvalue(G->acc[i]);
+        G->mode[i] = ACC_PLAIN;
+        break;
+    case K_ACC_UPDATE: emit_update(G, in); break;
+    default: break;
+    }
+}
+
+static void emit_range(kgen *G, int r);
+
+static void emit_seq(kgen *G, int from, int to) {
+    for (int i = from; i < to; i++) {
+        if (G->k->insts[i].op == K_RANGE) {
+            emit_range(G, i);
+            i = G->match[i];
+        } else {
+            emit_inst(G, i);
+        }
+    }
+}
+
+/* for (i = lo; i < hi; i++) body of range r */
+static void emit_loop(kgen *G, int r, cg_val lo, cg_val hi) {
+    cg *g = &G->g;
+    gcc_jit_lvalue *iv = cg_local(g, G->T.i64, "i");
+    gcc_jit_block *cond = cg_block(g, "cond"), *body = cg_block(g, "body"),
+                  *after = cg_block(g, "after");
+    gcc_jit_block_add_assignment(g->b, NULL, iv, lo);
+    gcc_jit_block_end_with_jump(g->b, NULL, cond);
+    gcc_jit_block_end_with_conditional(
+        cond, NULL, cg_cmp(g, GCC_JIT_COMPARISON_LT, gcc_jit_lvalue_as_rvalue(iv), hi), body,
+        after);
+    g->b = body;
+    G->val[r] = gcc_jit_lvalue_as_rvalue(iv);
+    emit_seq(G, r + 1, G->match[r]);
+    gcc_jit_block_add_assignment_op(g->b, NULL, iv, GCC_JIT_BINARY_OP_PLUS,
+                                    gcc_jit_context_one(g->ctx, G->T.i64));
+    gcc_jit_block_end_with_jump(g->b, NULL, cond);
+    g->b = after;
+}
+
+/* Is accumulator a read inside (r, end) other than as its own update's target? */
+static bool acc_read_in(const k_kernel *k, int a, int r, int end) {
+    for (int i = r + 1; i < end; i++)
+        for (int s = 0; s < k->insts[i].nsrc; s++)
+            if (k->insts[i].src[s] == a && !(k->insts[i].op == K_ACC_UPDATE && s == 0)) return true;
+    return false;
+}
+
+/* The innermost loop r with float reductions (see the file comment). */
+static void emit_reduction_loop(kgen *G, int r, cg_val lo, cg_val hi, const int *accs, int na) {
+    cg *g = &G->g;
+    const k_kernel *k = G->k;
+    int U = 8;
+    bool parts = false;
+    for (int j = 0; j < na; j++) {
+        const k_inst *a = &k->insts[accs[j]];
+        if (a->alu == KA_ADD) {
+            parts = true;
+            if (a->dtype == EM_F32) U = 16;
+        }
+    }
+    for (int j = 0; j < na; j++) {
+        int a = accs[j];
+        const k_inst *in = &k->insts[a];
+        gcc_jit_type *t = ty_of(G, in->dtype);
+        if (in->alu == KA_ADD) {
+            G->part[a] = cg_local(g, gcc_jit_context_new_array_type(g->ctx, NULL, t, U), "part");
+            for (int u = 0; u < U; u++)
+                gcc_jit_block_add_assignment(
+                    g->b, NULL,
+                    gcc_jit_context_new_array_access(
+                        g->ctx, NULL, gcc_jit_lvalue_as_rvalue(G->part[a]), cg_int(g, G->T.i64, u)),
+                    gcc_jit_context_new_rvalue_from_double(g->ctx, t, -0.0));
+            G->mode[a] = ACC_PARTS;
+        } else {
+            G->key[a] = cg_local(g, in->dtype == EM_F32 ? G->T.i32 : G->T.i64, "key");
+            gcc_jit_block_add_assignment(
+                g->b, NULL, G->key[a],
+                cg_fkey(g, gcc_jit_lvalue_as_rvalue(G->acc[a]), in->alu == KA_MAX));
+            G->mode[a] = ACC_KEY;
+        }
+    }
+    if (parts) {
+        /* for (jb = lo; hi - jb >= U; jb += U) for (u = 0; u < U; u++) body(jb + u) */
+        gcc_jit_lvalue *jb = cg_local(g, G->T.i64, "jb"), *u = cg_local(g, G->T.i64, "u");
+        gcc_jit_block *c1 = cg_block(g, "blk"), *pre = cg_block(g, "pre"),
+                      *c2 = cg_block(g, "ucond"), *body = cg_block(g, "ubody"),
+                      *step = cg_block(g, "step"), *rem = cg_block(g, "rem");
+        cg_val jbv = gcc_jit_lvalue_as_rvalue(jb), uv = gcc_jit_lvalue_as_rvalue(u);
+        cg_val Uv = cg_int(g, G->T.i64, U);
+        gcc_jit_block_add_assignment(g->b, NULL, jb, lo);
+        gcc_jit_block_end_with_jump(g->b, NULL, c1);
+        gcc_jit_block_end_with_conditional(
+            c1, NULL,
+            cg_cmp(g, GCC_JIT_COMPARISON_GE, cg_bin(g, GCC_JIT_BINARY_OP_MINUS, hi, jbv), Uv), pre,
+            rem);
+        gcc_jit_block_add_assignment(pre, NULL, u, gcc_jit_context_zero(g->ctx, G->T.i64));
+        gcc_jit_block_end_with_jump(pre, NULL, c2);
+        gcc_jit_block_end_with_conditional(c2, NULL, cg_cmp(g, GCC_JIT_COMPARISON_LT, uv, Uv), body,
+                                           step);
+        g->b = body;
+        G->u = uv;
+        G->val[r] = cg_let(g, cg_bin(g, GCC_JIT_BINARY_OP_PLUS, jbv, uv));
+        emit_seq(G, r + 1, G->match[r]);
+        gcc_jit_block_add_assignment_op(g->b, NULL, u, GCC_JIT_BINARY_OP_PLUS,
+                                        gcc_jit_context_one(g->ctx, G->T.i64));
+        gcc_jit_block_end_with_jump(g->b, NULL, c2);
+        gcc_jit_block_add_assignment_op(step, NULL, jb, GCC_JIT_BINARY_OP_PLUS, Uv);
+        gcc_jit_block_end_with_jump(step, NULL, c1);
+        g->b = rem;
+        G->u = NULL;
+        /* acc += ((p0 + p1) + (p2 + p3)) + ... */
+        for (int j = 0; j < na; j++) {
+            int a = accs[j];
+            if (G->mode[a] != ACC_PARTS) continue;
+            cg_val s[16];
+            for (int i = 0; i < U; i++)
+                s[i] = gcc_jit_lvalue_as_rvalue(gcc_jit_context_new_array_access(
+                    g->ctx, NULL, gcc_jit_lvalue_as_rvalue(G->part[a]), cg_int(g, G->T.i64, i)));
+            for (int n = U; n > 1; n /= 2)
+                for (int i = 0; i < n / 2; i++)
+                    s[i] = cg_let(g, cg_bin(g, GCC_JIT_BINARY_OP_PLUS, s[2 * i], s[2 * i + 1]));
+            gcc_jit_block_add_assignment_op(g->b, NULL, G->acc[a], GCC_JIT_BINARY_OP_PLUS, s[0]);
+            G->mode[a] = ACC_PLAIN;
+        }
+        lo = cg_let(g, jbv);
+    }
+    emit_loop(G, r, lo, hi);
+    for (int j = 0; j < na; j++) {
+        int a = accs[j];
+        if (G->mode[a] != ACC_KEY) continue;
+        gcc_jit_block_add_assignment(
+            g->b, NULL, G->acc[a],
+            cg_funkey(g, gcc_jit_lvalue_as_rvalue(G->key[a]), ty_of(G, k->insts[a].dtype)));
+        G->mode[a] = ACC_PLAIN;
+    }
+}
+
+static void emit_range(kgen *G, int r) {
+    cg *g = &G->g;
+    const k_kernel *k = G->k;
+    const k_inst *in = &k->insts[r];
+    int end = G->match[r];
+    cg_val ext = G->val[in->src[0]], lo, hi;
+    if (in->flags & K_PARALLEL) {
+        /* [max(begin, 0), min(end, extent)) */
+        cg_val zero = gcc_jit_context_zero(g->ctx, G->T.i64);
+        lo = cg_select(g, cg_cmp(g, GCC_JIT_COMPARISON_LT, G->begin, zero), zero, G->begin);
+        hi = cg_select(g, cg_cmp(g, GCC_JIT_COMPARISON_GT, G->end, ext), ext, G->end);
+    } else {
+        lo = gcc_jit_context_zero(g->ctx, G->T.i64);
+        hi = ext;
+    }
+    bool innermost = true;
+    for (int i = r + 1; i < end; i++)
+        if (k->insts[i].op == K_RANGE) innermost = false;
+    int na = 0, *accs = G->accbuf;
+    if (innermost)
+        for (int i = r + 1; i < end; i++) {
+            const k_inst *u = &k->insts[i];
+            if (u->op != K_ACC_UPDATE || !cg_is_float(k->insts[u->src[0]].dtype)) continue;
+            bool seen = false;
+            for (int j = 0; j < na; j++) seen |= accs[j] == u->src[0];
+            if (!seen && !acc_read_in(k, u->src[0], r, end)) accs[na++] = u->src[0];
+        }
+    if (na > 0)
+        emit_reduction_loop(G, r, lo, hi, accs, na);
+    else
+        emit_loop(G, r, lo, hi);
+}
+
+/* ---- the plan function ---- */
+
+/* Index of the parallel range, or -1; *serial when the kernel cannot be
+ * split (work outside the parallel loop that threads would repeat). */
+static int parallel_range(const k_kernel *k, const int *match, bool *serial) {
+    int p = -1;
+    for (int i = 0; i < k->n; i++)
+        if (k->insts[i].op == K_RANGE && (k->insts[i].flags & K_PARALLEL)) {
+            p = i;
+            break;
+        }
+    *serial = p < 0;
+    if (p < 0) return -1;
+    for (int i = 0; i < k->n; i++) {
+        const k_inst *in = &k->insts[i];
+        if (i == p) {
+            for (int j = p + 1; j < match[p]; j++)
+                if (k->insts[j].op == K_ACC_UPDATE && k->insts[j].src[0] < p) *serial = true;
+            i = match[p];
+        } else if (in->op == K_RANGE || in->op == K_STORE) {
+            *serial = true;
+        }
+    }
+    return p;
+}
+
+/* Rough cost in vector-lane operations: transcendentals count 10. */
+static double inst_cost(const k_inst *in) {
+    if (in->op != K_ALU)
+        return in->op == K_LOAD || in->op == K_STORE || in->op == K_CAST || in->op == K_ACC_UPDATE;
+    switch (in->alu) {
+    case KA_EXP:
+    case KA_LOG:
+    case KA_SIN:
+    case KA_COS:
+    case KA_TANH:
+    case KA_SIGMOID:
+    case KA_GELU:
+    case KA_GELU_TANH:
+    case KA_ERF:
+    case KA_POW: return 10;
+    default: return 1;
+    }
+}
+
+static void mark_needed(const k_kernel *k, int v, bool *need) {
+    if (need[v]) return;
+    need[v] = true;
+    for (int s = 0; s < k->insts[v].nsrc; s++) mark_needed(k, k->insts[v].src[s], need);
+}
+
+/* total + own * mult */
+static cg_val plan_add(cg *g, cg_val total, double own, cg_val mult) {
+    cg_val t = cg_bin(g, GCC_JIT_BINARY_OP_MULT, cg_f64(g, own), mult);
+    return cg_let(g, cg_bin(g, GCC_JIT_BINARY_OP_PLUS, total, t));
+}
+
+static void emit_plan(kgen *G, gcc_jit_function *fn, gcc_jit_param **prm, bool *need) {
+    cg *g = &G->g;
+    const k_kernel *k = G->k;
+    g->fn = fn;
+    g->b = gcc_jit_function_new_block(fn, "entry");
+    G->bufs = gcc_jit_param_as_rvalue(prm[0]);
+    G->sizes = gcc_jit_param_as_rvalue(prm[1]);
+    gcc_jit_lvalue *work = gcc_jit_rvalue_dereference(gcc_jit_param_as_rvalue(prm[2]), NULL);
+    bool serial;
+    int p = parallel_range(k, G->match, &serial);
+    if (serial) {
+        gcc_jit_block_add_assignment(g->b, NULL, work, cg_f64(g, 0.0));
+        gcc_jit_block_end_with_return(g->b, NULL, cg_int(g, G->T.i64, -1));
+        return;
+    }
+    int end = G->match[p];
+    mark_needed(k, k->insts[p].src[0], need);
+    for (int i = p + 1; i < end; i++)
+        if (k->insts[i].op == K_RANGE && k->insts[i].src[0] < p)
+            mark_needed(k, k->insts[i].src[0], need);
+    for (int i = 0; i < k->n; i++) G->val[i] = NULL;
+    for (int i = 0; i < p; i++)
+        if (need[i]) emit_inst(G, i);
+    /* work = sum over loops R in the parallel body of cost(R's own
+     * instructions) * product of the extents from the body down to R */
+    cg_val *mult = G->mult;
+    int depth = 0;
+    mult[0] = cg_f64(g, 1.0);
+    cg_val total = cg_f64(g, 0.0);
+    double own = 0;
+    for (int i = p + 1; i < end; i++) {
+        const k_inst *in = &k->insts[i];
+        if (in->op == K_RANGE) {
+            total = plan_add(g, total, own, mult[depth]);
+            own = 0;
+            cg_val e = cg_f64(g, UNKNOWN_EXTENT);
+            if (in->src[0] < p) { /* known before the parallel loop: max(extent, 0) */
+                cg_val x = G->val[in->src[0]], zero = gcc_jit_context_zero(g->ctx, G->T.i64);
+                e = cg_cast(g, cg_select(g, cg_cmp(g, GCC_JIT_COMPARISON_LT, x, zero), zero, x),
+                            G->T.f64);
+            }
+            mult[depth + 1] = cg_let(g, cg_bin(g, GCC_JIT_BINARY_OP_MULT, mult[depth], e));
+            depth++;
+        } else if (in->op == K_END) {
+            total = plan_add(g, total, own, mult[depth]);
+            own = 0;
+            depth--;
+        } else {
+            own += inst_cost(in);
+        }
+    }
+    total = cg_bin(g, GCC_JIT_BINARY_OP_PLUS, total, cg_f64(g, own));
+    gcc_jit_block_add_assignment(g->b, NULL, work, total);
+    cg_val ext = G->val[k->insts[p].src[0]];
+    gcc_jit_block_end_with_return(
+        g->b, NULL,
+        cg_select(g, cg_cmp(g, GCC_JIT_COMPARISON_LT, ext, gcc_jit_context_zero(g->ctx, G->T.i64)),
+                  gcc_jit_context_zero(g->ctx, G->T.i64), ext));
+}
+
+/* ---- both functions ---- */
+
+em_status cg_emit_kernel(gcc_jit_context *ctx, const k_kernel *k, bool *uses_libm) {
+    int n = k->n;
+    size_t nn = (size_t)n + 1;
+    kgen G = {.k = k};
+    G.match = em_calloc(nn, sizeof(int));
+    G.val = em_calloc(nn, sizeof(cg_val));
+    G.acc = em_calloc(nn, sizeof(gcc_jit_lvalue *));
+    G.part = em_calloc(nn, sizeof(gcc_jit_lvalue *));
+    G.key = em_calloc(nn, sizeof(gcc_jit_lvalue *));
+    G.mode = em_calloc(nn, 1);
+    G.accbuf = em_calloc(nn, sizeof(int));
+    G.mult = em_calloc(nn, sizeof(cg_val));
+    bool *need = em_calloc(nn, sizeof(bool));
+    em_status s = EM_OK;
+    if (!G.match || !G.val || !G.acc || !G.part || !G.key || !G.mode || !G.accbuf || !G.mult ||
+        !need) {
+        s = em_last_status();
+        goto done;
+    }
+    int *stack = G.accbuf, depth = 0; /* ranges are balanced: kir_verify */
+    for (int i = 0; i < n; i++) {
+        if (k->insts[i].op == K_RANGE)
+            stack[depth++] = i;
+        else if (k->insts[i].op == K_END)
+            G.match[stack[--depth]] = i;
+    }
+    cg_types_init(&G.T, ctx);
+    G.g = (cg){.ctx = ctx, .t = &G.T};
+    gcc_jit_type *bufs_t = gcc_jit_type_get_pointer(G.T.vptr);
+    gcc_jit_type *sizes_t = gcc_jit_type_get_pointer(G.T.i64);
+    /* void NAME(void **bufs, int64_t *sizes, int64_t begin, int64_t end) */
+    gcc_jit_param *prm[4] = {gcc_jit_context_new_param(ctx, NULL, bufs_t, "bufs"),
+                             gcc_jit_context_new_param(ctx, NULL, sizes_t, "sizes"),
+                             gcc_jit_context_new_param(ctx, NULL, G.T.i64, "begin"),
+                             gcc_jit_context_new_param(ctx, NULL, G.T.i64, "end")};
+    G.g.fn = gcc_jit_context_new_function(ctx, NULL, GCC_JIT_FUNCTION_EXPORTED, G.T.v, k->name, 4,
+                                          prm, 0);
+    if (G.g.fn) {
+        G.g.b = gcc_jit_function_new_block(G.g.fn, "entry");
+        G.bufs = gcc_jit_param_as_rvalue(prm[0]);
+        G.sizes = gcc_jit_param_as_rvalue(prm[1]);
+        G.begin = gcc_jit_param_as_rvalue(prm[2]);
+        G.end = gcc_jit_param_as_rvalue(prm[3]);
+        emit_seq(&G, 0, n);
+        gcc_jit_block_end_with_void_return(G.g.b, NULL);
+    }
+    /* int64_t NAME__plan(void **bufs, int64_t *sizes, double *work) */
+    char pname[CG_MAX_NAME + sizeof CG_PLAN_SUFFIX];
+    snprintf(pname, sizeof pname, "%s" CG_PLAN_SUFFIX, k->name);
+    gcc_jit_param *pp[3] = {
+        gcc_jit_context_new_param(ctx, NULL, bufs_t, "bufs"),
+        gcc_jit_context_new_param(ctx, NULL, sizes_t, "sizes"),
+        gcc_jit_context_new_param(ctx, NULL, gcc_jit_type_get_pointer(G.T.f64), "work")};
+    gcc_jit_function *pf = gcc_jit_context_new_function(ctx, NULL, GCC_JIT_FUNCTION_EXPORTED,
+                                                        G.T.i64, pname, 3, pp, 0);
+    if (pf) emit_plan(&G, pf, pp, need);
+    *uses_libm = G.lib.uses_libm;
+done:
+    em_free(G.match), em_free(G.val), em_free(G.acc), em_free(G.part), em_free(G.key);
+    em_free(G.mode), em_free(G.accbuf), em_free(G.mult), em_free(need);
+    return s;
+}
