@@ -5,6 +5,7 @@
  * the thread exits. */
 #include "eager.h"
 
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -62,16 +63,91 @@ const char *em_status_name(em_status s) {
 
 /* ---- Allocation ---- */
 
-static void *default_alloc(void *ud, size_t size, size_t align) {
-    (void)ud;
-    void *p = NULL;
-    if (posix_memalign(&p, align, size ? size : 1) != 0) return NULL;
-    return p;
+/* The default allocator keeps a few freed big blocks per thread and hands
+ * them out again: a fresh multi-megabyte block costs a page fault per 4 KiB
+ * on first touch (2 ms for 16 MiB here), which would dominate a memory-bound
+ * kernel.  Each block carries a 64-byte header with its size class. */
+#define BIG_BLOCK (1u << 20)       /* blocks this large are kept when freed */
+#define BIG_GRAIN ((size_t)64 << 10) /* size classes: multiples of 64 KiB */
+#define BIG_SLOTS 8
+#define BIG_KEEP ((size_t)256 << 20) /* at most this much kept per thread */
+#define HEADER 64
+
+typedef struct big_cache {
+    void *blocks[BIG_SLOTS];
+    size_t sizes[BIG_SLOTS];
+    size_t total;
+    int next; /* the slot to drop first */
+} big_cache;
+
+static _Thread_local big_cache tls_big;
+static pthread_key_t big_key;
+static pthread_once_t big_once = PTHREAD_ONCE_INIT;
+
+static void big_release(void *unused) {
+    (void)unused;
+    for (int i = 0; i < BIG_SLOTS; i++) {
+        free(tls_big.blocks[i]);
+        tls_big.blocks[i] = NULL;
+    }
+    tls_big.total = 0;
 }
 
-static void default_free(void *ud, void *p) {
+static void big_key_create(void) { pthread_key_create(&big_key, big_release); }
+
+static size_t size_class(size_t size) {
+    return size >= BIG_BLOCK ? (size + BIG_GRAIN - 1) / BIG_GRAIN * BIG_GRAIN : size;
+}
+
+static void *default_alloc(void *ud, size_t size, size_t align) {
     (void)ud;
-    free(p);
+    if (align > HEADER || size > SIZE_MAX - 2 * HEADER) return NULL;
+    size_t cls = size_class(size);
+    if (cls >= BIG_BLOCK) {
+        for (int i = 0; i < BIG_SLOTS; i++) {
+            if (tls_big.blocks[i] && tls_big.sizes[i] == cls) {
+                char *p = tls_big.blocks[i];
+                tls_big.blocks[i] = NULL;
+                tls_big.total -= cls;
+                return p + HEADER;
+            }
+        }
+    }
+    void *p = NULL;
+    if (posix_memalign(&p, HEADER, cls + HEADER) != 0) return NULL;
+    *(size_t *)p = cls;
+    return (char *)p + HEADER;
+}
+
+static void default_free(void *ud, void *ptr) {
+    (void)ud;
+    char *p = (char *)ptr - HEADER;
+    size_t cls = *(size_t *)p;
+    if (cls < BIG_BLOCK || cls > BIG_KEEP) {
+        free(p);
+        return;
+    }
+    /* make room by dropping kept blocks, oldest slot first, so that the
+     * sizes a program uses now replace those it used before */
+    int slot = -1;
+    for (int i = 0; i < BIG_SLOTS; i++) {
+        int k = (tls_big.next + i) % BIG_SLOTS;
+        if (slot < 0 && !tls_big.blocks[k]) slot = k;
+    }
+    while (slot < 0 || tls_big.total + cls > BIG_KEEP) {
+        int k = tls_big.next;
+        tls_big.next = (tls_big.next + 1) % BIG_SLOTS;
+        if (!tls_big.blocks[k]) continue;
+        free(tls_big.blocks[k]);
+        tls_big.blocks[k] = NULL;
+        tls_big.total -= tls_big.sizes[k];
+        if (slot < 0) slot = k;
+    }
+    pthread_once(&big_once, big_key_create);
+    pthread_setspecific(big_key, &tls_big); /* frees the blocks at thread exit */
+    tls_big.blocks[slot] = p;
+    tls_big.sizes[slot] = cls;
+    tls_big.total += cls;
 }
 
 static const em_allocator default_allocator = {default_alloc, default_free, NULL};

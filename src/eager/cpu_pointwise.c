@@ -23,7 +23,7 @@
 #include <emmintrin.h>
 #endif
 
-#if defined(_OPENMP)
+#if defined(_OPENMP) || defined(EM_OPENMP_SIMD)
 #define EM_SIMD _Pragma("omp simd")
 #else
 #define EM_SIMD

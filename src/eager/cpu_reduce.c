@@ -36,7 +36,7 @@
 
 /* `omp simd` lifts -O2's vectorizer cost model where OpenMP is on. */
 #define RED_PRAGMA(x) _Pragma(#x)
-#if defined(_OPENMP)
+#if defined(_OPENMP) || defined(EM_OPENMP_SIMD)
 #define RED_SIMD RED_PRAGMA(omp simd)
 #define RED_SIMD_RED(clauses) RED_PRAGMA(omp simd clauses)
 #else

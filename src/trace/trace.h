@@ -8,7 +8,8 @@
  * strides, offset), as the trace saw it.
  *
  * Ownership: a graph owns its nodes, names and node input arrays, and one
- * reference to each constant tensor; tr_graph_free releases all of it. */
+ * reference to each constant tensor; tr_graph_free releases all of it, and
+ * must run under the allocator (em_set_allocator) that built the graph. */
 #ifndef EMBER_TRACE_H
 #define EMBER_TRACE_H
 
