@@ -37,6 +37,13 @@ static double median(double *v, int n) {
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
+/* t seconds as "12.345 ms", or "0.390 us" below 0.1 ms. */
+static const char *fmt_time(double t, char *buf) {
+    if (t < 1e-4) sprintf(buf, "%7.3f us", t * 1e6);
+    else sprintf(buf, "%7.3f ms", t * 1e3);
+    return buf;
+}
+
 static em_generator *gen;
 
 static em_tensor *rnd(int ndim, const int64_t *sizes, double scale) {
@@ -259,8 +266,9 @@ int main(int argc, char **argv) {
         double floor = w[i].flops ? w[i].flops / mm : w[i].bytes / bw;
         char fl[32] = "-";
         if (floor > 0) snprintf(fl, sizeof fl, "%.1f%%", 100 * floor / mc);
-        printf("%-16s %7.3f ms %7.3f ms %7.2fx %9s %8.1f ms %8.1f ms %8d\n", w[i].name, me * 1e3,
-               mc * 1e3, me / mc, fl, cold * 1e3, warm * 1e3, st.kernels);
+        char b1[32], b2[32];
+        printf("%-16s %10s %10s %7.2fx %9s %8.1f ms %8.1f ms %8d\n", w[i].name, fmt_time(me, b1),
+               fmt_time(mc, b2), me / mc, fl, cold * 1e3, warm * 1e3, st.kernels);
         if (jf) fprintf(jf, "%s{\"name\": \"%s\", \"eager_ms\": %.6f, \"compiled_ms\": %.6f, "
                         "\"floor_ms\": %.6f, \"cold_first_ms\": %.3f, \"warm_first_ms\": %.3f, "
                         "\"kernels\": %d}", printed++ ? ", " : "", w[i].name, me * 1e3, mc * 1e3, floor * 1e3,
