@@ -28,6 +28,7 @@ struct em_compiled {
     em_tensor *const **watch;
     int nwatch;
     int limit;
+    bool verify;          /* run the graph verifier after every pass (EMBER_VERIFY=1) */
     const jit_backend *backend;
     jit_entry **entries;  /* most recently used first */
     int nentries;
@@ -112,6 +113,8 @@ em_compiled *em_compile(em_fn fn, void *ctx, const em_compile_options *opts) {
     jit_log_open(&f->log);
     f->limit = opts->recompile_limit ? opts->recompile_limit : env_limit(&f->log);
     f->env.log = &f->log;
+    const char *v = getenv("EMBER_VERIFY");
+    f->verify = v && *v && strcmp(v, "0") != 0;
     if (f->backend != &jit_replay_backend) f->env.cache = kc_open(NULL, 0);
     f->name = dup_str(opts->name ? opts->name : "fn");
     f->input_names = em_calloc((size_t)(f->ninputs ? f->ninputs : 1), sizeof(char *));
@@ -237,12 +240,7 @@ static jit_entry *make_entry(em_compiled *f, tr_graph *g, em_tensor *const *in,
         return NULL;
     }
     e->graph = g;
-#ifdef EMBER_DEBUG
-    bool verify = true;
-#else
-    bool verify = false;
-#endif
-    if (tr_optimize(g, verify) != EM_OK ||
+    if (tr_optimize(g, f->verify) != EM_OK ||
         !(e->guards = gd_build(g, in, scalars, f->nscalars, f->watch, f->nwatch)) ||
         f->backend->compile(g, &f->env, &e->state) != EM_OK) {
         entry_free(f, e);
