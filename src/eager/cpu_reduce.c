@@ -461,65 +461,67 @@ static void emit(const rctx *R, int64_t o, int64_t c, acc_t a) {
         finish(R, o, a);
 }
 
-/* Folds inner elements [lo, hi) (row-major over the inner dims) at p. */
+/* The runs along the innermost inner dim that cover inner elements
+ * [lo, hi) (row-major over the inner dims): each run_next gives the element
+ * offset of a run and its length. */
+typedef struct runs {
+    const plan *P;
+    int64_t idx[EM_MAX_DIMS], off, pos, cur, hi;
+} runs;
+
+static void runs_init(runs *it, const plan *P, int64_t lo, int64_t hi) {
+    int ni = P->ni;
+    int64_t last = P->isz[ni - 1], r = lo / last;
+    it->P = P;
+    it->off = 0;
+    it->pos = lo % last;
+    it->cur = lo;
+    it->hi = hi;
+    for (int d = ni - 2; d >= 0; d--) {
+        it->idx[d] = r % P->isz[d];
+        r /= P->isz[d];
+        it->off += it->idx[d] * P->ist[d];
+    }
+}
+
+static bool run_next(runs *it, int64_t *off, int64_t *len) {
+    const plan *P = it->P;
+    int ni = P->ni;
+    if (it->cur >= it->hi) return false;
+    int64_t last = P->isz[ni - 1];
+    *len = last - it->pos;
+    if (*len > it->hi - it->cur) *len = it->hi - it->cur;
+    *off = it->off + it->pos * P->ist[ni - 1];
+    it->cur += *len;
+    it->pos = 0;
+    for (int d = ni - 2; d >= 0; d--) {
+        it->off += P->ist[d];
+        if (++it->idx[d] < P->isz[d]) break;
+        it->off -= P->ist[d] * P->isz[d];
+        it->idx[d] = 0;
+    }
+    return true;
+}
+
+/* Folds inner elements [lo, hi) at p. */
 static void hwalk(const rctx *R, const char *p, int64_t lo, int64_t hi, run_fn fn, acc_t *a,
                   double m) {
-    const plan *P = R->P;
+    runs it;
+    int64_t off, len;
     if (lo >= hi) return;
-    int ni = P->ni;
-    int64_t last = P->isz[ni - 1], lst = P->ist[ni - 1];
-    int64_t idx[EM_MAX_DIMS], off = 0;
-    int64_t r = lo / last, pos = lo % last;
-    for (int d = ni - 2; d >= 0; d--) {
-        idx[d] = r % P->isz[d];
-        r /= P->isz[d];
-        off += idx[d] * P->ist[d];
-    }
-    int64_t cur = lo;
-    while (cur < hi) {
-        int64_t len = last - pos;
-        if (len > hi - cur) len = hi - cur;
-        fn(p + (off + pos * lst) * R->esz, len, lst, a, m);
-        cur += len;
-        pos = 0;
-        for (int d = ni - 2; d >= 0; d--) {
-            off += P->ist[d];
-            if (++idx[d] < P->isz[d]) break;
-            off -= P->ist[d] * P->isz[d];
-            idx[d] = 0;
-        }
-    }
+    runs_init(&it, R->P, lo, hi);
+    while (run_next(&it, &off, &len)) fn(p + off * R->esz, len, R->P->ist[R->P->ni - 1], a, m);
 }
 
 /* Vertical: folds the w outputs' rows for inner elements [lo, hi), one
  * call per run along the innermost inner dim. */
 static void vwalk(const rctx *R, const char *p, int64_t lo, int64_t hi, vrun_fn fn, acc_t *a,
                   int64_t w, const double *m) {
-    const plan *P = R->P;
+    runs it;
+    int64_t off, len;
     if (lo >= hi) return;
-    int ni = P->ni;
-    int64_t last = P->isz[ni - 1], lst = P->ist[ni - 1];
-    int64_t idx[EM_MAX_DIMS], off = 0;
-    int64_t r = lo / last, pos = lo % last;
-    for (int d = ni - 2; d >= 0; d--) {
-        idx[d] = r % P->isz[d];
-        r /= P->isz[d];
-        off += idx[d] * P->ist[d];
-    }
-    int64_t cur = lo;
-    while (cur < hi) {
-        int64_t len = last - pos;
-        if (len > hi - cur) len = hi - cur;
-        fn(p + (off + pos * lst) * R->esz, len, lst, w, a, m);
-        cur += len;
-        pos = 0;
-        for (int d = ni - 2; d >= 0; d--) {
-            off += P->ist[d];
-            if (++idx[d] < P->isz[d]) break;
-            off -= P->ist[d] * P->isz[d];
-            idx[d] = 0;
-        }
-    }
+    runs_init(&it, R->P, lo, hi);
+    while (run_next(&it, &off, &len)) fn(p + off * R->esz, len, R->P->ist[R->P->ni - 1], w, a, m);
 }
 
 static void h_items(void *ctx, int64_t b, int64_t e) {
