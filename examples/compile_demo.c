@@ -78,6 +78,9 @@ int main(void) {
     em_compile_stats st;
     em_compiled_stats(f, &st);
     printf("\nlast guard failure: %s\n", st.last_failure);
+    printf("native kernels: %lld compiled, %lld loaded from the kernel cache "
+           "(run the demo again: they all load)\n",
+           (long long)st.kernels_compiled, (long long)st.kernels_loaded);
     printf("\nthe most recent entry:\n");
     em_compiled_print(f, 0, false, stdout);
 
