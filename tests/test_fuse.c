@@ -147,6 +147,79 @@ START_TEST(integers_bools_and_where) {
 }
 END_TEST
 
+/* Every pointwise op against eager: all unary ops of an input in one
+ * function (one fused kernel with an output per op, so the suite stays
+ * quick under valgrind), and likewise all binary ops. */
+typedef em_tensor *(*unary_fn)(const em_tensor *);
+typedef em_tensor *(*binary_fn)(const em_tensor *, const em_tensor *);
+static const unary_fn unary[] = {em_neg, em_abs, em_exp, em_log, em_sqrt, em_rsqrt, em_sin,
+                                 em_cos, em_tanh, em_sigmoid, em_relu, em_gelu, em_gelu_tanh,
+                                 em_erf};
+static const binary_fn binary[] = {em_add, em_sub, em_mul, em_div, em_pow, em_maximum,
+                                   em_minimum, em_eq, em_ne, em_lt, em_le, em_gt, em_ge};
+#define NUNARY ((int)(sizeof unary / sizeof unary[0]))
+#define NBINARY ((int)(sizeof binary / sizeof binary[0]))
+static int nbinary_used = NBINARY;
+
+static em_status all_unary(void *c, em_tensor *const *in, const double *s, em_tensor **out) {
+    (void)c, (void)s;
+    for (int i = 0; i < NUNARY; i++)
+        if (!(out[i] = unary[i](in[0]))) return em_last_status();
+    return EM_OK;
+}
+
+static em_status all_binary(void *c, em_tensor *const *in, const double *s, em_tensor **out) {
+    (void)c, (void)s;
+    for (int i = 0; i < nbinary_used; i++)
+        if (!(out[i] = binary[i](in[0], in[1]))) return em_last_status();
+    return EM_OK;
+}
+
+/* check_fn for functions of n outputs; returns the kernel count. */
+static int check_multi(fn_t fn, int nin, em_tensor **in, int nout, double rtol, double atol) {
+    em_compile_options o = {.ninputs = nin, .noutputs = nout, .name = "multi", .backend = "cpu"};
+    em_compiled *f = em_compile(fn, NULL, &o);
+    em_tensor *ref[16], *y[16];
+    ck_assert_int_eq(fn(NULL, in, NULL, ref), EM_OK);
+    ck_assert_msg(em_call(f, in, NULL, y) == EM_OK, "%s", em_last_error());
+    ck_assert_msg(em_call(f, in, NULL, y) == EM_OK, "%s", em_last_error());
+    for (int i = 0; i < nout; i++) {
+        double *r = tu_values(ref[i]);
+        ck_assert_int_eq(em_dtype_of(y[i]), em_dtype_of(ref[i]));
+        tu_check_close(y[i], r, em_ndim(ref[i]), em_sizes(ref[i]), rtol, atol);
+        free(r);
+    }
+    em_compile_stats st;
+    em_compiled_stats(f, &st);
+    ck_assert_int_eq(st.hits, 1);
+    em_compiled_free(f);
+    return st.kernels;
+}
+
+START_TEST(every_pointwise_op_matches_eager) {
+    const em_dtype dts[] = {EM_F32, EM_F64};
+    for (int d = 0; d < 2; d++) {
+        /* positive inputs for log, sqrt, pow; then NaN, infinities, zeros */
+        em_tensor *x = em_add_scalar(em_abs(tu_random(40, 2, TU_SIZES(7, 33), dts[d], 2)), 0.1);
+        em_tensor *y = tu_random(41, 1, TU_SIZES(33), dts[d], 2);
+        const double sp[8] = {NAN, INFINITY, -INFINITY, 0, -0.0, 1e-30, -50, 50};
+        em_tensor *z = tu_tensor(sp, 1, TU_SIZES(8), dts[d]);
+        em_tensor *ins[3] = {x, y, z};
+        for (int k = 0; k < 3; k++) ck_assert_int_eq(check_multi(all_unary, 1, &ins[k], NUNARY, 4e-6, 1e-6), 1);
+        em_tensor *xy[2] = {x, y};
+        nbinary_used = NBINARY;
+        ck_assert_int_eq(check_multi(all_binary, 2, xy, NBINARY, 4e-6, 1e-6), 1);
+    }
+    /* integers: exact ops stay integer, div and pow compute in f32 */
+    em_tensor *a = em_add_scalar(em_abs(tu_random(42, 2, TU_SIZES(3, 5), EM_I64, 5)), 1);
+    em_tensor *b = em_add_scalar(em_abs(tu_random(43, 1, TU_SIZES(5), EM_I64, 2)), 1);
+    em_tensor *ab[2] = {a, b};
+    check_multi(all_binary, 2, ab, NBINARY, 1e-6, 0);
+    em_tensor *neg = em_neg(a);
+    check_multi(all_unary, 1, &neg, NUNARY, 4e-6, 1e-6);
+}
+END_TEST
+
 /* Compiles softmax for x and returns its stats. */
 static em_compile_stats softmax_stats(em_tensor *x) {
     em_compile_options o = {.ninputs = 1, .noutputs = 1, .name = "softmax"};
@@ -210,6 +283,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, mlp_epilogue_fuses_after_matmul);
     tcase_add_test(tc, reductions_and_leading_dims);
     tcase_add_test(tc, integers_bools_and_where);
+    tcase_add_test(tc, every_pointwise_op_matches_eager);
     tcase_add_test(tc, second_process_loads_kernels_from_the_cache);
     suite_add_tcase(s, tc);
     return s;
