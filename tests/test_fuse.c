@@ -2,6 +2,8 @@
  * mode, and fusion gives the kernel counts it promises. */
 #include "testutil.h"
 
+#include "worker.h"
+
 #include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -272,6 +274,75 @@ START_TEST(second_process_loads_kernels_from_the_cache) {
 }
 END_TEST
 
+/* Several kernels per graph: softmax and layer_norm side by side, with a
+ * matmul between them (three groups). */
+static em_status three_kernels(void *c, em_tensor *const *in, const double *s, em_tensor **out) {
+    (void)c, (void)s;
+    em_tensor *a = em_softmax(in[0], -1);
+    em_tensor *m = em_matmul(a, em_transpose(in[0], 0, 1));
+    out[0] = em_layer_norm(em_tanh(m), 1, NULL, NULL, 1e-5);
+    return out[0] ? EM_OK : em_last_status();
+}
+
+START_TEST(kernels_compile_in_workers_or_in_process) {
+    em_tensor *x = tu_random(50, 2, TU_SIZES(9, 9), EM_F32, 1);
+    const char *saved = getenv("EMBER_JIT_WORKER");
+    char *keep = saved ? strdup(saved) : NULL;
+    /* the build's worker (as make check sets it), a failing one, none */
+    const char *workers[3] = {keep ? keep : "0", "/bin/false", "0"};
+    for (int w = 0; w < 3; w++) {
+        char dir[] = "/tmp/ember-worker-cache-XXXXXX";
+        ck_assert_ptr_nonnull(mkdtemp(dir));
+        setenv("EMBER_CACHE_DIR", dir, 1);
+        setenv("EMBER_JIT_WORKER", workers[w], 1);
+        int k = check_fn(three_kernels, 1, &x, 1e-5, 1e-5);
+        ck_assert_int_ge(k, 2);
+        char cmd[128];
+        snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+        ck_assert_int_eq(system(cmd), 0);
+    }
+    if (keep) setenv("EMBER_JIT_WORKER", keep, 1);
+    else unsetenv("EMBER_JIT_WORKER");
+    free(keep);
+}
+END_TEST
+
+START_TEST(worker_protocol_round_trip) {
+    k_kernel *k = kir_new("k7");
+    int b = kir_buf(k, EM_F32), n = kir_const_i(k, EM_I64, 5);
+    int i = kir_range(k, n, K_PARALLEL);
+    kir_store(k, b, i, kir_alu(k, KA_EXP, kir_load(k, b, i), -1, -1));
+    kir_end(k);
+    FILE *f = tmpfile();
+    ck_assert(jit_worker_write(f, k, "/tmp/x.so"));
+    ck_assert(jit_worker_write(f, k, "/tmp/y.so"));
+    rewind(f);
+    char path[64];
+    for (int r = 0; r < 2; r++) {
+        k_kernel *back = jit_worker_read(f, path, sizeof path);
+        ck_assert_ptr_nonnull(back);
+        ck_assert_str_eq(path, r ? "/tmp/y.so" : "/tmp/x.so");
+        ck_assert_str_eq(back->name, "k7");
+        ck_assert_int_eq(back->n, k->n);
+        ck_assert(memcmp(back->insts, k->insts, sizeof(k_inst) * (size_t)k->n) == 0);
+        ck_assert_int_eq(kir_verify(back), EM_OK);
+        kir_free(back);
+    }
+    fclose(f);
+    /* truncated or foreign input is an error, not a crash */
+    const char *bad[] = {"EMKIR01", "EMKIR01\0\x40\0\0\0\x02", "not a kernel at all"};
+    const size_t badlen[] = {7, 14, 19};
+    for (int t = 0; t < 3; t++) {
+        FILE *g = tmpfile();
+        ck_assert_int_eq(fwrite(bad[t], 1, badlen[t], g), badlen[t]);
+        rewind(g);
+        ck_assert_ptr_null(jit_worker_read(g, path, sizeof path));
+        fclose(g);
+    }
+    kir_free(k);
+}
+END_TEST
+
 static Suite *suite(void) {
     Suite *s = suite_create("fuse");
     TCase *tc = tcase_create("fuse");
@@ -284,6 +355,8 @@ static Suite *suite(void) {
     tcase_add_test(tc, reductions_and_leading_dims);
     tcase_add_test(tc, integers_bools_and_where);
     tcase_add_test(tc, every_pointwise_op_matches_eager);
+    tcase_add_test(tc, kernels_compile_in_workers_or_in_process);
+    tcase_add_test(tc, worker_protocol_round_trip);
     tcase_add_test(tc, second_process_loads_kernels_from_the_cache);
     suite_add_tcase(s, tc);
     return s;
