@@ -9,6 +9,7 @@
 #include <dlfcn.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cpu_gccjit_impl.h"
@@ -116,8 +117,17 @@ static em_status check_kernel(const k_kernel *k) {
 
 /* ---- contexts ---- */
 
-/* -march for the running CPU (gccjit rejects -march=native). */
+/* -march for the running CPU (gccjit rejects -march=native), unless
+ * EMBER_JIT_MARCH names the level to generate for: compile workers get the
+ * parent's, so that a worker's code runs where its parent runs (under
+ * valgrind, which hides AVX-512, the two CPUs differ) and matches the
+ * cache key the parent computed. */
 static const char *march_option(void) {
+    static const char *const levels[] = {"-march=x86-64-v4", "-march=x86-64-v3",
+                                         "-march=x86-64-v2", "-march=x86-64"};
+    const char *e = getenv("EMBER_JIT_MARCH");
+    for (size_t i = 0; e && i < sizeof levels / sizeof levels[0]; i++)
+        if (!strcmp(e, levels[i] + 7)) return levels[i];
 #if defined(__x86_64__) && defined(__GNUC__)
     __builtin_cpu_init();
     if (__builtin_cpu_supports("x86-64-v4")) return "-march=x86-64-v4";
@@ -315,6 +325,11 @@ em_status jit_cpu_run_chunks(const jit_cpu_kernel *ck, void *const *bufs, const 
     run_ctx rc = {ck, bufs, sizes, n, nchunks};
     em_parallel_for(nchunks, 1, run_chunk_range, &rc);
     return EM_OK;
+}
+
+const char *jit_cpu_march(void) {
+    const char *m = march_option();
+    return m ? m + 7 : "";
 }
 
 const char *jit_cpu_target(void) {

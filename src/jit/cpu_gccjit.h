@@ -57,6 +57,9 @@ void jit_cpu_free(jit_cpu_kernel *ck);
  * version, the generator's version and the target options (part of every
  * cache key).  A per-thread buffer, valid until the thread's next call. */
 const char *jit_cpu_target(void);
+/* The architecture level generated for ("x86-64-v4"...; "" when none is
+ * passed): EMBER_JIT_MARCH, else what the running CPU supports. */
+const char *jit_cpu_march(void);
 
 /* For tests and tools: the generated entry point, and a run that cuts the
  * parallel range into exactly nchunks contiguous pieces (spread over the

@@ -55,7 +55,18 @@ static int push(k_kernel *k, k_inst in) {
         k->insts = p;
         k->cap = cap;
     }
-    k->insts[k->n] = in;
+    /* field by field over zeroed memory: no uninitialised padding, so that
+     * an instruction array can be written out as bytes (compile workers) */
+    k_inst *d = &k->insts[k->n];
+    memset(d, 0, sizeof *d);
+    d->op = in.op;
+    d->alu = in.alu;
+    d->dtype = in.dtype;
+    d->nsrc = in.nsrc;
+    memcpy(d->src, in.src, sizeof d->src);
+    d->fval = in.fval;
+    d->ival = in.ival;
+    d->flags = in.flags;
     return k->n++;
 }
 

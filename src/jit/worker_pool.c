@@ -6,6 +6,10 @@
  * installed one (EMBER_WORKER_PATH, set by the build). */
 #include "worker.h"
 
+#include <stdio.h>
+
+#include "cpu_gccjit.h"
+
 #include <errno.h>
 #include <pthread.h>
 #include <signal.h>
@@ -81,7 +85,25 @@ static pid_t spawn(const char *prog, k_kernel *const *ks, const char *const *pat
     posix_spawn_file_actions_addclose(&fa, fds[1]);
     pid_t pid;
     char *argv[] = {(char *)prog, NULL};
-    int rc = posix_spawn(&pid, prog, &fa, NULL, argv, environ);
+    /* the worker generates for this process's CPU level, not its own */
+    char march[64];
+    snprintf(march, sizeof march, "EMBER_JIT_MARCH=%s", jit_cpu_march());
+    int nenv = 0;
+    while (environ[nenv]) nenv++;
+    char **env = em_malloc(sizeof(char *) * (size_t)(nenv + 2));
+    if (!env) {
+        posix_spawn_file_actions_destroy(&fa);
+        close(fds[0]);
+        close(fds[1]);
+        return -1;
+    }
+    int k = 0;
+    for (int i = 0; i < nenv; i++)
+        if (strncmp(environ[i], "EMBER_JIT_MARCH=", 16)) env[k++] = environ[i];
+    env[k++] = march;
+    env[k] = NULL;
+    int rc = posix_spawn(&pid, prog, &fa, NULL, argv, env);
+    em_free(env);
     posix_spawn_file_actions_destroy(&fa);
     close(fds[0]);
     if (rc != 0) {
