@@ -37,6 +37,11 @@ typedef struct lower {
     int j[EM_MAX_DIMS];      /* the inner loop variables (valid inside) */
     bool inner;              /* emitting inside the inner loops */
     bool failed;
+    /* The last reduction's input, computed in its pass, is kept in a stored
+     * output's memory for the final pass to read back instead of
+     * recomputing (softmax: one exp per element, not two). -1: none. */
+    int stash_node, stash_buf;
+    bool stash_pending;
 } lower;
 
 static bool is_leaf(const lower *L, int v) {
@@ -245,6 +250,10 @@ static int reduce_pass(lower *L, int input, k_alu combine, em_dtype acc_dtype, i
     int acc = kir_acc(L->k, combine, c);
     open_inner(L);
     int x = value(L, input);
+    if (L->stash_pending && input == L->stash_node) {
+        kir_store(L->k, L->param[L->stash_buf], offset(L, L->stash_buf), x);
+        L->stash_pending = false;
+    }
     if (L->g->nodes[input].meta.dtype != acc_dtype) x = kir_cast(L->k, x, acc_dtype);
     if (center >= 0) {
         int d = kir_alu(L->k, KA_SUB, x, center, -1);
@@ -304,6 +313,31 @@ static void free_tables(lower *L) {
     em_free(L->row_base);
 }
 
+/* Picks the value to keep between the last reduction pass and the final
+ * pass: that reduction's input, when it is computed (not loaded), varies
+ * along the row, and a full-size stored output of its dtype can hold it. */
+static void choose_stash(lower *L, int nin) {
+    const tr_graph *g = L->g;
+    L->stash_node = L->stash_buf = -1;
+    L->stash_pending = false;
+    int last = -1;
+    for (int v = 0; v < g->nnodes; v++)
+        if (L->s->group[v] == L->gi && sc_is_reduction(&g->nodes[v])) last = v;
+    if (last < 0 || g->nodes[last].op == EM_OP_VAR) return;
+    int e = g->nodes[last].in[0];
+    em_dtype d = g->nodes[e].meta.dtype;
+    if (is_leaf(L, e) || !varies_inner(L, e) || !em_dtype_is_float(d)) return;
+    for (int b = nin; b < L->nbufs; b++) {
+        int v = L->bufs[b];
+        if (varies_inner(L, v) && g->nodes[v].meta.dtype == d) {
+            L->stash_node = e;
+            L->stash_buf = b;
+            L->stash_pending = true;
+            return;
+        }
+    }
+}
+
 /* The body: the outer loop and everything inside it. */
 static void emit(lower *L, int nin) {
     const tr_graph *g = L->g;
@@ -330,6 +364,7 @@ static void emit(lower *L, int nin) {
         }
         L->row_base[b] = off < 0 ? ci(L, 0) : off;
     }
+    choose_stash(L, nin);
     for (int v = 0; v < g->nnodes; v++)
         if (L->s->group[v] == L->gi && sc_is_reduction(&g->nodes[v])) lower_reduction(L, v);
     /* stored values: per row first, then one pass for the full ones */
@@ -344,6 +379,9 @@ static void emit(lower *L, int nin) {
     }
     if (any_full) {
         open_inner(L);
+        if (L->stash_node >= 0 && !L->stash_pending)
+            L->full_val[L->stash_node] =
+                kir_load(L->k, L->param[L->stash_buf], offset(L, L->stash_buf));
         for (int b = nin; b < L->nbufs; b++)
             if (varies_inner(L, L->bufs[b])) kir_store(L->k, L->param[b], offset(L, b), value(L, L->bufs[b]));
         close_inner(L);
