@@ -8,36 +8,10 @@
 #include <stdio.h>
 #include <string.h>
 
+#define decode tu_decode
+#define rd tu_raw_values
+
 static const em_dtype all_dtypes[] = {EM_F32, EM_F64, EM_I32, EM_I64, EM_BOOL, EM_F16, EM_BF16};
-
-static double half_to_double(uint16_t h) {
-    int e = (h >> 10) & 31, m = h & 1023;
-    double v;
-    if (e == 0) v = ldexp(m, -24);
-    else if (e == 31) v = m ? NAN : INFINITY;
-    else v = ldexp(m + 1024, e - 25);
-    return (h >> 15) ? -v : v;
-}
-
-static double bf16_to_double(uint16_t h) {
-    uint32_t b = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &b, 4);
-    return f;
-}
-
-static double decode(const unsigned char *p, em_dtype d) {
-    switch (d) {
-    case EM_F32: { float x; memcpy(&x, p, 4); return x; }
-    case EM_F64: { double x; memcpy(&x, p, 8); return x; }
-    case EM_I32: { int32_t x; memcpy(&x, p, 4); return x; }
-    case EM_I64: { int64_t x; memcpy(&x, p, 8); return (double)x; }
-    case EM_BOOL: return p[0];
-    case EM_F16: { uint16_t x; memcpy(&x, p, 2); return half_to_double(x); }
-    case EM_BF16: { uint16_t x; memcpy(&x, p, 2); return bf16_to_double(x); }
-    default: return NAN;
-    }
-}
 
 /* t's raw bytes (malloc'd). */
 static unsigned char *raw(const em_tensor *t) {
@@ -47,17 +21,6 @@ static unsigned char *raw(const em_tensor *t) {
     unsigned char *b = malloc(nb > 0 ? nb : 1);
     ck_assert_int_eq(em_copy_to_host(t, b, nb), EM_OK);
     return b;
-}
-
-/* t's values as doubles (malloc'd). */
-static double *rd(const em_tensor *t) {
-    unsigned char *b = raw(t);
-    int64_t n = em_numel(t);
-    size_t es = em_dtype_size(em_dtype_of(t));
-    double *v = malloc(sizeof(double) * (size_t)(n > 0 ? n : 1));
-    for (int64_t i = 0; i < n; i++) v[i] = decode(b + (size_t)i * es, em_dtype_of(t));
-    free(b);
-    return v;
 }
 
 static int same(double a, double b) { return (isnan(a) && isnan(b)) || a == b; }

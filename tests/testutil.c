@@ -53,6 +53,47 @@ double *tu_values(const em_tensor *t) {
     return v;
 }
 
+static double half_to_double(uint16_t h) {
+    int e = (h >> 10) & 31, m = h & 1023;
+    double v;
+    if (e == 0) v = ldexp(m, -24);
+    else if (e == 31) v = m ? NAN : INFINITY;
+    else v = ldexp(m + 1024, e - 25);
+    return (h >> 15) ? -v : v;
+}
+
+static double bf16_to_double(uint16_t h) {
+    uint32_t b = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &b, 4);
+    return f;
+}
+
+double tu_decode(const unsigned char *p, em_dtype d) {
+    switch (d) {
+    case EM_F32: { float x; memcpy(&x, p, 4); return x; }
+    case EM_F64: { double x; memcpy(&x, p, 8); return x; }
+    case EM_I32: { int32_t x; memcpy(&x, p, 4); return x; }
+    case EM_I64: { int64_t x; memcpy(&x, p, 8); return (double)x; }
+    case EM_BOOL: return p[0];
+    case EM_F16: { uint16_t x; memcpy(&x, p, 2); return half_to_double(x); }
+    case EM_BF16: { uint16_t x; memcpy(&x, p, 2); return bf16_to_double(x); }
+    default: return NAN;
+    }
+}
+
+double *tu_raw_values(const em_tensor *t) {
+    ck_assert_msg(t != NULL, "tu_raw_values: NULL tensor: %s", em_last_error());
+    int64_t n = em_numel(t);
+    size_t es = em_dtype_size(em_dtype_of(t));
+    unsigned char *buf = malloc((size_t)(n > 0 ? n : 1) * es);
+    ck_assert_int_eq(em_copy_to_host(t, buf, (size_t)n * es), EM_OK);
+    double *v = malloc(sizeof(double) * (size_t)(n > 0 ? n : 1));
+    for (int64_t i = 0; i < n; i++) v[i] = tu_decode(buf + (size_t)i * es, em_dtype_of(t));
+    free(buf);
+    return v;
+}
+
 int64_t tu_flat(int ndim, const int64_t *sizes, const int64_t *idx) {
     int64_t f = 0;
     for (int i = 0; i < ndim; i++) f = f * sizes[i] + idx[i];

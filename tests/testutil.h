@@ -21,6 +21,12 @@ em_tensor *tu_random(uint64_t seed, int ndim, const int64_t *sizes, em_dtype dty
 em_tensor *tu_tensor(const double *v, int ndim, const int64_t *sizes, em_dtype dtype);
 /* t's values in row-major order as doubles (malloc'd, caller frees). */
 double *tu_values(const em_tensor *t);
+/* The value of one element of dtype d at p, decoded here (f16 and bf16
+ * included), independently of em_cast. */
+double tu_decode(const unsigned char *p, em_dtype d);
+/* t's values in row-major order, read as raw bytes with em_copy_to_host and
+ * decoded with tu_decode (malloc'd, caller frees). */
+double *tu_raw_values(const em_tensor *t);
 /* Index of the row-major position of multi-index idx in sizes. */
 int64_t tu_flat(int ndim, const int64_t *sizes, const int64_t *idx);
 /* Advances a multi-index; returns 0 after the last. */
