@@ -407,11 +407,7 @@ START_TEST(test_embedding) {
 END_TEST
 
 static Suite *suite(void) {
-    Suite *s = suite_create("index");
-    struct {
-        const char *name;
-        const TTest *t;
-    } tests[] = {
+    const tu_test tests[] = {
         {"cat_dims_every_dtype", test_cat_dims_every_dtype},
         {"cat_noncontiguous", test_cat_noncontiguous},
         {"cat_empty", test_cat_empty},
@@ -425,14 +421,7 @@ static Suite *suite(void) {
         {"index_select_errors", test_index_select_errors},
         {"embedding", test_embedding},
     };
-    for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++) {
-        TCase *tc = tcase_create(tests[i].name);
-        tcase_add_checked_fixture(tc, tu_setup, tu_teardown);
-        tcase_set_timeout(tc, 120);
-        tcase_add_test(tc, tests[i].t);
-        suite_add_tcase(s, tc);
-    }
-    return s;
+    return tu_suite("index", tests, sizeof tests / sizeof tests[0], 120);
 }
 
 int main(void) { return tu_run(suite()); }

@@ -696,11 +696,7 @@ START_TEST(test_errors) {
 END_TEST
 
 static Suite *suite(void) {
-    Suite *s = suite_create("reduce");
-    struct {
-        const char *name;
-        const TTest *t;
-    } tests[] = {
+    const tu_test tests[] = {
         {"dims_every_dtype", test_dims_every_dtype},
         {"1d_and_4d", test_1d_and_4d},
         {"keepdim_shapes", test_keepdim_shapes},
@@ -717,14 +713,7 @@ static Suite *suite(void) {
         {"large", test_large},
         {"errors", test_errors},
     };
-    for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++) {
-        TCase *tc = tcase_create(tests[i].name);
-        tcase_add_checked_fixture(tc, tu_setup, tu_teardown);
-        tcase_set_timeout(tc, 120);
-        tcase_add_test(tc, tests[i].t);
-        suite_add_tcase(s, tc);
-    }
-    return s;
+    return tu_suite("reduce", tests, sizeof tests / sizeof tests[0], 120);
 }
 
 int main(void) { return tu_run(suite()); }

@@ -163,6 +163,18 @@ int tu_run(Suite *s) {
     return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
 }
 
+Suite *tu_suite(const char *name, const tu_test *tests, size_t n, double timeout) {
+    Suite *s = suite_create(name);
+    for (size_t i = 0; i < n; i++) {
+        TCase *tc = tcase_create(tests[i].name);
+        tcase_add_checked_fixture(tc, tu_setup, tu_teardown);
+        tcase_set_timeout(tc, timeout);
+        tcase_add_test(tc, tests[i].test);
+        suite_add_tcase(s, tc);
+    }
+    return s;
+}
+
 void tu_setup(void) {
     em_clear_error();
     em_scope_begin();

@@ -55,6 +55,14 @@ void tu_check_close_at(const char *file, int line, const em_tensor *t, const dou
         ck_assert_msg(em_last_error()[0] != '\0', "%s: empty error message", #expr);   \
     } while (0)
 
+/* A suite of one TCase per test, each with tu_setup/tu_teardown and the
+ * given timeout (seconds). */
+typedef struct tu_test {
+    const char *name;
+    const TTest *test;
+} tu_test;
+Suite *tu_suite(const char *name, const tu_test *tests, size_t n, double timeout);
+
 /* Runs a suite (CK_ENV verbosity) and returns the process exit status. */
 int tu_run(Suite *s);
 
