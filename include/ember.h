@@ -321,6 +321,8 @@ typedef struct em_compile_stats {
     int kernels;          /* native kernels of the most recent entry */
     int64_t kernels_compiled; /* kernels this function had to compile */
     int64_t kernels_loaded;   /* kernels it found in the kernel cache instead */
+    int64_t graphs_loaded;    /* entries whose whole plan came from the cache (no
+                                 fusion, lowering or code generation) */
     bool broken;          /* a graph break was seen: fn now always runs eagerly */
     char last_failure[256]; /* why the last non-matching call matched no entry */
 } em_compile_stats;

@@ -211,6 +211,10 @@ void em_free(void *p);                 /* with the thread's allocator */
 em_tensor *em_tensor_alloc(const em_meta *m);
 /* A view of base's storage with m's sizes, strides and offset. */
 em_tensor *em_tensor_view(const em_tensor *base, const em_meta *m);
+/* A tensor with meta m and no storage, owned by the caller (not by a
+ * scope): a stand-in whose value is never read, e.g. the constants of a
+ * graph compiled ahead of time from its text (ember-cache warmup). */
+em_tensor *em_tensor_meta_only(const em_meta *m);
 /* Hands a new tensor to the innermost scope (or leaves it to the caller). */
 em_tensor *em_tensor_adopt(em_tensor *t);
 /* Drops a tensor just made (on a failure path): out of its scope, released. */

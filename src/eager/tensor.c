@@ -179,6 +179,8 @@ em_tensor *em_tensor_view(const em_tensor *base, const em_meta *m) {
     return em_tensor_adopt(t);
 }
 
+em_tensor *em_tensor_meta_only(const em_meta *m) { return tensor_new(m, NULL); }
+
 em_tensor *em_retain(em_tensor *t) {
     if (t) atomic_fetch_add(&t->refcount, 1);
     return t;

@@ -8,33 +8,30 @@
 #include "cpu_gccjit.h"
 #include "jit.h"
 #include "fuse.h"
+#include "plan.h"
 #include "worker.h"
 
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
-typedef struct cpu_kernel_step {
-    jit_cpu_kernel *kernel;
-    int *bufs;   /* node of each buffer parameter */
-    int nbufs;
-    int nouts;   /* the last nouts buffers are results, allocated per run */
-} cpu_kernel_step;
-
+/* A graph's compiled form: its plan (steps, and per kernel its cache key
+ * and buffers) and the loaded kernels.  No steps: run op by op. */
 typedef struct cpu_state {
-    sc_schedule *sched;        /* NULL: run op by op */
-    cpu_kernel_step *kernels;  /* by group */
-    int nkernels;
+    jit_plan plan;
+    jit_cpu_kernel **kernels; /* by plan kernel */
 } cpu_state;
+
+static void drop_kernels(cpu_state *st) {
+    for (int i = 0; st->kernels && i < st->plan.nkernels; i++) jit_cpu_free(st->kernels[i]);
+    em_free(st->kernels);
+    st->kernels = NULL;
+    jit_plan_clear(&st->plan);
+}
 
 static void state_free(cpu_state *st) {
     if (!st) return;
-    for (int i = 0; i < st->nkernels; i++) {
-        jit_cpu_free(st->kernels[i].kernel);
-        em_free(st->kernels[i].bufs);
-    }
-    em_free(st->kernels);
-    sc_free(st->sched);
+    drop_kernels(st);
     em_free(st);
 }
 
@@ -177,76 +174,135 @@ static em_status get_kernels(jit_env *env, k_kernel **ks, const kc_key *keys, in
     return s;
 }
 
-/* Drops the schedule: the graph then runs op by op, correct but slower. */
+/* Drops the kernels: the graph then runs op by op, correct but slower. */
 static void run_op_by_op(cpu_state *st, const jit_env *env) {
     jit_logf(env->log, JIT_LOG_CODE, "graph runs op by op: %s", em_last_error());
-    for (int i = 0; i < st->nkernels; i++) {
-        jit_cpu_free(st->kernels[i].kernel);
-        em_free(st->kernels[i].bufs);
-    }
-    em_free(st->kernels);
-    st->kernels = NULL;
-    st->nkernels = 0;
-    sc_free(st->sched);
-    st->sched = NULL;
+    drop_kernels(st);
     em_clear_error();
+}
+
+/* Schedules, lowers and compiles g into st's plan and kernels. */
+static em_status build(const tr_graph *g, jit_env *env, cpu_state *st) {
+    sc_schedule *sched = sc_build(g);
+    if (!sched) return em_last_status();
+    jit_plan *p = &st->plan;
+    int n = sched->ngroups;
+    p->steps = em_calloc((size_t)sched->nsteps + 1, sizeof *p->steps);
+    p->kernels = em_calloc((size_t)n + 1, sizeof *p->kernels);
+    st->kernels = em_calloc((size_t)n + 1, sizeof *st->kernels);
+    k_kernel **ks = em_calloc((size_t)n + 1, sizeof *ks);
+    kc_key *keys = em_calloc((size_t)n + 1, sizeof *keys);
+    em_status s = p->steps && p->kernels && st->kernels && ks && keys ? EM_OK : em_last_status();
+    if (s == EM_OK) {
+        p->nkernels = n;
+        p->nsteps = sched->nsteps;
+        memcpy(p->steps, sched->steps, sizeof *p->steps * (size_t)sched->nsteps);
+    }
+    for (int gi = 0; gi < n && s == EM_OK; gi++) {
+        jit_plan_kernel *pk = &p->kernels[gi];
+        pk->bufs = em_malloc(sizeof(int) * ((size_t)g->nnodes + 1));
+        ks[gi] = pk->bufs ? sc_lower(sched, gi, pk->bufs, &pk->nbufs, &pk->nouts) : NULL;
+        if (!ks[gi] || !kernel_key(ks[gi], &pk->key))
+            s = em_last_status() ? em_last_status() : EM_ERR_UNSUPPORTED;
+        else
+            log_kernel(env, ks[gi]);
+        keys[gi] = pk->key;
+    }
+    if (s == EM_OK) s = get_kernels(env, ks, keys, n, st->kernels);
+    for (int gi = 0; ks && gi < n; gi++) kir_free(ks[gi]);
+    em_free(ks);
+    em_free(keys);
+    sc_free(sched);
+    return s;
+}
+
+/* The kernel name of plan kernel i (lower.c names group i "k<i>"). */
+static void kernel_name(int i, char *buf, size_t n) { snprintf(buf, n, "k%d", i); }
+
+/* Loads g's plan and every kernel it names from the cache; false (st
+ * empty) on any miss. */
+static bool load_plan(jit_env *env, const tr_graph *g, const kc_key *gkey, cpu_state *st) {
+    void *text = NULL;
+    size_t n = 0;
+    char hex[KC_KEY_HEX_SIZE];
+    kc_key_hex(gkey, hex);
+    if (kc_get(env->cache, gkey, "plan", &text, &n) != EM_OK || !text) {
+        em_clear_error();
+        jit_logf(env->log, JIT_LOG_CACHE, "cache miss: graph plan (%s)", hex);
+        return false;
+    }
+    bool ok = jit_plan_parse(text, n, g, &st->plan);
+    em_free(text);
+    if (ok) ok = (st->kernels = em_calloc((size_t)st->plan.nkernels + 1, sizeof *st->kernels)) != NULL;
+    for (int i = 0; ok && i < st->plan.nkernels; i++) {
+        char *path = NULL, name[32];
+        kernel_name(i, name, sizeof name);
+        ok = kc_get_file(env->cache, &st->plan.kernels[i].key, "so", &path) == EM_OK && path &&
+             jit_cpu_load_so(path, name, &st->kernels[i]) == EM_OK;
+        em_free(path);
+    }
+    if (!ok) {
+        jit_logf(env->log, JIT_LOG_CACHE, "graph plan %s unusable (bad or kernels missing): compiling", hex);
+        drop_kernels(st);
+        em_clear_error();
+        return false;
+    }
+    env->loaded += st->plan.nkernels;
+    env->plans_loaded++;
+    jit_logf(env->log, JIT_LOG_CACHE, "cache hit: graph plan (%s), %d kernels", hex, st->plan.nkernels);
+    return true;
+}
+
+static void store_plan(jit_env *env, const kc_key *gkey, const jit_plan *p) {
+    size_t n;
+    char *text = jit_plan_format(p, &n);
+    if (text && kc_put(env->cache, gkey, "plan", text, n) == EM_OK) {
+        char hex[KC_KEY_HEX_SIZE];
+        kc_key_hex(gkey, hex);
+        jit_logf(env->log, JIT_LOG_CACHE, "cache write: graph plan (%s)", hex);
+    }
+    em_free(text);
+    em_clear_error(); /* a plan not stored only costs the next process a compile */
 }
 
 static em_status cpu_compile(const tr_graph *g, jit_env *env, void **state) {
     cpu_state *st = em_calloc(1, sizeof *st);
     if (!st) return em_last_status();
     *state = st;
-    st->sched = sc_build(g);
-    if (!st->sched) return em_last_status();
-    int n = st->sched->ngroups;
-    st->kernels = em_calloc((size_t)n + 1, sizeof *st->kernels);
-    k_kernel **ks = em_calloc((size_t)n + 1, sizeof *ks);
-    kc_key *keys = em_calloc((size_t)n + 1, sizeof *keys);
-    jit_cpu_kernel **compiled = em_calloc((size_t)n + 1, sizeof *compiled);
-    em_status s = st->kernels && ks && keys && compiled ? EM_OK : em_last_status();
-    if (s == EM_OK) st->nkernels = n;
-    for (int gi = 0; gi < n && s == EM_OK; gi++) {
-        cpu_kernel_step *kst = &st->kernels[gi];
-        kst->bufs = em_malloc(sizeof(int) * ((size_t)g->nnodes + 1));
-        ks[gi] = kst->bufs ? sc_lower(st->sched, gi, kst->bufs, &kst->nbufs, &kst->nouts) : NULL;
-        if (!ks[gi] || !kernel_key(ks[gi], &keys[gi]))
-            s = em_last_status() ? em_last_status() : EM_ERR_UNSUPPORTED;
-        else
-            log_kernel(env, ks[gi]);
-    }
-    if (s == EM_OK) s = get_kernels(env, ks, keys, n, compiled);
-    for (int gi = 0; gi < n; gi++) {
-        if (st->kernels && compiled) st->kernels[gi].kernel = compiled[gi];
-        if (ks) kir_free(ks[gi]);
-    }
-    em_free(ks);
-    em_free(keys);
-    em_free(compiled);
-    if (s != EM_OK && st->kernels) run_op_by_op(st, env);
-    return st->kernels || s == EM_OK ? EM_OK : s;
+    kc_key gkey;
+    bool keyed = env->cache && jit_graph_key(g, "cpu", jit_cpu_target(), &gkey);
+    if (keyed && load_plan(env, g, &gkey, st)) return EM_OK;
+    em_status s = build(g, env, st);
+    if (s == EM_ERR_NOMEM) return s;
+    if (s != EM_OK) run_op_by_op(st, env);
+    else if (keyed) store_plan(env, &gkey, &st->plan);
+    return EM_OK;
 }
 
-static em_status run_kernel(const tr_graph *g, const cpu_kernel_step *ks, em_tensor **vals) {
-    void *stack[16], **ptrs = ks->nbufs <= 16 ? stack : em_malloc(sizeof(void *) * (size_t)ks->nbufs);
+static em_status run_kernel(const tr_graph *g, const jit_plan_kernel *pk,
+                            const jit_cpu_kernel *kernel, em_tensor **vals) {
+    void *stack[16], **ptrs = pk->nbufs <= 16 ? stack : em_malloc(sizeof(void *) * (size_t)pk->nbufs);
     if (!ptrs) return em_last_status();
     em_status s = EM_OK;
-    for (int b = 0; b < ks->nbufs && s == EM_OK; b++) {
-        int v = ks->bufs[b];
-        if (b >= ks->nbufs - ks->nouts) {
+    for (int b = 0; b < pk->nbufs && s == EM_OK; b++) {
+        int v = pk->bufs[b];
+        if (b >= pk->nbufs - pk->nouts) {
             em_meta m = g->nodes[v].meta;
             vals[v] = em_tensor_alloc(&m);
             if (!vals[v]) s = em_last_status();
+        } else if (!vals[v]) {
+            s = em_error(EM_ERR_STATE, "cpu backend: kernel input %%%d is not computed yet", v);
         }
         if (s == EM_OK) ptrs[b] = em_data(vals[v]);
     }
-    if (s == EM_OK) s = jit_cpu_run(ks->kernel, ptrs, NULL);
+    if (s == EM_OK) s = jit_cpu_run(kernel, ptrs, NULL);
     if (ptrs != stack) em_free(ptrs);
     return s;
 }
 
 static em_status cpu_run(void *state, const tr_graph *g, em_tensor *const *in, em_tensor **out) {
     cpu_state *st = state;
-    if (!st->sched) return jit_replay_backend.run(NULL, g, in, out);
+    if (!st->kernels) return jit_replay_backend.run(NULL, g, in, out);
     em_tensor **vals = em_calloc((size_t)g->nnodes + 1, sizeof *vals);
     if (!vals) return em_last_status();
     em_status s = EM_OK;
@@ -256,14 +312,19 @@ static em_status cpu_run(void *state, const tr_graph *g, em_tensor *const *in, e
         if (n->kind == TR_INPUT) vals[i] = in[n->index];
         else if (n->kind == TR_CONST) vals[i] = g->consts[n->index];
     }
-    for (int i = 0; i < st->sched->nsteps && s == EM_OK; i++) {
-        const sc_step *step = &st->sched->steps[i];
+    for (int i = 0; i < st->plan.nsteps && s == EM_OK; i++) {
+        const sc_step *step = &st->plan.steps[i];
         if (step->kind == SC_KERNEL) {
-            s = run_kernel(g, &st->kernels[step->group], vals);
-        } else {
-            vals[step->node] = jit_replay_node(&g->nodes[step->node], vals);
-            if (!vals[step->node]) s = em_last_status() ? em_last_status() : EM_ERR_STATE;
+            s = run_kernel(g, &st->plan.kernels[step->group], st->kernels[step->group], vals);
+            continue;
         }
+        const tr_node *n = &g->nodes[step->node];
+        for (int k = 0; k < n->nin && s == EM_OK; k++)
+            if (!vals[n->in[k]])
+                s = em_error(EM_ERR_STATE, "cpu backend: input %%%d of %%%d is not computed yet",
+                             n->in[k], step->node);
+        if (s == EM_OK) vals[step->node] = jit_replay_node(n, vals);
+        if (s == EM_OK && !vals[step->node]) s = em_last_status() ? em_last_status() : EM_ERR_STATE;
     }
     for (int i = 0; i < g->noutputs; i++) {
         em_tensor *v = vals[g->outputs[i]];
@@ -277,7 +338,7 @@ static em_status cpu_run(void *state, const tr_graph *g, em_tensor *const *in, e
 
 static void cpu_free(void *state) { state_free(state); }
 
-static int cpu_kernels(const void *state) { return ((const cpu_state *)state)->nkernels; }
+static int cpu_kernels(const void *state) { return ((const cpu_state *)state)->plan.nkernels; }
 
 const jit_backend jit_cpu_backend = {
     .name = "cpu",

@@ -283,6 +283,7 @@ static em_status trace(em_compiled *f, em_tensor *const *in, const double *scala
     f->stats.kernels = f->backend->kernels ? f->backend->kernels(e->state) : 0;
     f->stats.kernels_compiled = f->env.compiled;
     f->stats.kernels_loaded = f->env.loaded;
+    f->stats.graphs_loaded = f->env.plans_loaded;
     log_entry(f, e);
     return finish_outputs(f, EM_OK, out);
 }

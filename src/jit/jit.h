@@ -21,6 +21,7 @@ typedef struct jit_env {
     const struct jit_log *log;
     int64_t compiled;           /* kernels compiled (counted by the backend) */
     int64_t loaded;             /* kernels loaded from the cache instead */
+    int64_t plans_loaded;       /* graphs whose plan came from the cache */
 } jit_env;
 
 /* ---- backends: how an entry's graph runs ----

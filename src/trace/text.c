@@ -383,6 +383,7 @@ typedef struct parser {
     tr_graph *g;
     em_tensor *const *consts;
     int nconsts;
+    bool placeholders; /* constants made from the text's metas */
     sym *syms;
     int nsyms, capsyms;
     int *refs; /* the current node's inputs */
@@ -1021,6 +1022,19 @@ static bool parse_input(parser *ps) {
 }
 
 /* %k = ... : meta */
+/* A constant of the placeholder parse: a tensor with the text's meta and
+ * no storage (tr_parse_placeholders). */
+static bool parse_placeholder(parser *ps, int label, const em_meta *m) {
+    int64_t numel;
+    if (!em_meta_check_numel(m, &numel)) return fail_at(ps, ps->p, "the constant is too large");
+    em_tensor *t = em_tensor_meta_only(m);
+    if (!t) return nomem(ps);
+    int node = tr_add_const(ps->g, t);
+    em_release(t);
+    if (node < 0) return nomem(ps);
+    return sym_add(ps, label, node);
+}
+
 static bool parse_node(parser *ps) {
     skip_blanks(ps);
     const char *at = ps->p;
@@ -1042,14 +1056,19 @@ static bool parse_node(parser *ps) {
         const char *iat = ps->p;
         int index;
         if (!parse_int(ps, 0, INT_MAX, "a constant number", &index)) return false;
-        if (index >= ps->nconsts)
+        if (ps->placeholders && index != ps->g->nconsts)
+            return fail_at(ps, iat, "constant #%d, but the next constant is #%d", index,
+                           ps->g->nconsts);
+        if (!ps->placeholders && index >= ps->nconsts)
             return fail_at(ps, iat, "constant #%d, but %d constant%s given", index, ps->nconsts,
                            ps->nconsts == 1 ? " is" : "s are");
-        if (!ps->consts[index]) return fail_at(ps, iat, "constant #%d is NULL", index);
+        if (!ps->placeholders && !ps->consts[index])
+            return fail_at(ps, iat, "constant #%d is NULL", index);
         if (!expect(ps, ':', "':' and the meta")) return false;
         skip_blanks(ps);
         const char *mat = ps->p;
         if (!parse_meta(ps, &m)) return false;
+        if (ps->placeholders) return parse_placeholder(ps, label, &m);
         em_meta have;
         tr_meta_of(ps->consts[index], &have);
         if (!meta_equal(&m, &have)) {
@@ -1117,6 +1136,17 @@ static bool parse_graph(parser *ps) {
     return true;
 }
 
+static tr_graph *parse_text(const char *text, em_tensor *const *consts, int nconsts,
+                            bool placeholders);
+
+tr_graph *tr_parse_placeholders(const char *text) {
+    if (!text) {
+        em_error_null("tr_parse_placeholders", "text");
+        return NULL;
+    }
+    return parse_text(text, NULL, 0, true);
+}
+
 tr_graph *tr_parse(const char *text, em_tensor *const *consts, int nconsts) {
     if (!text) {
         em_error_null("tr_parse", "text");
@@ -1130,11 +1160,17 @@ tr_graph *tr_parse(const char *text, em_tensor *const *consts, int nconsts) {
         em_error_null("tr_parse", "consts");
         return NULL;
     }
+    return parse_text(text, consts, nconsts, false);
+}
+
+static tr_graph *parse_text(const char *text, em_tensor *const *consts, int nconsts,
+                            bool placeholders) {
     parser ps;
     memset(&ps, 0, sizeof ps);
     ps.text = ps.p = text;
     ps.consts = consts;
     ps.nconsts = nconsts;
+    ps.placeholders = placeholders;
     ps.g = tr_graph_new();
     if (!ps.g) return NULL;
     bool ok = parse_graph(&ps);

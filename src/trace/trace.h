@@ -87,6 +87,10 @@ char *tr_to_text(const tr_graph *g);
  * given is an error.  Every malformed input is an error (EM_ERR_ARG, with
  * line and column), never a crash; the result is verified. */
 tr_graph *tr_parse(const char *text, em_tensor *const *consts, int nconsts);
+/* Parses the text form with stand-ins for the constants: tensors of the
+ * text's metas without storage (em_tensor_meta_only), for passes and
+ * compilers that read only metas.  Such a graph must never run. */
+tr_graph *tr_parse_placeholders(const char *text);
 /* Graphviz DOT: one box per node (op, meta), edges from inputs. */
 em_status tr_print_dot(const tr_graph *g, FILE *f);
 

@@ -1,0 +1,52 @@
+/* plan.h - the graph-level cache entry: how a backend runs one captured
+ * graph, so that a new process that captures the same graph skips fusion,
+ * lowering and code generation and only loads kernels (plan.c).
+ *
+ * The key hashes the graph's canonical text (which holds every input's
+ * dtype, device, sizes and strides: everything the guards check), the
+ * backend's name and its target (compiler, code generator and options
+ * versions).  The entry, of kind "plan", is text:
+ *
+ *   ember-plan 1
+ *   steps 3
+ *   e 4            run node 4 with its eager op
+ *   k 0            run kernel 0
+ *   k 1
+ *   kernels 2
+ *   kernel <32 hex: the kernel's cache key> <nbufs> <nouts> <node>...
+ *   kernel ...
+ *
+ * A kernel's buffers are graph nodes, inputs first, the nouts results last
+ * (allocated per run).  A plan is checked against the graph it is read for;
+ * anything malformed or out of range is a miss.
+ * Ownership: a plan owns its arrays; jit_plan_clear frees them. */
+#ifndef EMBER_PLAN_H
+#define EMBER_PLAN_H
+
+#include "cache.h"
+#include "fuse.h"
+
+typedef struct jit_plan_kernel {
+    kc_key key;  /* the cache key of the kernel's artifact */
+    int *bufs;   /* node of each buffer parameter */
+    int nbufs;
+    int nouts;   /* the last nouts buffers are results */
+} jit_plan_kernel;
+
+typedef struct jit_plan {
+    sc_step *steps;  /* in execution order */
+    int nsteps;
+    jit_plan_kernel *kernels;
+    int nkernels;
+} jit_plan;
+
+/* The graph-level key of g for a backend and its target. */
+bool jit_graph_key(const tr_graph *g, const char *backend, const char *target, kc_key *key);
+/* The text of p (em_malloc'd; *n its length), or NULL. */
+char *jit_plan_format(const jit_plan *p, size_t *n);
+/* Parses a plan read for graph g; false (no error set) when the text is not
+ * a valid plan of g. */
+bool jit_plan_parse(const char *text, size_t n, const tr_graph *g, jit_plan *out);
+void jit_plan_clear(jit_plan *p);
+
+#endif
