@@ -67,7 +67,8 @@ typedef enum em_status {
     EM_ERR_INDEX = -8,       /* an index out of range */
     EM_ERR_ARG = -9,         /* any other invalid argument (negative size, zero step...) */
     EM_ERR_STATE = -10,      /* a call out of order (em_scope_end without a scope...) */
-    EM_ERR_UNSUPPORTED = -11 /* valid, but not implemented for these inputs */
+    EM_ERR_UNSUPPORTED = -11, /* valid, but not implemented for these inputs */
+    EM_ERR_IO = -12          /* a file could not be opened, read or written */
 } em_status;
 
 typedef struct em_tensor em_tensor;
@@ -338,6 +339,11 @@ EM_API em_status em_compiled_stats(const em_compiled *f, em_compile_stats *out);
 /* Prints entry i's graph (0: most recently used) as text (dot false) or
  * Graphviz DOT (dot true), then its guards as comments (text only). */
 EM_API em_status em_compiled_print(const em_compiled *f, int entry, bool dot, FILE *out);
+/* Appends every entry's graph of f (oldest first) to the warmup list at
+ * path (created 0600 if absent), for `ember-cache warmup` (docs/cache.md).
+ * EMBER_RECORD=path does the same automatically for each new entry of
+ * every compiled function.  EM_ERR_UNSUPPORTED for the replay backend. */
+EM_API em_status em_compiled_save(const em_compiled *f, const char *path);
 /* Frees f, its entries and their references to captured tensors. */
 EM_API void em_compiled_free(em_compiled *f);
 

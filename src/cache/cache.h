@@ -57,6 +57,8 @@
 
 #include "ember.h"
 
+#include <time.h>
+
 /* Version of the key derivation and of the on-disk format: part of every
  * key, of every header and of the layout's "v1" directory. */
 #define KC_FORMAT_VERSION 1u
@@ -183,6 +185,50 @@ em_status kc_stats(kc_cache *c, kc_counters *out);
  * optional trailing "B" or "iB" is accepted.  EM_ERR_ARG on anything else. */
 em_status kc_parse_size(const char *s, uint64_t *out);
 
+/* The outcome of reading a disk entry. */
+typedef enum kc_read {
+    KC_READ_OK,
+    KC_READ_ABSENT,  /* no header: a plain miss */
+    KC_READ_CORRUPT, /* present but unusable */
+    KC_READ_REFUSED, /* fails the trust checks */
+    KC_READ_NOMEM
+} kc_read;
+
+/* ---- administration (admin.c): the ember-cache tool's commands ----
+ * They work on c's disk tier (EM_ERR_STATE when it has none) and do not
+ * update the memory table of c: a process serving kernels from c keeps
+ * what it already read.  Disk problems are EM_ERR_IO with a message. */
+
+typedef struct kc_entry_info {
+    kc_key key;
+    char kind[KC_KIND_MAX + 1];
+    uint64_t size;        /* payload bytes, per the header (0 if unreadable) */
+    uint64_t disk_bytes;  /* payload and header on disk */
+    int64_t created;      /* seconds since the epoch, per the header (0 if unreadable) */
+    int64_t last_use;     /* the header's mtime */
+    bool has_header;      /* false: a payload left by a writer that died */
+} kc_entry_info;
+
+/* Every disk entry, least recently used first (*out: em_free). */
+em_status kc_list(kc_cache *c, kc_entry_info **out, size_t *n);
+/* Reads and checks one entry whole (header, size, checksum, trust) without
+ * counting it as a use: KC_READ_OK, or the problem with why set. */
+kc_read kc_verify(kc_cache *c, const kc_entry_info *e, char *why, size_t nwhy);
+em_status kc_remove(kc_cache *c, const kc_key *k, const char *kind);
+/* Removes the entries not used in the last max_age seconds. */
+em_status kc_prune_older(kc_cache *c, int64_t max_age, uint64_t *removed);
+/* Removes every entry (the directory itself stays). */
+em_status kc_clear(kc_cache *c, uint64_t *removed);
+/* Writes every verified entry into one bundle file at path (atomically),
+ * headed by tags ("name=value": the versions the artifacts need). */
+em_status kc_export(kc_cache *c, const char *path, const char *const *tags, int ntags,
+                    uint64_t *exported, uint64_t *skipped);
+/* Imports a bundle.  Each of its tags must equal one of tags (this
+ * machine's): otherwise nothing is imported and the error says which
+ * version differs.  Entries are checksummed before they are stored. */
+em_status kc_import(kc_cache *c, const char *path, const char *const *tags, int ntags,
+                    uint64_t *imported);
+
 /* ==== Internals shared by the files of src/cache ==== */
 
 /* An XXH3-128 checksum of a payload. */
@@ -218,13 +264,6 @@ size_t kc_meta_format(const kc_meta *m, char *buf);
  * any difference. */
 bool kc_meta_parse(const char *text, size_t n, kc_meta *m);
 
-typedef enum kc_read {
-    KC_READ_OK,
-    KC_READ_ABSENT,  /* no header: a plain miss */
-    KC_READ_CORRUPT, /* present but unusable */
-    KC_READ_REFUSED, /* fails the trust checks */
-    KC_READ_NOMEM
-} kc_read;
 
 /* Opens and checks the disk root <dir>: creates it (0700) and v1/, refuses
  * it if untrusted or unwritable.  false with the reason in why. */
@@ -256,6 +295,28 @@ bool kc_write_file(const char *dir, const char *name, const void *data, size_t n
                    size_t nwhy);
 
 /* ---- prune.c ---- */
+
+/* One disk entry as a scan finds it. */
+typedef struct kc_item {
+    char *meta;         /* header path, or NULL for a payload without one */
+    char *payload;
+    uint64_t size;      /* both files */
+    struct timespec t;  /* last use: the header's mtime (the payload's without one) */
+    kc_key key;
+    char kind[KC_KIND_MAX + 1];
+} kc_item;
+
+typedef struct kc_items {
+    kc_item *items;     /* least recently used first */
+    size_t n, cap;
+    uint64_t total;     /* bytes of all items */
+} kc_items;
+
+/* Lists the entries under root (removing stale temporaries on the way). */
+bool kc_store_scan(const char *root, kc_items *l, char *why, size_t nwhy);
+void kc_items_free(kc_items *l);
+/* Removes an entry's files, header first. */
+void kc_item_remove(const kc_item *it);
 
 /* An evicted entry, as kc_store_prune reports it to forget. */
 typedef void (*kc_forget_fn)(void *ud, const kc_key *k, const char *kind);

@@ -18,20 +18,8 @@
 /* Temporary files older than this are debris of a crashed writer. */
 #define KC_STALE_TMP_SECONDS 3600
 
-typedef struct prune_item {
-    char *meta;         /* header path, or NULL for a payload without one */
-    char *payload;
-    uint64_t size;      /* both files */
-    struct timespec t;  /* last use: the header's mtime (the payload's without one) */
-    kc_key key;
-    char kind[KC_KIND_MAX + 1];
-} prune_item;
-
-typedef struct prune_list {
-    prune_item *items;
-    size_t n, cap;
-    uint64_t total;
-} prune_list;
+typedef kc_item prune_item;
+typedef kc_items prune_list;
 
 static int item_cmp(const void *a, const void *b) {
     const prune_item *x = a, *y = b;
@@ -113,13 +101,18 @@ static bool scan_fan(const char *dir, prune_list *l) {
     return ok;
 }
 
-bool kc_store_prune(const char *root, uint64_t max_bytes, const kc_key *keep,
-                    const char *keep_kind, kc_forget_fn forget, void *ud, uint64_t *evicted,
-                    uint64_t *total, char *why, size_t nwhy) {
-    *evicted = 0;
-    *total = 0;
+void kc_items_free(kc_items *l) {
+    for (size_t i = 0; i < l->n; i++) {
+        em_free(l->items[i].meta);
+        em_free(l->items[i].payload);
+    }
+    em_free(l->items);
+    memset(l, 0, sizeof *l);
+}
+
+bool kc_store_scan(const char *root, kc_items *l, char *why, size_t nwhy) {
+    memset(l, 0, sizeof *l);
     if (nwhy) why[0] = '\0';
-    prune_list l = {0};
     char *v1 = kc_strfmt("%s/v1", root);
     bool ok = v1 != NULL;
     DIR *d = v1 ? opendir(v1) : NULL;
@@ -134,30 +127,39 @@ bool kc_store_prune(const char *root, uint64_t max_bytes, const kc_key *keep,
                    strchr("0123456789abcdef", n[1]);
         if (!fan) continue;
         char *sub = kc_strfmt("%s/%s", v1, n);
-        ok = sub && scan_fan(sub, &l);
+        ok = sub && scan_fan(sub, l);
         em_free(sub);
     }
     if (d) closedir(d);
     if (!ok && !why[0]) snprintf(why, nwhy, "out of memory listing the cache");
-    if (ok) {
-        qsort(l.items, l.n, sizeof *l.items, item_cmp);
-        for (size_t i = 0; i < l.n && l.total > max_bytes; i++) {
-            prune_item *it = &l.items[i];
-            if (keep && kc_key_equal(&it->key, keep) && !strcmp(it->kind, keep_kind)) continue;
-            /* Header first: without it the entry is a plain miss. */
-            if (it->meta) (void)unlink(it->meta);
-            (void)unlink(it->payload);
-            l.total -= it->size;
-            (*evicted)++;
-            if (forget) forget(ud, &it->key, it->kind);
-        }
-        *total = l.total;
-    }
-    for (size_t i = 0; i < l.n; i++) {
-        em_free(l.items[i].meta);
-        em_free(l.items[i].payload);
-    }
-    em_free(l.items);
     em_free(v1);
+    if (ok) qsort(l->items, l->n, sizeof *l->items, item_cmp);
+    else kc_items_free(l);
     return ok;
+}
+
+bool kc_store_prune(const char *root, uint64_t max_bytes, const kc_key *keep,
+                    const char *keep_kind, kc_forget_fn forget, void *ud, uint64_t *evicted,
+                    uint64_t *total, char *why, size_t nwhy) {
+    *evicted = 0;
+    *total = 0;
+    prune_list l;
+    if (!kc_store_scan(root, &l, why, nwhy)) return false;
+    for (size_t i = 0; i < l.n && l.total > max_bytes; i++) {
+        prune_item *it = &l.items[i];
+        if (keep && kc_key_equal(&it->key, keep) && !strcmp(it->kind, keep_kind)) continue;
+        kc_item_remove(it);
+        l.total -= it->size;
+        (*evicted)++;
+        if (forget) forget(ud, &it->key, it->kind);
+    }
+    *total = l.total;
+    kc_items_free(&l);
+    return true;
+}
+
+void kc_item_remove(const kc_item *it) {
+    /* Header first: without it the entry is a plain miss. */
+    if (it->meta) (void)unlink(it->meta);
+    (void)unlink(it->payload);
 }

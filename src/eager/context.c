@@ -57,6 +57,7 @@ const char *em_status_name(em_status s) {
     case EM_ERR_ARG: return "EM_ERR_ARG";
     case EM_ERR_STATE: return "EM_ERR_STATE";
     case EM_ERR_UNSUPPORTED: return "EM_ERR_UNSUPPORTED";
+    case EM_ERR_IO: return "EM_ERR_IO";
     }
     return "EM_ERR_UNKNOWN";
 }

@@ -133,6 +133,7 @@ static em_status get_kernels(jit_env *env, k_kernel **ks, const kc_key *keys, in
     int nmine = 0, ntheirs = 0, nmiss = 0;
     int share = env->cache ? em_num_threads() : 1; /* this process and the workers */
     for (int i = 0; s == EM_OK && i < n; i++) {
+        if (!ks[i]) continue; /* a dead group */
         if (env->cache) lookup(env, ks[i], &keys[i], &out[i]);
         if (out[i]) continue;
         if (nmiss++ % share == 0) mine[nmine++] = i;
@@ -181,6 +182,12 @@ static void run_op_by_op(cpu_state *st, const jit_env *env) {
     em_clear_error();
 }
 
+static bool group_has_step(const sc_schedule *sched, int gi) {
+    for (int i = 0; i < sched->nsteps; i++)
+        if (sched->steps[i].kind == SC_KERNEL && sched->steps[i].group == gi) return true;
+    return false;
+}
+
 /* Schedules, lowers and compiles g into st's plan and kernels. */
 static em_status build(const tr_graph *g, jit_env *env, cpu_state *st) {
     sc_schedule *sched = sc_build(g);
@@ -200,6 +207,7 @@ static em_status build(const tr_graph *g, jit_env *env, cpu_state *st) {
     }
     for (int gi = 0; gi < n && s == EM_OK; gi++) {
         jit_plan_kernel *pk = &p->kernels[gi];
+        if (!group_has_step(sched, gi)) continue; /* dead: nothing to compile */
         pk->bufs = em_malloc(sizeof(int) * ((size_t)g->nnodes + 1));
         ks[gi] = pk->bufs ? sc_lower(sched, gi, pk->bufs, &pk->nbufs, &pk->nouts) : NULL;
         if (!ks[gi] || !kernel_key(ks[gi], &pk->key))
@@ -214,6 +222,13 @@ static em_status build(const tr_graph *g, jit_env *env, cpu_state *st) {
     em_free(keys);
     sc_free(sched);
     return s;
+}
+
+/* Kernels that exist (dead groups have none). */
+static int count_kernels(const cpu_state *st) {
+    int n = 0;
+    for (int i = 0; st->kernels && i < st->plan.nkernels; i++) n += st->kernels[i] != NULL;
+    return n;
 }
 
 /* The kernel name of plan kernel i (lower.c names group i "k<i>"). */
@@ -235,6 +250,7 @@ static bool load_plan(jit_env *env, const tr_graph *g, const kc_key *gkey, cpu_s
     em_free(text);
     if (ok) ok = (st->kernels = em_calloc((size_t)st->plan.nkernels + 1, sizeof *st->kernels)) != NULL;
     for (int i = 0; ok && i < st->plan.nkernels; i++) {
+        if (st->plan.kernels[i].nbufs == 0) continue; /* a dead group */
         char *path = NULL, name[32];
         kernel_name(i, name, sizeof name);
         ok = kc_get_file(env->cache, &st->plan.kernels[i].key, "so", &path) == EM_OK && path &&
@@ -247,9 +263,9 @@ static bool load_plan(jit_env *env, const tr_graph *g, const kc_key *gkey, cpu_s
         em_clear_error();
         return false;
     }
-    env->loaded += st->plan.nkernels;
+    env->loaded += count_kernels(st);
     env->plans_loaded++;
-    jit_logf(env->log, JIT_LOG_CACHE, "cache hit: graph plan (%s), %d kernels", hex, st->plan.nkernels);
+    jit_logf(env->log, JIT_LOG_CACHE, "cache hit: graph plan (%s), %d kernels", hex, count_kernels(st));
     return true;
 }
 
@@ -260,6 +276,7 @@ static void store_plan(jit_env *env, const kc_key *gkey, const jit_plan *p) {
         char hex[KC_KEY_HEX_SIZE];
         kc_key_hex(gkey, hex);
         jit_logf(env->log, JIT_LOG_CACHE, "cache write: graph plan (%s)", hex);
+        env->plans_stored++;
     }
     em_free(text);
     em_clear_error(); /* a plan not stored only costs the next process a compile */
@@ -338,7 +355,7 @@ static em_status cpu_run(void *state, const tr_graph *g, em_tensor *const *in, e
 
 static void cpu_free(void *state) { state_free(state); }
 
-static int cpu_kernels(const void *state) { return ((const cpu_state *)state)->plan.nkernels; }
+static int cpu_kernels(const void *state) { return count_kernels(state); }
 
 const jit_backend jit_cpu_backend = {
     .name = "cpu",
@@ -346,4 +363,5 @@ const jit_backend jit_cpu_backend = {
     .run = cpu_run,
     .free = cpu_free,
     .kernels = cpu_kernels,
+    .target = jit_cpu_target,
 };

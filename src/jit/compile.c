@@ -38,6 +38,8 @@ struct em_compiled {
     jit_env env;          /* the kernel cache and compile counters */
     pthread_mutex_t lock; /* entries and stats; held while tracing */
     const em_allocator *alloc;
+    char *record;         /* EMBER_RECORD: the warmup list new entries go to */
+    bool record_failed;   /* a record could not be written (logged once) */
 };
 
 /* ---- creation ---- */
@@ -116,11 +118,14 @@ em_compiled *em_compile(em_fn fn, void *ctx, const em_compile_options *opts) {
     const char *v = getenv("EMBER_VERIFY");
     f->verify = v && *v && strcmp(v, "0") != 0;
     if (f->backend != &jit_replay_backend) f->env.cache = kc_open(NULL, 0);
+    const char *rec = getenv("EMBER_RECORD");
+    if (rec && *rec && f->backend->target) f->record = dup_str(rec);
     f->name = dup_str(opts->name ? opts->name : "fn");
     f->input_names = em_calloc((size_t)(f->ninputs ? f->ninputs : 1), sizeof(char *));
     f->watch = em_calloc((size_t)(opts->nwatch ? opts->nwatch : 1), sizeof *f->watch);
     f->entries = em_calloc((size_t)(f->limit ? f->limit : 1), sizeof *f->entries);
-    bool ok = f->name && f->input_names && f->watch && f->entries;
+    bool ok = f->name && f->input_names && f->watch && f->entries && (f->record || !rec || !*rec ||
+                                                                       !f->backend->target);
     for (int i = 0; ok && i < f->ninputs; i++) {
         char buf[32];
         snprintf(buf, sizeof buf, "in%d", i);
@@ -139,6 +144,7 @@ em_compiled *em_compile(em_fn fn, void *ctx, const em_compile_options *opts) {
         em_free(f->watch);
         em_free(f->entries);
         em_free(f->name);
+        em_free(f->record);
         kc_close(f->env.cache);
         em_free(f);
         return NULL;
@@ -164,6 +170,7 @@ void em_compiled_free(em_compiled *f) {
     em_free(f->watch);
     em_free(f->entries);
     em_free(f->name);
+    em_free(f->record);
     kc_close(f->env.cache);
     jit_log_close(&f->log);
     pthread_mutex_destroy(&f->lock);
@@ -231,6 +238,17 @@ static void log_entry(const em_compiled *f, const jit_entry *e) {
     fflush(f->log.f);
 }
 
+/* EMBER_RECORD: appends a new entry to the warmup list.  A failure is
+ * logged once and does not fail the call. */
+static void record_entry(em_compiled *f, const jit_entry *e) {
+    if (!f->record || f->record_failed) return;
+    if (jit_record_append(f->record, f->name, f->backend->name, e->graph, e->guards) == EM_OK)
+        return;
+    f->record_failed = true;
+    jit_logf(&f->log, 0, "EMBER_RECORD: %s; %s is no longer recorded", em_last_error(), f->name);
+    em_clear_error();
+}
+
 /* Builds an entry from a recorded graph (which it takes). */
 static jit_entry *make_entry(em_compiled *f, tr_graph *g, em_tensor *const *in,
                              const double *scalars) {
@@ -285,6 +303,7 @@ static em_status trace(em_compiled *f, em_tensor *const *in, const double *scala
     f->stats.kernels_loaded = f->env.loaded;
     f->stats.graphs_loaded = f->env.plans_loaded;
     log_entry(f, e);
+    record_entry(f, e);
     return finish_outputs(f, EM_OK, out);
 }
 
@@ -358,6 +377,24 @@ em_status em_compiled_print(const em_compiled *f, int entry, bool dot, FILE *out
         s = dot ? tr_print_dot(e->graph, out) : tr_print(e->graph, out);
         if (s == EM_OK && !dot) gd_print(e->guards, out);
     }
+    pthread_mutex_unlock((pthread_mutex_t *)&f->lock);
+    return s;
+}
+
+em_status em_compiled_save(const em_compiled *f, const char *path) {
+    if (!f) return em_error(EM_ERR_NULL, "em_compiled_save: the compiled function is NULL");
+    if (!path) return em_error(EM_ERR_NULL, "em_compiled_save: path is NULL");
+    if (!*path) return em_error(EM_ERR_ARG, "em_compiled_save: path is empty");
+    if (!f->backend->target)
+        return em_error(EM_ERR_UNSUPPORTED,
+                        "em_compiled_save(%s): the %s backend has nothing to compile ahead of time",
+                        f->name, f->backend->name);
+    pthread_mutex_lock((pthread_mutex_t *)&f->lock);
+    em_status s = EM_OK;
+    /* oldest first, as EMBER_RECORD would have appended them */
+    for (int i = f->nentries - 1; i >= 0 && s == EM_OK; i--)
+        s = jit_record_append(path, f->name, f->backend->name, f->entries[i]->graph,
+                              f->entries[i]->guards);
     pthread_mutex_unlock((pthread_mutex_t *)&f->lock);
     return s;
 }

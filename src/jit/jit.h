@@ -22,6 +22,7 @@ typedef struct jit_env {
     int64_t compiled;           /* kernels compiled (counted by the backend) */
     int64_t loaded;             /* kernels loaded from the cache instead */
     int64_t plans_loaded;       /* graphs whose plan came from the cache */
+    int64_t plans_stored;       /* graphs whose plan this env wrote to the cache */
 } jit_env;
 
 /* ---- backends: how an entry's graph runs ----
@@ -35,6 +36,10 @@ typedef struct jit_backend {
     void (*free)(void *state);
     /* Optional: native kernels the state holds (for statistics). */
     int (*kernels)(const void *state);
+    /* Optional: what the artifacts depend on besides the graph (compiler,
+     * generator and options versions); NULL: no artifacts (nothing to
+     * record or warm up). */
+    const char *(*target)(void);
 } jit_backend;
 
 extern const jit_backend jit_replay_backend;
@@ -45,6 +50,35 @@ const jit_backend *jit_backend_find(const char *name);
 /* Runs call node n eagerly on the values of its inputs (vals, by node);
  * random ops draw from their generator's current state, as eager code. */
 em_tensor *jit_replay_node(const tr_node *n, em_tensor **vals);
+
+/* ---- warmup lists (warmlist.c) and ahead-of-time compiles (warmup.c) ---- */
+typedef struct jit_record {
+    char *name;     /* the compiled function's name (informational) */
+    char *backend;  /* "cpu", ... */
+    char *graph;    /* the graph's text form */
+} jit_record;
+
+/* Appends one record (graph g of function name, with its guards as
+ * comments) to the warmup list at path, created 0600 if absent. */
+em_status jit_record_append(const char *path, const char *name, const char *backend,
+                            const tr_graph *g, const gd_guards *guards);
+/* Reads every record of the warmup list at path (*out: em_malloc'd, free
+ * with jit_records_free).  A malformed file is EM_ERR_ARG naming the line. */
+em_status jit_records_read(const char *path, jit_record **out, int *n);
+void jit_records_free(jit_record *rs, int n);
+
+typedef enum jit_warm_result {
+    JIT_WARM_COMPILED, /* compiled now (kernels may have been present) */
+    JIT_WARM_PRESENT,  /* the graph's plan and kernels were all in the cache */
+    JIT_WARM_FAILED    /* bad record, unknown backend, or nothing compilable */
+} jit_warm_result;
+
+/* Compiles the recorded graph r into cache (graph plan and kernels), as
+ * em_compile would on a first call.  On JIT_WARM_FAILED, why says why. */
+jit_warm_result jit_warmup(const jit_record *r, kc_cache *cache, char *why, size_t nwhy);
+/* The target string of a backend's artifacts (part of their keys), or
+ * NULL for a backend without artifacts. */
+const char *jit_backend_target(const jit_backend *b);
 
 /* ---- logging (EMBER_LOG, EMBER_LOG_FILE) ---- */
 enum {

@@ -122,10 +122,11 @@ static bool parse_steps(cursor *c, const tr_graph *g, jit_plan *p) {
 }
 
 static bool parse_kernel(cursor *c, const tr_graph *g, jit_plan_kernel *k) {
-    if (!word(c, "kernel") || !key_hex(c, &k->key) || !number(c, 1, g->nnodes, &k->nbufs) ||
-        !number(c, 1, k->nbufs, &k->nouts))
+    /* 0 buffers: a dead group, never run */
+    if (!word(c, "kernel") || !key_hex(c, &k->key) || !number(c, 0, g->nnodes, &k->nbufs) ||
+        !number(c, k->nbufs ? 1 : 0, k->nbufs, &k->nouts))
         return false;
-    k->bufs = em_malloc(sizeof(int) * (size_t)k->nbufs);
+    k->bufs = em_malloc(sizeof(int) * (size_t)k->nbufs + 1);
     if (!k->bufs) return false;
     for (int b = 0; b < k->nbufs; b++) {
         if (!number(c, 0, g->nnodes - 1, &k->bufs[b])) return false;
@@ -148,7 +149,8 @@ bool jit_plan_parse(const char *text, size_t n, const tr_graph *g, jit_plan *out
     }
     for (int i = 0; ok && i < out->nkernels; i++) ok = parse_kernel(&c, g, &out->kernels[i]);
     for (int i = 0; ok && i < out->nsteps; i++)
-        ok = out->steps[i].kind != SC_KERNEL || out->steps[i].group < out->nkernels;
+        ok = out->steps[i].kind != SC_KERNEL || (out->steps[i].group < out->nkernels &&
+                                                 out->kernels[out->steps[i].group].nbufs > 0);
     ok = ok && c.p == c.end;
     if (!ok) jit_plan_clear(out);
     return ok;

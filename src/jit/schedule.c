@@ -142,10 +142,23 @@ static em_status add_step(sc_schedule *s, sc_step st) {
     return EM_OK;
 }
 
+/* Whether a later kernel may read something group gi computes: a stored
+ * value, or a reduction (stored when a later group needs it).  A group of
+ * only pointwise values that later groups recompute has nothing to do. */
+static bool group_live(const sc_schedule *s, int gi) {
+    for (int i = 0; i < s->g->nnodes; i++)
+        if (s->group[i] == gi && (s->materialized[i] || sc_is_reduction(&s->g->nodes[i])))
+            return true;
+    return false;
+}
+
+/* Closes the open group.  A dead group keeps its number (its nodes refer
+ * to it) but gets no step: the backend neither compiles nor runs it. */
 static em_status close_group(sc_schedule *s, bool *open) {
     if (!*open) return EM_OK;
     *open = false;
-    return add_step(s, (sc_step){.kind = SC_KERNEL, .group = s->ngroups++});
+    int gi = s->ngroups++;
+    return group_live(s, gi) ? add_step(s, (sc_step){.kind = SC_KERNEL, .group = gi}) : EM_OK;
 }
 
 sc_schedule *sc_build(const tr_graph *g) {
