@@ -444,8 +444,6 @@ static void collect(const tool *t, warm_set *w, int *fds, int nw, bool *seen) {
 static int run_workers(const tool *t, warm_set *w, int nw) {
     int fds[64];
     pid_t pids[64];
-    bool *seen = calloc((size_t)w->ntodo + 1, 1);
-    if (!seen) return fail("warmup");
     fflush(NULL);
     int started = 0;
     for (int k = 0; k < nw; k++) {
@@ -468,8 +466,11 @@ static int run_workers(const tool *t, warm_set *w, int nw) {
     if (started < nw) { /* fewer workers: the missing ones' graphs fail below */
         fprintf(stderr, "ember-cache: could start only %d of %d workers\n", started, nw);
     }
-    collect(t, w, fds, started, seen);
+    bool *seen = calloc((size_t)w->ntodo + 1, 1); /* after the forks: the workers need none */
+    if (seen) collect(t, w, fds, started, seen);
+    for (int k = 0; !seen && k < started; k++) close(fds[k]);
     for (int k = 0; k < started; k++) waitpid(pids[k], NULL, 0);
+    if (!seen) return fail("warmup");
     for (int i = 0; i < w->ntodo; i++)
         if (!seen[i]) report(t, w, i, JIT_WARM_FAILED, "its worker process died or never started");
     free(seen);
