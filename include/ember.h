@@ -347,6 +347,31 @@ EM_API em_status em_compiled_save(const em_compiled *f, const char *path);
 /* Frees f, its entries and their references to captured tensors. */
 EM_API void em_compiled_free(em_compiled *f);
 
+/* ---- Lazy mode (docs/lazy.md) ----
+ * In lazy mode, ops on CPU tensors are recorded instead of run; a tensor
+ * is computed when its values are needed (em_copy_to_host, em_item,
+ * em_print, an op that runs eagerly, em_sync), by compiling the ops that
+ * lead to it into fused kernels, cached by structure.  Results are those
+ * of eager mode.  EMBER_JIT=1 turns it on for every thread. */
+EM_API em_status em_lazy_begin(void);  /* on this thread (nests) */
+/* Computes every pending tensor of this thread, then turns lazy mode off
+ * (when the outermost em_lazy_begin ends). */
+EM_API em_status em_lazy_end(void);
+/* Computes every pending tensor of this thread. */
+EM_API em_status em_sync(void);
+EM_API bool em_lazy_active(void);
+typedef struct em_lazy_stats {
+    int64_t ops_deferred;     /* ops recorded instead of run */
+    int64_t flushes;          /* graphs run to compute pending tensors */
+    int64_t graph_hits;       /* flushes whose graph was already compiled */
+    int64_t graphs_compiled;  /* distinct graphs compiled */
+    int64_t eager_graphs;     /* graphs run op by op: past the per-structure limit */
+    int64_t kernels_compiled; /* native kernels compiled for them */
+    int64_t kernels_loaded;   /* kernels found in the cache instead */
+} em_lazy_stats;
+/* This thread's lazy-mode counters (zero if it never used lazy mode). */
+EM_API em_status em_lazy_get_stats(em_lazy_stats *out);
+
 /* ---- Runtime settings ---- */
 /* Threads for eager CPU kernels (EMBER_NUM_THREADS; default: all cores). */
 EM_API int em_num_threads(void);

@@ -23,6 +23,17 @@ em_dispatch_hook em_begin_host_read(const em_tensor *t, const char *what) {
 
 void em_end_host_read(em_dispatch_hook saved) { em_set_dispatch_hook(saved); }
 
+em_status em_force(const em_tensor *t) {
+    if (!t) return em_error(EM_ERR_NULL, "em_force: tensor is NULL");
+    if (t->storage) return EM_OK;
+    if (!t->ext_force) return em_error(EM_ERR_STATE, "the tensor has no data (and no way to compute it)");
+    em_dispatch_hook saved = em_set_dispatch_hook((em_dispatch_hook){0});
+    em_status s = t->ext_force((em_tensor *)t);
+    em_set_dispatch_hook(saved);
+    if (s == EM_OK && !t->storage) s = em_error(EM_ERR_STATE, "computing a deferred tensor gave no data");
+    return s;
+}
+
 static em_status check_inputs(const em_op_call *c) {
     const em_op_info *info = &em_op_table[c->op];
     if (info->nin >= 0 && c->nin != info->nin)
@@ -33,8 +44,9 @@ static em_status check_inputs(const em_op_call *c) {
             snprintf(arg, sizeof arg, "input %d", i);
             return em_error_null(info->name, arg);
         }
-        if (!c->in[i]->storage && !em_ctx()->hook.fn)
-            return em_error(EM_ERR_STATE, "%s: input %d has no data", info->name, i);
+        /* a deferred input is computed now, unless a mode takes the call */
+        if (!c->in[i]->storage && !em_ctx()->hook.fn && em_force(c->in[i]) != EM_OK)
+            return em_error(em_last_status(), "%s: input %d: %s", info->name, i, em_last_error());
         if (i > 0 && !em_same_device(c->in[i]->device, c->in[0]->device)) {
             char a[32], b[32];
             return em_error(EM_ERR_DEVICE, "%s: input %d is on %s but input 0 is on %s",
@@ -52,18 +64,25 @@ em_tensor *em_dispatch(em_op op, int nin, em_tensor *const *in, const em_op_attr
         em_error(EM_ERR_ARG, "invalid op %d", (int)op);
         return NULL;
     }
+    em_context *ctx = em_ctx();
+    if (!ctx->mode_started) {
+        ctx->mode_started = true;
+        if (em_mode_autostart) em_mode_autostart();
+    }
     if (check_inputs(&c) != EM_OK) return NULL;
     em_meta m;
     memset(&m, 0, sizeof m);
     m.device = nin > 0 ? in[0]->device : c.attrs->device;
     if (em_op_table[op].infer(&c, &m) != EM_OK) return NULL;
-    em_context *ctx = em_ctx();
     if (ctx->hook.fn) return ctx->hook.fn(ctx->hook.ud, &c, &m);
     return em_dispatch_eager(&c, &m);
 }
 
 em_tensor *em_dispatch_eager(const em_op_call *c, const em_meta *m) {
     const em_op_info *info = &em_op_table[c->op];
+    /* a hook (a recorder) may hand over inputs a mode deferred */
+    for (int i = 0; i < c->nin; i++)
+        if (!c->in[i]->storage && em_force(c->in[i]) != EM_OK) return NULL;
     if (info->kind == EM_KIND_VIEW) return em_tensor_view(c->in[0], m);
     if (info->kind == EM_KIND_COPY && em_is_contiguous(c->in[0])) {
         /* contiguous of a contiguous tensor is an alias, as in torch */

@@ -132,6 +132,9 @@ struct em_tensor {
      * is called with ext when the tensor dies. */
     void *ext;
     void (*ext_free)(void *ext);
+    /* Set with ext by a mode that defers computing this tensor (lazy
+     * mode): computes it, giving it storage (em_force). */
+    em_status (*ext_force)(em_tensor *t);
 };
 
 /* ---- Device backends ----
@@ -171,6 +174,13 @@ typedef struct em_dispatch_hook {
 } em_dispatch_hook;
 /* Installs h on this thread and returns the previous hook (to restore). */
 em_dispatch_hook em_set_dispatch_hook(em_dispatch_hook h);
+/* Gives t its values if a mode deferred them (lazy mode): EM_OK when t
+ * has storage afterwards, else the error that prevented it.  Runs with the
+ * thread's hook uninstalled. */
+em_status em_force(const em_tensor *t);
+/* Called at a thread's first dispatch when defined (lazy.c: EMBER_JIT=1
+ * turns lazy mode on for every thread).  Weak, so that eager alone links. */
+void em_mode_autostart(void) __attribute__((weak));
 /* Tells the hook that the host is about to read t, then uninstalls it until
  * em_end_host_read (the read's own ops are not the program's). */
 em_dispatch_hook em_begin_host_read(const em_tensor *t, const char *what);
@@ -189,6 +199,7 @@ typedef struct em_context {
     em_scope_frame *scopes; /* scopes[0] is the outermost */
     int nscopes, capscopes;
     em_dispatch_hook hook;
+    bool mode_started;     /* em_mode_autostart ran on this thread */
 } em_context;
 
 em_context *em_ctx(void);

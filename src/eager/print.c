@@ -48,8 +48,8 @@ em_status em_print(const em_tensor *t, FILE *f) {
     em_dispatch_hook saved = em_begin_host_read(t, "em_print");
     em_scope_begin();
     em_tensor *h = (em_tensor *)t;
-    em_status s = EM_OK;
-    if (t->device.type != EM_CPU || !t->storage) {
+    em_status s = t->storage ? EM_OK : em_force(t);
+    if (s == EM_OK && (t->device.type != EM_CPU || !t->storage)) {
         s = em_error(EM_ERR_UNSUPPORTED, "em_print: only CPU tensors can be printed for now");
     }
     if (s == EM_OK) {

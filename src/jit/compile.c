@@ -190,9 +190,11 @@ static em_status check_call(const em_compiled *f, em_tensor *const *in, const do
         return em_error(EM_ERR_NULL, "em_call(%s): scalars is NULL", f->name);
     for (int i = 0; i < f->ninputs; i++) {
         if (!in[i]) return em_error_null(f->name, f->input_names[i]);
-        if (!in[i]->storage)
-            return em_error(EM_ERR_STATE, "em_call(%s): input %d (%s) has no data", f->name, i,
-                            f->input_names[i]);
+        /* a deferred input (lazy mode) is computed first, unless the call
+         * itself is deferred (run inline under the thread's hook) */
+        if (!in[i]->storage && !em_ctx()->hook.fn && em_force(in[i]) != EM_OK)
+            return em_error(em_last_status(), "em_call(%s): input %d (%s): %s", f->name, i,
+                            f->input_names[i], em_last_error());
     }
     return EM_OK;
 }
@@ -307,12 +309,29 @@ static em_status trace(em_compiled *f, em_tensor *const *in, const double *scala
     return finish_outputs(f, EM_OK, out);
 }
 
+static em_status call_entries(em_compiled *f, em_tensor *const *in, const double *scalars,
+                              em_tensor **out);
+
 em_status em_call(em_compiled *f, em_tensor *const *in, const double *scalars, em_tensor **out) {
+    em_dispatch_hook hook = em_ctx()->hook;
+    /* Called while this thread records ops (inside another traced
+     * function): run fn inline, so the outer graph sees its ops. */
+    if (hook.fn && !jit_lazy_hook(&hook)) {
+        em_status s = check_call(f, in, scalars, out);
+        return s == EM_OK ? run_eager(f, in, scalars, out) : s;
+    }
+    /* In lazy mode a compiled function keeps its own entries: its inputs
+     * are computed, and it runs with the lazy hook set aside. */
+    if (hook.fn) em_set_dispatch_hook((em_dispatch_hook){0});
     em_status s = check_call(f, in, scalars, out);
-    if (s != EM_OK) return s;
-    /* Called while this thread records or defers ops (inside another
-     * traced function): run fn inline, so the outer graph sees its ops. */
-    if (em_ctx()->hook.fn) return run_eager(f, in, scalars, out);
+    if (s == EM_OK) s = call_entries(f, in, scalars, out);
+    if (hook.fn) em_set_dispatch_hook(hook);
+    return s;
+}
+
+static em_status call_entries(em_compiled *f, em_tensor *const *in, const double *scalars,
+                              em_tensor **out) {
+    em_status s;
     lock(f);
     f->stats.calls++;
     if (f->stats.broken) {

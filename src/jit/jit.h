@@ -80,6 +80,10 @@ jit_warm_result jit_warmup(const jit_record *r, kc_cache *cache, char *why, size
  * NULL for a backend without artifacts. */
 const char *jit_backend_target(const jit_backend *b);
 
+/* ---- lazy mode (lazy.c) ---- */
+/* Whether h is lazy mode's hook (not a recorder's). */
+bool jit_lazy_hook(const em_dispatch_hook *h);
+
 /* ---- logging (EMBER_LOG, EMBER_LOG_FILE) ---- */
 enum {
     JIT_LOG_GRAPH = 1 << 0,      /* each captured graph */

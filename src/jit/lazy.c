@@ -1,0 +1,559 @@
+/* lazy.c - lazy mode: unmodified eager code runs through the JIT.
+ *
+ * With lazy mode on (em_lazy_begin, or EMBER_JIT=1 for every thread), the
+ * dispatch hook does not run an op: it returns a tensor without storage
+ * whose thunk (t->ext) holds the op, its attributes and references to its
+ * inputs.  Pending tensors form a DAG whose leaves are real tensors.
+ *
+ * A tensor is computed (em_force) when its values are needed: a host read
+ * (em_copy_to_host, em_item, em_print), an op that must run eagerly, em_sync,
+ * or a DAG grown past LZ_MAX_PENDING nodes.  Forcing t cuts the DAG below
+ * t into a graph (leaves become inputs), looks the graph up by its text in
+ * the thread's entry table (the text holds every op, attribute and input
+ * meta: the structural key), compiles it with the cpu backend on a miss
+ * (through the same kernel and plan caches em_compile uses), runs it, and
+ * gives t and every node someone else still holds their storage.  Nodes
+ * only the graph needed stay pending: if read later they are recomputed
+ * (ops are deterministic: random ops carry their Philox seed and offset).
+ *
+ * Errors: shape and dtype errors are found by each op's infer rule at the
+ * op (dispatch runs it before the hook); only failures of the computation
+ * itself (memory) surface at the read.
+ *
+ * Ownership: a thunk owns references to its inputs and to the thread's
+ * lazy state; the state (entry table, cache) lives until its thread exits
+ * and the last thunk made on it dies. */
+#include "jit.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define LZ_MAX_PENDING 256  /* nodes below a tensor before it is forced */
+#define LZ_TABLE_MIN 64
+
+typedef struct lz_entry {
+    kc_key key;          /* of the graph text */
+    char *text;
+    tr_graph *graph;
+    void *state;         /* the backend's; NULL: run op by op (replay) */
+    const jit_backend *backend;
+} lz_entry;
+
+typedef struct lz_structure {
+    kc_key key;          /* of the text without sizes and strides */
+    int entries;
+    bool logged;
+} lz_structure;
+
+typedef struct lz_state {
+    atomic_int refs;     /* the thread, and each live thunk */
+    int depth;           /* em_lazy_begin nesting on the thread */
+    em_dispatch_hook prev;
+    pthread_mutex_t lock; /* the tables and the pending list */
+    lz_entry *entries;
+    int nentries, capentries;
+    lz_structure *structs;
+    int nstructs, capstructs;
+    int limit;           /* entries per structure before running eagerly */
+    struct lz_thunk *pending; /* live thunks, for em_sync */
+    jit_log log;
+    jit_env env;
+    em_lazy_stats stats;
+    const em_allocator *alloc;
+} lz_state;
+
+typedef struct lz_thunk {
+    lz_state *st;
+    const em_allocator *alloc; /* that made the thunk */
+    em_tensor *self;     /* the tensor this thunk computes (not a reference) */
+    struct lz_thunk *prev, *next; /* in st->pending */
+    em_op op;
+    em_op_attrs attrs;
+    int size;            /* pending nodes below and including this one (capped) */
+    int nin;
+    em_tensor *in[];     /* one reference each */
+} lz_thunk;
+
+static pthread_key_t state_key;
+static pthread_once_t state_once = PTHREAD_ONCE_INIT;
+
+static void state_release(lz_state *st);
+
+static void thread_exit(void *p) { state_release(p); }
+static void make_key(void) { pthread_key_create(&state_key, thread_exit); }
+
+/* ---- the thread's state ---- */
+
+static void entry_clear(lz_entry *e) {
+    if (e->state) e->backend->free(e->state);
+    tr_graph_free(e->graph);
+    em_free(e->text);
+}
+
+static void state_release(lz_state *st) {
+    if (!st || atomic_fetch_sub(&st->refs, 1) != 1) return;
+    const em_allocator *saved = em_get_allocator();
+    em_set_allocator(st->alloc);
+    for (int i = 0; i < st->nentries; i++) entry_clear(&st->entries[i]);
+    em_free(st->entries);
+    em_free(st->structs);
+    kc_close(st->env.cache);
+    jit_log_close(&st->log);
+    pthread_mutex_destroy(&st->lock);
+    em_free(st);
+    em_set_allocator(saved);
+}
+
+static int env_limit(void) {
+    const char *e = getenv("EMBER_RECOMPILE_LIMIT");
+    char *end;
+    long v = e && *e ? strtol(e, &end, 10) : 8;
+    return e && *e && (*end || v < 1 || v > 1 << 20) ? 8 : (int)v;
+}
+
+static lz_state *state_get(bool create) {
+    pthread_once(&state_once, make_key);
+    lz_state *st = pthread_getspecific(state_key);
+    if (st || !create) return st;
+    st = em_calloc(1, sizeof *st);
+    if (!st) return NULL;
+    atomic_init(&st->refs, 1);
+    st->alloc = em_get_allocator();
+    st->limit = env_limit();
+    jit_log_open(&st->log);
+    st->env.log = &st->log;
+    st->env.cache = kc_open(NULL, 0);
+    if (pthread_mutex_init(&st->lock, NULL) != 0 || pthread_setspecific(state_key, st) != 0) {
+        kc_close(st->env.cache);
+        jit_log_close(&st->log);
+        em_free(st);
+        em_error(EM_ERR_NOMEM, "lazy mode: cannot set up the thread's state");
+        return NULL;
+    }
+    return st;
+}
+
+/* ---- thunks ---- */
+
+static void pending_unlink(lz_thunk *k) {
+    if (k->prev) k->prev->next = k->next;
+    else k->st->pending = k->next;
+    if (k->next) k->next->prev = k->prev;
+    k->prev = k->next = NULL;
+}
+
+/* The tensor is dying, or has its values: drop the recipe. */
+static void thunk_free(void *p) {
+    lz_thunk *k = p;
+    if (!k) return;
+    lz_state *st = k->st;
+    pthread_mutex_lock(&st->lock);
+    pending_unlink(k);
+    pthread_mutex_unlock(&st->lock);
+    for (int i = 0; i < k->nin; i++) em_release(k->in[i]);
+    em_free_with(k->alloc, k);
+    state_release(st);
+}
+
+static lz_thunk *thunk_of(const em_tensor *t) {
+    return t && !t->storage && t->ext_free == thunk_free ? t->ext : NULL;
+}
+
+/* ---- building the graph below a tensor ---- */
+
+typedef struct cut {
+    tr_graph *g;
+    em_tensor **keys;   /* tensor -> node, open addressing on the pointer */
+    int *vals;
+    int cap;
+    em_tensor **nodes;  /* node -> tensor */
+    int *internal;      /* node -> references from thunks of the cut */
+    em_tensor **inputs; /* the leaves, by input number */
+    int ninputs;
+} cut;
+
+static size_t slot(const cut *c, const em_tensor *t) {
+    uint64_t h = (uint64_t)(uintptr_t)t * 0x9E3779B97F4A7C15ull;
+    return (size_t)(h >> 32) & (size_t)(c->cap - 1);
+}
+
+static int cut_find(const cut *c, const em_tensor *t, size_t *at) {
+    size_t i = slot(c, t);
+    while (c->keys[i] && c->keys[i] != t) i = (i + 1) & (size_t)(c->cap - 1);
+    *at = i;
+    return c->keys[i] ? c->vals[i] : -1;
+}
+
+/* The node of t, adding t's DAG below it first.  Depth is bounded by
+ * LZ_MAX_PENDING (deeper DAGs were forced when made). */
+static int cut_add(cut *c, em_tensor *t) {
+    size_t at;
+    int n = cut_find(c, t, &at);
+    if (n >= 0) return n;
+    lz_thunk *k = thunk_of(t);
+    em_meta m;
+    tr_meta_of(t, &m);
+    if (!k) {
+        n = tr_add_input(c->g, NULL, &m);
+        if (n >= 0) c->inputs[c->ninputs++] = t;
+    } else {
+        int in[EM_MAX_DIMS * 8 + 8], *ins = k->nin <= (int)(sizeof in / sizeof in[0]) ? in : em_malloc(sizeof(int) * (size_t)k->nin);
+        if (!ins) return -1;
+        for (int i = 0; i < k->nin && (i == 0 || ins[i - 1] >= 0); i++) ins[i] = cut_add(c, k->in[i]);
+        bool ok = k->nin == 0 || ins[k->nin - 1] >= 0;
+        for (int i = 0; ok && i < k->nin; i++) ok = ins[i] >= 0;
+        n = ok ? tr_add_call(c->g, k->op, k->nin, ins, &k->attrs, &m) : -1;
+        for (int i = 0; n >= 0 && i < k->nin; i++) c->internal[ins[i]]++;
+        if (ins != in) em_free(ins);
+    }
+    if (n < 0) return -1;
+    (void)cut_find(c, t, &at); /* the recursion may have moved the slot's neighbours */
+    c->keys[at] = t;
+    c->vals[at] = n;
+    c->nodes[n] = t;
+    return n;
+}
+
+static void cut_free(cut *c) {
+    tr_graph_free(c->g);
+    em_free(c->keys);
+    em_free(c->vals);
+    em_free(c->nodes);
+    em_free(c->internal);
+    em_free(c->inputs);
+}
+
+/* The graph computing t; its outputs are t and every pending node held
+ * by someone besides the cut's own thunks and its scope. */
+static bool cut_build(cut *c, em_tensor *t, int size) {
+    memset(c, 0, sizeof *c);
+    c->cap = 16;
+    while (c->cap < 4 * (size + 2)) c->cap *= 2;
+    c->g = tr_graph_new();
+    c->keys = em_calloc((size_t)c->cap, sizeof *c->keys);
+    c->vals = em_malloc(sizeof(int) * (size_t)c->cap);
+    c->nodes = em_calloc((size_t)c->cap, sizeof *c->nodes);
+    c->internal = em_calloc((size_t)c->cap, sizeof *c->internal);
+    c->inputs = em_calloc((size_t)c->cap, sizeof *c->inputs);
+    if (!c->g || !c->keys || !c->vals || !c->nodes || !c->internal || !c->inputs) return false;
+    int root = cut_add(c, t);
+    if (root < 0) return false;
+    int *outs = em_malloc(sizeof(int) * (size_t)(c->g->nnodes + 1)), nout = 0;
+    if (!outs) return false;
+    outs[nout++] = root;
+    for (int i = 0; i < c->g->nnodes; i++) {
+        em_tensor *u = c->nodes[i];
+        if (i == root || c->g->nodes[i].kind != TR_CALL) continue;
+        int held = atomic_load(&u->refcount) - c->internal[i] - (u->scope ? 1 : 0);
+        if (held > 0) outs[nout++] = i;
+    }
+    em_status s = tr_set_outputs(c->g, nout, outs);
+    em_free(outs);
+    return s == EM_OK;
+}
+
+/* ---- the entry table ---- */
+
+/* The key of the text without its metas' sizes and strides (the "[..]{..}"
+ * after a dtype name): the graph's structure, for the per-structure
+ * recompile limit.  Attribute lists (" [dims=[1]]") stay: a different
+ * attribute is a different program, as in em_compile. */
+static kc_key structure_key(const char *text) {
+    kc_hasher h;
+    kc_hasher_reset(&h);
+    kc_hasher_update_str(&h, "ember lazy structure");
+    const char *run = text, *p = text;
+    while (*p) {
+        bool meta = *p == '[' && p > text && ((p[-1] >= 'a' && p[-1] <= 'z') || (p[-1] >= '0' && p[-1] <= '9'));
+        if (!meta) {
+            p++;
+            continue;
+        }
+        kc_hasher_update(&h, run, (size_t)(p - run));
+        while (*p && *p != ']') p++;
+        if (*p) p++;
+        if (*p == '{') {
+            while (*p && *p != '}') p++;
+            if (*p) p++;
+        }
+        run = p;
+    }
+    kc_hasher_update(&h, run, (size_t)(p - run));
+    return kc_hasher_digest(&h);
+}
+
+static lz_structure *structure_of(lz_state *st, const char *text) {
+    kc_key k = structure_key(text);
+    for (int i = 0; i < st->nstructs; i++)
+        if (kc_key_equal(&st->structs[i].key, &k)) return &st->structs[i];
+    if (st->nstructs == st->capstructs) {
+        int cap = st->capstructs ? 2 * st->capstructs : 16;
+        lz_structure *n = em_malloc(sizeof *n * (size_t)cap);
+        if (!n) return NULL;
+        if (st->nstructs) memcpy(n, st->structs, sizeof *n * (size_t)st->nstructs);
+        em_free(st->structs);
+        st->structs = n;
+        st->capstructs = cap;
+    }
+    lz_structure *s = &st->structs[st->nstructs++];
+    memset(s, 0, sizeof *s);
+    s->key = k;
+    return s;
+}
+
+static lz_entry *entry_find(lz_state *st, const kc_key *key, const char *text) {
+    for (int i = 0; i < st->nentries; i++)
+        if (kc_key_equal(&st->entries[i].key, key) && !strcmp(st->entries[i].text, text))
+            return &st->entries[i];
+    return NULL;
+}
+
+/* A new entry for graph g (taken) of text (taken): compiled, or, past the
+ * structure's limit, run op by op. */
+static lz_entry *entry_add(lz_state *st, tr_graph *g, char *text, const kc_key *key) {
+    if (st->nentries == st->capentries) {
+        int cap = st->capentries ? 2 * st->capentries : LZ_TABLE_MIN;
+        lz_entry *n = em_malloc(sizeof *n * (size_t)cap);
+        if (!n) return NULL;
+        if (st->nentries) memcpy(n, st->entries, sizeof *n * (size_t)st->nentries);
+        em_free(st->entries);
+        st->entries = n;
+        st->capentries = cap;
+    }
+    lz_structure *sg = structure_of(st, text);
+    if (!sg) return NULL;
+    lz_entry *e = &st->entries[st->nentries];
+    memset(e, 0, sizeof *e);
+    e->key = *key;
+    e->text = text;
+    e->graph = g;
+    e->backend = jit_backend_find(NULL);
+    if (sg->entries >= st->limit) {
+        e->backend = &jit_replay_backend;
+        st->stats.eager_graphs++;
+        if (!sg->logged)
+            jit_logf(&st->log, 0, "lazy mode: a graph structure hit the recompile limit (%d "
+                     "size variants); new sizes of it run eagerly", st->limit);
+        sg->logged = true;
+    } else {
+        sg->entries++;
+        int64_t before = st->env.compiled;
+        if (tr_optimize(g, false) != EM_OK || e->backend->compile(g, &st->env, &e->state) != EM_OK) {
+            if (e->state) e->backend->free(e->state);
+            e->state = NULL;
+            e->backend = &jit_replay_backend;
+            em_clear_error();
+        }
+        st->stats.graphs_compiled++;
+        st->stats.kernels_compiled += st->env.compiled - before;
+        st->stats.kernels_loaded = st->env.loaded;
+    }
+    if (st->log.flags & JIT_LOG_GRAPH) {
+        jit_logf(&st->log, JIT_LOG_GRAPH, "lazy mode: new graph (entry %d):", st->nentries);
+        tr_print(g, st->log.f);
+    }
+    st->nentries++;
+    return e;
+}
+
+/* ---- forcing ---- */
+
+/* Gives node tensors their computed values. */
+static void adopt(em_tensor *t, em_tensor *v) {
+    lz_thunk *k = t->ext;
+    atomic_fetch_add(&v->storage->refcount, 1);
+    t->storage = v->storage;
+    memcpy(t->strides, v->strides, sizeof(int64_t) * (size_t)t->ndim);
+    t->offset = v->offset;
+    t->ext = NULL;
+    t->ext_free = NULL;
+    t->ext_force = NULL;
+    thunk_free(k);
+}
+
+/* Looks the cut's graph up (compiling it on a miss) and runs it: vals
+ * gets one new tensor per output of the cut, in its order. */
+static em_status run_outputs(lz_state *st, cut *c, em_tensor **vals) {
+    char *text = tr_to_text(c->g);
+    if (!text) return em_last_status();
+    kc_hasher h;
+    kc_hasher_reset(&h);
+    kc_hasher_update_str(&h, text);
+    kc_key key = kc_hasher_digest(&h);
+    pthread_mutex_lock(&st->lock);
+    lz_entry *e = entry_find(st, &key, text);
+    if (e) {
+        em_free(text);
+        st->stats.graph_hits++;
+    } else {
+        e = entry_add(st, c->g, text, &key);
+        if (!e) {
+            em_free(text);
+            pthread_mutex_unlock(&st->lock);
+            return em_last_status();
+        }
+        c->g = NULL; /* the entry has it now */
+    }
+    st->stats.flushes++;
+    /* entries are never removed and never change: safe to run unlocked */
+    const tr_graph *g = e->graph;
+    void *state = e->state;
+    const jit_backend *b = e->backend;
+    pthread_mutex_unlock(&st->lock);
+    return b->run(state, g, c->inputs, vals);
+}
+
+static em_status force(em_tensor *t) {
+    lz_thunk *k = thunk_of(t);
+    if (!k) return t->storage ? EM_OK : em_error(EM_ERR_STATE, "the tensor has no data");
+    lz_state *st = k->st;
+    cut c;
+    em_status s = cut_build(&c, t, k->size) ? EM_OK : em_last_status();
+    /* remember the outputs' tensors before the graph moves to the table */
+    int nout = s == EM_OK ? c.g->noutputs : 0;
+    em_tensor **who = s == EM_OK ? em_malloc(sizeof *who * (size_t)(nout + 1)) : NULL;
+    if (s == EM_OK && !who) s = em_last_status();
+    for (int i = 0; i < nout && who; i++) who[i] = em_retain(c.nodes[c.g->outputs[i]]);
+    em_tensor **vals = s == EM_OK ? em_calloc((size_t)nout + 1, sizeof *vals) : NULL;
+    if (s == EM_OK && !vals) s = em_last_status();
+    if (s == EM_OK) s = run_outputs(st, &c, vals);
+    for (int i = 0; i < nout && who; i++) {
+        if (s == EM_OK && vals[i] && !who[i]->storage) adopt(who[i], vals[i]);
+        if (vals && vals[i]) em_release(vals[i]);
+        em_release(who[i]);
+    }
+    em_free(who);
+    em_free(vals);
+    cut_free(&c);
+    return s;
+}
+
+static em_status thunk_force(em_tensor *t) { return force(t); }
+
+/* ---- the dispatch hook ---- */
+
+/* Runs the call now, on its inputs' values. */
+static em_tensor *run_now(const em_op_call *c, const em_meta *m) {
+    for (int i = 0; i < c->nin; i++)
+        if (!c->in[i]->storage && em_force(c->in[i]) != EM_OK) return NULL;
+    em_dispatch_hook saved = em_set_dispatch_hook((em_dispatch_hook){0});
+    em_tensor *t = em_dispatch_eager(c, m);
+    em_set_dispatch_hook(saved);
+    return t;
+}
+
+/* Whether the call is deferred: CPU ops (the cpu backend compiles them),
+ * except views of tensors that have their values (free to make now). */
+static bool deferred(const em_op_call *c, const em_meta *m) {
+    /* random draws run now: their Philox offset differs on every call, so a
+     * graph holding one would never be found in the table again */
+    if (m->device.type != EM_CPU || c->op == EM_OP_RAND || c->op == EM_OP_RANDN) return false;
+    bool any_lazy = false;
+    for (int i = 0; i < c->nin; i++) {
+        if (c->in[i]->device.type != EM_CPU) return false;
+        any_lazy |= c->in[i]->storage == NULL;
+    }
+    return any_lazy || em_op_table[c->op].kind != EM_KIND_VIEW;
+}
+
+static em_tensor *lazy_op(void *ud, const em_op_call *c, const em_meta *m) {
+    lz_state *st = ud;
+    if (!deferred(c, m)) return run_now(c, m);
+    lz_thunk *k = em_malloc(sizeof *k + sizeof(em_tensor *) * (size_t)c->nin);
+    if (!k) return NULL;
+    memset(k, 0, sizeof *k);
+    em_meta tm = *m;
+    if (em_op_table[c->op].kind != EM_KIND_VIEW) { /* a new tensor is contiguous */
+        em_contiguous_strides(tm.ndim, tm.sizes, tm.strides);
+        tm.offset = 0;
+    }
+    em_tensor *t = em_tensor_meta_only(&tm);
+    if (!t) {
+        em_free(k);
+        return NULL;
+    }
+    k->st = st;
+    k->alloc = em_get_allocator();
+    k->self = t;
+    k->op = c->op;
+    k->attrs = *c->attrs;
+    k->nin = c->nin;
+    k->size = 1;
+    for (int i = 0; i < c->nin; i++) {
+        k->in[i] = em_retain(c->in[i]);
+        lz_thunk *ki = thunk_of(c->in[i]);
+        if (ki && k->size <= LZ_MAX_PENDING) k->size += ki->size;
+    }
+    atomic_fetch_add(&st->refs, 1);
+    pthread_mutex_lock(&st->lock);
+    k->next = st->pending;
+    if (st->pending) st->pending->prev = k;
+    st->pending = k;
+    st->stats.ops_deferred++;
+    pthread_mutex_unlock(&st->lock);
+    t->ext = k;
+    t->ext_free = thunk_free;
+    t->ext_force = thunk_force;
+    t = em_tensor_adopt(t);
+    /* a long chain is cut here, so that no graph (and no release of a
+     * chain of thunks) grows without bound */
+    if (t && k->size > LZ_MAX_PENDING && em_force(t) != EM_OK) return NULL;
+    return t;
+}
+
+bool jit_lazy_hook(const em_dispatch_hook *h) { return h && h->fn == lazy_op; }
+
+/* ---- public API ---- */
+
+em_status em_lazy_begin(void) {
+    lz_state *st = state_get(true);
+    if (!st) return em_last_status();
+    if (st->depth++ == 0)
+        st->prev = em_set_dispatch_hook((em_dispatch_hook){lazy_op, st, NULL});
+    return EM_OK;
+}
+
+em_status em_sync(void) {
+    lz_state *st = state_get(false);
+    em_status s = EM_OK;
+    while (st && s == EM_OK) {
+        pthread_mutex_lock(&st->lock);
+        em_tensor *t = st->pending ? em_retain(st->pending->self) : NULL;
+        pthread_mutex_unlock(&st->lock);
+        if (!t) break;
+        s = em_force(t);
+        em_release(t);
+    }
+    return s;
+}
+
+em_status em_lazy_end(void) {
+    lz_state *st = state_get(false);
+    if (!st || st->depth == 0) return em_error(EM_ERR_STATE, "em_lazy_end: lazy mode is not on");
+    em_status s = em_sync();
+    if (--st->depth == 0) em_set_dispatch_hook(st->prev);
+    return s;
+}
+
+bool em_lazy_active(void) {
+    lz_state *st = state_get(false);
+    return st && st->depth > 0;
+}
+
+em_status em_lazy_get_stats(em_lazy_stats *out) {
+    if (!out) return em_error(EM_ERR_NULL, "em_lazy_get_stats: out is NULL");
+    memset(out, 0, sizeof *out);
+    lz_state *st = state_get(false);
+    if (!st) return EM_OK;
+    pthread_mutex_lock(&st->lock);
+    *out = st->stats;
+    pthread_mutex_unlock(&st->lock);
+    return EM_OK;
+}
+
+/* EMBER_JIT=1: every thread starts in lazy mode. */
+void em_mode_autostart(void) {
+    const char *e = getenv("EMBER_JIT");
+    if (e && !strcmp(e, "1") && em_lazy_begin() != EM_OK) em_clear_error();
+}
