@@ -324,7 +324,8 @@ typedef struct em_compile_stats {
     int64_t kernels_loaded;   /* kernels it found in the kernel cache instead */
     int64_t graphs_loaded;    /* entries whose whole plan came from the cache (no
                                  fusion, lowering or code generation) */
-    bool broken;          /* a graph break was seen: fn now always runs eagerly */
+    bool broken;          /* a graph break was seen: fn now runs as segments */
+    int64_t segmented;    /* calls run as compiled segments around reads (lazy mode) */
     char last_failure[256]; /* why the last non-matching call matched no entry */
 } em_compile_stats;
 

@@ -217,6 +217,21 @@ static em_status run_eager(const em_compiled *f, em_tensor *const *in, const dou
     return finish_outputs(f, s, out);
 }
 
+/* A function with a graph break runs in lazy mode: the ops before each
+ * read are one compiled segment (cached by structure in the thread's lazy
+ * table), the read sees computed values, and the ops after it the next
+ * segment.  The outputs are computed before returning. */
+static em_status run_segments(const em_compiled *f, em_tensor *const *in, const double *scalars,
+                              em_tensor **out) {
+    if (em_lazy_begin() != EM_OK) return run_eager(f, in, scalars, out);
+    em_scope_begin();
+    em_status s = f->fn(f->ctx, in, scalars, out);
+    for (int i = 0; s == EM_OK && i < f->noutputs; i++)
+        if (out[i]) s = em_force(out[i]);
+    em_status e = em_lazy_end();
+    return finish_outputs(f, s == EM_OK ? e : s, out);
+}
+
 static void lock(em_compiled *f) { pthread_mutex_lock(&f->lock); }
 static void unlock(em_compiled *f) { pthread_mutex_unlock(&f->lock); }
 
@@ -289,8 +304,8 @@ static em_status trace(em_compiled *f, em_tensor *const *in, const double *scala
         /* the function ran eagerly to the end: its results are valid */
         f->stats.broken = true;
         f->stats.eager++;
-        jit_logf(&f->log, JIT_LOG_BREAKS, "graph break in %s: %s; %s runs eagerly from now on",
-                 f->name, why, f->name);
+        jit_logf(&f->log, JIT_LOG_BREAKS, "graph break in %s: %s; %s runs as compiled "
+                 "segments around its reads from now on (lazy mode)", f->name, why, f->name);
         return finish_outputs(f, EM_OK, out);
     }
     jit_entry *e = g ? make_entry(f, g, in, scalars) : NULL;
@@ -335,9 +350,9 @@ static em_status call_entries(em_compiled *f, em_tensor *const *in, const double
     lock(f);
     f->stats.calls++;
     if (f->stats.broken) {
-        f->stats.eager++;
+        f->stats.segmented++;
         unlock(f);
-        return run_eager(f, in, scalars, out);
+        return run_segments(f, in, scalars, out);
     }
     for (int i = 0; i < f->nentries; i++) {
         if (!gd_check(f->entries[i]->guards, in, scalars)) continue;

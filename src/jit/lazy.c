@@ -7,7 +7,7 @@
  *
  * A tensor is computed (em_force) when its values are needed: a host read
  * (em_copy_to_host, em_item, em_print), an op that must run eagerly, em_sync,
- * or a DAG grown past LZ_MAX_PENDING nodes.  Forcing t cuts the DAG below
+ * or a DAG grown deeper than LZ_MAX_DEPTH ops.  Forcing t cuts the DAG below
  * t into a graph (leaves become inputs), looks the graph up by its text in
  * the thread's entry table (the text holds every op, attribute and input
  * meta: the structural key), compiles it with the cpu backend on a miss
@@ -29,7 +29,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define LZ_MAX_PENDING 256  /* nodes below a tensor before it is forced */
+#define LZ_MAX_DEPTH 256  /* pending ops on the longest path below a tensor before it is forced */
 #define LZ_TABLE_MIN 64
 
 typedef struct lz_entry {
@@ -70,7 +70,7 @@ typedef struct lz_thunk {
     struct lz_thunk *prev, *next; /* in st->pending */
     em_op op;
     em_op_attrs attrs;
-    int size;            /* pending nodes below and including this one (capped) */
+    int depth;           /* pending ops on the longest path down from this one */
     int nin;
     em_tensor *in[];     /* one reference each */
 } lz_thunk;
@@ -185,8 +185,49 @@ static int cut_find(const cut *c, const em_tensor *t, size_t *at) {
     return c->keys[i] ? c->vals[i] : -1;
 }
 
-/* The node of t, adding t's DAG below it first.  Depth is bounded by
- * LZ_MAX_PENDING (deeper DAGs were forced when made). */
+static bool grow(void **p, size_t old, size_t size) {
+    void *n = em_calloc(size, 1);
+    if (!n) return false;
+    if (*p) memcpy(n, *p, old);
+    em_free(*p);
+    *p = n;
+    return true;
+}
+
+/* Room for one more node: the map at most half full. */
+static bool cut_reserve(cut *c) {
+    if (2 * (c->g->nnodes + 1) <= c->cap) return true;
+    int cap = 2 * c->cap;
+    em_tensor **keys = em_calloc((size_t)cap, sizeof *keys);
+    int *vals = em_malloc(sizeof(int) * (size_t)cap);
+    size_t po = sizeof(void *) * (size_t)c->cap, pn = sizeof(void *) * (size_t)cap;
+    bool ok = keys && vals && grow((void **)&c->nodes, po, pn) &&
+              grow((void **)&c->internal, sizeof(int) * (size_t)c->cap, sizeof(int) * (size_t)cap) &&
+              grow((void **)&c->inputs, po, pn);
+    if (!ok) {
+        em_free(keys);
+        em_free(vals);
+        return false;
+    }
+    em_tensor **ok_keys = c->keys;
+    int *ov = c->vals, oc = c->cap;
+    c->keys = keys;
+    c->vals = vals;
+    c->cap = cap;
+    for (int i = 0; i < oc; i++) {
+        if (!ok_keys[i]) continue;
+        size_t at;
+        (void)cut_find(c, ok_keys[i], &at);
+        keys[at] = ok_keys[i];
+        vals[at] = ov[i];
+    }
+    em_free(ok_keys);
+    em_free(ov);
+    return true;
+}
+
+/* The node of t, adding t's DAG below it first.  The recursion is bounded
+ * by LZ_MAX_DEPTH (deeper DAGs were forced when made). */
 static int cut_add(cut *c, em_tensor *t) {
     size_t at;
     int n = cut_find(c, t, &at);
@@ -207,8 +248,8 @@ static int cut_add(cut *c, em_tensor *t) {
         for (int i = 0; n >= 0 && i < k->nin; i++) c->internal[ins[i]]++;
         if (ins != in) em_free(ins);
     }
-    if (n < 0) return -1;
-    (void)cut_find(c, t, &at); /* the recursion may have moved the slot's neighbours */
+    if (n < 0 || !cut_reserve(c)) return -1;
+    (void)cut_find(c, t, &at); /* the recursion may have grown the map */
     c->keys[at] = t;
     c->vals[at] = n;
     c->nodes[n] = t;
@@ -226,10 +267,9 @@ static void cut_free(cut *c) {
 
 /* The graph computing t; its outputs are t and every pending node held
  * by someone besides the cut's own thunks and its scope. */
-static bool cut_build(cut *c, em_tensor *t, int size) {
+static bool cut_build(cut *c, em_tensor *t) {
     memset(c, 0, sizeof *c);
-    c->cap = 16;
-    while (c->cap < 4 * (size + 2)) c->cap *= 2;
+    c->cap = 64;
     c->g = tr_graph_new();
     c->keys = em_calloc((size_t)c->cap, sizeof *c->keys);
     c->vals = em_malloc(sizeof(int) * (size_t)c->cap);
@@ -409,7 +449,7 @@ static em_status force(em_tensor *t) {
     if (!k) return t->storage ? EM_OK : em_error(EM_ERR_STATE, "the tensor has no data");
     lz_state *st = k->st;
     cut c;
-    em_status s = cut_build(&c, t, k->size) ? EM_OK : em_last_status();
+    em_status s = cut_build(&c, t) ? EM_OK : em_last_status();
     /* remember the outputs' tensors before the graph moves to the table */
     int nout = s == EM_OK ? c.g->noutputs : 0;
     em_tensor **who = s == EM_OK ? em_malloc(sizeof *who * (size_t)(nout + 1)) : NULL;
@@ -479,11 +519,11 @@ static em_tensor *lazy_op(void *ud, const em_op_call *c, const em_meta *m) {
     k->op = c->op;
     k->attrs = *c->attrs;
     k->nin = c->nin;
-    k->size = 1;
+    k->depth = 1;
     for (int i = 0; i < c->nin; i++) {
         k->in[i] = em_retain(c->in[i]);
         lz_thunk *ki = thunk_of(c->in[i]);
-        if (ki && k->size <= LZ_MAX_PENDING) k->size += ki->size;
+        if (ki && ki->depth + 1 > k->depth) k->depth = ki->depth + 1;
     }
     atomic_fetch_add(&st->refs, 1);
     pthread_mutex_lock(&st->lock);
@@ -498,7 +538,7 @@ static em_tensor *lazy_op(void *ud, const em_op_call *c, const em_meta *m) {
     t = em_tensor_adopt(t);
     /* a long chain is cut here, so that no graph (and no release of a
      * chain of thunks) grows without bound */
-    if (t && k->size > LZ_MAX_PENDING && em_force(t) != EM_OK) return NULL;
+    if (t && k->depth > LZ_MAX_DEPTH && em_force(t) != EM_OK) return NULL;
     return t;
 }
 

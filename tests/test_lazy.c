@@ -1,0 +1,520 @@
+/* test_lazy.c - lazy mode: every op gives the values eager mode gives;
+ * what defers and what computes (materialization points); errors at the
+ * op; the per-structure limit; whole programs (MLP, attention) against
+ * float64; graph breaks in em_compile run as segments. */
+#include "testutil.h"
+
+#include "eager.h"
+
+#include <pthread.h>
+#include <string.h>
+
+#define CPU em_cpu()
+
+/* ---- every op, lazy against eager ---- */
+
+enum { A, B, C, NC, IDX, ZERO, ONE, NIN };
+
+typedef em_tensor *(*apply_fn)(em_tensor *const *in);
+
+static em_tensor *dims1(em_tensor *(*r)(const em_tensor *, int, const int *, bool), const em_tensor *x, int d, bool keep) {
+    return r(x, 1, &d, keep);
+}
+
+#define U(name, expr) static em_tensor *name(em_tensor *const *in) { return (expr); }
+U(t_neg, em_neg(in[A]))
+U(t_abs, em_abs(in[A]))
+U(t_exp, em_exp(in[A]))
+U(t_log, em_log(em_add_scalar(em_abs(in[A]), 1)))
+U(t_sqrt, em_sqrt(em_abs(in[A])))
+U(t_rsqrt, em_rsqrt(em_add_scalar(em_abs(in[A]), 1)))
+U(t_sin, em_sin(in[A]))
+U(t_cos, em_cos(in[A]))
+U(t_tanh, em_tanh(in[A]))
+U(t_sigmoid, em_sigmoid(in[A]))
+U(t_relu, em_relu(in[A]))
+U(t_gelu, em_gelu(in[A]))
+U(t_gelu_tanh, em_gelu_tanh(in[A]))
+U(t_erf, em_erf(in[A]))
+U(t_add, em_add(in[A], in[B]))
+U(t_sub, em_sub(in[A], in[B]))
+U(t_mul, em_mul(in[A], in[B]))
+U(t_div, em_div(in[A], em_add_scalar(em_abs(in[B]), 0.5)))
+U(t_pow, em_pow(em_add_scalar(em_abs(in[A]), 1), in[B]))
+U(t_maximum, em_maximum(in[A], in[B]))
+U(t_minimum, em_minimum(in[A], in[B]))
+U(t_bcast, em_mul(em_add(in[A], in[C]), in[C]))
+U(t_noncontig, em_add(in[NC], in[A]))
+U(t_scalars, em_minimum_scalar(em_maximum_scalar(em_pow_scalar(em_div_scalar(em_mul_scalar(em_sub_scalar(em_add_scalar(in[A], 1), 2), 3), 4), 2), 0.1), 3))
+U(t_eq, em_eq(in[A], in[A]))
+U(t_ne, em_ne(in[A], in[B]))
+U(t_lt, em_lt(in[A], in[B]))
+U(t_le, em_le(in[A], in[B]))
+U(t_gt, em_gt(in[A], in[B]))
+U(t_ge, em_ge(in[A], in[B]))
+U(t_where, em_where(em_gt(in[A], in[B]), in[A], em_neg(in[B])))
+U(t_cast_f64, em_mul(em_cast(in[A], EM_F64), em_cast(in[B], EM_F64)))
+U(t_cast_i32, em_cast(em_mul_scalar(in[A], 10), EM_I32))
+U(t_sum, dims1(em_sum, in[A], 1, false))
+U(t_mean, dims1(em_mean, in[A], 0, true))
+U(t_amax, dims1(em_amax, em_exp(in[A]), 1, true))
+U(t_amin, dims1(em_amin, in[A], 0, false))
+U(t_var, em_var(in[A], 1, (const int[]){1}, 1, false))
+U(t_argmax, em_argmax(em_add(in[A], in[B]), 1, false))
+U(t_reshape, em_reshape(em_exp(in[A]), 2, TU_SIZES(5, 3)))
+U(t_permute, em_contiguous(em_permute(em_exp(in[A]), 2, (const int[]){1, 0})))
+U(t_transpose, em_add_scalar(em_transpose(in[A], 0, 1), 1))
+U(t_slice, em_slice(em_exp(in[A]), 1, 1, 5, 2))
+U(t_expand, em_add(em_expand(em_unsqueeze(in[C], 0), 2, TU_SIZES(3, 5)), in[A]))
+U(t_squeeze, em_squeeze(em_sum(in[A], 1, (const int[]){1}, true), 1))
+U(t_contiguous, em_contiguous(em_transpose(em_exp(in[A]), 0, 1)))
+U(t_cat, em_cat(3, (em_tensor *const[]){em_exp(in[A]), in[B], in[A]}, 0))
+U(t_index_select, em_index_select(em_exp(in[A]), 1, in[IDX]))
+U(t_embedding, em_embedding(em_tanh(em_transpose(in[NC], 0, 1)), in[IDX]))
+U(t_matmul, em_matmul(em_relu(in[A]), em_transpose(in[B], 0, 1)))
+U(t_softmax, em_softmax(in[A], -1))
+U(t_log_softmax, em_log_softmax(in[A], 0))
+U(t_layer_norm, em_layer_norm(in[A], 1, in[C], in[C], 1e-5))
+U(t_zeros, em_add(em_zeros(2, TU_SIZES(3, 5), EM_F32, CPU), in[A]))
+U(t_full, em_mul(em_full(1, TU_SIZES(5), 2.5, EM_F32, CPU), in[A]))
+U(t_arange, em_add(em_arange(0, 5, 1, EM_F32, CPU), in[A]))
+U(t_size0, em_softmax(em_add_scalar(in[ZERO], 1), -1))
+U(t_size0_sum, dims1(em_sum, in[ZERO], 0, false))
+U(t_size1, em_layer_norm(em_mul(in[ONE], in[C]), 1, NULL, NULL, 1e-5))
+#undef U
+
+static const struct {
+    const char *name;
+    apply_fn fn;
+} OPS[] = {
+#define O(f) {#f, f}
+    O(t_neg), O(t_abs), O(t_exp), O(t_log), O(t_sqrt), O(t_rsqrt), O(t_sin), O(t_cos),
+    O(t_tanh), O(t_sigmoid), O(t_relu), O(t_gelu), O(t_gelu_tanh), O(t_erf), O(t_add),
+    O(t_sub), O(t_mul), O(t_div), O(t_pow), O(t_maximum), O(t_minimum), O(t_bcast),
+    O(t_noncontig), O(t_scalars), O(t_eq), O(t_ne), O(t_lt), O(t_le), O(t_gt), O(t_ge),
+    O(t_where), O(t_cast_f64), O(t_cast_i32), O(t_sum), O(t_mean), O(t_amax), O(t_amin),
+    O(t_var), O(t_argmax), O(t_reshape), O(t_permute), O(t_transpose), O(t_slice),
+    O(t_expand), O(t_squeeze), O(t_contiguous), O(t_cat), O(t_index_select),
+    O(t_embedding), O(t_matmul), O(t_softmax), O(t_log_softmax), O(t_layer_norm),
+    O(t_zeros), O(t_full), O(t_arange), O(t_size0), O(t_size0_sum), O(t_size1),
+#undef O
+};
+
+static void make_inputs(em_tensor **in) {
+    in[A] = tu_random(1, 2, TU_SIZES(3, 5), EM_F32, 1);
+    in[B] = tu_random(2, 2, TU_SIZES(3, 5), EM_F32, 1);
+    in[C] = tu_random(3, 1, TU_SIZES(5), EM_F32, 1);
+    in[NC] = em_transpose(tu_random(4, 2, TU_SIZES(5, 3), EM_F32, 1), 0, 1);
+    in[IDX] = tu_tensor((const double[]){4, 0, 2, 2}, 1, TU_SIZES(4), EM_I64);
+    in[ZERO] = tu_random(5, 2, TU_SIZES(0, 5), EM_F32, 1);
+    in[ONE] = tu_random(6, 2, TU_SIZES(1, 5), EM_F32, 1);
+}
+
+START_TEST(every_op_lazy_equals_eager) {
+    em_tensor *in[NIN];
+    make_inputs(in);
+    for (size_t i = 0; i < sizeof OPS / sizeof OPS[0]; i++) {
+        em_tensor *ref = OPS[i].fn(in);
+        ck_assert_msg(ref, "%s eager: %s", OPS[i].name, em_last_error());
+        double *rv = tu_values(ref);
+        ck_assert_int_eq(em_lazy_begin(), EM_OK);
+        em_tensor *y = OPS[i].fn(in);
+        ck_assert_msg(y, "%s lazy: %s", OPS[i].name, em_last_error());
+        ck_assert_int_eq(em_dtype_of(y), em_dtype_of(ref));
+        /* each is at least partly deferred until read */
+        em_lazy_stats st;
+        em_lazy_get_stats(&st);
+        ck_assert_msg(st.ops_deferred > 0, "%s: nothing deferred", OPS[i].name);
+        int64_t sizes[EM_MAX_DIMS];
+        for (int d = 0; d < em_ndim(ref); d++) sizes[d] = em_size(ref, d);
+        tu_check_close(y, rv, em_ndim(ref), sizes, 2e-6, 2e-6);
+        ck_assert_int_eq(em_lazy_end(), EM_OK);
+        free(rv);
+    }
+}
+END_TEST
+
+/* ---- materialization ---- */
+
+START_TEST(values_are_computed_when_read_and_not_before) {
+    em_tensor *x = tu_random(7, 2, TU_SIZES(4, 6), EM_F32, 1);
+    double *xv = tu_values(x);
+    ck_assert_int_eq(em_lazy_begin(), EM_OK);
+    ck_assert(em_lazy_active());
+    em_lazy_stats s0, s1;
+    em_lazy_get_stats(&s0);
+    em_tensor *y = em_mul_scalar(em_tanh(x), 2);
+    ck_assert_ptr_null(y->storage); /* deferred */
+    em_lazy_get_stats(&s1);
+    ck_assert_int_ge(s1.ops_deferred - s0.ops_deferred, 2);
+    ck_assert_int_eq(s1.flushes, s0.flushes);
+    double v;
+    /* an element read computes y, and only y's graph */
+    ck_assert_int_eq(em_item(em_slice(em_reshape(y, 1, TU_SIZES(24)), 0, 5, 6, 1), &v), EM_OK);
+    ck_assert_double_eq_tol(v, 2 * tanh(xv[5]), 1e-6);
+    em_lazy_get_stats(&s1);
+    ck_assert_int_eq(s1.flushes - s0.flushes, 1);
+    /* em_print and em_copy_to_host compute too */
+    em_tensor *z = em_exp(x);
+    ck_assert_ptr_null(z->storage);
+    FILE *devnull = fopen("/dev/null", "w");
+    ck_assert_int_eq(em_print(z, devnull), EM_OK);
+    fclose(devnull);
+    ck_assert_ptr_nonnull(z->storage);
+    /* em_sync computes every pending tensor */
+    em_tensor *w = em_neg(x), *u = em_sigmoid(w);
+    ck_assert_ptr_null(u->storage);
+    ck_assert_int_eq(em_sync(), EM_OK);
+    ck_assert_ptr_nonnull(w->storage);
+    ck_assert_ptr_nonnull(u->storage);
+    /* the same program again finds its graphs in the table */
+    em_lazy_get_stats(&s0);
+    em_tensor *y2 = em_mul_scalar(em_tanh(x), 2);
+    ck_assert_int_eq(em_item(em_slice(em_reshape(y2, 1, TU_SIZES(24)), 0, 5, 6, 1), &v), EM_OK);
+    em_lazy_get_stats(&s1);
+    ck_assert_int_eq(s1.graph_hits - s0.graph_hits, 1);
+    ck_assert_int_eq(s1.graphs_compiled, s0.graphs_compiled);
+    /* em_lazy_end computes what is still pending, then turns lazy mode off */
+    em_tensor *late = em_add(x, x);
+    ck_assert_int_eq(em_lazy_end(), EM_OK);
+    ck_assert(!em_lazy_active());
+    ck_assert_ptr_nonnull(late->storage);
+    ck_assert_int_eq(em_lazy_end(), EM_ERR_STATE);
+    free(xv);
+}
+END_TEST
+
+START_TEST(a_tensor_never_read_stays_computable_and_keeps_its_inputs) {
+    ck_assert_int_eq(em_lazy_begin(), EM_OK);
+    em_tensor *x = em_keep(tu_random(8, 1, TU_SIZES(10), EM_F32, 1)); /* caller-owned */
+    double *xv = tu_values(x);
+    em_tensor *y = em_keep(em_exp(em_mul_scalar(x, 0.5)));
+    em_tensor *z = em_keep(em_sqrt(em_abs(x)));
+    em_release(x); /* y and z still need it */
+    double *zv = tu_values(z); /* computes z; y stays pending */
+    ck_assert_ptr_null(y->storage);
+    double *yv = tu_values(y);
+    for (int i = 0; i < 10; i++) {
+        ck_assert_double_eq_tol(yv[i], exp(0.5 * xv[i]), 1e-6 * exp(0.5 * xv[i]));
+        ck_assert_double_eq_tol(zv[i], sqrt(fabs(xv[i])), 1e-6);
+    }
+    em_release(y);
+    em_release(z);
+    /* a tensor dropped unread is never computed */
+    em_lazy_stats s0, s1;
+    em_scope_begin();
+    em_tensor *r = tu_random(9, 1, TU_SIZES(10), EM_F32, 1);
+    ck_assert_int_eq(em_sync(), EM_OK);
+    em_lazy_get_stats(&s0);
+    em_tensor *dead = em_exp(r);
+    (void)dead;
+    em_scope_end();
+    ck_assert_int_eq(em_sync(), EM_OK);
+    em_lazy_get_stats(&s1);
+    ck_assert_int_eq(s1.flushes, s0.flushes);
+    ck_assert_int_eq(em_lazy_end(), EM_OK);
+    free(xv);
+    free(yv);
+    free(zv);
+}
+END_TEST
+
+START_TEST(a_long_chain_is_cut_and_computed_on_the_way) {
+    ck_assert_int_eq(em_lazy_begin(), EM_OK);
+    em_tensor *x = tu_random(10, 1, TU_SIZES(8), EM_F32, 0.1);
+    double *xv = tu_values(x);
+    em_tensor *y = x;
+    for (int i = 0; i < 1000; i++) y = em_add_scalar(y, 0.001);
+    em_lazy_stats st;
+    em_lazy_get_stats(&st);
+    ck_assert_int_ge(st.flushes, 3); /* cut every LZ_MAX_PENDING ops */
+    double *yv = tu_values(y);
+    for (int i = 0; i < 8; i++) ck_assert_double_eq_tol(yv[i], xv[i] + 1.0, 1e-4);
+    ck_assert_int_eq(em_lazy_end(), EM_OK);
+    free(xv);
+    free(yv);
+}
+END_TEST
+
+START_TEST(errors_are_reported_at_the_op) {
+    ck_assert_int_eq(em_lazy_begin(), EM_OK);
+    em_tensor *a = tu_random(11, 2, TU_SIZES(3, 4), EM_F32, 1);
+    em_tensor *b = tu_random(12, 2, TU_SIZES(5, 4), EM_F32, 1);
+    em_tensor *la = em_exp(a);
+    tu_check_fails(em_add(la, b), EM_ERR_SHAPE);
+    ck_assert_ptr_nonnull(strstr(em_last_error(), "add"));
+    tu_check_fails(em_matmul(la, b), EM_ERR_SHAPE);
+    tu_check_fails(em_softmax(la, 5), EM_ERR_DIM);
+    tu_check_fails(em_exp(NULL), EM_ERR_NULL);
+    tu_check_fails(em_cast(la, (em_dtype)99), EM_ERR_DTYPE);
+    /* the good tensor is unaffected */
+    double *v = tu_values(la), *av = tu_values(a);
+    for (int i = 0; i < 12; i++) ck_assert_double_eq_tol(v[i], exp(av[i]), 1e-6 * exp(av[i]));
+    ck_assert_int_eq(em_lazy_end(), EM_OK);
+    ck_assert_int_eq(em_lazy_get_stats(NULL), EM_ERR_NULL);
+    free(v);
+    free(av);
+}
+END_TEST
+
+/* Runs fn on a new thread (a fresh lazy state, which reads the
+ * environment) and returns what it returned. */
+static void *on_thread(void *(*fn)(void *), void *arg) {
+    pthread_t th;
+    void *ret = NULL;
+    ck_assert_int_eq(pthread_create(&th, NULL, fn, arg), 0);
+    ck_assert_int_eq(pthread_join(th, &ret), 0);
+    return ret;
+}
+
+static void *limit_body(void *arg) {
+    (void)arg;
+    em_tensor *xs[10];
+    double *xv[10];
+    em_scope_begin();
+    for (int rows = 3; rows <= 9; rows += 2) { /* made before lazy mode: only softmax defers */
+        xs[rows] = tu_random((uint64_t)rows, 2, TU_SIZES(rows, 4), EM_F32, 1);
+        xv[rows] = tu_values(xs[rows]);
+    }
+    em_lazy_begin();
+    em_lazy_stats st;
+    bool ok = true;
+    for (int rows = 3; rows <= 9; rows += 2) {
+        float yv[40];
+        ok &= em_copy_to_host(em_softmax(xs[rows], -1), yv, sizeof yv) == EM_OK;
+        for (int r = 0; r < rows; r++) {
+            const double *x = xv[rows] + r * 4;
+            double m = fmax(fmax(x[0], x[1]), fmax(x[2], x[3])), sum = 0;
+            for (int c = 0; c < 4; c++) sum += exp(x[c] - m);
+            for (int c = 0; c < 4; c++) ok &= fabs(yv[r * 4 + c] - exp(x[c] - m) / sum) < 1e-6;
+        }
+        free(xv[rows]);
+    }
+    em_lazy_get_stats(&st);
+    ok &= st.eager_graphs == 2; /* 4 sizes of one structure, limit 2 */
+    /* another structure still compiles */
+    int64_t before = st.graphs_compiled;
+    float v[12];
+    ok &= em_copy_to_host(em_exp(xs[3]), v, sizeof v) == EM_OK;
+    em_lazy_get_stats(&st);
+    ok &= st.graphs_compiled == before + 1;
+    em_lazy_end();
+    em_scope_end();
+    return ok ? (void *)1 : NULL;
+}
+
+START_TEST(the_recompile_limit_applies_per_structure) {
+    setenv("EMBER_RECOMPILE_LIMIT", "2", 1);
+    void *ok = on_thread(limit_body, NULL);
+    unsetenv("EMBER_RECOMPILE_LIMIT");
+    ck_assert_ptr_nonnull(ok);
+}
+END_TEST
+
+static void *autostart_body(void *arg) {
+    em_tensor *x = arg;
+    em_scope_begin();
+    em_tensor *y = em_exp(x); /* the thread's first op starts lazy mode */
+    bool ok = em_lazy_active() && y && !y->storage;
+    double *v = tu_values(y);
+    ok &= v && fabs(v[0] - exp(0.5)) < 1e-6;
+    free(v);
+    em_scope_end();
+    em_lazy_end();
+    return ok ? (void *)1 : NULL;
+}
+
+/* A tensor made in lazy mode on one thread, read on another (not lazy). */
+static void *reader_body(void *arg) {
+    double *v = tu_values(arg);
+    bool ok = v && fabs(v[0] - 2 * tanh(0.5)) < 1e-6;
+    free(v);
+    return ok ? (void *)1 : NULL;
+}
+
+START_TEST(ember_jit_starts_lazy_mode_on_every_thread_and_reads_cross_threads) {
+    em_tensor *x = em_keep(em_full(1, TU_SIZES(3), 0.5, EM_F32, CPU));
+    setenv("EMBER_JIT", "1", 1);
+    void *ok = on_thread(autostart_body, x);
+    unsetenv("EMBER_JIT");
+    ck_assert_ptr_nonnull(ok);
+    ck_assert_int_eq(em_lazy_begin(), EM_OK);
+    em_tensor *y = em_keep(em_mul_scalar(em_tanh(x), 2));
+    ck_assert_int_eq(em_lazy_end(), EM_OK); /* computes y... */
+    em_tensor *z = NULL;
+    ck_assert_int_eq(em_lazy_begin(), EM_OK);
+    z = em_keep(em_mul_scalar(em_tanh(x), 2));
+    ck_assert_ptr_null(z->storage);
+    ck_assert_ptr_nonnull(on_thread(reader_body, z)); /* ...and z is computed by the reader */
+    ck_assert_ptr_nonnull(on_thread(reader_body, y));
+    ck_assert_int_eq(em_lazy_end(), EM_OK);
+    em_release(x);
+    em_release(y);
+    em_release(z);
+}
+END_TEST
+
+/* ---- whole programs against float64 ---- */
+
+#define T 6
+#define D 8
+#define HID 16
+
+typedef struct model {
+    em_tensor *w1, *b1, *w2, *b2, *wq, *wk, *wv, *g, *beta;
+} model;
+
+static model make_model(void) {
+    model m = {
+        tu_random(20, 2, TU_SIZES(D, HID), EM_F32, 0.3), tu_random(21, 1, TU_SIZES(HID), EM_F32, 0.1),
+        tu_random(22, 2, TU_SIZES(HID, D), EM_F32, 0.3), tu_random(23, 1, TU_SIZES(D), EM_F32, 0.1),
+        tu_random(24, 2, TU_SIZES(D, D), EM_F32, 0.3),   tu_random(25, 2, TU_SIZES(D, D), EM_F32, 0.3),
+        tu_random(26, 2, TU_SIZES(D, D), EM_F32, 0.3),   tu_random(27, 1, TU_SIZES(D), EM_F32, 1),
+        tu_random(28, 1, TU_SIZES(D), EM_F32, 0.1),
+    };
+    return m;
+}
+
+/* x + mlp(layer_norm(x + attention(x))), single head, causal mask */
+static em_tensor *block(const model *m, em_tensor *x) {
+    em_tensor *q = em_matmul(x, m->wq), *k = em_matmul(x, m->wk), *v = em_matmul(x, m->wv);
+    em_tensor *s = em_mul_scalar(em_matmul(q, em_transpose(k, 0, 1)), 1 / sqrt(D));
+    em_tensor *i = em_arange(0, T, 1, EM_F32, CPU);
+    em_tensor *mask = em_gt(em_unsqueeze(i, 0), em_unsqueeze(i, 1)); /* j > i: future */
+    s = em_where(mask, em_full(0, NULL, -1e9, EM_F32, CPU), s);
+    em_tensor *h = em_add(x, em_matmul(em_softmax(s, -1), v));
+    em_tensor *n = em_layer_norm(h, 1, m->g, m->beta, 1e-5);
+    em_tensor *f = em_add(em_matmul(em_gelu(em_add(em_matmul(n, m->w1), m->b1)), m->w2), m->b2);
+    return em_add(h, f);
+}
+
+static void matmul_ref(const double *a, const double *b, double *c, int n, int k, int mm) {
+    for (int r = 0; r < n; r++)
+        for (int j = 0; j < mm; j++) {
+            double acc = 0;
+            for (int t = 0; t < k; t++) acc += a[r * k + t] * b[t * mm + j];
+            c[r * mm + j] = acc;
+        }
+}
+
+static void block_ref(const model *m, const double *x, double *out) {
+    double *wq = tu_values(m->wq), *wk = tu_values(m->wk), *wv = tu_values(m->wv);
+    double *w1 = tu_values(m->w1), *b1 = tu_values(m->b1), *w2 = tu_values(m->w2);
+    double *b2 = tu_values(m->b2), *g = tu_values(m->g), *be = tu_values(m->beta);
+    double q[T * D], k[T * D], v[T * D], h[T * D], n[T * D], a[T * HID], f[T * D];
+    matmul_ref(x, wq, q, T, D, D);
+    matmul_ref(x, wk, k, T, D, D);
+    matmul_ref(x, wv, v, T, D, D);
+    for (int i = 0; i < T; i++) {
+        double s[T], mx = -INFINITY, sum = 0;
+        for (int j = 0; j < T; j++) {
+            double d = 0;
+            for (int c = 0; c < D; c++) d += q[i * D + c] * k[j * D + c];
+            s[j] = j > i ? -1e9 : d / sqrt(D);
+            mx = fmax(mx, s[j]);
+        }
+        for (int j = 0; j < T; j++) sum += (s[j] = exp(s[j] - mx));
+        for (int c = 0; c < D; c++) {
+            double acc = 0;
+            for (int j = 0; j < T; j++) acc += s[j] / sum * v[j * D + c];
+            h[i * D + c] = x[i * D + c] + acc;
+        }
+        double mean = 0, var = 0;
+        for (int c = 0; c < D; c++) mean += h[i * D + c] / D;
+        for (int c = 0; c < D; c++) var += (h[i * D + c] - mean) * (h[i * D + c] - mean) / D;
+        for (int c = 0; c < D; c++) n[i * D + c] = (h[i * D + c] - mean) / sqrt(var + 1e-5) * g[c] + be[c];
+    }
+    matmul_ref(n, w1, a, T, D, HID);
+    for (int i = 0; i < T * HID; i++) {
+        double z = a[i] + b1[i % HID];
+        a[i] = 0.5 * z * (1 + erf(z / sqrt(2)));
+    }
+    matmul_ref(a, w2, f, T, HID, D);
+    for (int i = 0; i < T * D; i++) out[i] = h[i] + f[i] + b2[i % D];
+    double *all[] = {wq, wk, wv, w1, b1, w2, b2, g, be};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) free(all[i]);
+}
+
+START_TEST(an_attention_block_and_mlp_in_lazy_mode_match_float64_and_eager) {
+    model m = make_model();
+    em_tensor *x = tu_random(30, 2, TU_SIZES(T, D), EM_F32, 1);
+    double *xv = tu_values(x), ref[T * D];
+    block_ref(&m, xv, ref);
+    double *ev = tu_values(block(&m, x));
+    ck_assert_int_eq(em_lazy_begin(), EM_OK);
+    for (int rep = 0; rep < 3; rep++) { /* later reps hit the table */
+        em_scope_begin();
+        em_tensor *y = block(&m, x);
+        ck_assert_ptr_null(y->storage);
+        tu_check_close(y, ref, 2, TU_SIZES(T, D), 1e-4, 1e-4);
+        double *lv = tu_values(y);
+        for (int i = 0; i < T * D; i++) ck_assert_double_eq_tol(lv[i], ev[i], 1e-5 * (1 + fabs(ev[i])));
+        free(lv);
+        em_scope_end();
+    }
+    em_lazy_stats st;
+    em_lazy_get_stats(&st);
+    ck_assert_int_ge(st.graph_hits, 2);
+    ck_assert_int_eq(em_lazy_end(), EM_OK);
+    free(xv);
+    free(ev);
+}
+END_TEST
+
+/* ---- graph breaks as segments ---- */
+
+/* y = exp(x) * 2; if the sum of y (read!) exceeds 10, y - 1 else y + 1 */
+static em_status reads_midway(void *ctx, em_tensor *const *in, const double *s, em_tensor **out) {
+    (void)ctx;
+    (void)s;
+    em_tensor *y = em_mul_scalar(em_exp(in[0]), 2);
+    double total;
+    em_status st = em_item(em_sum(y, 0, NULL, false), &total);
+    if (st != EM_OK) return st;
+    out[0] = total > 10 ? em_sub_scalar(em_tanh(y), 1) : em_add_scalar(em_tanh(y), 1);
+    return out[0] ? EM_OK : em_last_status();
+}
+
+START_TEST(a_graph_break_splits_the_function_into_compiled_segments) {
+    em_compile_options o = {.ninputs = 1, .noutputs = 1, .name = "reads_midway"};
+    em_compiled *f = em_compile(reads_midway, NULL, &o);
+    em_lazy_stats s0, s1;
+    em_lazy_get_stats(&s0);
+    for (int i = 0; i < 4; i++) {
+        double scale = i % 2 ? 0.1 : 1.5; /* both branches */
+        em_tensor *x = tu_random(40 + (uint64_t)i, 1, TU_SIZES(6), EM_F32, scale), *y;
+        double *xv = tu_values(x), ref[6], total = 0;
+        for (int k = 0; k < 6; k++) total += 2 * exp(xv[k]);
+        for (int k = 0; k < 6; k++) ref[k] = tanh(2 * exp(xv[k])) + (total > 10 ? -1 : 1);
+        ck_assert_int_eq(em_call(f, &x, NULL, &y), EM_OK);
+        ck_assert_ptr_nonnull(y->storage); /* outputs come back computed */
+        tu_check_close(y, ref, 1, TU_SIZES(6), 1e-5, 1e-6);
+        free(xv);
+    }
+    em_compile_stats st;
+    em_compiled_stats(f, &st);
+    ck_assert(st.broken);
+    ck_assert_int_eq(st.eager, 1);
+    ck_assert_int_eq(st.segmented, 3);
+    em_lazy_get_stats(&s1);
+    ck_assert_int_ge(s1.graphs_compiled - s0.graphs_compiled, 2); /* before and after the read */
+    ck_assert_int_ge(s1.graph_hits - s0.graph_hits, 2);
+    ck_assert(!em_lazy_active());
+    em_compiled_free(f);
+}
+END_TEST
+
+int main(void) {
+    const tu_test tests[] = {
+        {"every_op_lazy_equals_eager", every_op_lazy_equals_eager},
+        {"values_are_computed_when_read_and_not_before", values_are_computed_when_read_and_not_before},
+        {"a_tensor_never_read_stays_computable_and_keeps_its_inputs", a_tensor_never_read_stays_computable_and_keeps_its_inputs},
+        {"a_long_chain_is_cut_and_computed_on_the_way", a_long_chain_is_cut_and_computed_on_the_way},
+        {"errors_are_reported_at_the_op", errors_are_reported_at_the_op},
+        {"the_recompile_limit_applies_per_structure", the_recompile_limit_applies_per_structure},
+        {"ember_jit_starts_lazy_mode_on_every_thread_and_reads_cross_threads", ember_jit_starts_lazy_mode_on_every_thread_and_reads_cross_threads},
+        {"an_attention_block_and_mlp_in_lazy_mode_match_float64_and_eager", an_attention_block_and_mlp_in_lazy_mode_match_float64_and_eager},
+        {"a_graph_break_splits_the_function_into_compiled_segments", a_graph_break_splits_the_function_into_compiled_segments},
+    };
+    return tu_run(tu_suite("lazy", tests, sizeof tests / sizeof tests[0], 600));
+}
