@@ -4,7 +4,8 @@
  *
  *   bench/bench_eager [--reps N] [--only NAME] [--json FILE]
  *
- * For each workload: eager and compiled medians, the speedup, the
+ * For each workload: eager, compiled and lazy-mode (EMBER_JIT's path: the
+ * eager code recorded, then computed with em_realize) medians, the speedups, the
  * fraction of the floor (bytes at the measured triad bandwidth, or FLOP at
  * the measured sgemm rate) the compiled version reaches, and the latency of
  * the first compiled call: cold (empty kernel cache, this process) and
@@ -226,8 +227,8 @@ int main(int argc, char **argv) {
     double bw = triad_bandwidth(), mm = sgemm_rate();
     printf("Ember on the CPU, %d threads; floors measured now: triad %.1f GB/s, sgemm %.1f GFLOP/s\n",
            em_num_threads(), bw / 1e9, mm / 1e9);
-    printf("%-16s %10s %10s %8s %9s %11s %11s %8s\n", "workload", "eager", "compiled", "speedup",
-           "of floor", "cold first", "warm first", "kernels");
+    printf("%-16s %10s %10s %8s %9s %11s %11s %8s %10s %8s\n", "workload", "eager", "compiled",
+           "speedup", "of floor", "cold first", "warm first", "kernels", "lazy", "speedup");
     FILE *jf = json ? fopen(json, "w") : NULL;
     if (jf) fprintf(jf, "{\"threads\": %d, \"triad_gbs\": %.3f, \"sgemm_gflops\": %.3f, \"workloads\": [",
                     em_num_threads(), bw / 1e9, mm / 1e9);
@@ -235,7 +236,8 @@ int main(int argc, char **argv) {
     for (int i = 0; i < nw; i++) {
         if (only && strcmp(only, w[i].name)) continue;
         int r = w[i].flops == 0 && w[i].bytes == 0 ? reps * 50 : reps;
-        double *te = malloc(sizeof(double) * r), *tc = malloc(sizeof(double) * r);
+        double *te = malloc(sizeof(double) * r), *tc = malloc(sizeof(double) * r),
+               *tl = malloc(sizeof(double) * r);
         double cold = first_call(&w[i]);
         char cmd[512];
         snprintf(cmd, sizeof cmd, "'%s' --first-call %d", argv[0], i);
@@ -252,27 +254,36 @@ int main(int argc, char **argv) {
             double t1 = now();
             em_status s = em_call(f, w[i].in, NULL, &y);
             double t2 = now();
-            if (!y || s != EM_OK) {
+            /* lazy mode: the same eager code, recorded, then computed */
+            em_lazy_begin();
+            em_tensor *z = w[i].run(w[i].in);
+            em_status sz = em_realize(z);
+            em_lazy_end();
+            double t3 = now();
+            if (!y || s != EM_OK || !z || sz != EM_OK) {
                 fprintf(stderr, "%s failed: %s\n", w[i].name, em_last_error());
                 return 1;
             }
             em_scope_end();
-            if (k >= 0) te[k] = t1 - t0, tc[k] = t2 - t1;
+            if (k >= 0) te[k] = t1 - t0, tc[k] = t2 - t1, tl[k] = t3 - t2;
         }
         em_compiled_stats(f, &st);
         em_compiled_free(f);
-        double me = median(te, r), mc = median(tc, r);
-        free(te), free(tc);
+        double me = median(te, r), mc = median(tc, r), ml = median(tl, r);
+        free(te), free(tc), free(tl);
         double floor = w[i].flops ? w[i].flops / mm : w[i].bytes / bw;
         char fl[32] = "-";
         if (floor > 0) snprintf(fl, sizeof fl, "%.1f%%", 100 * floor / mc);
         char b1[32], b2[32];
-        printf("%-16s %10s %10s %7.2fx %9s %8.1f ms %8.1f ms %8d\n", w[i].name, fmt_time(me, b1),
-               fmt_time(mc, b2), me / mc, fl, cold * 1e3, warm * 1e3, st.kernels);
+        char b3[32];
+        printf("%-16s %10s %10s %7.2fx %9s %8.1f ms %8.1f ms %8d %10s %7.2fx\n", w[i].name,
+               fmt_time(me, b1), fmt_time(mc, b2), me / mc, fl, cold * 1e3, warm * 1e3, st.kernels,
+               fmt_time(ml, b3), me / ml);
         if (jf) fprintf(jf, "%s{\"name\": \"%s\", \"eager_ms\": %.6f, \"compiled_ms\": %.6f, "
-                        "\"floor_ms\": %.6f, \"cold_first_ms\": %.3f, \"warm_first_ms\": %.3f, "
-                        "\"kernels\": %d}", printed++ ? ", " : "", w[i].name, me * 1e3, mc * 1e3, floor * 1e3,
-                        cold * 1e3, warm * 1e3, st.kernels);
+                        "\"lazy_ms\": %.6f, \"floor_ms\": %.6f, \"cold_first_ms\": %.3f, "
+                        "\"warm_first_ms\": %.3f, \"kernels\": %d}", printed++ ? ", " : "",
+                        w[i].name, me * 1e3, mc * 1e3, ml * 1e3, floor * 1e3, cold * 1e3,
+                        warm * 1e3, st.kernels);
     }
     char rm[128];
     snprintf(rm, sizeof rm, "rm -rf '%s'", cache);

@@ -358,8 +358,12 @@ EM_API em_status em_lazy_begin(void);  /* on this thread (nests) */
 /* Computes every pending tensor of this thread, then turns lazy mode off
  * (when the outermost em_lazy_begin ends). */
 EM_API em_status em_lazy_end(void);
-/* Computes every pending tensor of this thread. */
+/* Computes every pending tensor of this thread (intermediates still held
+ * by a scope included), in one graph. */
 EM_API em_status em_sync(void);
+/* Computes t now if it is pending (and only what t needs); a no-op for a
+ * tensor that has its values.  For timing, or to cut a long program. */
+EM_API em_status em_realize(const em_tensor *t);
 EM_API bool em_lazy_active(void);
 typedef struct em_lazy_stats {
     int64_t ops_deferred;     /* ops recorded instead of run */

@@ -8,9 +8,9 @@
  * A tensor is computed (em_force) when its values are needed: a host read
  * (em_copy_to_host, em_item, em_print), an op that must run eagerly, em_sync,
  * or a DAG grown deeper than LZ_MAX_DEPTH ops.  Forcing t cuts the DAG below
- * t into a graph (leaves become inputs), looks the graph up by its text in
- * the thread's entry table (the text holds every op, attribute and input
- * meta: the structural key), compiles it with the cpu backend on a miss
+ * t into a graph (leaves become inputs), looks the graph up in the
+ * thread's entry table by a 128-bit key over every op, attribute, meta and
+ * output (the structural key), compiles it with the cpu backend on a miss
  * (through the same kernel and plan caches em_compile uses), runs it, and
  * gives t and every node someone else still holds their storage.  Nodes
  * only the graph needed stay pending: if read later they are recomputed
@@ -33,15 +33,14 @@
 #define LZ_TABLE_MIN 64
 
 typedef struct lz_entry {
-    kc_key key;          /* of the graph text */
-    char *text;
+    kc_key key;          /* graph_keys' */
     tr_graph *graph;
     void *state;         /* the backend's; NULL: run op by op (replay) */
     const jit_backend *backend;
 } lz_entry;
 
 typedef struct lz_structure {
-    kc_key key;          /* of the text without sizes and strides */
+    kc_key key;          /* graph_keys' shape-free key */
     int entries;
     bool logged;
 } lz_structure;
@@ -88,7 +87,6 @@ static void make_key(void) { pthread_key_create(&state_key, thread_exit); }
 static void entry_clear(lz_entry *e) {
     if (e->state) e->backend->free(e->state);
     tr_graph_free(e->graph);
-    em_free(e->text);
 }
 
 static void state_release(lz_state *st) {
@@ -265,9 +263,10 @@ static void cut_free(cut *c) {
     em_free(c->inputs);
 }
 
-/* The graph computing t; its outputs are t and every pending node held
- * by someone besides the cut's own thunks and its scope. */
-static bool cut_build(cut *c, em_tensor *t) {
+/* The graph computing roots[0..nroots); its outputs are the roots and
+ * every pending node held by someone besides the cut's own thunks and its
+ * scope. */
+static bool cut_build(cut *c, em_tensor *const *roots, int nroots) {
     memset(c, 0, sizeof *c);
     c->cap = 64;
     c->g = tr_graph_new();
@@ -277,17 +276,28 @@ static bool cut_build(cut *c, em_tensor *t) {
     c->internal = em_calloc((size_t)c->cap, sizeof *c->internal);
     c->inputs = em_calloc((size_t)c->cap, sizeof *c->inputs);
     if (!c->g || !c->keys || !c->vals || !c->nodes || !c->internal || !c->inputs) return false;
-    int root = cut_add(c, t);
-    if (root < 0) return false;
+    for (int r = 0; r < nroots; r++)
+        if (cut_add(c, roots[r]) < 0) return false;
     int *outs = em_malloc(sizeof(int) * (size_t)(c->g->nnodes + 1)), nout = 0;
-    if (!outs) return false;
-    outs[nout++] = root;
+    bool *root = em_calloc((size_t)c->g->nnodes + 1, sizeof *root);
+    if (!outs || !root) {
+        em_free(outs);
+        em_free(root);
+        return false;
+    }
+    for (int r = 0; r < nroots; r++) {
+        size_t at;
+        int n = cut_find(c, roots[r], &at);
+        if (!root[n]) outs[nout++] = n;
+        root[n] = true;
+    }
     for (int i = 0; i < c->g->nnodes; i++) {
         em_tensor *u = c->nodes[i];
-        if (i == root || c->g->nodes[i].kind != TR_CALL) continue;
+        if (root[i] || c->g->nodes[i].kind != TR_CALL) continue;
         int held = atomic_load(&u->refcount) - c->internal[i] - (u->scope ? 1 : 0);
         if (held > 0) outs[nout++] = i;
     }
+    em_free(root);
     em_status s = tr_set_outputs(c->g, nout, outs);
     em_free(outs);
     return s == EM_OK;
@@ -295,36 +305,73 @@ static bool cut_build(cut *c, em_tensor *t) {
 
 /* ---- the entry table ---- */
 
-/* The key of the text without its metas' sizes and strides (the "[..]{..}"
- * after a dtype name): the graph's structure, for the per-structure
- * recompile limit.  Attribute lists (" [dims=[1]]") stay: a different
- * attribute is a different program, as in em_compile. */
-static kc_key structure_key(const char *text) {
-    kc_hasher h;
-    kc_hasher_reset(&h);
-    kc_hasher_update_str(&h, "ember lazy structure");
-    const char *run = text, *p = text;
-    while (*p) {
-        bool meta = *p == '[' && p > text && ((p[-1] >= 'a' && p[-1] <= 'z') || (p[-1] >= '0' && p[-1] <= '9'));
-        if (!meta) {
-            p++;
-            continue;
-        }
-        kc_hasher_update(&h, run, (size_t)(p - run));
-        while (*p && *p != ']') p++;
-        if (*p) p++;
-        if (*p == '{') {
-            while (*p && *p != '}') p++;
-            if (*p) p++;
-        }
-        run = p;
+/* Feeds the attributes op reads (its attrs column), canonically. */
+static void hash_attrs(kc_hasher *h, const tr_node *n) {
+    const em_op_attrs *a = &n->attrs;
+    unsigned mask = em_op_table[n->op].attrs;
+    if (mask & A_SIZES) {
+        kc_hasher_update_u64(h, (uint64_t)a->ndim);
+        kc_hasher_update(h, a->sizes, sizeof(int64_t) * (size_t)a->ndim);
     }
-    kc_hasher_update(&h, run, (size_t)(p - run));
-    return kc_hasher_digest(&h);
+    if (mask & A_DIMS) {
+        kc_hasher_update_u64(h, (uint64_t)a->ndims);
+        kc_hasher_update(h, a->dims, sizeof(int) * (size_t)a->ndims);
+    }
+    if (mask & A_DIM) kc_hasher_update_u64(h, (uint64_t)a->dim);
+    if (mask & A_RANGE) {
+        int64_t r[3] = {a->start, a->end, a->step};
+        kc_hasher_update(h, r, sizeof r);
+    }
+    if (mask & A_VALUE) kc_hasher_update(h, &a->value, sizeof a->value);
+    if (mask & A_ARANGE) {
+        double r[2] = {a->fstart, a->fstep};
+        kc_hasher_update(h, r, sizeof r);
+    }
+    if (mask & A_CORRECTION) kc_hasher_update_u64(h, (uint64_t)a->correction);
+    if (mask & A_KEEPDIM) kc_hasher_update_u64(h, a->keepdim);
+    if (mask & A_DTYPE) kc_hasher_update_u64(h, a->dtype);
+    if (mask & A_DEVICE) kc_hasher_update_u64(h, (uint64_t)a->device.type << 32 | (uint32_t)a->device.index);
+    if (mask & A_RNG) {
+        uint64_t r[2] = {a->seed, a->offset};
+        kc_hasher_update(h, r, sizeof r);
+    }
 }
 
-static lz_structure *structure_of(lz_state *st, const char *text) {
-    kc_key k = structure_key(text);
+/* Two keys of a graph in one pass: *key over everything the compiled code
+ * depends on (ops, attributes, inputs' and results' metas, outputs), and
+ * *shape_free the same without the metas' sizes, strides and offsets: the
+ * structure, for the per-structure recompile limit. */
+static void graph_keys(const tr_graph *g, kc_key *key, kc_key *shape_free) {
+    kc_hasher h, s;
+    kc_hasher_reset(&h);
+    kc_hasher_reset(&s);
+    for (int i = 0; i < g->nnodes; i++) {
+        const tr_node *n = &g->nodes[i];
+        uint64_t head[4] = {(uint64_t)n->kind, (uint64_t)n->op, (uint64_t)n->nin,
+                            (uint64_t)n->meta.dtype << 40 | (uint64_t)n->meta.device.type << 32 |
+                                (uint32_t)n->meta.device.index};
+        uint64_t rank = (uint64_t)n->meta.ndim;
+        kc_hasher *both[2] = {&h, &s};
+        for (int k = 0; k < 2; k++) {
+            kc_hasher_update(both[k], head, sizeof head);
+            kc_hasher_update_u64(both[k], rank);
+            if (n->kind == TR_CALL) {
+                kc_hasher_update(both[k], n->in, sizeof(int) * (size_t)n->nin);
+                hash_attrs(both[k], n);
+            }
+        }
+        kc_hasher_update(&h, n->meta.sizes, sizeof(int64_t) * (size_t)n->meta.ndim);
+        kc_hasher_update(&h, n->meta.strides, sizeof(int64_t) * (size_t)n->meta.ndim);
+        kc_hasher_update_u64(&h, (uint64_t)n->meta.offset);
+    }
+    kc_hasher_update(&h, g->outputs, sizeof(int) * (size_t)g->noutputs);
+    kc_hasher_update(&s, g->outputs, sizeof(int) * (size_t)g->noutputs);
+    *key = kc_hasher_digest(&h);
+    *shape_free = kc_hasher_digest(&s);
+}
+
+static lz_structure *structure_of(lz_state *st, const kc_key *sk) {
+    kc_key k = *sk;
     for (int i = 0; i < st->nstructs; i++)
         if (kc_key_equal(&st->structs[i].key, &k)) return &st->structs[i];
     if (st->nstructs == st->capstructs) {
@@ -342,16 +389,16 @@ static lz_structure *structure_of(lz_state *st, const char *text) {
     return s;
 }
 
-static lz_entry *entry_find(lz_state *st, const kc_key *key, const char *text) {
+/* By the graph's 128-bit key alone, as the kernel cache trusts its keys. */
+static lz_entry *entry_find(lz_state *st, const kc_key *key) {
     for (int i = 0; i < st->nentries; i++)
-        if (kc_key_equal(&st->entries[i].key, key) && !strcmp(st->entries[i].text, text))
-            return &st->entries[i];
+        if (kc_key_equal(&st->entries[i].key, key)) return &st->entries[i];
     return NULL;
 }
 
-/* A new entry for graph g (taken) of text (taken): compiled, or, past the
- * structure's limit, run op by op. */
-static lz_entry *entry_add(lz_state *st, tr_graph *g, char *text, const kc_key *key) {
+/* A new entry for graph g (taken): compiled, or, past the structure's
+ * limit, run op by op. */
+static lz_entry *entry_add(lz_state *st, tr_graph *g, const kc_key *key, const kc_key *sk) {
     if (st->nentries == st->capentries) {
         int cap = st->capentries ? 2 * st->capentries : LZ_TABLE_MIN;
         lz_entry *n = em_malloc(sizeof *n * (size_t)cap);
@@ -361,12 +408,11 @@ static lz_entry *entry_add(lz_state *st, tr_graph *g, char *text, const kc_key *
         st->entries = n;
         st->capentries = cap;
     }
-    lz_structure *sg = structure_of(st, text);
+    lz_structure *sg = structure_of(st, sk);
     if (!sg) return NULL;
     lz_entry *e = &st->entries[st->nentries];
     memset(e, 0, sizeof *e);
     e->key = *key;
-    e->text = text;
     e->graph = g;
     e->backend = jit_backend_find(NULL);
     if (sg->entries >= st->limit) {
@@ -415,21 +461,15 @@ static void adopt(em_tensor *t, em_tensor *v) {
 /* Looks the cut's graph up (compiling it on a miss) and runs it: vals
  * gets one new tensor per output of the cut, in its order. */
 static em_status run_outputs(lz_state *st, cut *c, em_tensor **vals) {
-    char *text = tr_to_text(c->g);
-    if (!text) return em_last_status();
-    kc_hasher h;
-    kc_hasher_reset(&h);
-    kc_hasher_update_str(&h, text);
-    kc_key key = kc_hasher_digest(&h);
+    kc_key key, sk;
+    graph_keys(c->g, &key, &sk);
     pthread_mutex_lock(&st->lock);
-    lz_entry *e = entry_find(st, &key, text);
+    lz_entry *e = entry_find(st, &key);
     if (e) {
-        em_free(text);
         st->stats.graph_hits++;
     } else {
-        e = entry_add(st, c->g, text, &key);
+        e = entry_add(st, c->g, &key, &sk);
         if (!e) {
-            em_free(text);
             pthread_mutex_unlock(&st->lock);
             return em_last_status();
         }
@@ -444,12 +484,11 @@ static em_status run_outputs(lz_state *st, cut *c, em_tensor **vals) {
     return b->run(state, g, c->inputs, vals);
 }
 
-static em_status force(em_tensor *t) {
-    lz_thunk *k = thunk_of(t);
-    if (!k) return t->storage ? EM_OK : em_error(EM_ERR_STATE, "the tensor has no data");
-    lz_state *st = k->st;
+/* Computes the pending tensors roots[0..n) (all made on state st) in one
+ * graph. */
+static em_status force_all(lz_state *st, em_tensor *const *roots, int nroots) {
     cut c;
-    em_status s = cut_build(&c, t) ? EM_OK : em_last_status();
+    em_status s = cut_build(&c, roots, nroots) ? EM_OK : em_last_status();
     /* remember the outputs' tensors before the graph moves to the table */
     int nout = s == EM_OK ? c.g->noutputs : 0;
     em_tensor **who = s == EM_OK ? em_malloc(sizeof *who * (size_t)(nout + 1)) : NULL;
@@ -467,6 +506,12 @@ static em_status force(em_tensor *t) {
     em_free(vals);
     cut_free(&c);
     return s;
+}
+
+static em_status force(em_tensor *t) {
+    lz_thunk *k = thunk_of(t);
+    if (!k) return t->storage ? EM_OK : em_error(EM_ERR_STATE, "the tensor has no data");
+    return force_all(k->st, &t, 1);
 }
 
 static em_status thunk_force(em_tensor *t) { return force(t); }
@@ -556,15 +601,21 @@ em_status em_lazy_begin(void) {
 
 em_status em_sync(void) {
     lz_state *st = state_get(false);
-    em_status s = EM_OK;
-    while (st && s == EM_OK) {
-        pthread_mutex_lock(&st->lock);
-        em_tensor *t = st->pending ? em_retain(st->pending->self) : NULL;
-        pthread_mutex_unlock(&st->lock);
-        if (!t) break;
-        s = em_force(t);
-        em_release(t);
-    }
+    if (!st) return EM_OK;
+    /* every live pending tensor, in one graph */
+    pthread_mutex_lock(&st->lock);
+    int n = 0;
+    for (lz_thunk *k = st->pending; k; k = k->next) n++;
+    em_tensor **roots = em_malloc(sizeof *roots * (size_t)(n + 1));
+    n = 0;
+    for (lz_thunk *k = st->pending; roots && k; k = k->next) roots[n++] = em_retain(k->self);
+    pthread_mutex_unlock(&st->lock);
+    if (!roots) return em_last_status();
+    em_dispatch_hook saved = em_set_dispatch_hook((em_dispatch_hook){0});
+    em_status s = n ? force_all(st, roots, n) : EM_OK;
+    em_set_dispatch_hook(saved);
+    for (int i = 0; i < n; i++) em_release(roots[i]);
+    em_free(roots);
     return s;
 }
 
@@ -574,6 +625,11 @@ em_status em_lazy_end(void) {
     em_status s = em_sync();
     if (--st->depth == 0) em_set_dispatch_hook(st->prev);
     return s;
+}
+
+em_status em_realize(const em_tensor *t) {
+    if (!t) return em_error_null("em_realize", "tensor");
+    return em_force(t);
 }
 
 bool em_lazy_active(void) {
