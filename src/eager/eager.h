@@ -226,6 +226,9 @@ em_tensor *em_tensor_view(const em_tensor *base, const em_meta *m);
  * scope): a stand-in whose value is never read, e.g. the constants of a
  * graph compiled ahead of time from its text (ember-cache warmup). */
 em_tensor *em_tensor_meta_only(const em_meta *m);
+/* The same with extra bytes for the mode's data in the tensor's own block
+ * (*ext, 16-byte aligned, uninitialized): freed with the tensor. */
+em_tensor *em_tensor_meta_only_ext(const em_meta *m, size_t extra, void **ext);
 /* Hands a new tensor to the innermost scope (or leaves it to the caller). */
 em_tensor *em_tensor_adopt(em_tensor *t);
 /* Drops a tensor just made (on a failure path): out of its scope, released. */

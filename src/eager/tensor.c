@@ -181,6 +181,24 @@ em_tensor *em_tensor_view(const em_tensor *base, const em_meta *m) {
 
 em_tensor *em_tensor_meta_only(const em_meta *m) { return tensor_new(m, NULL); }
 
+em_tensor *em_tensor_meta_only_ext(const em_meta *m, size_t extra, void **ext) {
+    /* one block: the tensor, then the mode's data, 16-byte aligned */
+    size_t head = (sizeof(em_tensor) + 15) & ~(size_t)15;
+    em_tensor *t = em_malloc(head + extra);
+    if (!t) return NULL;
+    memset(t, 0, sizeof *t);
+    atomic_init(&t->refcount, 1);
+    t->ndim = m->ndim;
+    memcpy(t->sizes, m->sizes, sizeof(int64_t) * (size_t)m->ndim);
+    memcpy(t->strides, m->strides, sizeof(int64_t) * (size_t)m->ndim);
+    t->offset = m->offset;
+    t->dtype = m->dtype;
+    t->device = m->device;
+    t->alloc = em_get_allocator();
+    *ext = (char *)t + head;
+    return t;
+}
+
 em_tensor *em_retain(em_tensor *t) {
     if (t) atomic_fetch_add(&t->refcount, 1);
     return t;

@@ -63,8 +63,7 @@ typedef struct lz_state {
 } lz_state;
 
 typedef struct lz_thunk {
-    lz_state *st;
-    const em_allocator *alloc; /* that made the thunk */
+    lz_state *st;           /* it lives in its tensor's block (freed with it) */
     em_tensor *self;     /* the tensor this thunk computes (not a reference) */
     struct lz_thunk *prev, *next; /* in st->pending */
     em_op op;
@@ -150,7 +149,7 @@ static void thunk_free(void *p) {
     pending_unlink(k);
     pthread_mutex_unlock(&st->lock);
     for (int i = 0; i < k->nin; i++) em_release(k->in[i]);
-    em_free_with(k->alloc, k);
+    k->nin = 0;
     state_release(st);
 }
 
@@ -496,12 +495,16 @@ static em_status force_all(lz_state *st, em_tensor *const *roots, int nroots) {
     for (int i = 0; i < nout && who; i++) who[i] = em_retain(c.nodes[c.g->outputs[i]]);
     em_tensor **vals = s == EM_OK ? em_calloc((size_t)nout + 1, sizeof *vals) : NULL;
     if (s == EM_OK && !vals) s = em_last_status();
+    /* the run's results belong to this scope (em_keep moves a backend's
+     * outputs to the enclosing scope); their storage moves to the pending
+     * tensors, the scope frees the rest */
+    em_scope_begin();
     if (s == EM_OK) s = run_outputs(st, &c, vals);
     for (int i = 0; i < nout && who; i++) {
         if (s == EM_OK && vals[i] && !who[i]->storage) adopt(who[i], vals[i]);
-        if (vals && vals[i]) em_release(vals[i]);
         em_release(who[i]);
     }
+    em_scope_end();
     em_free(who);
     em_free(vals);
     cut_free(&c);
@@ -545,21 +548,17 @@ static bool deferred(const em_op_call *c, const em_meta *m) {
 static em_tensor *lazy_op(void *ud, const em_op_call *c, const em_meta *m) {
     lz_state *st = ud;
     if (!deferred(c, m)) return run_now(c, m);
-    lz_thunk *k = em_malloc(sizeof *k + sizeof(em_tensor *) * (size_t)c->nin);
-    if (!k) return NULL;
-    memset(k, 0, sizeof *k);
     em_meta tm = *m;
     if (em_op_table[c->op].kind != EM_KIND_VIEW) { /* a new tensor is contiguous */
         em_contiguous_strides(tm.ndim, tm.sizes, tm.strides);
         tm.offset = 0;
     }
-    em_tensor *t = em_tensor_meta_only(&tm);
-    if (!t) {
-        em_free(k);
-        return NULL;
-    }
+    void *ext;
+    em_tensor *t = em_tensor_meta_only_ext(&tm, sizeof(lz_thunk) + sizeof(em_tensor *) * (size_t)c->nin, &ext);
+    if (!t) return NULL;
+    lz_thunk *k = ext;
+    memset(k, 0, sizeof *k);
     k->st = st;
-    k->alloc = em_get_allocator();
     k->self = t;
     k->op = c->op;
     k->attrs = *c->attrs;
