@@ -8,6 +8,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "cpu_gccjit.h"
 #include "jit.h"
 
 /* ---- float64 references ---- */
@@ -390,6 +391,109 @@ START_TEST(recompiles_log_the_dynamic_dims) {
 }
 END_TEST
 
+/* ---- warmup of a recorded dynamic entry ---- */
+
+static void call_sizes(em_compiled *f, const int64_t *rows, int n) {
+    for (int i = 0; i < n; i++)
+        check_softmax_call(f, tu_random((uint64_t)(30 + i), 2, TU_SIZES(rows[i], 24), EM_F32, 2));
+}
+
+START_TEST(a_warmed_cache_serves_a_dynamic_entry_without_compiling) {
+    char dir[] = "/tmp/ember-dyn-cache-XXXXXX", list[] = "/tmp/ember-dyn-list-XXXXXX";
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    int fd = mkstemp(list);
+    ck_assert_int_ge(fd, 0);
+    close(fd);
+    em_compile_options o = options("softmax", 1, 0);
+    setenv("EMBER_RECORD", list, 1);
+    em_compiled *f = em_compile(softmax_fn, NULL, &o);
+    unsetenv("EMBER_RECORD");
+    call_sizes(f, TU_SIZES(2, 3), 2); /* a static entry, then a dynamic one */
+    em_compiled_free(f);
+    jit_record *rs;
+    int n;
+    ck_assert_int_eq(jit_records_read(list, &rs, &n), EM_OK);
+    ck_assert_int_eq(n, 2);
+    ck_assert_int_eq(rs[0].ndyn, 0);
+    ck_assert_int_eq(rs[1].ndyn, 1);
+    ck_assert_int_eq(rs[1].dyn[0], 1);
+    /* warm an empty disk cache, as ember-cache warmup does */
+    unsetenv("EMBER_CACHE");
+    kc_cache *c = kc_open(dir, 0);
+    char why[256];
+    for (int i = 0; i < 2; i++) ck_assert_int_eq(jit_warmup(&rs[i], c, why, sizeof why), JIT_WARM_COMPILED);
+    for (int i = 0; i < 2; i++) ck_assert_int_eq(jit_warmup(&rs[i], c, why, sizeof why), JIT_WARM_PRESENT);
+    kc_close(c);
+    jit_records_free(rs, n);
+    /* a fresh function on that cache, at other sizes, compiles nothing */
+    setenv("EMBER_CACHE_DIR", dir, 1);
+    f = em_compile(softmax_fn, NULL, &o);
+    call_sizes(f, TU_SIZES(2, 7, 9, 4), 4);
+    em_compile_stats st = stats_of(f);
+    em_compiled_free(f);
+    unsetenv("EMBER_CACHE_DIR");
+    setenv("EMBER_CACHE", "0", 1);
+    ck_assert_int_eq(st.traces, 2);
+    ck_assert_int_eq(st.dynamic_entries, 1);
+    ck_assert_int_eq(st.kernels_compiled, 0);
+    ck_assert_int_gt(st.kernels_loaded, 0);
+    ck_assert_int_eq(st.graphs_loaded, 1); /* the static entry's plan */
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s' '%s'", dir, list);
+    ck_assert_int_eq(system(cmd), 0);
+}
+END_TEST
+
+/* ---- kernels with size parameters ---- */
+
+/* out[i * stride] = in[i * stride] * 3 for i < n (stride and n constants) */
+static k_kernel *scale_kernel(int64_t n, int64_t stride, double factor) {
+    k_kernel *k = kir_new("scale");
+    int in = kir_buf(k, EM_F32), out = kir_buf(k, EM_F32);
+    int i = kir_range(k, kir_const_i(k, EM_I64, n), K_PARALLEL);
+    int at = kir_alu(k, KA_MUL, i, kir_const_i(k, EM_I64, stride), -1);
+    int v = kir_alu(k, KA_MUL, kir_load(k, in, at), kir_const_f(k, EM_F32, factor), -1);
+    kir_store(k, out, at, v);
+    kir_end(k);
+    ck_assert_int_eq(kir_verify(k), EM_OK);
+    return k;
+}
+
+START_TEST(kernel_constants_become_size_parameters) {
+    k_kernel *a = scale_kernel(8, 2, 3), *b = scale_kernel(9, 2, 3);
+    bool vary[32];
+    int size_of[32];
+    ck_assert(kir_vary(a, b, vary));
+    int nvary = 0;
+    for (int i = 0; i < a->n; i++) nvary += vary[i];
+    ck_assert_int_eq(nvary, 1); /* the extent, not the stride */
+    k_kernel *p = kir_parametrize(a, vary, size_of);
+    ck_assert_ptr_nonnull(p);
+    ck_assert_int_eq(p->nsizes, 1);
+    ck_assert_int_eq(p->nbufs, 2);
+    ck_assert_int_eq(kir_verify(p), EM_OK);
+    /* a kernel of another extent matches, giving its extent as the argument */
+    int64_t sizes[1] = {0};
+    k_kernel *c = scale_kernel(5, 2, 3), *d = scale_kernel(5, 3, 3), *e = scale_kernel(5, 2, 4);
+    ck_assert(kir_match(a, c, size_of, sizes));
+    ck_assert_int_eq(sizes[0], 5);
+    ck_assert(!kir_match(a, d, size_of, sizes)); /* a constant the model fixed changed */
+    ck_assert(!kir_match(a, e, size_of, sizes)); /* a float constant */
+    ck_assert(!kir_vary(a, e, vary));            /* floats are never parameters */
+    /* compiled once, it computes what kernel c computes */
+    jit_cpu_kernel *ck;
+    ck_assert_int_eq(jit_cpu_compile(p, &ck), EM_OK);
+    float in[16], out[16];
+    for (int i = 0; i < 16; i++) in[i] = (float)i, out[i] = -1;
+    void *bufs[2] = {in, out};
+    ck_assert_int_eq(jit_cpu_run(ck, bufs, sizes), EM_OK);
+    for (int i = 0; i < 16; i++)
+        ck_assert_float_eq(out[i], i % 2 == 0 && i < 10 ? 3.0f * (float)i : -1.0f);
+    jit_cpu_free(ck);
+    kir_free(a), kir_free(b), kir_free(c), kir_free(d), kir_free(e), kir_free(p);
+}
+END_TEST
+
 static Suite *suite(void) {
     const tu_test tests[] = {
         {"ten_batch_sizes_of_softmax_compile_twice", ten_batch_sizes_of_softmax_compile_twice},
@@ -406,6 +510,9 @@ static Suite *suite(void) {
         {"non_contiguous_inputs", non_contiguous_inputs},
         {"replay_backend_serves_dynamic_sizes", replay_backend_serves_dynamic_sizes},
         {"recompiles_log_the_dynamic_dims", recompiles_log_the_dynamic_dims},
+        {"kernel_constants_become_size_parameters", kernel_constants_become_size_parameters},
+        {"a_warmed_cache_serves_a_dynamic_entry_without_compiling",
+         a_warmed_cache_serves_a_dynamic_entry_without_compiling},
     };
     return tu_suite("dynamic", tests, sizeof tests / sizeof tests[0], 120);
 }

@@ -142,6 +142,13 @@ static int first_difference(const tr_graph *g, const tr_graph *prev) {
     return -1;
 }
 
+bool jit_dyn_probe(const gd_guards *gs, em_tensor *const *in, int ninputs, em_meta *probe) {
+    dyn_syms s = {0};
+    for (int i = 0; i < ninputs; i++)
+        if (!probe_input(&gs->tensors[i], in[i], &s, &probe[i])) return false;
+    return true;
+}
+
 bool jit_dyn_check(const tr_graph *g, const tr_graph *prev, const gd_guards *gs,
                    em_tensor *const *in, em_meta *probe, char *why, size_t nwhy) {
     dyn_syms s = {0};

@@ -69,6 +69,10 @@ typedef struct jit_backend {
  * must be static. */
 bool jit_dyn_check(const tr_graph *g, const tr_graph *prev, const gd_guards *gs,
                    em_tensor *const *in, em_meta *probe, char *why, size_t nwhy);
+/* Only the probe metas (no check): for a graph already checked when it
+ * was traced (warmup of a recorded dynamic entry).  false: too many
+ * distinct dynamic sizes. */
+bool jit_dyn_probe(const gd_guards *gs, em_tensor *const *in, int ninputs, em_meta *probe);
 
 extern const jit_backend jit_replay_backend;
 /* "cpu": fused kernels compiled with libgccjit (backend_cpu.c). */
@@ -84,6 +88,9 @@ typedef struct jit_record {
     char *name;     /* the compiled function's name (informational) */
     char *backend;  /* "cpu", ... */
     char *graph;    /* the graph's text form */
+    uint32_t *dyn;  /* a dynamic entry's dims per input (from its guard lines'
+                       "dynamic=[...]"), ndyn of them; NULL, 0: static */
+    int ndyn;
 } jit_record;
 
 /* Appends one record (graph g of function name, with its guards as
