@@ -444,6 +444,66 @@ START_TEST(a_warmed_cache_serves_a_dynamic_entry_without_compiling) {
 }
 END_TEST
 
+/* ---- out of memory ---- */
+
+typedef struct fail_state {
+    int64_t left;  /* allocations that succeed before the failures */
+    int64_t count; /* allocations made */
+} fail_state;
+
+static void *failing_alloc(void *ud, size_t size, size_t align) {
+    fail_state *st = ud;
+    st->count++;
+    if (st->left-- <= 0) return NULL;
+    void *p = NULL;
+    return posix_memalign(&p, align, size ? size : 1) ? NULL : p;
+}
+
+static void failing_free(void *ud, void *p) { free(p); }
+
+/* Compiles softmax, calls it at sizes 2 (static), 3 (dynamic) and 5 (a
+ * new size of the dynamic entry) with every allocation after the first
+ * left failing: each call succeeds or says EM_ERR_NOMEM; no crash, no leak
+ * (valgrind). */
+static void calls_with_failures(fail_state *st) {
+    em_allocator al = {failing_alloc, failing_free, st};
+    const em_allocator *old = em_get_allocator();
+    em_set_allocator(&al);
+    em_scope_begin();
+    em_compile_options o = options("softmax", 1, 0);
+    em_compiled *f = em_compile(softmax_fn, NULL, &o);
+    for (int64_t b = 2; f && b <= 5; b += 1 + (b > 2)) {
+        em_tensor *x = em_ones(2, TU_SIZES(b, 16), EM_F32, em_cpu()), *y = NULL;
+        em_status s = x ? em_call(f, &x, NULL, &y) : EM_ERR_NOMEM;
+        ck_assert_msg(s == EM_OK || s == EM_ERR_NOMEM, "%s", em_last_error());
+        em_clear_error();
+    }
+    em_scope_end();
+    em_compiled_free(f);
+    em_set_allocator(old);
+}
+
+START_TEST(out_of_memory_anywhere_is_an_error) {
+    char dir[] = "/tmp/ember-dyn-oom-XXXXXX";
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    unsetenv("EMBER_CACHE"); /* a disk cache: kernels compile once, then load */
+    setenv("EMBER_CACHE_DIR", dir, 1);
+    fail_state st = {INT64_MAX, 0};
+    calls_with_failures(&st);
+    int64_t total = st.count;
+    ck_assert_int_gt(total, 100);
+    for (int64_t n = 0; n <= total; n++) {
+        st = (fail_state){n, 0};
+        calls_with_failures(&st);
+    }
+    unsetenv("EMBER_CACHE_DIR");
+    setenv("EMBER_CACHE", "0", 1);
+    char cmd[96];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    ck_assert_int_eq(system(cmd), 0);
+}
+END_TEST
+
 /* ---- kernels with size parameters ---- */
 
 /* out[i * stride] = in[i * stride] * 3 for i < n (stride and n constants) */
@@ -513,6 +573,7 @@ static Suite *suite(void) {
         {"kernel_constants_become_size_parameters", kernel_constants_become_size_parameters},
         {"a_warmed_cache_serves_a_dynamic_entry_without_compiling",
          a_warmed_cache_serves_a_dynamic_entry_without_compiling},
+        {"out_of_memory_anywhere_is_an_error", out_of_memory_anywhere_is_an_error},
     };
     return tu_suite("dynamic", tests, sizeof tests / sizeof tests[0], 120);
 }
