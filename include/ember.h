@@ -311,6 +311,15 @@ typedef struct em_compile_options {
      * longer matches. */
     em_tensor *const *const *watch;
     int nwatch;
+    /* Dynamic shapes (docs/compile.md): 0: EMBER_DYNAMIC, else automatic
+     * (a recompile caused only by sizes makes the dims that changed
+     * dynamic); -1: off (every size is its own entry); 1: every dim of
+     * size >= 2 is dynamic from the first call. */
+    int dynamic;
+    /* 1: compile new entries in a background thread while calls run
+     * eagerly (the replay backend); -1: compile in the call; 0:
+     * EMBER_ASYNC_COMPILE (default: in the call). */
+    int async_compile;
 } em_compile_options;
 
 typedef struct em_compile_stats {
@@ -326,6 +335,10 @@ typedef struct em_compile_stats {
                                  fusion, lowering or code generation) */
     bool broken;          /* a graph break was seen: fn now runs as segments */
     int64_t segmented;    /* calls run as compiled segments around reads (lazy mode) */
+    int dynamic_entries;  /* entries whose kernels take some sizes as arguments */
+    int64_t pending;      /* calls served by an entry still compiling (async
+                             compile): run op by op with the eager kernels;
+                             counted in hits too */
     char last_failure[256]; /* why the last non-matching call matched no entry */
 } em_compile_stats;
 

@@ -107,8 +107,9 @@ static run_result run_in_child(const char *dir, const char *list) {
         else unsetenv("EMBER_RECORD");
         run_result r = {.values_ok = true};
         em_tensor *w = tu_random(7, 2, TU_SIZES(C, 5), EM_F32, 0.3);
-        em_compile_options so = {.ninputs = 1, .noutputs = 1, .name = "softmax"};
-        em_compile_options lo = {.ninputs = 1, .noutputs = 1, .name = "linear"};
+        /* each size its own static entry, whose plan the warmup stores */
+        em_compile_options so = {.ninputs = 1, .noutputs = 1, .name = "softmax", .dynamic = -1};
+        em_compile_options lo = {.ninputs = 1, .noutputs = 1, .name = "linear", .dynamic = -1};
         em_compiled *fs = em_compile(softmax_fn, NULL, &so), *fl = em_compile(linear_fn, w, &lo);
         double *wv = tu_values(w);
         for (int rows = R; rows <= R + 1; rows++) {

@@ -335,7 +335,9 @@ typedef struct warm_set {
 } warm_set;
 
 static bool same_graph(const jit_record *a, const jit_record *b) {
-    return !strcmp(a->backend, b->backend) && !strcmp(a->graph, b->graph);
+    /* a dynamic entry's kernels differ from the static one's of its graph */
+    return !strcmp(a->backend, b->backend) && !strcmp(a->graph, b->graph) && a->ndyn == b->ndyn &&
+           (!a->ndyn || !memcmp(a->dyn, b->dyn, sizeof *a->dyn * (size_t)a->ndyn));
 }
 
 static bool load_lists(warm_set *w, int argc, char **argv) {

@@ -63,12 +63,68 @@ fail:
     return NULL;
 }
 
+/* Whether the traced layout of g is dense; if so, fills its order. */
+static bool find_order(gd_tensor *g) {
+    int n = 0;
+    for (int d = 0; d < g->ndim; d++)
+        if (g->sizes[d] > 1) g->order[n++] = (int8_t)d;
+    /* insertion sort by stride, largest first (n <= 8) */
+    for (int i = 1; i < n; i++)
+        for (int j = i; j > 0 && g->strides[g->order[j]] > g->strides[g->order[j - 1]]; j--) {
+            int8_t t = g->order[j];
+            g->order[j] = g->order[j - 1];
+            g->order[j - 1] = t;
+        }
+    int64_t expect = 1;
+    for (int i = n - 1; i >= 0; i--) {
+        if (g->strides[g->order[i]] != expect) return false;
+        expect *= g->sizes[g->order[i]];
+    }
+    g->norder = n;
+    return true;
+}
+
+void gd_set_dynamic(gd_guards *gs, int i, uint32_t dims) {
+    gd_tensor *g = &gs->tensors[i];
+    for (int d = 0; d < g->ndim; d++)
+        if (g->sizes[d] > 1 && (dims >> d & 1)) g->dyn |= 1u << d;
+    if (g->dyn) g->dense = find_order(g);
+}
+
+void gd_make_static(gd_guards *gs) {
+    for (int i = 0; i < gs->ntensors; i++) {
+        gs->tensors[i].dyn = 0;
+        gs->tensors[i].dense = false;
+    }
+}
+
+bool gd_is_dynamic(const gd_guards *gs) {
+    for (int i = 0; i < gs->ntensors; i++)
+        if (gs->tensors[i].dyn) return true;
+    return false;
+}
+
+/* Dynamic dims: each >= 2, and the layout the kernels were made for. */
+static bool dynamic_ok(const gd_tensor *g, const em_tensor *t) {
+    for (int d = 0; d < g->ndim; d++) {
+        if (g->dyn >> d & 1 ? t->sizes[d] < 2 : t->sizes[d] != g->sizes[d]) return false;
+        if (!g->dense && g->sizes[d] > 1 && t->strides[d] != g->strides[d]) return false;
+    }
+    int64_t expect = 1;
+    for (int i = g->dense ? g->norder - 1 : -1; i >= 0; i--) {
+        if (t->strides[g->order[i]] != expect) return false;
+        expect *= t->sizes[g->order[i]];
+    }
+    return true;
+}
+
 /* The fast path: called on every call of a compiled function, for every
  * entry until one matches.  Straight-line compares, no allocation. */
 static inline bool tensor_ok(const gd_tensor *g, const em_tensor *t) {
     if (t->dtype != g->dtype || t->ndim != g->ndim || t->device.type != g->device.type ||
         t->device.index != g->device.index)
         return false;
+    if (g->dyn) return dynamic_ok(g, t);
     for (int d = 0; d < g->ndim; d++) {
         if (t->sizes[d] != g->sizes[d]) return false;
         if (g->sizes[d] > 1 && t->strides[d] != g->strides[d]) return false;
@@ -84,6 +140,17 @@ bool gd_check(const gd_guards *gs, em_tensor *const *in, const double *scalars) 
     for (int w = 0; w < gs->nwatch; w++)
         if (*gs->watch[w].slot != gs->watch[w].expect) return false;
     return true;
+}
+
+/* The strides g accepts for t's sizes (dims of size > 1): the traced
+ * ones, or for a dense dynamic layout, that layout at t's sizes. */
+static void expected_strides(const gd_tensor *g, const em_tensor *t, int64_t *want) {
+    memcpy(want, g->strides, sizeof(int64_t) * (size_t)g->ndim);
+    int64_t st = 1;
+    for (int i = g->dyn && g->dense ? g->norder - 1 : -1; i >= 0; i--) {
+        want[g->order[i]] = st;
+        st *= t->sizes[g->order[i]];
+    }
 }
 
 int gd_explain(const gd_guards *gs, em_tensor *const *in, const double *scalars, char *buf,
@@ -112,17 +179,25 @@ int gd_explain(const gd_guards *gs, em_tensor *const *in, const double *scalars,
         }
         passed += 3; /* dtype, device, rank */
         for (int d = 0; d < g->ndim; d++, passed++) {
+            if (g->dyn >> d & 1) {
+                if (t->sizes[d] >= 2) continue;
+                snprintf(buf, n, "input %d (%s): size at dynamic dim %d is %lld (0 and 1 are "
+                         "specialized)", i, nm, d, (long long)t->sizes[d]);
+                return passed;
+            }
             if (t->sizes[d] != g->sizes[d]) {
                 snprintf(buf, n, "input %d (%s): size mismatch at dim %d: expected %lld, got %lld",
                          i, nm, d, (long long)g->sizes[d], (long long)t->sizes[d]);
                 return passed;
             }
         }
+        int64_t want[EM_MAX_DIMS];
+        expected_strides(g, t, want);
         for (int d = 0; d < g->ndim; d++, passed++) {
-            if (g->sizes[d] > 1 && t->strides[d] != g->strides[d]) {
+            if (t->sizes[d] > 1 && t->strides[d] != want[d]) {
                 snprintf(buf, n,
                          "input %d (%s): stride mismatch at dim %d: expected %lld, got %lld", i,
-                         nm, d, (long long)g->strides[d], (long long)t->strides[d]);
+                         nm, d, (long long)want[d], (long long)t->strides[d]);
                 return passed;
             }
         }
@@ -147,10 +222,18 @@ em_status gd_print(const gd_guards *gs, FILE *f) {
     char shape[160], strides[160], dev[32];
     for (int i = 0; i < gs->ntensors; i++) {
         const gd_tensor *g = &gs->tensors[i];
-        fprintf(f, "guard input %d (%s): dtype=%s device=%s sizes=%s strides=%s\n", i,
+        em_shape_str(g->ndim, g->sizes, shape, sizeof shape);
+        em_shape_str(g->ndim, g->strides, strides, sizeof strides);
+        fprintf(f, "guard input %d (%s): dtype=%s device=%s sizes=%s strides=%s", i,
                 gs->names[i], em_dtype_name(g->dtype), em_device_name(g->device, dev, sizeof dev),
-                em_shape_str(g->ndim, g->sizes, shape, sizeof shape),
-                em_shape_str(g->ndim, g->strides, strides, sizeof strides));
+                shape, g->dyn && g->dense ? "dense" : strides);
+        if (g->dyn) {
+            fputs(" dynamic=[", f);
+            for (int d = 0, first = 1; d < g->ndim; d++)
+                if (g->dyn >> d & 1) fprintf(f, "%s%d", first ? "" : ", ", d), first = 0;
+            fputs("] (>= 2)", f);
+        }
+        fputc('\n', f);
     }
     for (int i = 0; i < gs->nscalars; i++)
         fprintf(f, "guard scalar %d == %.17g\n", i, gs->scalars[i]);

@@ -17,8 +17,16 @@ typedef struct gd_tensor {
     em_dtype dtype;
     em_device device;
     int ndim;
-    int64_t sizes[EM_MAX_DIMS];
+    int64_t sizes[EM_MAX_DIMS];   /* as traced; dynamic dims: only >= 2 is checked */
     int64_t strides[EM_MAX_DIMS]; /* 0 where the size is 0 or 1 */
+    /* Dynamic shapes: dims (bit d: dim d) whose size may vary.  When the
+     * traced layout was dense (a permutation of a contiguous tensor), the
+     * guard checks that same layout for the call's sizes (order: the dims
+     * of size > 1, outermost first); otherwise the exact strides. */
+    uint32_t dyn;
+    bool dense;
+    int norder;
+    int8_t order[EM_MAX_DIMS];
 } gd_tensor;
 
 typedef struct gd_watch {
@@ -41,6 +49,13 @@ typedef struct gd_guards {
 gd_guards *gd_build(const tr_graph *g, em_tensor *const *in, const double *scalars,
                     int nscalars, em_tensor *const *const *watch, int nwatch);
 void gd_free(gd_guards *gs);
+/* Lets the sizes of input i's dims in mask dims vary (each >= 2; dims
+ * traced at 0 or 1 are ignored).  gd_make_static undoes it for every
+ * input: the guards then check the traced sizes again. */
+void gd_set_dynamic(gd_guards *gs, int i, uint32_t dims);
+void gd_make_static(gd_guards *gs);
+/* Whether any input has a dynamic dim. */
+bool gd_is_dynamic(const gd_guards *gs);
 /* Whether the call (in, scalars) passes every guard. */
 bool gd_check(const gd_guards *gs, em_tensor *const *in, const double *scalars);
 /* The first guard the call fails, as a sentence (empty if none fails).

@@ -15,14 +15,59 @@
 #include <string.h>
 #include <unistd.h>
 
+/* Dynamic shapes: what a run needs for one set of input sizes: every
+ * node's meta and each kernel's size arguments. */
+typedef struct cpu_spec {
+    em_meta *in;      /* the inputs' metas it was made for */
+    em_meta *metas;   /* per node */
+    int64_t **sizes;  /* per plan kernel (NULL: none) */
+    bool owned;       /* not in the memo: run_dynamic frees it */
+} cpu_spec;
+
+/* Specs kept per dynamic state: a function called with more distinct sizes
+ * than this redoes the (microsecond) check for the others on each call. */
+#define SPEC_MEMO 16
+
 /* A graph's compiled form: its plan (steps, and per kernel its cache key
- * and buffers) and the loaded kernels.  No steps: run op by op. */
+ * and buffers) and the loaded kernels.  No steps: run op by op.  A
+ * dynamic state also keeps each kernel as lowered for the traced sizes
+ * (the model the kernels of other sizes must match, kir_match) and which
+ * of its constants are size arguments. */
 typedef struct cpu_state {
     jit_plan plan;
     jit_cpu_kernel **kernels; /* by plan kernel */
+    bool dynamic;
+    k_kernel **model;         /* per plan kernel (NULL: dead) */
+    int **size_of;            /* per plan kernel: instruction -> size argument or -1 */
+    cpu_spec *memo[SPEC_MEMO];
+    int nmemo;
 } cpu_state;
 
+static void spec_free(const cpu_state *st, cpu_spec *sp) {
+    if (!sp) return;
+    for (int i = 0; sp->sizes && i < st->plan.nkernels; i++) em_free(sp->sizes[i]);
+    em_free(sp->sizes);
+    em_free(sp->in);
+    em_free(sp->metas);
+    em_free(sp);
+}
+
+static void drop_dynamic(cpu_state *st) {
+    for (int i = 0; i < st->nmemo; i++) spec_free(st, st->memo[i]);
+    st->nmemo = 0;
+    for (int i = 0; st->model && i < st->plan.nkernels; i++) {
+        kir_free(st->model[i]);
+        em_free(st->size_of[i]);
+    }
+    em_free(st->model);
+    em_free(st->size_of);
+    st->model = NULL;
+    st->size_of = NULL;
+    st->dynamic = false;
+}
+
 static void drop_kernels(cpu_state *st) {
+    drop_dynamic(st);
     for (int i = 0; st->kernels && i < st->plan.nkernels; i++) jit_cpu_free(st->kernels[i]);
     em_free(st->kernels);
     st->kernels = NULL;
@@ -282,10 +327,8 @@ static void store_plan(jit_env *env, const kc_key *gkey, const jit_plan *p) {
     em_clear_error(); /* a plan not stored only costs the next process a compile */
 }
 
-static em_status cpu_compile(const tr_graph *g, jit_env *env, void **state) {
-    cpu_state *st = em_calloc(1, sizeof *st);
-    if (!st) return em_last_status();
-    *state = st;
+/* The static compile: plan from the cache, else build (and store the plan). */
+static em_status compile_static(const tr_graph *g, jit_env *env, cpu_state *st) {
     kc_key gkey;
     bool keyed = env->cache && jit_graph_key(g, "cpu", jit_cpu_target(), &gkey);
     if (keyed && load_plan(env, g, &gkey, st)) return EM_OK;
@@ -296,30 +339,254 @@ static em_status cpu_compile(const tr_graph *g, jit_env *env, void **state) {
     return EM_OK;
 }
 
-static em_status run_kernel(const tr_graph *g, const jit_plan_kernel *pk,
-                            const jit_cpu_kernel *kernel, em_tensor **vals) {
+static em_status cpu_compile(const tr_graph *g, jit_env *env, void **state) {
+    cpu_state *st = em_calloc(1, sizeof *st);
+    if (!st) return em_last_status();
+    *state = st;
+    return compile_static(g, env, st);
+}
+
+static em_status cpu_run(void *state, const tr_graph *g, em_tensor *const *in, em_tensor **out);
+static em_status run_plan(const cpu_state *st, const tr_graph *g, const em_meta *metas,
+                          int64_t *const *sizes, em_tensor *const *in, em_tensor **out);
+
+/* ---- dynamic shapes ----
+ * The graph is scheduled and lowered twice, for the traced sizes and for
+ * the probe sizes (jit_dyn_check's).  When both give the same steps, the
+ * same buffers and kernels that differ only in i64 constants, those
+ * constants become size parameters (kir_parametrize) and the kernels are
+ * compiled once.  For each new set of sizes, specialize infers the metas
+ * again, schedules and lowers again (microseconds, no code generation) and
+ * requires the very same kernels up to those constants (kir_match), whose
+ * values are the size arguments: a kernel never runs with sizes it was not
+ * checked for. */
+
+/* g with each node's meta replaced by metas[i] (the nodes array is new;
+ * inputs and attributes are shared with g).  Free nodes with em_free. */
+static bool with_metas(const tr_graph *g, const em_meta *metas, tr_graph *out) {
+    *out = *g;
+    out->nodes = em_malloc(sizeof *out->nodes * ((size_t)g->nnodes + 1));
+    if (!out->nodes) return false;
+    memcpy(out->nodes, g->nodes, sizeof *out->nodes * (size_t)g->nnodes);
+    for (int i = 0; i < g->nnodes; i++) out->nodes[i].meta = metas[i];
+    return true;
+}
+
+static bool same_steps(const sc_schedule *a, const jit_plan *p) {
+    if (a->nsteps != p->nsteps || a->ngroups != p->nkernels) return false;
+    for (int i = 0; i < a->nsteps; i++) {
+        const sc_step *x = &a->steps[i], *y = &p->steps[i];
+        if (x->kind != y->kind || (x->kind == SC_KERNEL ? x->group != y->group : x->node != y->node))
+            return false;
+    }
+    return true;
+}
+
+/* Lowers group gi of sched; its buffers must be pk's (NULL: any). */
+static k_kernel *lower_like(const sc_schedule *sched, int gi, const jit_plan_kernel *pk, int *bufs) {
+    int nbufs, nouts;
+    k_kernel *k = sc_lower(sched, gi, bufs, &nbufs, &nouts);
+    if (k && (nbufs != pk->nbufs || nouts != pk->nouts ||
+              memcmp(bufs, pk->bufs, sizeof(int) * (size_t)nbufs))) {
+        kir_free(k);
+        return NULL;
+    }
+    return k;
+}
+
+/* Lowers kernel gi at the traced sizes (sa) and the probe sizes (sp) and
+ * makes its parametrized form, into ks[gi] and keys[gi]. */
+static bool dynamic_kernel(cpu_state *st, const sc_schedule *sa, const sc_schedule *sp, int gi,
+                           int *scratch, k_kernel **ks, kc_key *keys) {
+    jit_plan_kernel *pk = &st->plan.kernels[gi];
+    pk->bufs = em_malloc(sizeof(int) * ((size_t)sa->g->nnodes + 1));
+    if (!pk->bufs) return false;
+    k_kernel *ka = st->model[gi] = sc_lower(sa, gi, pk->bufs, &pk->nbufs, &pk->nouts);
+    k_kernel *kp = ka ? lower_like(sp, gi, pk, scratch) : NULL;
+    bool *vary = ka ? em_calloc((size_t)ka->n + 1, sizeof(bool)) : NULL;
+    st->size_of[gi] = ka ? em_malloc(sizeof(int) * ((size_t)ka->n + 1)) : NULL;
+    bool ok = kp && vary && st->size_of[gi] && kir_vary(ka, kp, vary) &&
+              (ks[gi] = kir_parametrize(ka, vary, st->size_of[gi])) &&
+              kir_verify(ks[gi]) == EM_OK && kernel_key(ks[gi], &keys[gi]);
+    if (ok) pk->key = keys[gi];
+    kir_free(kp);
+    em_free(vary);
+    return ok;
+}
+
+/* Schedules g at the traced and at the probe sizes and compiles the
+ * parametrized kernels; EM_ERR_UNSUPPORTED, with why, when the two differ
+ * in more than sizes. */
+static em_status build_dynamic(const tr_graph *g, const em_meta *probe, jit_env *env,
+                               cpu_state *st, char *why, size_t nwhy) {
+    em_meta *metas = em_malloc(sizeof *metas * ((size_t)g->nnodes + 1));
+    tr_graph gp = {0};
+    sc_schedule *sa = NULL, *sp = NULL;
+    k_kernel **ks = NULL;
+    kc_key *keys = NULL;
+    int *scratch = em_malloc(sizeof(int) * ((size_t)g->nnodes + 1));
+    em_status s = metas && scratch && tr_infer_metas(g, probe, metas) == EM_OK &&
+                  with_metas(g, metas, &gp) && (sa = sc_build(g)) && (sp = sc_build(&gp))
+                      ? EM_OK : em_last_status();
+    jit_plan *p = &st->plan;
+    int n = sa ? sa->ngroups : 0;
+    if (s == EM_OK) {
+        p->steps = em_calloc((size_t)sa->nsteps + 1, sizeof *p->steps);
+        p->kernels = em_calloc((size_t)n + 1, sizeof *p->kernels);
+        st->kernels = em_calloc((size_t)n + 1, sizeof *st->kernels);
+        st->model = em_calloc((size_t)n + 1, sizeof *st->model);
+        st->size_of = em_calloc((size_t)n + 1, sizeof *st->size_of);
+        ks = em_calloc((size_t)n + 1, sizeof *ks);
+        keys = em_calloc((size_t)n + 1, sizeof *keys);
+        s = p->steps && p->kernels && st->kernels && st->model && st->size_of && ks && keys
+                ? EM_OK : em_last_status();
+    }
+    if (s == EM_OK) {
+        p->nkernels = n;
+        p->nsteps = sa->nsteps;
+        memcpy(p->steps, sa->steps, sizeof *p->steps * (size_t)sa->nsteps);
+        if (!same_steps(sp, p)) {
+            snprintf(why, nwhy, "fusion differs at other sizes");
+            s = EM_ERR_UNSUPPORTED;
+        }
+    }
+    for (int gi = 0; gi < n && s == EM_OK; gi++) {
+        if (!group_has_step(sa, gi)) continue;
+        if (dynamic_kernel(st, sa, sp, gi, scratch, ks, keys)) {
+            log_kernel(env, ks[gi]);
+            continue;
+        }
+        s = em_last_status() == EM_ERR_NOMEM ? EM_ERR_NOMEM : EM_ERR_UNSUPPORTED;
+        snprintf(why, nwhy, "kernel k%d differs at other sizes in more than its sizes", gi);
+    }
+    if (s == EM_OK) s = get_kernels(env, ks, keys, n, st->kernels);
+    for (int gi = 0; ks && gi < n; gi++) kir_free(ks[gi]);
+    em_free(ks);
+    em_free(keys);
+    sc_free(sa);
+    sc_free(sp);
+    em_free(gp.nodes);
+    em_free(metas);
+    em_free(scratch);
+    return s;
+}
+
+static em_status cpu_compile_dynamic(const tr_graph *g, const em_meta *probe, jit_env *env,
+                                     void **state, bool *dynamic, char *why, size_t nwhy) {
+    cpu_state *st = em_calloc(1, sizeof *st);
+    if (!st) return em_last_status();
+    *state = st;
+    why[0] = '\0';
+    em_status s = build_dynamic(g, probe, env, st, why, nwhy);
+    *dynamic = st->dynamic = s == EM_OK;
+    if (s == EM_OK || s == EM_ERR_NOMEM) return s;
+    if (!why[0]) snprintf(why, nwhy, "%s", em_last_error());
+    drop_kernels(st);
+    em_clear_error();
+    return compile_static(g, env, st);
+}
+
+static bool same_inputs(const em_meta *a, em_tensor *const *in, int n) {
+    for (int i = 0; i < n; i++) {
+        const em_tensor *t = in[i];
+        if (a[i].ndim != t->ndim || memcmp(a[i].sizes, t->sizes, sizeof(int64_t) * (size_t)t->ndim) ||
+            memcmp(a[i].strides, t->strides, sizeof(int64_t) * (size_t)t->ndim))
+            return false;
+    }
+    return true;
+}
+
+/* Kernel gi at the sizes of sx, checked against the model; its size
+ * arguments into *sizes (em_malloc'd). */
+static bool kernel_sizes(const cpu_state *st, const sc_schedule *sx, int gi, int *scratch,
+                         int64_t **sizes) {
+    const k_kernel *m = st->model[gi];
+    int nsizes = 0;
+    for (int i = 0; i < m->n; i++) nsizes += st->size_of[gi][i] >= 0;
+    k_kernel *kx = lower_like(sx, gi, &st->plan.kernels[gi], scratch);
+    *sizes = em_malloc(sizeof(int64_t) * ((size_t)nsizes + 1));
+    bool ok = kx && *sizes && kir_match(m, kx, st->size_of[gi], *sizes);
+    kir_free(kx);
+    return ok;
+}
+
+/* A new spec for inputs in, or NULL when these sizes need another entry. */
+static cpu_spec *make_spec(const cpu_state *st, const tr_graph *g, em_tensor *const *in) {
+    cpu_spec *sp = em_calloc(1, sizeof *sp);
+    tr_graph gx = {0};
+    sc_schedule *sx = NULL;
+    int *scratch = em_malloc(sizeof(int) * ((size_t)g->nnodes + 1));
+    bool ok = sp && scratch && (sp->in = em_malloc(sizeof *sp->in * ((size_t)g->ninputs + 1))) &&
+              (sp->metas = em_malloc(sizeof *sp->metas * ((size_t)g->nnodes + 1))) &&
+              (sp->sizes = em_calloc((size_t)st->plan.nkernels + 1, sizeof *sp->sizes));
+    for (int i = 0; ok && i < g->ninputs; i++) tr_meta_of(in[i], &sp->in[i]);
+    ok = ok && tr_infer_metas(g, sp->in, sp->metas) == EM_OK && with_metas(g, sp->metas, &gx) &&
+         (sx = sc_build(&gx)) && same_steps(sx, &st->plan);
+    for (int gi = 0; ok && gi < st->plan.nkernels; gi++)
+        if (st->model[gi]) ok = kernel_sizes(st, sx, gi, scratch, &sp->sizes[gi]);
+    sc_free(sx);
+    em_free(gx.nodes);
+    em_free(scratch);
+    if (!ok) {
+        em_clear_error(); /* not an error: the call gets an entry of its own */
+        spec_free(st, sp);
+        return NULL;
+    }
+    return sp;
+}
+
+static bool cpu_specialize(void *state, const tr_graph *g, em_tensor *const *in, void **spec) {
+    cpu_state *st = state;
+    *spec = NULL;
+    if (!st->dynamic) return true;
+    for (int i = 0; i < st->nmemo; i++) {
+        if (same_inputs(st->memo[i]->in, in, g->ninputs)) {
+            *spec = st->memo[i];
+            return true;
+        }
+    }
+    cpu_spec *sp = make_spec(st, g, in);
+    if (!sp) return false;
+    if (st->nmemo < SPEC_MEMO) st->memo[st->nmemo++] = sp;
+    else sp->owned = true;
+    *spec = sp;
+    return true;
+}
+
+static em_status cpu_run_dynamic(void *state, void *spec, const tr_graph *g, em_tensor *const *in,
+                                 em_tensor **out) {
+    cpu_state *st = state;
+    cpu_spec *sp = spec;
+    if (!sp) return cpu_run(state, g, in, out);
+    em_status s = run_plan(st, g, sp->metas, sp->sizes, in, out);
+    if (sp->owned) spec_free(st, sp);
+    return s;
+}
+
+static em_status run_kernel(const tr_graph *g, const em_meta *metas, const jit_plan_kernel *pk,
+                            const jit_cpu_kernel *kernel, const int64_t *sizes, em_tensor **vals) {
     void *stack[16], **ptrs = pk->nbufs <= 16 ? stack : em_malloc(sizeof(void *) * (size_t)pk->nbufs);
     if (!ptrs) return em_last_status();
     em_status s = EM_OK;
     for (int b = 0; b < pk->nbufs && s == EM_OK; b++) {
         int v = pk->bufs[b];
         if (b >= pk->nbufs - pk->nouts) {
-            em_meta m = g->nodes[v].meta;
-            vals[v] = em_tensor_alloc(&m);
+            vals[v] = em_tensor_alloc(metas ? &metas[v] : &g->nodes[v].meta);
             if (!vals[v]) s = em_last_status();
         } else if (!vals[v]) {
             s = em_error(EM_ERR_STATE, "cpu backend: kernel input %%%d is not computed yet", v);
         }
         if (s == EM_OK) ptrs[b] = em_data(vals[v]);
     }
-    if (s == EM_OK) s = jit_cpu_run(kernel, ptrs, NULL);
+    if (s == EM_OK) s = jit_cpu_run(kernel, ptrs, sizes);
     if (ptrs != stack) em_free(ptrs);
     return s;
 }
 
-static em_status cpu_run(void *state, const tr_graph *g, em_tensor *const *in, em_tensor **out) {
-    cpu_state *st = state;
-    if (!st->kernels) return jit_replay_backend.run(NULL, g, in, out);
+/* Runs the plan: metas[v] is node v's meta for this call, sizes[k] the
+ * size arguments of kernel k (both NULL: static, the graph's metas). */
+static em_status run_plan(const cpu_state *st, const tr_graph *g, const em_meta *metas,
+                          int64_t *const *sizes, em_tensor *const *in, em_tensor **out) {
     em_tensor **vals = em_calloc((size_t)g->nnodes + 1, sizeof *vals);
     if (!vals) return em_last_status();
     em_status s = EM_OK;
@@ -332,7 +599,8 @@ static em_status cpu_run(void *state, const tr_graph *g, em_tensor *const *in, e
     for (int i = 0; i < st->plan.nsteps && s == EM_OK; i++) {
         const sc_step *step = &st->plan.steps[i];
         if (step->kind == SC_KERNEL) {
-            s = run_kernel(g, &st->plan.kernels[step->group], st->kernels[step->group], vals);
+            s = run_kernel(g, metas, &st->plan.kernels[step->group], st->kernels[step->group],
+                           sizes ? sizes[step->group] : NULL, vals);
             continue;
         }
         const tr_node *n = &g->nodes[step->node];
@@ -353,6 +621,12 @@ static em_status cpu_run(void *state, const tr_graph *g, em_tensor *const *in, e
     return s;
 }
 
+static em_status cpu_run(void *state, const tr_graph *g, em_tensor *const *in, em_tensor **out) {
+    cpu_state *st = state;
+    if (!st->kernels) return jit_replay_backend.run(NULL, g, in, out);
+    return run_plan(st, g, NULL, NULL, in, out);
+}
+
 static void cpu_free(void *state) { state_free(state); }
 
 static int cpu_kernels(const void *state) { return count_kernels(state); }
@@ -364,4 +638,7 @@ const jit_backend jit_cpu_backend = {
     .free = cpu_free,
     .kernels = cpu_kernels,
     .target = jit_cpu_target,
+    .compile_dynamic = cpu_compile_dynamic,
+    .specialize = cpu_specialize,
+    .run_dynamic = cpu_run_dynamic,
 };

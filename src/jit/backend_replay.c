@@ -55,11 +55,23 @@ static em_status replay_run(void *state, const tr_graph *g, em_tensor *const *in
 
 static void replay_free(void *state) { (void)state; }
 
+/* Every op re-infers its shapes when it runs: any sizes jit_dyn_check
+ * allowed are served as they are. */
+static em_status replay_compile_dynamic(const tr_graph *g, const em_meta *probe, jit_env *env,
+                                        void **state, bool *dynamic, char *why, size_t nwhy) {
+    (void)probe;
+    (void)why;
+    (void)nwhy;
+    *dynamic = true;
+    return replay_compile(g, env, state);
+}
+
 const jit_backend jit_replay_backend = {
     .name = "replay",
     .compile = replay_compile,
     .run = replay_run,
     .free = replay_free,
+    .compile_dynamic = replay_compile_dynamic,
 };
 
 const jit_backend *jit_backend_find(const char *name) {

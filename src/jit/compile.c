@@ -16,7 +16,14 @@
 typedef struct jit_entry {
     tr_graph *graph;
     gd_guards *guards;
-    void *state;          /* the backend's */
+    void *state;          /* the backend's (NULL while compiling) */
+    bool dynamic;         /* some dims dynamic: run with specialize/run_dynamic */
+    /* Async compile: until ready, calls that match run op by op (replay).
+     * ready, dynamic, state and the guards change only under the lock. */
+    bool ready;
+    bool failed;          /* the background compile failed: replay for good */
+    bool has_thread;
+    pthread_t thread;
 } jit_entry;
 
 struct em_compiled {
@@ -40,7 +47,16 @@ struct em_compiled {
     const em_allocator *alloc;
     char *record;         /* EMBER_RECORD: the warmup list new entries go to */
     bool record_failed;   /* a record could not be written (logged once) */
+    int dynamic;          /* -1 off, 0 automatic, 1 forced (em_compile_options.dynamic) */
+    bool async;           /* compile new entries in background threads */
 };
+
+/* A background compile (async): what the thread needs, owned by it. */
+typedef struct compile_job {
+    em_compiled *f;
+    jit_entry *e;
+    em_meta *probe;       /* dynamic entries: jit_dyn_check's probe metas */
+} compile_job;
 
 /* ---- creation ---- */
 
@@ -80,6 +96,9 @@ static em_status check_options(em_fn fn, const em_compile_options *o) {
                 return em_error(EM_ERR_ARG, "em_compile: input name '%s' is repeated",
                                 o->input_names[i]);
     }
+    if (o->dynamic < -1 || o->dynamic > 1 || o->async_compile < -1 || o->async_compile > 1)
+        return em_error(EM_ERR_ARG, "em_compile: dynamic (%d) and async_compile (%d) are -1, 0 or 1",
+                        o->dynamic, o->async_compile);
     if (o->nwatch < 0 || (o->nwatch > 0 && !o->watch))
         return em_error(EM_ERR_ARG, "em_compile: %d watched slots but no array", o->nwatch);
     for (int i = 0; i < o->nwatch; i++)
@@ -101,6 +120,21 @@ static int env_limit(const jit_log *log) {
     return (int)v;
 }
 
+/* EMBER_DYNAMIC: 0/off: -1; force: 1; else (unset, 1, auto) 0. */
+static int env_dynamic(const jit_log *log) {
+    const char *e = getenv("EMBER_DYNAMIC");
+    if (!e || !*e || !strcmp(e, "1") || !strcmp(e, "auto")) return 0;
+    if (!strcmp(e, "0") || !strcmp(e, "off")) return -1;
+    if (!strcmp(e, "force")) return 1;
+    jit_logf(log, 0, "EMBER_DYNAMIC=%s is not 0, 1, auto, off or force: using auto", e);
+    return 0;
+}
+
+static bool env_flag(const char *name) {
+    const char *e = getenv(name);
+    return e && *e && strcmp(e, "0") != 0;
+}
+
 em_compiled *em_compile(em_fn fn, void *ctx, const em_compile_options *opts) {
     if (check_options(fn, opts) != EM_OK) return NULL;
     em_compiled *f = em_calloc(1, sizeof *f);
@@ -114,6 +148,8 @@ em_compiled *em_compile(em_fn fn, void *ctx, const em_compile_options *opts) {
     f->alloc = em_get_allocator();
     jit_log_open(&f->log);
     f->limit = opts->recompile_limit ? opts->recompile_limit : env_limit(&f->log);
+    f->dynamic = opts->dynamic ? opts->dynamic : env_dynamic(&f->log);
+    f->async = opts->async_compile ? opts->async_compile > 0 : env_flag("EMBER_ASYNC_COMPILE");
     f->env.log = &f->log;
     const char *v = getenv("EMBER_VERIFY");
     f->verify = v && *v && strcmp(v, "0") != 0;
@@ -154,6 +190,7 @@ em_compiled *em_compile(em_fn fn, void *ctx, const em_compile_options *opts) {
 
 static void entry_free(const em_compiled *f, jit_entry *e) {
     if (!e) return;
+    if (e->has_thread) pthread_join(e->thread, NULL); /* never cancelled: it frees its job */
     if (e->state) f->backend->free(e->state);
     gd_free(e->guards);
     tr_graph_free(e->graph);
@@ -266,27 +303,144 @@ static void record_entry(em_compiled *f, const jit_entry *e) {
     em_clear_error();
 }
 
-/* Builds an entry from a recorded graph (which it takes). */
+/* "x[0], w[1]": the dynamic dims of gs, for logs. */
+static void dims_str(const gd_guards *gs, char *buf, size_t n) {
+    size_t len = 0;
+    buf[0] = '\0';
+    for (int i = 0; i < gs->ntensors; i++)
+        for (int d = 0; d < gs->tensors[i].ndim; d++)
+            if ((gs->tensors[i].dyn >> d & 1) && len < n)
+                len += (size_t)snprintf(buf + len, n - len, "%s%s[%d]", len ? ", " : "",
+                                        gs->names[i], d);
+}
+
+/* Counters of a finished compile, under the lock. */
+static void count_compile(em_compiled *f, const jit_entry *e, const jit_env *env) {
+    if (env != &f->env) {
+        f->env.compiled += env->compiled;
+        f->env.loaded += env->loaded;
+        f->env.plans_loaded += env->plans_loaded;
+        f->env.plans_stored += env->plans_stored;
+    }
+    f->stats.kernels = f->backend->kernels && e->state ? f->backend->kernels(e->state) : 0;
+    f->stats.kernels_compiled = f->env.compiled;
+    f->stats.kernels_loaded = f->env.loaded;
+    f->stats.graphs_loaded = f->env.plans_loaded;
+    f->stats.dynamic_entries += e->dynamic;
+}
+
+/* The backend compile of entry e (probe: its probe metas when dynamic).
+ * A backend that cannot make the kernels dynamic compiles them for the
+ * traced sizes; the guards then check the traced sizes again. */
+static em_status compile_entry(em_compiled *f, jit_entry *e, const em_meta *probe, jit_env *env,
+                               void **state, bool *dynamic) {
+    char why[256] = "";
+    if (!*dynamic) return f->backend->compile(e->graph, env, state);
+    em_status s = f->backend->compile_dynamic(e->graph, probe, env, state, dynamic, why, sizeof why);
+    if (s == EM_OK && !*dynamic)
+        jit_logf(&f->log, JIT_LOG_RECOMPILES, "%s: the new entry is static: %s", f->name, why);
+    return s;
+}
+
+static void *compile_thread(void *arg) {
+    compile_job *job = arg;
+    em_compiled *f = job->f;
+    jit_entry *e = job->e;
+    em_set_allocator(f->alloc);
+    jit_env env = {.cache = f->env.cache, .log = &f->log};
+    void *state = NULL;
+    bool dynamic = e->dynamic; /* set before the thread started, read-only until ready */
+    em_status s = compile_entry(f, e, job->probe, &env, &state, &dynamic);
+    lock(f);
+    if (s == EM_OK) {
+        if (!dynamic) gd_make_static(e->guards);
+        e->dynamic = dynamic;
+        e->state = state;
+        e->ready = true;
+    } else {
+        if (state) f->backend->free(state);
+        e->failed = true;
+        jit_logf(&f->log, 0, "%s: background compile failed (%s); the entry runs op by op",
+                 f->name, em_last_error());
+        em_clear_error();
+    }
+    count_compile(f, e, &env);
+    unlock(f);
+    em_free(job->probe);
+    em_free(job);
+    return NULL;
+}
+
+/* Starts e's compile in a background thread (the job takes probe);
+ * false when no thread could be started. */
+static bool start_compile(em_compiled *f, jit_entry *e, em_meta *probe) {
+    compile_job *job = em_malloc(sizeof *job);
+    if (!job) return false;
+    *job = (compile_job){f, e, probe};
+    if (pthread_create(&e->thread, NULL, compile_thread, job) != 0) {
+        em_free(job);
+        return false;
+    }
+    e->has_thread = true;
+    return true;
+}
+
+/* Marks the dims in dyn dynamic in e's guards, when the graph allows it;
+ * fills probe (one meta per input) for the backend. */
+static void make_dynamic(em_compiled *f, jit_entry *e, em_tensor *const *in, const uint32_t *dyn,
+                         const tr_graph *prev, em_meta *probe) {
+    for (int i = 0; dyn && i < f->ninputs; i++) gd_set_dynamic(e->guards, i, dyn[i]);
+    if (!gd_is_dynamic(e->guards)) return;
+    char why[256], dims[256];
+    if (!f->backend->compile_dynamic) {
+        snprintf(why, sizeof why, "the %s backend has no dynamic kernels", f->backend->name);
+    } else if (jit_dyn_check(e->graph, prev, e->guards, in, probe, why, sizeof why)) {
+        e->dynamic = true;
+        dims_str(e->guards, dims, sizeof dims);
+        jit_logf(&f->log, JIT_LOG_RECOMPILES, "%s: dynamic dims %s", f->name, dims);
+        return;
+    }
+    gd_make_static(e->guards);
+    jit_logf(&f->log, JIT_LOG_RECOMPILES, "%s: the new entry is static: %s", f->name, why);
+}
+
+/* Builds an entry from a recorded graph (which it takes); the dims in dyn
+ * (a mask per input, or NULL) may become dynamic, prev being the graph of
+ * the entry that differed only in sizes (NULL: forced).  Async: the entry
+ * is returned before its compile finishes. */
 static jit_entry *make_entry(em_compiled *f, tr_graph *g, em_tensor *const *in,
-                             const double *scalars) {
+                             const double *scalars, const uint32_t *dyn, const tr_graph *prev) {
     jit_entry *e = em_calloc(1, sizeof *e);
-    if (!e) {
+    em_meta *probe = em_calloc((size_t)f->ninputs + 1, sizeof *probe);
+    if (!e || !probe) {
+        em_free(e);
+        em_free(probe);
         tr_graph_free(g);
         return NULL;
     }
     e->graph = g;
     if (tr_optimize(g, f->verify) != EM_OK ||
-        !(e->guards = gd_build(g, in, scalars, f->nscalars, f->watch, f->nwatch)) ||
-        f->backend->compile(g, &f->env, &e->state) != EM_OK) {
-        entry_free(f, e);
-        return NULL;
-    }
+        !(e->guards = gd_build(g, in, scalars, f->nscalars, f->watch, f->nwatch)))
+        goto fail;
+    make_dynamic(f, e, in, dyn, prev, probe);
+    if (f->async && start_compile(f, e, probe)) return e; /* the job owns probe */
+    bool dynamic = e->dynamic;
+    if (compile_entry(f, e, probe, &f->env, &e->state, &dynamic) != EM_OK) goto fail;
+    if (!dynamic) gd_make_static(e->guards);
+    e->dynamic = dynamic;
+    e->ready = true;
+    em_free(probe);
+    count_compile(f, e, &f->env);
     return e;
+fail:
+    em_free(probe);
+    entry_free(f, e);
+    return NULL;
 }
 
 /* Runs fn while recording; on success adds an entry.  Holds f's lock. */
 static em_status trace(em_compiled *f, em_tensor *const *in, const double *scalars,
-                       em_tensor **out) {
+                       em_tensor **out, const uint32_t *dyn, const tr_graph *prev) {
     em_scope_begin();
     tr_recorder *r = tr_record_begin(f->ninputs, in, (const char *const *)f->input_names);
     if (!r) {
@@ -308,20 +462,92 @@ static em_status trace(em_compiled *f, em_tensor *const *in, const double *scala
                  "segments around its reads from now on (lazy mode)", f->name, why, f->name);
         return finish_outputs(f, EM_OK, out);
     }
-    jit_entry *e = g ? make_entry(f, g, in, scalars) : NULL;
+    jit_entry *e = g ? make_entry(f, g, in, scalars, dyn, prev) : NULL;
     if (!e) return finish_outputs(f, em_last_status() ? em_last_status() : EM_ERR_STATE, out);
     memmove(&f->entries[1], &f->entries[0], sizeof *f->entries * (size_t)f->nentries);
     f->entries[0] = e;
     f->nentries++;
     f->stats.traces++;
     f->stats.entries = f->nentries;
-    f->stats.kernels = f->backend->kernels ? f->backend->kernels(e->state) : 0;
-    f->stats.kernels_compiled = f->env.compiled;
-    f->stats.kernels_loaded = f->env.loaded;
-    f->stats.graphs_loaded = f->env.plans_loaded;
     log_entry(f, e);
     record_entry(f, e);
     return finish_outputs(f, EM_OK, out);
+}
+
+/* Whether entry e's guards fail on this call only because of sizes (same
+ * dtypes, devices, ranks, scalars and watched tensors). */
+static bool differs_in_sizes_only(const em_compiled *f, const jit_entry *e, em_tensor *const *in,
+                                  const double *scalars) {
+    const gd_guards *gs = e->guards;
+    for (int i = 0; i < gs->ntensors; i++) {
+        const gd_tensor *g = &gs->tensors[i];
+        if (in[i]->dtype != g->dtype || in[i]->ndim != g->ndim ||
+            !em_same_device(in[i]->device, g->device) || in[i]->device.index != g->device.index)
+            return false;
+    }
+    if (gs->nscalars && memcmp(gs->scalars, scalars, sizeof(double) * (size_t)gs->nscalars))
+        return false;
+    for (int w = 0; w < gs->nwatch; w++)
+        if (*gs->watch[w].slot != gs->watch[w].expect) return false;
+    return true;
+}
+
+/* The dims a new entry makes dynamic (Dynamo's automatic_dynamic_shapes):
+ * forced, every dim of size >= 2; automatic, the dims whose sizes differ
+ * from the most recent entry that differs only in sizes, plus that
+ * entry's own dynamic dims (*prev: that entry's graph).  Sizes 0 and 1
+ * stay specialized.  false: none. */
+static bool dynamic_dims(const em_compiled *f, em_tensor *const *in, const double *scalars,
+                         uint32_t *dyn, const tr_graph **prev) {
+    memset(dyn, 0, sizeof *dyn * (size_t)(f->ninputs ? f->ninputs : 1));
+    const jit_entry *near = NULL;
+    for (int i = 0; f->dynamic == 0 && !near && i < f->nentries; i++)
+        if (differs_in_sizes_only(f, f->entries[i], in, scalars)) near = f->entries[i];
+    if (f->dynamic < 0 || (f->dynamic == 0 && !near)) return false;
+    *prev = near ? near->graph : NULL;
+    bool any = false;
+    for (int i = 0; i < f->ninputs; i++) {
+        for (int d = 0; d < in[i]->ndim; d++) {
+            bool want = f->dynamic > 0;
+            if (near) {
+                const gd_tensor *g = &near->guards->tensors[i];
+                want = (g->dyn >> d & 1) || g->sizes[d] != in[i]->sizes[d];
+            }
+            if (want && in[i]->sizes[d] >= 2) dyn[i] |= 1u << d;
+        }
+        any |= dyn[i] != 0;
+    }
+    return any;
+}
+
+/* Runs entry e (the lock is released): compiled, or op by op while its
+ * compile is pending. */
+static em_status run_entry(em_compiled *f, jit_entry *e, bool ready, void *spec,
+                           em_tensor *const *in, em_tensor **out) {
+    if (!ready) return jit_replay_backend.run(NULL, e->graph, in, out);
+    if (e->dynamic && f->backend->run_dynamic)
+        return f->backend->run_dynamic(e->state, spec, e->graph, in, out);
+    return f->backend->run(e->state, e->graph, in, out);
+}
+
+/* The entry that serves the call, moved to the front (or -1).  *declined:
+ * some dynamic entry passed its guards but not its kernels' check. */
+static int find_entry(em_compiled *f, em_tensor *const *in, const double *scalars, void **spec,
+                      bool *declined) {
+    *declined = false;
+    for (int i = 0; i < f->nentries; i++) {
+        jit_entry *e = f->entries[i];
+        if (!gd_check(e->guards, in, scalars)) continue;
+        *spec = NULL;
+        if (e->ready && e->dynamic && f->backend->specialize &&
+            !f->backend->specialize(e->state, e->graph, in, spec)) {
+            *declined = true;
+            continue;
+        }
+        touch(f, i);
+        return 0;
+    }
+    return -1;
 }
 
 static em_status call_entries(em_compiled *f, em_tensor *const *in, const double *scalars,
@@ -354,18 +580,21 @@ static em_status call_entries(em_compiled *f, em_tensor *const *in, const double
         unlock(f);
         return run_segments(f, in, scalars, out);
     }
-    for (int i = 0; i < f->nentries; i++) {
-        if (!gd_check(f->entries[i]->guards, in, scalars)) continue;
-        touch(f, i);
-        f->stats.hits++;
+    void *spec = NULL;
+    bool declined;
+    if (find_entry(f, in, scalars, &spec, &declined) == 0) {
         jit_entry *e = f->entries[0];
+        bool ready = e->ready;
+        f->stats.hits++;
+        f->stats.pending += !ready;
         unlock(f); /* entries live until em_compiled_free: safe to run unlocked */
-        return f->backend->run(e->state, e->graph, in, out);
+        return run_entry(f, e, ready, spec, in, out);
     }
     /* explain with the entry that came closest to matching */
     for (int i = 0, best = -1; i < f->nentries; i++) {
         char why[sizeof f->stats.last_failure];
         int passed = gd_explain(f->entries[i]->guards, in, scalars, why, sizeof why);
+        if (!why[0]) snprintf(why, sizeof why, "the sizes need kernels of another structure");
         if (passed > best) {
             best = passed;
             memcpy(f->stats.last_failure, why, sizeof why);
@@ -385,7 +614,11 @@ static em_status call_entries(em_compiled *f, em_tensor *const *in, const double
     if (f->nentries > 0)
         jit_logf(&f->log, JIT_LOG_RECOMPILES, "recompiling %s (entry %d of at most %d): %s",
                  f->name, f->nentries + 1, f->limit, f->stats.last_failure);
-    s = trace(f, in, scalars, out);
+    uint32_t dyn[MAX_ARGS];
+    const tr_graph *prev = NULL;
+    /* sizes a dynamic entry's kernels cannot take get an exact entry */
+    bool any = !declined && dynamic_dims(f, in, scalars, dyn, &prev);
+    s = trace(f, in, scalars, out, any ? dyn : NULL, prev);
     unlock(f);
     return s;
 }

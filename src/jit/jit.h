@@ -40,7 +40,39 @@ typedef struct jit_backend {
      * generator and options versions); NULL: no artifacts (nothing to
      * record or warm up). */
     const char *(*target)(void);
+    /* Optional, dynamic shapes (dynamic.c): compile g so that one state
+     * serves inputs whose sizes differ from the traced ones where probe
+     * (the inputs' metas with each dynamic size changed) differs.  When
+     * the backend cannot, it compiles g for its traced sizes only, sets
+     * *dynamic false and explains in why.  NULL: the backend cannot. */
+    em_status (*compile_dynamic)(const tr_graph *g, const em_meta *probe, jit_env *env,
+                                 void **state, bool *dynamic, char *why, size_t nwhy);
+    /* Optional, with compile_dynamic: whether a dynamic state can serve the
+     * inputs in (which passed the entry's guards), and what its run needs
+     * for them in *spec, for run_dynamic (called under the compiled
+     * function's lock; NULL: the state serves every input its guards
+     * pass, with run). */
+    bool (*specialize)(void *state, const tr_graph *g, em_tensor *const *in, void **spec);
+    em_status (*run_dynamic)(void *state, void *spec, const tr_graph *g, em_tensor *const *in,
+                             em_tensor **out);
 } jit_backend;
+
+/* ---- dynamic shapes (dynamic.c) ----
+ * Whether graph g, traced with inputs in, may serve other sizes of the
+ * dims its guards gs mark dynamic: the graph's shapes are inferred again
+ * with each dynamic size changed (into probe[i], input i's meta so
+ * changed; dims of one traced size share one changed size, as Dynamo's
+ * duck sizing), and no op may carry a size, bound or value that could
+ * come from a dynamic size: prev (the same function traced at other
+ * sizes, or NULL) must equal g in everything but metas; without prev,
+ * conservative rules decide.  false, with the reason in why: the entry
+ * must be static. */
+bool jit_dyn_check(const tr_graph *g, const tr_graph *prev, const gd_guards *gs,
+                   em_tensor *const *in, em_meta *probe, char *why, size_t nwhy);
+/* Only the probe metas (no check): for a graph already checked when it
+ * was traced (warmup of a recorded dynamic entry).  false: too many
+ * distinct dynamic sizes. */
+bool jit_dyn_probe(const gd_guards *gs, em_tensor *const *in, int ninputs, em_meta *probe);
 
 extern const jit_backend jit_replay_backend;
 /* "cpu": fused kernels compiled with libgccjit (backend_cpu.c). */
@@ -56,6 +88,9 @@ typedef struct jit_record {
     char *name;     /* the compiled function's name (informational) */
     char *backend;  /* "cpu", ... */
     char *graph;    /* the graph's text form */
+    uint32_t *dyn;  /* a dynamic entry's dims per input (from its guard lines'
+                       "dynamic=[...]"), ndyn of them; NULL, 0: static */
+    int ndyn;
 } jit_record;
 
 /* Appends one record (graph g of function name, with its guards as

@@ -301,3 +301,70 @@ em_status kir_verify(const k_kernel *k) {
     em_free(open), em_free(depth_of), em_free(closed_at);
     return s;
 }
+
+/* ---- kernels with size parameters (dynamic shapes) ---- */
+
+static bool same_inst(const k_inst *a, const k_inst *b) {
+    return a->op == b->op && a->alu == b->alu && a->dtype == b->dtype && a->nsrc == b->nsrc &&
+           !memcmp(a->src, b->src, sizeof(int) * (size_t)a->nsrc) && a->flags == b->flags;
+}
+
+static bool same_value(const k_inst *a, const k_inst *b) {
+    return a->ival == b->ival && !memcmp(&a->fval, &b->fval, sizeof a->fval);
+}
+
+bool kir_vary(const k_kernel *a, const k_kernel *b, bool *vary) {
+    if (a->n != b->n || a->nbufs != b->nbufs || a->nsizes != b->nsizes) return false;
+    for (int i = 0; i < a->n; i++) {
+        const k_inst *x = &a->insts[i], *y = &b->insts[i];
+        if (!same_inst(x, y)) return false;
+        vary[i] = false;
+        if (same_value(x, y) || x->op == K_BUF || x->op == K_SIZE) continue;
+        if (x->op != K_CONST || x->dtype != EM_I64) return false; /* only i64 can be a size */
+        vary[i] = true;
+    }
+    return true;
+}
+
+k_kernel *kir_parametrize(const k_kernel *k, const bool *vary, int *size_of) {
+    k_kernel *p = kir_new(k->name);
+    int *map = em_malloc(sizeof(int) * ((size_t)k->n + 1));
+    bool ok_ = p && map;
+    int nb = 0;
+    while (nb < k->n && k->insts[nb].op == K_BUF) nb++;
+    /* buffers keep their places; the size parameters follow them */
+    for (int i = 0; ok_ && i < nb; i++) ok_ = (map[i] = push(p, k->insts[i])) >= 0;
+    if (ok_) {
+        p->nbufs = k->nbufs; /* push copies K_BUFs without counting them */
+        p->nsizes = k->nsizes;
+    }
+    for (int i = 0; ok_ && i < k->n; i++) {
+        size_of[i] = -1;
+        if (!vary[i]) continue;
+        size_of[i] = p->nsizes;
+        ok_ = (map[i] = kir_size(p)) >= 0;
+    }
+    for (int i = nb; ok_ && i < k->n; i++) {
+        if (vary[i]) continue;
+        k_inst in = k->insts[i];
+        for (int s = 0; s < in.nsrc; s++) in.src[s] = map[in.src[s]];
+        ok_ = (map[i] = push(p, in)) >= 0;
+    }
+    em_free(map);
+    if (!ok_) {
+        kir_free(p);
+        return NULL;
+    }
+    return p;
+}
+
+bool kir_match(const k_kernel *model, const k_kernel *k, const int *size_of, int64_t *sizes) {
+    if (model->n != k->n || model->nbufs != k->nbufs || model->nsizes != k->nsizes) return false;
+    for (int i = 0; i < k->n; i++) {
+        const k_inst *x = &model->insts[i], *y = &k->insts[i];
+        if (!same_inst(x, y)) return false;
+        if (size_of[i] >= 0) sizes[size_of[i]] = y->ival;
+        else if (!same_value(x, y)) return false;
+    }
+    return true;
+}

@@ -112,4 +112,19 @@ em_status kir_print(const k_kernel *k, FILE *f);
  * stores address buffers with i64 indices. */
 em_status kir_verify(const k_kernel *k);
 
+/* ---- size parameters (dynamic shapes): a kernel lowered for two sets of
+ * sizes, compared instruction by instruction ----
+ * kir_vary: whether a and b have the same structure (every instruction
+ * equal but the values of i64 constants); vary[i] marks the constants
+ * that differ (vary has a->n slots).  kir_parametrize: k with each
+ * constant marked in vary replaced by a K_SIZE parameter (numbered in
+ * instruction order, after the buffers); size_of[i] (k->n slots) gets the
+ * parameter number of instruction i of k, or -1.  kir_match: whether k is
+ * model with only the constants size_of marks changed; sizes[] gets those
+ * constants' values in k: the arguments with which the parametrized
+ * kernel computes exactly what k computes. */
+bool kir_vary(const k_kernel *a, const k_kernel *b, bool *vary);
+k_kernel *kir_parametrize(const k_kernel *k, const bool *vary, int *size_of);
+bool kir_match(const k_kernel *model, const k_kernel *k, const int *size_of, int64_t *sizes);
+
 #endif

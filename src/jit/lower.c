@@ -264,25 +264,31 @@ static int reduce_pass(lower *L, int input, k_alu combine, em_dtype acc_dtype, i
     return acc;
 }
 
+/* The row's element count as a float of dtype dt, minus correction,
+ * at least 0.  It is an i64 constant converted in the kernel, so that with
+ * dynamic shapes it can become a size parameter (kir_parametrize). */
+static int row_count(lower *L, em_dtype dt, int correction) {
+    int c = ci(L, inner_count(L));
+    if (correction) c = kir_alu(L->k, KA_MAX, kir_alu(L->k, KA_SUB, c, ci(L, correction), -1), ci(L, 0), -1);
+    return kir_cast(L->k, c, dt);
+}
+
 static void lower_reduction(lower *L, int v) {
     const tr_node *n = &L->g->nodes[v];
     em_dtype dt = n->meta.dtype;
-    double count = (double)inner_count(L);
     int r;
     switch (n->op) {
     case EM_OP_AMAX: r = reduce_pass(L, n->in[0], KA_MAX, dt, -1); break;
     case EM_OP_AMIN: r = reduce_pass(L, n->in[0], KA_MIN, dt, -1); break;
     case EM_OP_SUM: r = reduce_pass(L, n->in[0], KA_ADD, dt, -1); break;
     case EM_OP_MEAN:
-        r = kir_alu(L->k, KA_DIV, reduce_pass(L, n->in[0], KA_ADD, dt, -1),
-                    kir_const_f(L->k, dt, count), -1);
+        r = kir_alu(L->k, KA_DIV, reduce_pass(L, n->in[0], KA_ADD, dt, -1), row_count(L, dt, 0), -1);
         break;
     default: { /* var: two passes, as the eager kernel, to avoid cancellation */
         int mean = kir_alu(L->k, KA_DIV, reduce_pass(L, n->in[0], KA_ADD, dt, -1),
-                           kir_const_f(L->k, dt, count), -1);
-        double dof = count - n->attrs.correction;
+                           row_count(L, dt, 0), -1);
         r = kir_alu(L->k, KA_DIV, reduce_pass(L, n->in[0], KA_ADD, dt, mean),
-                    kir_const_f(L->k, dt, dof > 0 ? dof : 0), -1);
+                    row_count(L, dt, n->attrs.correction), -1);
     }
     }
     if (r < 0) L->failed = true;

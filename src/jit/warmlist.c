@@ -4,7 +4,9 @@
  * The file is a sequence of records, each
  *
  *   ember-record 1 backend=<name> name=<function name>
- *   guard ...              (zero or more: the entry's guards, for people)
+ *   guard ...              (zero or more: the entry's guards, for people;
+ *                           "dynamic=[d, ...]" on an input's line marks the
+ *                           dims of a dynamic entry, which warmup reads)
  *   graph(...) {           the graph's text form, up to its closing "}"
  *     ...
  *   }
@@ -146,9 +148,36 @@ static bool push(jit_record **rs, int *n, int *cap, const jit_record *r) {
 }
 
 static void record_clear(jit_record *r) {
+    em_free(r->dyn);
     em_free(r->name);
     em_free(r->backend);
     em_free(r->graph);
+}
+
+/* Reads a guard line [p, end)'s dynamic dims into r: "guard input I
+ * (name): ... dynamic=[0, 2] (>= 2)" (gd_print).  false: out of memory. */
+static bool guard_dynamic(const char *p, const char *end, jit_record *r) {
+    if (strncmp(p, "guard input ", 12)) return true;
+    char *stop;
+    long i = strtol(p + 12, &stop, 10);
+    const char *d = memmem(p, (size_t)(end - p), " dynamic=[", 10);
+    if (stop == p + 12 || i < 0 || i >= 64 || !d) return true; /* for people only */
+    if (i >= r->ndyn) {
+        uint32_t *m = em_calloc((size_t)i + 1, sizeof *m);
+        if (!m) return false;
+        if (r->dyn) memcpy(m, r->dyn, sizeof *m * (size_t)r->ndyn);
+        em_free(r->dyn);
+        r->dyn = m;
+        r->ndyn = (int)i + 1;
+    }
+    for (const char *q = d + 10; q < end && *q != ']';) {
+        long dim = strtol(q, &stop, 10);
+        if (stop == q) break;
+        if (dim >= 0 && dim < EM_MAX_DIMS) r->dyn[i] |= 1u << dim;
+        q = stop;
+        while (q < end && (*q == ',' || *q == ' ')) q++;
+    }
+    return true;
 }
 
 /* One record starting at the record line p; *next gets where the next
@@ -169,6 +198,10 @@ static bool parse_record(const char *path, int line, const char *p, const char *
     int n = 1;
     while (!strncmp(q, "guard ", 6)) { /* the guards are for people */
         const char *e = strchr(q, '\n');
+        if (!guard_dynamic(q, e ? e : q + strlen(q), r)) {
+            record_clear(r);
+            return false;
+        }
         q = e ? e + 1 : q + strlen(q);
         n++;
     }

@@ -9,6 +9,33 @@
 
 const char *jit_backend_target(const jit_backend *b) { return b && b->target ? b->target() : NULL; }
 
+/* A recorded dynamic entry: its kernels with size parameters, from the
+ * graph's input metas with the recorded dims dynamic (the graph was
+ * checked when it was traced).  Dynamic kernels have no plan entry. */
+static em_status compile_dynamic(const jit_backend *b, const jit_record *r, tr_graph *g,
+                                 jit_env *env, void **state, bool *dynamic) {
+    em_tensor **in = em_calloc((size_t)g->ninputs + 1, sizeof *in);
+    em_meta *probe = em_calloc((size_t)g->ninputs + 1, sizeof *probe);
+    gd_guards *gs = NULL;
+    em_status s = in && probe ? EM_OK : em_last_status();
+    for (int i = 0; s == EM_OK && i < g->nnodes; i++)
+        if (g->nodes[i].kind == TR_INPUT && !(in[g->nodes[i].index] = em_tensor_meta_only(&g->nodes[i].meta)))
+            s = em_last_status();
+    if (s == EM_OK && !(gs = gd_build(g, in, NULL, 0, NULL, 0))) s = em_last_status();
+    for (int i = 0; s == EM_OK && i < r->ndyn && i < g->ninputs; i++) gd_set_dynamic(gs, i, r->dyn[i]);
+    if (s == EM_OK && gd_is_dynamic(gs) && jit_dyn_probe(gs, in, g->ninputs, probe)) {
+        char why[256];
+        s = b->compile_dynamic(g, probe, env, state, dynamic, why, sizeof why);
+    } else if (s == EM_OK) {
+        s = b->compile(g, env, state);
+    }
+    for (int i = 0; in && i < g->ninputs; i++) em_release(in[i]);
+    em_free(in);
+    em_free(probe);
+    gd_free(gs);
+    return s;
+}
+
 jit_warm_result jit_warmup(const jit_record *r, kc_cache *cache, char *why, size_t nwhy) {
     why[0] = '\0';
     const jit_backend *b = r && r->backend ? jit_backend_find(r->backend) : NULL;
@@ -31,12 +58,15 @@ jit_warm_result jit_warmup(const jit_record *r, kc_cache *cache, char *why, size
     quiet.f = stderr;
     jit_env env = {.cache = cache, .log = &quiet};
     void *state = NULL;
-    em_status s = b->compile(g, &env, &state);
+    bool dynamic = false;
+    em_status s = r->ndyn > 0 && b->compile_dynamic ? compile_dynamic(b, r, g, &env, &state, &dynamic)
+                                                    : b->compile(g, &env, &state);
     if (s != EM_OK) snprintf(why, nwhy, "%s", em_last_error());
     if (state) b->free(state);
     tr_graph_free(g);
     em_clear_error();
     if (s != EM_OK) return JIT_WARM_FAILED;
+    if (dynamic) return env.compiled > 0 ? JIT_WARM_COMPILED : JIT_WARM_PRESENT;
     if (env.plans_loaded > 0) return JIT_WARM_PRESENT;
     if (env.plans_stored > 0) return JIT_WARM_COMPILED;
     snprintf(why, nwhy, "the graph has no compiled form (it runs op by op; EMBER_LOG=code says why)");

@@ -149,7 +149,7 @@ tr_recorder *tr_record_begin(int ninputs, em_tensor *const *inputs, const char *
 
 static void recorder_free(tr_recorder *r) {
     em_set_dispatch_hook(r->prev);
-    for (int i = 0; i < r->cap; i++) em_release(r->keys[i]);
+    for (int i = 0; r->keys && i < r->cap; i++) em_release(r->keys[i]); /* NULL: out of memory */
     em_free(r->keys);
     em_free(r->vals);
     em_free(r);

@@ -97,6 +97,12 @@ em_status tr_print_dot(const tr_graph *g, FILE *f);
 /* ---- passes: one per file, run in order by tr_optimize (passes.c) ---- */
 em_status tr_verify(const tr_graph *g); /* verify.c: the invariants below */
 int tr_dce(tr_graph *g);                /* dce.c: returns nodes removed */
+/* verify.c: the metas every node of g would have for inputs of metas
+ * inputs[0..ninputs) (constants keep theirs), by each op's infer rule and
+ * eager mode's layout of results; out has g->nnodes slots.  An error names
+ * the first node whose op rejects its inputs.  (Dynamic shapes re-run a
+ * graph's shapes for another call's sizes with it.) */
+em_status tr_infer_metas(const tr_graph *g, const em_meta *inputs, em_meta *out);
 int tr_cse(tr_graph *g);                /* cse.c: returns nodes merged */
 em_status tr_optimize(tr_graph *g, bool verify_each);
 /* Invariants (tr_verify): nodes in topological order (inputs < index);

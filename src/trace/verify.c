@@ -59,6 +59,54 @@ static em_status verify_call(const tr_graph *g, int i) {
     return EM_OK;
 }
 
+/* The meta eager mode gives op n's result for inputs of metas ins (as
+ * em_dispatch_eager makes it): views as inferred, a copy of a contiguous
+ * tensor aliases it, anything else is a fresh contiguous tensor. */
+static em_status infer_result(const tr_node *n, em_tensor *const *ins, em_meta *m) {
+    const em_op_info *info = &em_op_table[n->op];
+    em_op_call c = {n->op, n->nin, ins, &n->attrs};
+    memset(m, 0, sizeof *m);
+    m->device = n->nin > 0 ? ins[0]->device : n->attrs.device;
+    if (info->infer(&c, m) != EM_OK) return em_last_status();
+    if (info->kind == EM_KIND_VIEW) return EM_OK;
+    if (info->kind == EM_KIND_COPY && em_is_contiguous(ins[0])) {
+        memcpy(m->strides, ins[0]->strides, sizeof(int64_t) * (size_t)m->ndim);
+        m->offset = ins[0]->offset;
+        return EM_OK;
+    }
+    em_contiguous_strides(m->ndim, m->sizes, m->strides);
+    m->offset = 0;
+    return EM_OK;
+}
+
+em_status tr_infer_metas(const tr_graph *g, const em_meta *inputs, em_meta *out) {
+    for (int i = 0; i < g->nnodes; i++) {
+        const tr_node *n = &g->nodes[i];
+        if (n->kind == TR_INPUT) {
+            out[i] = inputs[n->index];
+            continue;
+        }
+        if (n->kind == TR_CONST) {
+            out[i] = n->meta;
+            continue;
+        }
+        if (n->nin > 64) return bad(i, "too many inputs");
+        em_tensor fakes[64];
+        em_tensor *ins[64];
+        for (int k = 0; k < n->nin; k++) {
+            fake_tensor(&fakes[k], &out[n->in[k]]);
+            ins[k] = &fakes[k];
+        }
+        if (infer_result(n, ins, &out[i]) != EM_OK) {
+            char why[600];
+            snprintf(why, sizeof why, "%s rejects its inputs: %s", em_op_table[n->op].name,
+                     em_last_error());
+            return bad(i, why);
+        }
+    }
+    return EM_OK;
+}
+
 em_status tr_verify(const tr_graph *g) {
     if (!g) return em_error(EM_ERR_NULL, "graph verifier: NULL graph");
     int ninputs = 0;

@@ -1,0 +1,584 @@
+/* test_dynamic.c - automatic dynamic shapes in em_compile: a function
+ * called with many sizes compiles twice (one static entry, one dynamic),
+ * sizes 0 and 1 stay specialized, graphs whose attributes may carry a size
+ * stay static, EMBER_DYNAMIC=0 and the forced mode; every call's values
+ * against float64 references computed here. */
+#include "testutil.h"
+
+#include <string.h>
+#include <unistd.h>
+
+#include "cpu_gccjit.h"
+#include "jit.h"
+
+/* ---- float64 references ---- */
+
+static void ref_softmax(const double *x, int64_t rows, int64_t cols, double *y) {
+    for (int64_t r = 0; r < rows; r++) {
+        const double *a = x + r * cols;
+        double m = -INFINITY, s = 0;
+        for (int64_t c = 0; c < cols; c++) m = a[c] > m ? a[c] : m;
+        for (int64_t c = 0; c < cols; c++) s += exp(a[c] - m);
+        for (int64_t c = 0; c < cols; c++) y[r * cols + c] = exp(a[c] - m) / s;
+    }
+}
+
+static void ref_layer_norm(const double *x, const double *w, const double *b, int64_t rows,
+                           int64_t cols, double eps, double *y) {
+    for (int64_t r = 0; r < rows; r++) {
+        const double *a = x + r * cols;
+        double mean = 0, var = 0;
+        for (int64_t c = 0; c < cols; c++) mean += a[c] / (double)cols;
+        for (int64_t c = 0; c < cols; c++) var += (a[c] - mean) * (a[c] - mean) / (double)cols;
+        for (int64_t c = 0; c < cols; c++)
+            y[r * cols + c] = (a[c] - mean) / sqrt(var + eps) * w[c] + b[c];
+    }
+}
+
+/* y[r, :] = act(x[r, :] @ w + b) */
+static void ref_linear(const double *x, const double *w, const double *b, int64_t rows, int64_t k,
+                       int64_t n, bool relu, double *y) {
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t j = 0; j < n; j++) {
+            double s = b[j];
+            for (int64_t i = 0; i < k; i++) s += x[r * k + i] * w[i * n + j];
+            y[r * n + j] = relu && s < 0 ? 0 : s;
+        }
+}
+
+/* ---- functions under test ---- */
+
+static em_status softmax_fn(void *ctx, em_tensor *const *in, const double *s, em_tensor **out) {
+    out[0] = em_softmax(in[0], -1);
+    return out[0] ? EM_OK : em_last_status();
+}
+
+static em_status layer_norm_fn(void *ctx, em_tensor *const *in, const double *s, em_tensor **out) {
+    out[0] = em_layer_norm(in[0], 1, in[1], in[2], 1e-5);
+    return out[0] ? EM_OK : em_last_status();
+}
+
+typedef struct mlp {
+    em_tensor *w1, *b1, *w2, *b2;
+} mlp;
+
+/* relu(x @ w1 + b1) @ w2 + b2, weights captured through ctx */
+static em_status mlp_fn(void *ctx, em_tensor *const *in, const double *s, em_tensor **out) {
+    const mlp *m = ctx;
+    out[0] = em_add(em_matmul(em_relu(em_add(em_matmul(in[0], m->w1), m->b1)), m->w2), m->b2);
+    return out[0] ? EM_OK : em_last_status();
+}
+
+/* sum over pairs of columns: a reshape whose sizes hold the batch */
+static em_status pairs_fn(void *ctx, em_tensor *const *in, const double *s, em_tensor **out) {
+    int64_t b = em_size(in[0], 0), c = em_size(in[0], 1);
+    em_tensor *r = em_reshape(in[0], 3, TU_SIZES(b, c / 2, 2));
+    out[0] = em_exp(em_sum(r, 1, (const int[]){2}, false));
+    return out[0] ? EM_OK : em_last_status();
+}
+
+/* x / batch: a value computed from the batch size */
+static em_status per_row_fn(void *ctx, em_tensor *const *in, const double *s, em_tensor **out) {
+    out[0] = em_tanh(em_mul_scalar(in[0], 1.0 / (double)em_size(in[0], 0)));
+    return out[0] ? EM_OK : em_last_status();
+}
+
+static em_compile_options options(const char *name, int nin, int dynamic) {
+    static const char *names[] = {"x", "w", "b"};
+    return (em_compile_options){.ninputs = nin, .noutputs = 1, .name = name,
+                                .input_names = names, .dynamic = dynamic};
+}
+
+static em_compile_stats stats_of(const em_compiled *f) {
+    em_compile_stats st;
+    ck_assert_int_eq(em_compiled_stats(f, &st), EM_OK);
+    return st;
+}
+
+/* Calls softmax_fn's compiled form on x and checks the values. */
+static void check_softmax_call(em_compiled *f, em_tensor *x) {
+    em_tensor *y;
+    ck_assert_msg(em_call(f, &x, NULL, &y) == EM_OK, "%s", em_last_error());
+    int64_t rows = em_size(x, 0), cols = em_size(x, 1);
+    double *xv = tu_values(x), *ref = malloc(sizeof(double) * (size_t)(rows * cols + 1));
+    ref_softmax(xv, rows, cols, ref);
+    tu_check_close(y, ref, 2, TU_SIZES(rows, cols), 1e-5, 1e-6);
+    free(xv);
+    free(ref);
+}
+
+static void check_layer_norm_call(em_compiled *f, int64_t rows, int64_t cols, uint64_t seed) {
+    em_tensor *in[3] = {tu_random(seed, 2, TU_SIZES(rows, cols), EM_F32, 2),
+                        tu_random(seed + 1, 1, TU_SIZES(cols), EM_F32, 1),
+                        tu_random(seed + 2, 1, TU_SIZES(cols), EM_F32, 1)}, *y;
+    ck_assert_msg(em_call(f, in, NULL, &y) == EM_OK, "%s", em_last_error());
+    double *x = tu_values(in[0]), *w = tu_values(in[1]), *b = tu_values(in[2]);
+    double *ref = malloc(sizeof(double) * (size_t)(rows * cols));
+    ref_layer_norm(x, w, b, rows, cols, 1e-5, ref);
+    tu_check_close(y, ref, 2, TU_SIZES(rows, cols), 1e-4, 1e-4);
+    free(x), free(w), free(b), free(ref);
+}
+
+/* ---- the compile counts ---- */
+
+START_TEST(ten_batch_sizes_of_softmax_compile_twice) {
+    em_compile_options o = options("softmax", 1, 0);
+    em_compiled *f = em_compile(softmax_fn, NULL, &o);
+    int64_t after_second = -1;
+    for (int64_t b = 2; b <= 11; b++) {
+        check_softmax_call(f, tu_random((uint64_t)b, 2, TU_SIZES(b, 24), EM_F32, 3));
+        em_compile_stats st = stats_of(f);
+        if (b == 3) after_second = st.kernels_compiled + st.kernels_loaded;
+    }
+    em_compile_stats st = stats_of(f);
+    ck_assert_int_eq(st.traces, 2);
+    ck_assert_int_eq(st.entries, 2);
+    ck_assert_int_eq(st.dynamic_entries, 1);
+    ck_assert_int_eq(st.hits, 8);
+    ck_assert_int_eq(st.eager, 0);
+    /* every kernel came from the first two compiles */
+    ck_assert_int_eq(st.kernels_compiled + st.kernels_loaded, after_second);
+    ck_assert_int_gt(st.kernels, 0);
+    /* the entry the later calls used prints its dynamic dim */
+    char *text = NULL;
+    size_t len = 0;
+    FILE *fp = open_memstream(&text, &len);
+    ck_assert_int_eq(em_compiled_print(f, 0, false, fp), EM_OK);
+    fclose(fp);
+    ck_assert_msg(strstr(text, "dynamic=[0] (>= 2)"), "%s", text);
+    free(text);
+    em_compiled_free(f);
+}
+END_TEST
+
+START_TEST(layer_norm_over_batch_and_hidden_sizes) {
+    em_compile_options o = options("ln", 3, 0);
+    em_compiled *f = em_compile(layer_norm_fn, NULL, &o);
+    for (int64_t b = 2; b <= 11; b++) check_layer_norm_call(f, b, 32, (uint64_t)(10 * b));
+    em_compile_stats st = stats_of(f);
+    ck_assert_int_eq(st.traces, 2);
+    ck_assert_int_eq(st.dynamic_entries, 1);
+    em_compiled_free(f);
+    /* the normalized dim itself: the kernel's row length and the mean's
+     * count become size arguments */
+    f = em_compile(layer_norm_fn, NULL, &o);
+    for (int64_t h = 8; h <= 17; h++) check_layer_norm_call(f, 4, h, (uint64_t)(7 * h));
+    st = stats_of(f);
+    ck_assert_int_eq(st.traces, 2);
+    ck_assert_int_eq(st.dynamic_entries, 1);
+    em_compiled_free(f);
+}
+END_TEST
+
+START_TEST(mlp_with_weights_compiles_twice) {
+    mlp m = {tu_random(1, 2, TU_SIZES(16, 32), EM_F32, 0.3), tu_random(2, 1, TU_SIZES(32), EM_F32, 0.1),
+             tu_random(3, 2, TU_SIZES(32, 8), EM_F32, 0.3), tu_random(4, 1, TU_SIZES(8), EM_F32, 0.1)};
+    double *w1 = tu_values(m.w1), *b1 = tu_values(m.b1), *w2 = tu_values(m.w2), *b2 = tu_values(m.b2);
+    em_compile_options o = options("mlp", 1, 0);
+    em_compiled *f = em_compile(mlp_fn, &m, &o);
+    for (int64_t b = 2; b <= 11; b++) {
+        em_tensor *x = tu_random((uint64_t)(100 + b), 2, TU_SIZES(b, 16), EM_F32, 1), *y;
+        ck_assert_msg(em_call(f, &x, NULL, &y) == EM_OK, "%s", em_last_error());
+        double *xv = tu_values(x), h[11 * 32], ref[11 * 8];
+        ref_linear(xv, w1, b1, b, 16, 32, true, h);
+        ref_linear(h, w2, b2, b, 32, 8, false, ref);
+        tu_check_close(y, ref, 2, TU_SIZES(b, 8), 1e-4, 1e-4);
+        free(xv);
+    }
+    em_compile_stats st = stats_of(f);
+    ck_assert_int_eq(st.traces, 2);
+    ck_assert_int_eq(st.entries, 2);
+    ck_assert_int_eq(st.dynamic_entries, 1);
+    em_compiled_free(f);
+    free(w1), free(b1), free(w2), free(b2);
+}
+END_TEST
+
+START_TEST(sizes_zero_and_one_stay_specialized) {
+    em_compile_options o = options("softmax", 1, 0);
+    em_compiled *f = em_compile(softmax_fn, NULL, &o);
+    check_softmax_call(f, tu_random(1, 2, TU_SIZES(4, 8), EM_F32, 1));
+    check_softmax_call(f, tu_random(2, 2, TU_SIZES(5, 8), EM_F32, 1)); /* dim 0 dynamic */
+    ck_assert_int_eq(stats_of(f).entries, 2);
+    check_softmax_call(f, tu_random(3, 2, TU_SIZES(1, 8), EM_F32, 1)); /* its own entry */
+    ck_assert_int_eq(stats_of(f).entries, 3);
+    check_softmax_call(f, tu_random(4, 2, TU_SIZES(0, 8), EM_F32, 1));
+    ck_assert_int_eq(stats_of(f).entries, 4);
+    check_softmax_call(f, tu_random(5, 2, TU_SIZES(9, 8), EM_F32, 1)); /* the dynamic entry */
+    check_softmax_call(f, tu_random(6, 2, TU_SIZES(1, 8), EM_F32, 1)); /* the size-1 entry */
+    em_compile_stats st = stats_of(f);
+    ck_assert_int_eq(st.entries, 4);
+    ck_assert_int_eq(st.dynamic_entries, 1);
+    ck_assert_int_eq(st.hits, 2);
+    em_compiled_free(f);
+}
+END_TEST
+
+START_TEST(a_second_dim_joins_the_dynamic_ones) {
+    em_compile_options o = options("softmax", 1, 0);
+    em_compiled *f = em_compile(softmax_fn, NULL, &o);
+    check_softmax_call(f, tu_random(1, 2, TU_SIZES(4, 8), EM_F32, 1));
+    check_softmax_call(f, tu_random(2, 2, TU_SIZES(6, 8), EM_F32, 1)); /* [s0, 8] */
+    check_softmax_call(f, tu_random(3, 2, TU_SIZES(6, 12), EM_F32, 1)); /* [s0, s1] */
+    for (int64_t i = 0; i < 6; i++)
+        check_softmax_call(f, tu_random(4 + (uint64_t)i, 2, TU_SIZES(3 + i, 5 + 3 * i), EM_F32, 2));
+    em_compile_stats st = stats_of(f);
+    ck_assert_int_eq(st.traces, 3);
+    ck_assert_int_eq(st.dynamic_entries, 2);
+    ck_assert_int_eq(st.hits, 6);
+    em_compiled_free(f);
+}
+END_TEST
+
+static void one_entry_per_size(em_compiled *f) {
+    for (int64_t b = 2; b <= 7; b++)
+        check_softmax_call(f, tu_random((uint64_t)b, 2, TU_SIZES(b, 8), EM_F32, 1));
+    em_compile_stats st = stats_of(f);
+    ck_assert_int_eq(st.traces, 4); /* the limit */
+    ck_assert_int_eq(st.eager, 2);
+    ck_assert_int_eq(st.dynamic_entries, 0);
+    em_compiled_free(f);
+}
+
+START_TEST(dynamic_off_gives_one_entry_per_size) {
+    em_compile_options o = options("softmax", 1, -1);
+    o.recompile_limit = 4;
+    one_entry_per_size(em_compile(softmax_fn, NULL, &o));
+    setenv("EMBER_DYNAMIC", "0", 1);
+    o.dynamic = 0;
+    one_entry_per_size(em_compile(softmax_fn, NULL, &o));
+    unsetenv("EMBER_DYNAMIC");
+}
+END_TEST
+
+START_TEST(forced_dynamic_compiles_once) {
+    em_compile_options o = options("softmax", 1, 1);
+    em_compiled *f = em_compile(softmax_fn, NULL, &o);
+    for (int64_t b = 2; b <= 11; b++)
+        check_softmax_call(f, tu_random((uint64_t)b, 2, TU_SIZES(b, 4 + b), EM_F32, 2));
+    em_compile_stats st = stats_of(f);
+    ck_assert_int_eq(st.traces, 1);
+    ck_assert_int_eq(st.dynamic_entries, 1);
+    ck_assert_int_eq(st.hits, 9);
+    em_compiled_free(f);
+    setenv("EMBER_DYNAMIC", "force", 1);
+    o.dynamic = 0;
+    f = em_compile(softmax_fn, NULL, &o);
+    for (int64_t b = 2; b <= 5; b++)
+        check_softmax_call(f, tu_random((uint64_t)b, 2, TU_SIZES(b, 8), EM_F32, 2));
+    ck_assert_int_eq(stats_of(f).traces, 1);
+    em_compiled_free(f);
+    unsetenv("EMBER_DYNAMIC");
+}
+END_TEST
+
+/* ---- graphs that must stay static ---- */
+
+START_TEST(a_reshape_by_the_batch_stays_static_and_correct) {
+    em_compile_options o = options("pairs", 1, 0);
+    o.recompile_limit = 16;
+    em_compiled *f = em_compile(pairs_fn, NULL, &o);
+    for (int64_t b = 2; b <= 6; b++) {
+        em_tensor *x = tu_random((uint64_t)b, 2, TU_SIZES(b, 8), EM_F32, 1), *y;
+        ck_assert_msg(em_call(f, &x, NULL, &y) == EM_OK, "%s", em_last_error());
+        double *xv = tu_values(x), ref[6 * 4];
+        for (int64_t i = 0; i < b * 4; i++) ref[i] = exp(xv[2 * i] + xv[2 * i + 1]);
+        tu_check_close(y, ref, 2, TU_SIZES(b, 4), 1e-5, 1e-6);
+        free(xv);
+    }
+    em_compile_stats st = stats_of(f);
+    ck_assert_int_eq(st.traces, 5);
+    ck_assert_int_eq(st.dynamic_entries, 0);
+    em_compiled_free(f);
+}
+END_TEST
+
+START_TEST(a_value_from_the_batch_stays_static_and_correct) {
+    em_compile_options o = options("per_row", 1, 0);
+    o.recompile_limit = 16;
+    em_compiled *f = em_compile(per_row_fn, NULL, &o);
+    for (int64_t b = 2; b <= 6; b++) {
+        em_tensor *x = tu_random((uint64_t)b, 2, TU_SIZES(b, 8), EM_F32, 3), *y;
+        ck_assert_msg(em_call(f, &x, NULL, &y) == EM_OK, "%s", em_last_error());
+        double *xv = tu_values(x), ref[6 * 8];
+        for (int64_t i = 0; i < b * 8; i++) ref[i] = tanh(xv[i] / (double)b);
+        tu_check_close(y, ref, 2, TU_SIZES(b, 8), 1e-5, 1e-6);
+        free(xv);
+    }
+    ck_assert_int_eq(stats_of(f).dynamic_entries, 0);
+    ck_assert_int_eq(stats_of(f).traces, 5);
+    em_compiled_free(f);
+}
+END_TEST
+
+/* ---- layouts ---- */
+
+START_TEST(non_contiguous_inputs) {
+    em_compile_options o = options("softmax", 1, 0);
+    em_compiled *f = em_compile(softmax_fn, NULL, &o);
+    /* transposed: [b, 12] with strides [1, b], a dense layout in another order */
+    for (int64_t b = 2; b <= 9; b++) {
+        em_tensor *t = tu_random((uint64_t)b, 2, TU_SIZES(12, b), EM_F32, 2);
+        check_softmax_call(f, em_transpose(t, 0, 1));
+    }
+    em_compile_stats st = stats_of(f);
+    ck_assert_int_eq(st.traces, 2);
+    ck_assert_int_eq(st.dynamic_entries, 1);
+    /* a contiguous input is another layout: one more entry, dynamic at
+     * once (dim 0 already varies) */
+    check_softmax_call(f, tu_random(50, 2, TU_SIZES(5, 12), EM_F32, 2));
+    check_softmax_call(f, tu_random(51, 2, TU_SIZES(7, 12), EM_F32, 2));
+    st = stats_of(f);
+    ck_assert_int_eq(st.traces, 3);
+    ck_assert_int_eq(st.dynamic_entries, 2);
+    em_compiled_free(f);
+    /* sliced: [b, 10] of [b, 16], row stride 16 whatever b is */
+    f = em_compile(softmax_fn, NULL, &o);
+    for (int64_t b = 2; b <= 9; b++) {
+        em_tensor *t = tu_random((uint64_t)(20 + b), 2, TU_SIZES(b, 16), EM_F32, 2);
+        check_softmax_call(f, em_slice(t, 1, 3, 13, 1));
+    }
+    st = stats_of(f);
+    ck_assert_int_eq(st.traces, 2);
+    ck_assert_int_eq(st.dynamic_entries, 1);
+    em_compiled_free(f);
+}
+END_TEST
+
+START_TEST(replay_backend_serves_dynamic_sizes) {
+    em_compile_options o = options("softmax", 1, 0);
+    o.backend = "replay";
+    em_compiled *f = em_compile(softmax_fn, NULL, &o);
+    for (int64_t b = 2; b <= 7; b++)
+        check_softmax_call(f, tu_random((uint64_t)b, 2, TU_SIZES(b, 8), EM_F32, 1));
+    em_compile_stats st = stats_of(f);
+    ck_assert_int_eq(st.traces, 2);
+    ck_assert_int_eq(st.dynamic_entries, 1);
+    em_compiled_free(f);
+}
+END_TEST
+
+START_TEST(recompiles_log_the_dynamic_dims) {
+    char path[] = "/tmp/ember-dyn-log-XXXXXX";
+    int fd = mkstemp(path);
+    ck_assert_int_ge(fd, 0);
+    close(fd);
+    setenv("EMBER_LOG", "recompiles", 1);
+    setenv("EMBER_LOG_FILE", path, 1);
+    em_compile_options o = options("softmax", 1, 0);
+    em_compiled *f = em_compile(softmax_fn, NULL, &o);
+    em_compile_options p = options("pairs", 1, 0);
+    em_compiled *g = em_compile(pairs_fn, NULL, &p);
+    unsetenv("EMBER_LOG");
+    unsetenv("EMBER_LOG_FILE");
+    for (int64_t b = 2; b <= 3; b++) {
+        em_tensor *x = tu_random((uint64_t)b, 2, TU_SIZES(b, 8), EM_F32, 1), *y;
+        ck_assert_int_eq(em_call(f, &x, NULL, &y), EM_OK);
+        ck_assert_int_eq(em_call(g, &x, NULL, &y), EM_OK);
+    }
+    em_compiled_free(f);
+    em_compiled_free(g);
+    FILE *fp = fopen(path, "r");
+    char buf[8192] = {0};
+    size_t n = fread(buf, 1, sizeof buf - 1, fp);
+    fclose(fp);
+    unlink(path);
+    buf[n] = '\0';
+    ck_assert_msg(strstr(buf, "size mismatch at dim 0: expected 2, got 3"), "%s", buf);
+    ck_assert_msg(strstr(buf, "softmax: dynamic dims x[0]"), "%s", buf);
+    ck_assert_msg(strstr(buf, "pairs: the new entry is static: "), "%s", buf);
+    ck_assert_msg(strstr(buf, "reshape"), "%s", buf);
+}
+END_TEST
+
+/* ---- warmup of a recorded dynamic entry ---- */
+
+static void call_sizes(em_compiled *f, const int64_t *rows, int n) {
+    for (int i = 0; i < n; i++)
+        check_softmax_call(f, tu_random((uint64_t)(30 + i), 2, TU_SIZES(rows[i], 24), EM_F32, 2));
+}
+
+START_TEST(a_warmed_cache_serves_a_dynamic_entry_without_compiling) {
+    char dir[] = "/tmp/ember-dyn-cache-XXXXXX", list[] = "/tmp/ember-dyn-list-XXXXXX";
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    int fd = mkstemp(list);
+    ck_assert_int_ge(fd, 0);
+    close(fd);
+    em_compile_options o = options("softmax", 1, 0);
+    setenv("EMBER_RECORD", list, 1);
+    em_compiled *f = em_compile(softmax_fn, NULL, &o);
+    unsetenv("EMBER_RECORD");
+    call_sizes(f, TU_SIZES(2, 3), 2); /* a static entry, then a dynamic one */
+    em_compiled_free(f);
+    jit_record *rs;
+    int n;
+    ck_assert_int_eq(jit_records_read(list, &rs, &n), EM_OK);
+    ck_assert_int_eq(n, 2);
+    ck_assert_int_eq(rs[0].ndyn, 0);
+    ck_assert_int_eq(rs[1].ndyn, 1);
+    ck_assert_int_eq(rs[1].dyn[0], 1);
+    /* warm an empty disk cache, as ember-cache warmup does */
+    unsetenv("EMBER_CACHE");
+    kc_cache *c = kc_open(dir, 0);
+    char why[256];
+    for (int i = 0; i < 2; i++) ck_assert_int_eq(jit_warmup(&rs[i], c, why, sizeof why), JIT_WARM_COMPILED);
+    for (int i = 0; i < 2; i++) ck_assert_int_eq(jit_warmup(&rs[i], c, why, sizeof why), JIT_WARM_PRESENT);
+    kc_close(c);
+    jit_records_free(rs, n);
+    /* a fresh function on that cache, at other sizes, compiles nothing */
+    setenv("EMBER_CACHE_DIR", dir, 1);
+    f = em_compile(softmax_fn, NULL, &o);
+    call_sizes(f, TU_SIZES(2, 7, 9, 4), 4);
+    em_compile_stats st = stats_of(f);
+    em_compiled_free(f);
+    unsetenv("EMBER_CACHE_DIR");
+    setenv("EMBER_CACHE", "0", 1);
+    ck_assert_int_eq(st.traces, 2);
+    ck_assert_int_eq(st.dynamic_entries, 1);
+    ck_assert_int_eq(st.kernels_compiled, 0);
+    ck_assert_int_gt(st.kernels_loaded, 0);
+    ck_assert_int_eq(st.graphs_loaded, 1); /* the static entry's plan */
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s' '%s'", dir, list);
+    ck_assert_int_eq(system(cmd), 0);
+}
+END_TEST
+
+/* ---- out of memory ---- */
+
+typedef struct fail_state {
+    int64_t left;  /* allocations that succeed before the failures */
+    int64_t count; /* allocations made */
+} fail_state;
+
+static void *failing_alloc(void *ud, size_t size, size_t align) {
+    fail_state *st = ud;
+    st->count++;
+    if (st->left-- <= 0) return NULL;
+    void *p = NULL;
+    return posix_memalign(&p, align, size ? size : 1) ? NULL : p;
+}
+
+static void failing_free(void *ud, void *p) { free(p); }
+
+/* Compiles softmax, calls it at sizes 2 (static), 3 (dynamic) and 5 (a
+ * new size of the dynamic entry) with every allocation after the first
+ * left failing: each call succeeds or says EM_ERR_NOMEM; no crash, no leak
+ * (valgrind). */
+static void calls_with_failures(fail_state *st) {
+    em_allocator al = {failing_alloc, failing_free, st};
+    const em_allocator *old = em_get_allocator();
+    em_set_allocator(&al);
+    em_scope_begin();
+    em_compile_options o = options("softmax", 1, 0);
+    em_compiled *f = em_compile(softmax_fn, NULL, &o);
+    for (int64_t b = 2; f && b <= 5; b += 1 + (b > 2)) {
+        em_tensor *x = em_ones(2, TU_SIZES(b, 16), EM_F32, em_cpu()), *y = NULL;
+        em_status s = x ? em_call(f, &x, NULL, &y) : EM_ERR_NOMEM;
+        ck_assert_msg(s == EM_OK || s == EM_ERR_NOMEM, "%s", em_last_error());
+        em_clear_error();
+    }
+    em_scope_end();
+    em_compiled_free(f);
+    em_set_allocator(old);
+}
+
+START_TEST(out_of_memory_anywhere_is_an_error) {
+    char dir[] = "/tmp/ember-dyn-oom-XXXXXX";
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    unsetenv("EMBER_CACHE"); /* a disk cache: kernels compile once, then load */
+    setenv("EMBER_CACHE_DIR", dir, 1);
+    fail_state st = {INT64_MAX, 0};
+    calls_with_failures(&st);
+    int64_t total = st.count;
+    ck_assert_int_gt(total, 100);
+    for (int64_t n = 0; n <= total; n++) {
+        st = (fail_state){n, 0};
+        calls_with_failures(&st);
+    }
+    unsetenv("EMBER_CACHE_DIR");
+    setenv("EMBER_CACHE", "0", 1);
+    char cmd[96];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    ck_assert_int_eq(system(cmd), 0);
+}
+END_TEST
+
+/* ---- kernels with size parameters ---- */
+
+/* out[i * stride] = in[i * stride] * 3 for i < n (stride and n constants) */
+static k_kernel *scale_kernel(int64_t n, int64_t stride, double factor) {
+    k_kernel *k = kir_new("scale");
+    int in = kir_buf(k, EM_F32), out = kir_buf(k, EM_F32);
+    int i = kir_range(k, kir_const_i(k, EM_I64, n), K_PARALLEL);
+    int at = kir_alu(k, KA_MUL, i, kir_const_i(k, EM_I64, stride), -1);
+    int v = kir_alu(k, KA_MUL, kir_load(k, in, at), kir_const_f(k, EM_F32, factor), -1);
+    kir_store(k, out, at, v);
+    kir_end(k);
+    ck_assert_int_eq(kir_verify(k), EM_OK);
+    return k;
+}
+
+START_TEST(kernel_constants_become_size_parameters) {
+    k_kernel *a = scale_kernel(8, 2, 3), *b = scale_kernel(9, 2, 3);
+    bool vary[32];
+    int size_of[32];
+    ck_assert(kir_vary(a, b, vary));
+    int nvary = 0;
+    for (int i = 0; i < a->n; i++) nvary += vary[i];
+    ck_assert_int_eq(nvary, 1); /* the extent, not the stride */
+    k_kernel *p = kir_parametrize(a, vary, size_of);
+    ck_assert_ptr_nonnull(p);
+    ck_assert_int_eq(p->nsizes, 1);
+    ck_assert_int_eq(p->nbufs, 2);
+    ck_assert_int_eq(kir_verify(p), EM_OK);
+    /* a kernel of another extent matches, giving its extent as the argument */
+    int64_t sizes[1] = {0};
+    k_kernel *c = scale_kernel(5, 2, 3), *d = scale_kernel(5, 3, 3), *e = scale_kernel(5, 2, 4);
+    ck_assert(kir_match(a, c, size_of, sizes));
+    ck_assert_int_eq(sizes[0], 5);
+    ck_assert(!kir_match(a, d, size_of, sizes)); /* a constant the model fixed changed */
+    ck_assert(!kir_match(a, e, size_of, sizes)); /* a float constant */
+    ck_assert(!kir_vary(a, e, vary));            /* floats are never parameters */
+    /* compiled once, it computes what kernel c computes */
+    jit_cpu_kernel *ck;
+    ck_assert_int_eq(jit_cpu_compile(p, &ck), EM_OK);
+    float in[16], out[16];
+    for (int i = 0; i < 16; i++) in[i] = (float)i, out[i] = -1;
+    void *bufs[2] = {in, out};
+    ck_assert_int_eq(jit_cpu_run(ck, bufs, sizes), EM_OK);
+    for (int i = 0; i < 16; i++)
+        ck_assert_float_eq(out[i], i % 2 == 0 && i < 10 ? 3.0f * (float)i : -1.0f);
+    jit_cpu_free(ck);
+    kir_free(a), kir_free(b), kir_free(c), kir_free(d), kir_free(e), kir_free(p);
+}
+END_TEST
+
+static Suite *suite(void) {
+    const tu_test tests[] = {
+        {"ten_batch_sizes_of_softmax_compile_twice", ten_batch_sizes_of_softmax_compile_twice},
+        {"layer_norm_over_batch_and_hidden_sizes", layer_norm_over_batch_and_hidden_sizes},
+        {"mlp_with_weights_compiles_twice", mlp_with_weights_compiles_twice},
+        {"sizes_zero_and_one_stay_specialized", sizes_zero_and_one_stay_specialized},
+        {"a_second_dim_joins_the_dynamic_ones", a_second_dim_joins_the_dynamic_ones},
+        {"dynamic_off_gives_one_entry_per_size", dynamic_off_gives_one_entry_per_size},
+        {"forced_dynamic_compiles_once", forced_dynamic_compiles_once},
+        {"a_reshape_by_the_batch_stays_static_and_correct",
+         a_reshape_by_the_batch_stays_static_and_correct},
+        {"a_value_from_the_batch_stays_static_and_correct",
+         a_value_from_the_batch_stays_static_and_correct},
+        {"non_contiguous_inputs", non_contiguous_inputs},
+        {"replay_backend_serves_dynamic_sizes", replay_backend_serves_dynamic_sizes},
+        {"recompiles_log_the_dynamic_dims", recompiles_log_the_dynamic_dims},
+        {"kernel_constants_become_size_parameters", kernel_constants_become_size_parameters},
+        {"a_warmed_cache_serves_a_dynamic_entry_without_compiling",
+         a_warmed_cache_serves_a_dynamic_entry_without_compiling},
+        {"out_of_memory_anywhere_is_an_error", out_of_memory_anywhere_is_an_error},
+    };
+    return tu_suite("dynamic", tests, sizeof tests / sizeof tests[0], 120);
+}
+
+int main(void) {
+    setenv("EMBER_CACHE", "0", 1); /* memory only: compile counts are this process's */
+    return tu_run(suite());
+}
