@@ -1,10 +1,11 @@
 /* main.c - sentence embeddings with all-MiniLM-L6-v2 on Ember.
  *
- *   minilm [--model DIR] [--reps N] [--file FILE] [SENTENCE...]
+ *   minilm [--model DIR] [--reps N] [--file FILE] [--json OUT] [SENTENCE...]
  *
  * Embeds the sentences (from the command line, then one a line from FILE)
  * as one padded batch, prints their cosine-similarity matrix, and times
- * the encoder run eagerly and through em_compile.
+ * the encoder run eagerly and through em_compile (OUT gets the timings as
+ * JSON, for bench/report.py).
  *
  * The whole encoder (embeddings, six layers, pooling, normalization) is
  * one compiled function rather than one per layer: a call checks one set
@@ -86,17 +87,18 @@ static bool read_lines(sentences *s, const char *path) {
 }
 
 typedef struct args {
-    const char *model, *file;
+    const char *model, *file, *json;
     int reps;
 } args;
 
 static int usage(const char *argv0) {
     fprintf(stderr,
-            "usage: %s [--model DIR] [--reps N] [--file FILE] [SENTENCE...]\n"
+            "usage: %s [--model DIR] [--reps N] [--file FILE] [--json OUT] [SENTENCE...]\n"
             "  --model DIR  the model files (default: $EMBER_MODEL_DIR, else %s;\n"
             "               tools/fetch-minilm puts them there)\n"
             "  --reps N     timed runs of each mode (default 5)\n"
-            "  --file FILE  more sentences, one a line\n",
+            "  --file FILE  more sentences, one a line\n"
+            "  --json OUT   write the timings to OUT as JSON\n",
             argv0, MINILM_DEFAULT_DIR);
     return 2;
 }
@@ -108,6 +110,7 @@ static int parse_args(int argc, char **argv, args *a, sentences *s) {
         if (!strcmp(argv[i], "--model") && i + 1 < argc) a->model = argv[++i];
         else if (!strcmp(argv[i], "--file") && i + 1 < argc) a->file = argv[++i];
         else if (!strcmp(argv[i], "--reps") && i + 1 < argc) a->reps = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--json") && i + 1 < argc) a->json = argv[++i];
         else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) return usage(argv[0]);
         else if (argv[i][0] == '-' && argv[i][1] == '-') {
             fprintf(stderr, "minilm: unknown option %s\n", argv[i]);
@@ -178,8 +181,28 @@ static double max_abs_diff(const float *a, const float *b, size_t n) {
     return d;
 }
 
+typedef struct timings {
+    double eager, compiled, first; /* seconds per batch; the first compiled call */
+    int64_t compiled_kernels, loaded_kernels;
+} timings;
+
+static void write_json(const char *path, const sentences *s, int64_t T, const timings *t) {
+    FILE *f = fopen(path, "w");
+    if (!f) {
+        fprintf(stderr, "minilm: cannot write %s\n", path);
+        return;
+    }
+    fprintf(f, "{\"sentences\": %d, \"padded_tokens\": %lld, \"threads\": %d, \"eager_ms\": %.4f, "
+            "\"compiled_ms\": %.4f, \"eager_sps\": %.3f, \"compiled_sps\": %.3f, \"first_call_s\": %.4f, "
+            "\"kernels_compiled\": %lld, \"kernels_loaded\": %lld}\n",
+            s->n, (long long)T, em_num_threads(), t->eager * 1e3, t->compiled * 1e3, s->n / t->eager,
+            s->n / t->compiled, t->first, (long long)t->compiled_kernels, (long long)t->loaded_kernels);
+    fclose(f);
+}
+
 /* Times eager and compiled runs of the batch and prints the comparison. */
-static int run(const bert_model *m, const sentences *s, int reps, em_tensor *ids, em_tensor *mask) {
+static int run(const bert_model *m, const sentences *s, const args *a, em_tensor *ids, em_tensor *mask) {
+    int reps = a->reps;
     int h = m->cfg.hidden;
     size_t nbytes = sizeof(float) * (size_t)s->n * h;
     float *eager = malloc(nbytes), *comp = malloc(nbytes);
@@ -207,6 +230,8 @@ static int run(const bert_model *m, const sentences *s, int reps, em_tensor *ids
     printf("calls:    %lld, cache hits %lld, traces %lld, eager fallbacks %lld, %d kernels in the graph\n",
            (long long)st.calls, (long long)st.hits, (long long)st.traces, (long long)st.eager, st.kernels);
     printf("eager vs compiled: max abs difference %.2e\n", max_abs_diff(eager, comp, (size_t)s->n * h));
+    timings t = {te, tc, tfirst, st0.kernels_compiled, st0.kernels_loaded};
+    if (a->json) write_json(a->json, s, em_size(ids, 1), &t);
     rc = 0;
 done:
     if (rc && !f) fprintf(stderr, "minilm: %s\n", f || !eager || !comp ? "out of memory" : em_last_error());
@@ -241,7 +266,7 @@ int main(int argc, char **argv) {
                    m.cfg.layers, m.cfg.hidden, tload, em_num_threads());
             printf("%d sentences, up to %d tokens each (batch padded to %lld)\n", s.n, most,
                    (long long)em_size(ids, 1));
-            rc = run(&m, &s, a.reps, ids, mask);
+            rc = run(&m, &s, &a, ids, mask);
         }
         em_scope_end();
         free(ntok);
