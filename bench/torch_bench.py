@@ -1,0 +1,161 @@
+#!/usr/bin/env python3
+"""PyTorch's side of `make bench`: the workloads of bench/bench_eager.c (the
+CPU sizes of WORKLOADS.md) in PyTorch eager and torch.compile, on the CPU.
+
+  python3 bench/torch_bench.py [--reps N] [--threads N] [--only NAME,...] [--json FILE]
+
+Per workload: eager and compiled medians (the same repetition counts as
+bench_eager: --reps, and 50 times that for tiny_chain), and the latency of
+the first torch.compile call, cold (an empty inductor cache, this process)
+and warm (a new process whose inductor cache this one filled: that process
+runs `--first-call NAME`).  The inductor cache is a fresh temporary folder.
+bench/report.py merges the JSON with Ember's.
+"""
+import argparse
+import json
+import math
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import torch
+import torch.nn.functional as F
+
+# bench_eager.c's CPU sizes
+N, R, C, M, K, H = 1 << 22, 8192, 1024, 256, 512, 2048
+B, T, E, NH = 1, 128, 256, 4
+HD = E // NH
+
+
+def pointwise(x, a, b):
+    return torch.tanh(x * a + b) * 0.5 + x
+
+
+def softmax(x):
+    return torch.softmax(x, dim=-1)
+
+
+def layernorm(x, w, b):
+    return F.layer_norm(x, (x.shape[-1],), w, b, 1e-5)
+
+
+def mlp(x, w1, b1, w2, b2):
+    return F.gelu(x @ w1 + b1, approximate="tanh") @ w2 + b2
+
+
+def attention_block(x, ln1w, ln1b, wqkv, bqkv, wo, bo, ln2w, ln2b, w1, b1, w2, b2, mask):
+    h = F.layer_norm(x, (E,), ln1w, ln1b, 1e-5)
+    q, k, v = (h @ wqkv + bqkv).split(E, dim=-1)
+    q, k, v = (t.view(B, T, NH, HD).transpose(1, 2) for t in (q, k, v))
+    att = torch.softmax((q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(HD)) + mask, dim=-1)
+    y = (att @ v).transpose(1, 2).reshape(B, T, E)
+    x = x + (y @ wo + bo)
+    h = F.layer_norm(x, (E,), ln2w, ln2b, 1e-5)
+    return x + (F.gelu(h @ w1 + b1, approximate="tanh") @ w2 + b2)
+
+
+def tiny_chain(x, y):
+    for _ in range(5):
+        x = torch.relu(x * y + 1.0) - 0.5
+    return x
+
+
+def workloads():
+    """name -> (function, inputs), inputs as bench_eager.c makes them."""
+    g = torch.Generator().manual_seed(0)
+
+    def rnd(*shape, scale=1.0):
+        return torch.randn(*shape, generator=g) * scale
+
+    mask = torch.triu(torch.full((T, T), float("-inf")), 1)
+    return {
+        "pointwise": (pointwise, (rnd(N), rnd(N), rnd(N))),
+        "softmax": (softmax, (rnd(R, C),)),
+        "layernorm": (layernorm, (rnd(R, C), rnd(C), rnd(C))),
+        "mlp": (mlp, (rnd(M, K), rnd(K, H, scale=K ** -0.5), rnd(H), rnd(H, K, scale=H ** -0.5), rnd(K))),
+        "attention_block": (attention_block,
+                            (rnd(B, T, E), rnd(E), rnd(E), rnd(E, 3 * E, scale=E ** -0.5), rnd(3 * E),
+                             rnd(E, E, scale=E ** -0.5), rnd(E), rnd(E), rnd(E),
+                             rnd(E, 4 * E, scale=E ** -0.5), rnd(4 * E),
+                             rnd(4 * E, E, scale=(4 * E) ** -0.5), rnd(E), mask)),
+        "tiny_chain": (tiny_chain, (rnd(16), rnd(16))),
+    }
+
+
+def median_time(fn, args, reps):
+    for _ in range(3):
+        fn(*args)
+    ts = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn(*args)
+        ts.append(time.perf_counter() - t0)
+    return statistics.median(ts)
+
+
+def first_call(fn, args):
+    torch._dynamo.reset()
+    cf = torch.compile(fn)
+    t0 = time.perf_counter()
+    cf(*args)
+    return time.perf_counter() - t0, cf
+
+
+def warm_first_call(name, threads):
+    """The first call in a new process that finds the inductor cache filled."""
+    cmd = [sys.executable, os.path.abspath(__file__), "--first-call", name, "--threads", str(threads)]
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=600)
+        return float(out.stdout.strip().splitlines()[-1])
+    except (subprocess.SubprocessError, ValueError, IndexError) as e:
+        print(f"warm first call of {name} failed: {e}", file=sys.stderr)
+        return None
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--reps", type=int, default=21)
+    ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--only", default="")
+    ap.add_argument("--json", default="")
+    ap.add_argument("--first-call", default="", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    torch.set_num_threads(a.threads)
+    W = workloads()
+    if a.first_call:  # the child of a warm first-call measurement
+        fn, args = W[a.first_call]
+        print(first_call(fn, args)[0])
+        return
+    own_cache = "TORCHINDUCTOR_CACHE_DIR" not in os.environ
+    if own_cache:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="torch-bench-inductor-")
+    only = set(filter(None, a.only.split(",")))
+    print(f"PyTorch {torch.__version__} on the CPU, {torch.get_num_threads()} threads")
+    print(f"{'workload':16s} {'eager':>10s} {'compiled':>10s} {'cold first':>11s} {'warm first':>11s}  rel err")
+    rows = []
+    for name, (fn, args) in W.items():
+        if only and name not in only:
+            continue
+        reps = a.reps * 50 if name == "tiny_chain" else a.reps
+        cold, cf = first_call(fn, args)
+        ref, out = fn(*args), cf(*args)
+        err = ((out.double() - ref.double()).norm() / ref.double().norm()).item()
+        te, tc = median_time(fn, args, reps), median_time(cf, args, reps)
+        warm = warm_first_call(name, a.threads)
+        rows.append(dict(name=name, eager_ms=te * 1e3, compiled_ms=tc * 1e3, cold_first_ms=cold * 1e3,
+                         warm_first_ms=None if warm is None else warm * 1e3, rel_err=err))
+        ws = f"{warm * 1e3:8.1f} ms" if warm is not None else "       n/a"
+        print(f"{name:16s} {te * 1e3:8.3f}ms {tc * 1e3:8.3f}ms {cold * 1e3:8.1f} ms {ws}  {err:.1e}", flush=True)
+    if own_cache:
+        shutil.rmtree(os.environ["TORCHINDUCTOR_CACHE_DIR"], ignore_errors=True)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(dict(torch=torch.__version__, threads=torch.get_num_threads(), workloads=rows), f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,278 @@
+/* main.c - sentence embeddings with all-MiniLM-L6-v2 on Ember.
+ *
+ *   minilm [--model DIR] [--reps N] [--file FILE] [--json OUT] [SENTENCE...]
+ *
+ * Embeds the sentences (from the command line, then one a line from FILE)
+ * as one padded batch, prints their cosine-similarity matrix, and times
+ * the encoder run eagerly and through em_compile (OUT gets the timings as
+ * JSON, for bench/report.py).
+ *
+ * The whole encoder (embeddings, six layers, pooling, normalization) is
+ * one compiled function rather than one per layer: a call checks one set
+ * of guards instead of six and makes one em_call instead of six, fusion
+ * may cross layer boundaries (a layer's closing residual + layer_norm and
+ * what the next layer does with it), and the program needs no per-layer
+ * plumbing.  The price: a new batch shape traces and prepares the whole
+ * encoder at once (about 40 kernels; per-layer functions would trace six
+ * times as well, so nothing is saved there), and padding lengths to a
+ * multiple of 8 lets nearby batch shapes share an entry. */
+#include "minilm.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#ifndef MINILM_DEFAULT_DIR
+#define MINILM_DEFAULT_DIR "models/all-MiniLM-L6-v2"
+#endif
+#define PAD_TO 8
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double median(double *v, int n) {
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+typedef struct sentences {
+    char **text;
+    int n, cap;
+    char *owned;        /* FILE's contents, which text[] points into */
+} sentences;
+
+static bool add_sentence(sentences *s, char *t) {
+    if (s->n == s->cap) {
+        int cap = s->cap ? 2 * s->cap : 16;
+        char **p = realloc(s->text, sizeof *p * (size_t)cap);
+        if (!p) return false;
+        s->text = p;
+        s->cap = cap;
+    }
+    s->text[s->n++] = t;
+    return true;
+}
+
+/* Every non-empty line of path (at most 64 MiB) becomes a sentence. */
+static bool read_lines(sentences *s, const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        fprintf(stderr, "minilm: cannot open %s\n", path);
+        return false;
+    }
+    size_t max = 64u << 20, n = 0;
+    char *buf = malloc(max + 1);
+    if (buf) n = fread(buf, 1, max + 1, f);
+    fclose(f);
+    if (!buf || n > max) {
+        fprintf(stderr, "minilm: %s: %s\n", path, buf ? "larger than 64 MiB" : "out of memory");
+        free(buf);
+        return false;
+    }
+    buf[n] = '\0';
+    s->owned = buf;
+    for (char *line = strtok(buf, "\r\n"); line; line = strtok(NULL, "\r\n"))
+        if (*line && !add_sentence(s, line)) return false;
+    return true;
+}
+
+typedef struct args {
+    const char *model, *file, *json;
+    int reps;
+} args;
+
+static int usage(const char *argv0) {
+    fprintf(stderr,
+            "usage: %s [--model DIR] [--reps N] [--file FILE] [--json OUT] [SENTENCE...]\n"
+            "  --model DIR  the model files (default: $EMBER_MODEL_DIR, else %s;\n"
+            "               tools/fetch-minilm puts them there)\n"
+            "  --reps N     timed runs of each mode (default 5)\n"
+            "  --file FILE  more sentences, one a line\n"
+            "  --json OUT   write the timings to OUT as JSON\n",
+            argv0, MINILM_DEFAULT_DIR);
+    return 2;
+}
+
+static int parse_args(int argc, char **argv, args *a, sentences *s) {
+    a->model = getenv("EMBER_MODEL_DIR") ? getenv("EMBER_MODEL_DIR") : MINILM_DEFAULT_DIR;
+    a->reps = 5;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--model") && i + 1 < argc) a->model = argv[++i];
+        else if (!strcmp(argv[i], "--file") && i + 1 < argc) a->file = argv[++i];
+        else if (!strcmp(argv[i], "--reps") && i + 1 < argc) a->reps = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--json") && i + 1 < argc) a->json = argv[++i];
+        else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) return usage(argv[0]);
+        else if (argv[i][0] == '-' && argv[i][1] == '-') {
+            fprintf(stderr, "minilm: unknown option %s\n", argv[i]);
+            return usage(argv[0]);
+        } else if (!add_sentence(s, argv[i])) return 1;
+    }
+    if (a->file && !read_lines(s, a->file)) return 1;
+    if (s->n == 0) {
+        fprintf(stderr, "minilm: no sentences given\n");
+        return usage(argv[0]);
+    }
+    if (a->reps < 1 || a->reps > 10000) a->reps = 5;
+    return 0;
+}
+
+/* One run of the encoder (eager, or compiled when f is not NULL); the
+ * embeddings are copied into emb [n, hidden]. */
+static bool embed(const bert_model *m, em_compiled *f, em_tensor *ids, em_tensor *mask,
+                  float *emb, size_t nbytes) {
+    em_scope_begin();
+    em_tensor *in[2] = {ids, mask}, *out = NULL;
+    em_status s = f ? em_call(f, in, NULL, &out) : bert_forward((void *)m, in, NULL, &out);
+    bool ok = s == EM_OK && out && em_copy_to_host(out, emb, nbytes) == EM_OK;
+    em_scope_end();
+    if (!ok) fprintf(stderr, "minilm: the encoder failed: %s\n", em_last_error());
+    return ok;
+}
+
+/* The median of reps timed runs; the first run is warm-up. */
+static double time_runs(const bert_model *m, em_compiled *f, em_tensor *ids, em_tensor *mask,
+                        float *emb, size_t nbytes, int reps) {
+    double *t = malloc(sizeof *t * (size_t)reps);
+    if (!t || !embed(m, f, ids, mask, emb, nbytes)) {
+        free(t);
+        return -1;
+    }
+    for (int i = 0; i < reps; i++) {
+        double t0 = now();
+        if (!embed(m, f, ids, mask, emb, nbytes)) {
+            free(t);
+            return -1;
+        }
+        t[i] = now() - t0;
+    }
+    double med = median(t, reps);
+    free(t);
+    return med;
+}
+
+static void print_similarity(const sentences *s, const float *emb, int h) {
+    printf("\ncosine similarity (embeddings are unit vectors: dot products)\n     ");
+    for (int j = 0; j < s->n; j++) printf(" %6d", j);
+    printf("\n");
+    for (int i = 0; i < s->n; i++) {
+        printf("%4d ", i);
+        for (int j = 0; j < s->n; j++) {
+            double dot = 0;
+            for (int k = 0; k < h; k++) dot += (double)emb[(size_t)i * h + k] * emb[(size_t)j * h + k];
+            printf(" %6.3f", dot);
+        }
+        printf("   %.60s%s\n", s->text[i], strlen(s->text[i]) > 60 ? "..." : "");
+    }
+}
+
+static double max_abs_diff(const float *a, const float *b, size_t n) {
+    double d = 0;
+    for (size_t i = 0; i < n; i++) d = fmax(d, fabs((double)a[i] - b[i]));
+    return d;
+}
+
+typedef struct timings {
+    double eager, compiled, first; /* seconds per batch; the first compiled call */
+    int64_t compiled_kernels, loaded_kernels;
+} timings;
+
+static void write_json(const char *path, const sentences *s, int64_t T, const timings *t) {
+    FILE *f = fopen(path, "w");
+    if (!f) {
+        fprintf(stderr, "minilm: cannot write %s\n", path);
+        return;
+    }
+    fprintf(f, "{\"sentences\": %d, \"padded_tokens\": %lld, \"threads\": %d, \"eager_ms\": %.4f, "
+            "\"compiled_ms\": %.4f, \"eager_sps\": %.3f, \"compiled_sps\": %.3f, \"first_call_s\": %.4f, "
+            "\"kernels_compiled\": %lld, \"kernels_loaded\": %lld}\n",
+            s->n, (long long)T, em_num_threads(), t->eager * 1e3, t->compiled * 1e3, s->n / t->eager,
+            s->n / t->compiled, t->first, (long long)t->compiled_kernels, (long long)t->loaded_kernels);
+    fclose(f);
+}
+
+/* Times eager and compiled runs of the batch and prints the comparison. */
+static int run(const bert_model *m, const sentences *s, const args *a, em_tensor *ids, em_tensor *mask) {
+    int reps = a->reps;
+    int h = m->cfg.hidden;
+    size_t nbytes = sizeof(float) * (size_t)s->n * h;
+    float *eager = malloc(nbytes), *comp = malloc(nbytes);
+    em_compile_options o = {.ninputs = 2, .noutputs = 1, .name = "minilm",
+                            .input_names = (const char *[]){"ids", "mask"}};
+    em_compiled *f = eager && comp ? em_compile(bert_forward, (void *)m, &o) : NULL;
+    int rc = 1;
+    if (!f) goto done;
+    double te = time_runs(m, NULL, ids, mask, eager, nbytes, reps);
+    double t0 = now();
+    bool first = te >= 0 && embed(m, f, ids, mask, comp, nbytes);
+    double tfirst = now() - t0;
+    em_compile_stats st0;
+    em_compiled_stats(f, &st0);
+    double tc = first ? time_runs(m, f, ids, mask, comp, nbytes, reps) : -1;
+    if (tc < 0) goto done;
+    em_compile_stats st;
+    em_compiled_stats(f, &st);
+    print_similarity(s, comp, h);
+    printf("\neager:    %8.2f ms per batch, %7.1f sentences/s (median of %d runs)\n", te * 1e3,
+           s->n / te, reps);
+    printf("compiled: %8.2f ms per batch, %7.1f sentences/s, %.2fx eager\n", tc * 1e3, s->n / tc, te / tc);
+    printf("compile:  first call %.3f s (trace, then %lld kernels compiled and %lld loaded from the "
+           "kernel cache)\n", tfirst, (long long)st0.kernels_compiled, (long long)st0.kernels_loaded);
+    printf("calls:    %lld, cache hits %lld, traces %lld, eager fallbacks %lld, %d kernels in the graph\n",
+           (long long)st.calls, (long long)st.hits, (long long)st.traces, (long long)st.eager, st.kernels);
+    printf("eager vs compiled: max abs difference %.2e\n", max_abs_diff(eager, comp, (size_t)s->n * h));
+    timings t = {te, tc, tfirst, st0.kernels_compiled, st0.kernels_loaded};
+    if (a->json) write_json(a->json, s, em_size(ids, 1), &t);
+    rc = 0;
+done:
+    if (rc && !f) fprintf(stderr, "minilm: %s\n", f || !eager || !comp ? "out of memory" : em_last_error());
+    em_compiled_free(f);
+    free(eager), free(comp);
+    return rc;
+}
+
+int main(int argc, char **argv) {
+    args a = {0};
+    sentences s = {0};
+    int rc = parse_args(argc, argv, &a, &s);
+    bert_model m;
+    ml_error e = {""};
+    double t0 = now();
+    if (rc == 0 && bert_load(&m, a.model, &e) != ML_OK) {
+        fprintf(stderr, "minilm: %s\n(run tools/fetch-minilm to get the model files, or give --model DIR)\n", e.msg);
+        rc = 1;
+    }
+    if (rc == 0) {
+        double tload = now() - t0;
+        em_tensor *ids = NULL, *mask = NULL;
+        int *ntok = calloc((size_t)s.n, sizeof *ntok);
+        em_scope_begin();
+        if (!ntok || bert_tokenize(&m, s.n, (const char *const *)s.text, PAD_TO, &ids, &mask, ntok, &e) != ML_OK) {
+            fprintf(stderr, "minilm: %s\n", ntok ? e.msg : "out of memory");
+            rc = 1;
+        } else {
+            int most = 0;
+            for (int i = 0; i < s.n; i++) most = ntok[i] > most ? ntok[i] : most;
+            printf("all-MiniLM-L6-v2 (%s): %d layers, hidden %d, loaded in %.2f s; %d threads\n", a.model,
+                   m.cfg.layers, m.cfg.hidden, tload, em_num_threads());
+            printf("%d sentences, up to %d tokens each (batch padded to %lld)\n", s.n, most,
+                   (long long)em_size(ids, 1));
+            rc = run(&m, &s, &a, ids, mask);
+        }
+        em_scope_end();
+        free(ntok);
+        bert_free(&m);
+    }
+    free(s.text);
+    free(s.owned);
+    return rc == 2 ? 2 : rc ? 1 : 0;
+}
