@@ -67,7 +67,7 @@ static em_status check_options(em_fn fn, const em_compile_options *o) {
         return em_error(EM_ERR_ARG, "em_compile: recompile_limit %d is negative",
                         o->recompile_limit);
     if (o->backend && !jit_backend_find(o->backend))
-        return em_error(EM_ERR_ARG, "em_compile: unknown backend '%s' (available: cpu, replay)",
+        return em_error(EM_ERR_ARG, "em_compile: unknown backend '%s' (available: auto, cpu, cuda, replay)",
                         o->backend);
     if (o->name && !o->name[0]) return em_error(EM_ERR_ARG, "em_compile: empty name");
     for (int i = 0; o->input_names && i < o->ninputs; i++) {
