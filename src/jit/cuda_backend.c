@@ -35,12 +35,10 @@ static kc_cache *eager_cache;
 static cuda_get_stats eager_stats; /* updated under the device lock */
 
 static void open_cache(void) {
-    em_allocator saved_alloc = {0};
     const em_allocator *cur = em_get_allocator();
-    if (cur) saved_alloc = *cur;
     em_set_allocator(NULL); /* the cache outlives any thread's allocator */
     eager_cache = kc_open(NULL, 0);
-    em_set_allocator(cur ? &saved_alloc : NULL);
+    em_set_allocator(cur);
     em_clear_error();
 }
 
