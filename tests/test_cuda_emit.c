@@ -154,6 +154,15 @@ START_TEST(every_alu_op) {
 }
 END_TEST
 
+/* The n bytes at p as a string (in a static buffer: one at a time). */
+static const char *strndup_ck(const char *p, size_t n) {
+    static char buf[8192];
+    ck_assert(n < sizeof buf);
+    memcpy(buf, p, n);
+    buf[n] = '\0';
+    return buf;
+}
+
 /* A hand-built kernel whose text is known exactly: the printer's shape. */
 START_TEST(golden_text) {
     k_kernel *k = kir_new("k0");
@@ -163,7 +172,52 @@ START_TEST(golden_text) {
     kir_end(k);
     cuda_src src;
     ck_assert_int_eq(cuda_emit(k, &src), EM_OK);
-    const char *body = strstr(src.text, "extern \"C\"");
+    ck_assert(src.vec4); /* element v of 4-byte buffers: a 16-byte variant too */
+    const char *v4 = strstr(src.text, "k0_v4(");
+    ck_assert_ptr_nonnull(v4);
+    const char *v4end = strstr(v4, "\n}\n");
+    ck_assert_ptr_nonnull(v4end);
+    ck_assert_str_eq(strndup_ck(v4, (size_t)(v4end + 3 - v4)),
+                     "k0_v4(const float *__restrict__ p0, float *__restrict__ p1) {\n"
+                     "  const long long v2 = ((long long)0x0000000000000005ull);\n"
+                     "  const long long n = 5ll, nv = n / 4;\n"
+                     "  const long long step = (long long)gridDim.x * 256;\n"
+                     "  for (long long q = (long long)blockIdx.x * 256 + threadIdx.x; q < nv; q += step) {\n"
+                     "    const float4 L4 = reinterpret_cast<const float4 *>(p0)[q];\n"
+                     "    float4 S6;\n"
+                     "    {\n"
+                     "      const long long v3 = q * 4 + 0;\n"
+                     "      const float v4 = L4.x;\n"
+                     "      const float v5 = (v4 < 0 ? (float)0 : v4);\n"
+                     "      S6.x = v5;\n"
+                     "    }\n"
+                     "    {\n"
+                     "      const long long v3 = q * 4 + 1;\n"
+                     "      const float v4 = L4.y;\n"
+                     "      const float v5 = (v4 < 0 ? (float)0 : v4);\n"
+                     "      S6.y = v5;\n"
+                     "    }\n"
+                     "    {\n"
+                     "      const long long v3 = q * 4 + 2;\n"
+                     "      const float v4 = L4.z;\n"
+                     "      const float v5 = (v4 < 0 ? (float)0 : v4);\n"
+                     "      S6.z = v5;\n"
+                     "    }\n"
+                     "    {\n"
+                     "      const long long v3 = q * 4 + 3;\n"
+                     "      const float v4 = L4.w;\n"
+                     "      const float v5 = (v4 < 0 ? (float)0 : v4);\n"
+                     "      S6.w = v5;\n"
+                     "    }\n"
+                     "    reinterpret_cast<float4 *>(p1)[q] = S6;\n"
+                     "  }\n"
+                     "  for (long long v3 = nv * 4 + (long long)blockIdx.x * 256 + threadIdx.x; v3 < n; v3 += step) {\n"
+                     "    const float v4 = p0[v3];\n"
+                     "    const float v5 = (v4 < 0 ? (float)0 : v4);\n"
+                     "    p1[v3] = v5;\n"
+                     "  }\n"
+                     "}\n");
+    const char *body = strstr(v4end, "extern \"C\"");
     ck_assert_ptr_nonnull(body);
     ck_assert_str_eq(body,
                      "extern \"C\" __global__ void __launch_bounds__(256) k0(const float *__restrict__ p0, float *__restrict__ p1) {\n"

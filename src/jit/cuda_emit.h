@@ -7,7 +7,9 @@
  *    grid-stride loop in which each thread handles U elements per step,
  *    T apart (coalesced), with every buffer __restrict__ so the U loads of
  *    a step are all in flight before the first store; a tail loop does the
- *    last partial step.  The grid is sized from the SM count.
+ *    last partial step.  The grid is sized from the SM count.  When every
+ *    load and store is element v of a 4-byte buffer, NAME_v4 does the same
+ *    with one 16-byte load or store per buffer for four elements.
  *  - CU_ROWS: loops inside (rows with reductions, broadcasts along a row).
  *    A block per row (grid-stride over rows); the first inner loop of each
  *    pass is split over the block's threads (j = tid, tid + T, ...), deeper
@@ -40,6 +42,9 @@ typedef struct cuda_src {
     int threads;      /* block size */
     int unroll;       /* CU_FLAT: elements per thread per step */
     int64_t extent;   /* iterations of the parallel range (rows, or elements) */
+    bool vec4;        /* CU_FLAT: the text also defines NAME_v4, the same
+                         kernel stepping by 16-byte vectors (for buffers
+                         that are all 16-byte aligned) */
 } cuda_src;
 
 /* Prints k as one `extern "C" __global__` function named k->name whose
@@ -51,6 +56,6 @@ em_status cuda_emit(const k_kernel *k, cuda_src *out);
 void cuda_src_free(cuda_src *s);
 
 /* The version of the generator: part of every cache key. */
-#define CUDA_EMIT_VERSION "cuda-emit-1"
+#define CUDA_EMIT_VERSION "cuda-emit-2"
 
 #endif

@@ -73,13 +73,21 @@ em_status cuda_nvrtc_compile(const char *src, const char *name, int arch, bool p
 
 /* ---- keys and the device's table ---- */
 
+/* The key names NVRTC by the toolkit Ember was built against and the
+ * soname it loads (libnvrtc.so.13 of CUDA_VERSION), not by asking the
+ * library: a cache hit then never loads NVRTC, which costs 6-15 ms warm
+ * and ~180 ms cold (TOOLCHAIN.md) -- most of a warm first call. */
+#define STR_(x) #x
+#define STR(x) STR_(x)
+#define NVRTC_ID "libnvrtc.so.13 from CUDA " STR(CUDA_VERSION)
+
 static kc_key kernel_key(const cuda_device *d, const char *text, bool ptx) {
     kc_hasher h;
     char target[64];
     snprintf(target, sizeof target, "%s_%d%d --std=c++17", ptx ? "compute" : "sm", d->major, d->minor);
     kc_hasher_reset(&h);
     kc_hasher_update_str(&h, "ember cuda kernel " CUDA_EMIT_VERSION);
-    kc_hasher_update_str(&h, cuda_nvrtc_version());
+    kc_hasher_update_str(&h, NVRTC_ID);
     kc_hasher_update_str(&h, target);
     kc_hasher_update_str(&h, text);
     return kc_hasher_digest(&h);
@@ -112,6 +120,11 @@ static em_status load_image(const void *img, const cuda_src *src, const k_kernel
     if (!ck) return em_error(EM_ERR_NOMEM, "cuda: out of host memory");
     em_status s = cuda_check(cu->ModuleLoadData(&ck->module, img), "cuModuleLoadData");
     if (s == EM_OK) s = cuda_check(cu->ModuleGetFunction(&ck->fn, ck->module, k->name), "cuModuleGetFunction");
+    if (s == EM_OK && src->vec4) {
+        char v4[80];
+        snprintf(v4, sizeof v4, "%s_v4", k->name);
+        s = cuda_check(cu->ModuleGetFunction(&ck->fn_v4, ck->module, v4), "cuModuleGetFunction");
+    }
     if (s != EM_OK) {
         if (ck->module) cu->ModuleUnload(ck->module);
         free(ck);
@@ -183,10 +196,6 @@ em_status cuda_kernel_get(cuda_device *d, const k_kernel *k, kc_cache *cache,
     cuda_src src;
     em_status s = cuda_emit(k, &src);
     if (s != EM_OK) return s;
-    if (!cuda_nvrtc_version()) {
-        cuda_src_free(&src);
-        return em_last_status() ? em_last_status() : em_error(EM_ERR_DEVICE, "NVRTC: no version");
-    }
     kc_key key = kernel_key(d, src.text, false);
     /* One lock for lookup and compile: two threads wanting the same new
      * kernel compile it once. */
@@ -206,11 +215,11 @@ em_status cuda_kernel_get(cuda_device *d, const k_kernel *k, kc_cache *cache,
 
 /* ---- launching ---- */
 
-static unsigned grid_of(const cuda_device *d, const cuda_kernel *ck) {
+static unsigned grid_of(const cuda_device *d, const cuda_kernel *ck, bool v4) {
     int64_t per_sm = 2048 / ck->threads, cap = (int64_t)d->sm_count * (per_sm > 0 ? per_sm : 1);
-    int64_t want;
+    int64_t want, per_block = (int64_t)ck->threads * (v4 ? 4 : ck->unroll);
     switch (ck->shape) {
-    case CU_FLAT: want = (ck->extent + (int64_t)ck->threads * ck->unroll - 1) / ((int64_t)ck->threads * ck->unroll); break;
+    case CU_FLAT: want = (ck->extent + per_block - 1) / per_block; break;
     case CU_ROWS: want = ck->extent; break;
     default: return 1;
     }
@@ -238,8 +247,10 @@ em_status cuda_kernel_launch(cuda_device *d, const cuda_kernel *ck, void *const 
         sz[i] = sizes[i];
         args[ck->nbufs + i] = &sz[i];
     }
+    bool v4 = ck->fn_v4 != NULL; /* needs every buffer 16-byte aligned */
+    for (int i = 0; v4 && i < ck->nbufs; i++) v4 = (ptrs[i] & 15) == 0;
     if (s == EM_OK)
-        s = cuda_check(cuda_driver()->LaunchKernel(ck->fn, grid_of(d, ck), 1, 1,
+        s = cuda_check(cuda_driver()->LaunchKernel(v4 ? ck->fn_v4 : ck->fn, grid_of(d, ck, v4), 1, 1,
                                                     (unsigned)ck->threads, 1, 1, 0, d->stream,
                                                     args, NULL),
                        "cuLaunchKernel");

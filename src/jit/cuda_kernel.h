@@ -19,6 +19,7 @@
 typedef struct cuda_kernel {
     CUmodule module;
     CUfunction fn;
+    CUfunction fn_v4; /* the 16-byte vector variant, or NULL */
     cuda_shape shape;
     int threads, unroll;
     int64_t extent;
