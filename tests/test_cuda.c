@@ -220,6 +220,10 @@ START_TEST(decompositions) {
     same(em_softmax(gx, 0), em_softmax(x, 0), 1e-5, 1e-7);
     same(em_log_softmax(gx, -1), em_log_softmax(x, -1), 1e-5, 1e-5);
     same(em_layer_norm(gx, 1, gw, gbias, 1e-5), em_layer_norm(x, 1, w, b, 1e-5), 1e-4, 1e-5);
+    /* rows longer than 16 elements per thread: no register cache */
+    em_tensor *l = tu_random(33, 2, TU_SIZES(3, 40000), EM_F32, 2);
+    same(em_softmax(to_gpu(l), -1), em_softmax(l, -1), 1e-5, 1e-8);
+    same(em_var(to_gpu(l), 1, (int[]){1}, 0, true), em_var(l, 1, (int[]){1}, 0, true), 1e-4, 1e-6);
 }
 END_TEST
 

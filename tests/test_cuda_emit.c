@@ -129,6 +129,8 @@ END_TEST
 START_TEST(softmax_is_rows) {
     em_tensor *in[1] = {tu_random(1, 2, TU_SIZES(8, 300), EM_F32, 1)};
     ck_assert_uint_eq(compile_all(softmax, 1, in, 1, "em_block_reduce(a"), 1u << CU_ROWS);
+    /* the second read of x comes from registers, the stash stays in them */
+    ck_assert_uint_eq(compile_all(softmax, 1, in, 1, "= rc0[it"), 1u << CU_ROWS);
     em_tensor *in64[1] = {tu_random(1, 3, TU_SIZES(2, 3, 5), EM_F64, 1)};
     ck_assert_uint_eq(compile_all(softmax, 1, in64, 1, "double"), 1u << CU_ROWS);
 }

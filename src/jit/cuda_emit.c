@@ -61,10 +61,19 @@ typedef struct egen {
     int threads;
     bool *split;       /* K_RANGE split over the block's threads (CU_ROWS) */
     bool *written;     /* per parameter number: stored to */
+    /* CU_ROWS register cache (see plan_row_cache): per load/store its key
+     * or -1; per key its element type and trip count; per store whether a
+     * later pass overwrites it (then only the registers get it) */
+    int *key_of, *nit_of;
+    em_dtype *key_dtype;
+    int *key_nit;
+    bool *key_filled, *dead;
+    int nkeys;
     int depth;         /* indentation */
     int inner;         /* loops open inside the parallel range */
     bool failed;
     int lane;          /* >= 0: emitting lane `lane` of a 16-byte vector step */
+    int cur_split;     /* the counted split loop being emitted, or -1 */
     char ring[8][32];  /* names handed out by nm(), reused round-robin */
     int ringi;
 } egen;
@@ -234,6 +243,15 @@ static void cast(egen *G, em_dtype from, em_dtype to, const char *x) {
 }
 
 static void emit_seq(egen *G, int from, int to);
+static void mark_filled(egen *G, int r);
+
+/* The unrolled counter of the split loop emitting now. */
+static const char *itname(egen *G, int i) {
+    (void)i;
+    char *b = G->ring[G->ringi = (G->ringi + 1) % 8];
+    snprintf(b, sizeof G->ring[0], "it%d", G->cur_split);
+    return b;
+}
 
 /* A store: at row scope in a CU_ROWS kernel only thread 0 writes. */
 static void emit_store(egen *G, int i, bool row_scope) {
@@ -272,6 +290,11 @@ static void emit_inst(egen *G, int i) {
         indent(G);
         if (G->lane >= 0) /* from the vector loaded before the lanes */
             fprintf(f, "const %s %s = L%d.%c;\n", ctype(in->dtype), NM(i), i, "xyzw"[G->lane]);
+        else if (G->key_of && G->key_of[i] >= 0 && G->key_filled[G->key_of[i]])
+            fprintf(f, "const %s %s = rc%d[%s];\n", ctype(in->dtype), NM(i), G->key_of[i], itname(G, i));
+        else if (G->key_of && G->key_of[i] >= 0)
+            fprintf(f, "const %s %s = %s[%s]; rc%d[%s] = %s;\n", ctype(in->dtype), NM(i),
+                    NM(in->src[0]), NM(in->src[1]), G->key_of[i], itname(G, i), NM(i));
         else
             fprintf(f, "const %s %s = %s[%s];\n", ctype(in->dtype), NM(i), NM(in->src[0]), NM(in->src[1]));
         return;
@@ -280,6 +303,11 @@ static void emit_inst(egen *G, int i) {
             indent(G);
             fprintf(f, "S%d.%c = %s;\n", i, "xyzw"[G->lane], NM(in->src[2]));
             return;
+        }
+        if (G->key_of && G->key_of[i] >= 0) {
+            indent(G);
+            fprintf(f, "rc%d[%s] = %s;\n", G->key_of[i], itname(G, i), NM(in->src[2]));
+            if (G->dead[i]) return; /* a later pass stores here */
         }
         emit_store(G, i, at_row_scope(G));
         return;
@@ -365,7 +393,10 @@ static void emit_range(egen *G, int r) {
     }
     G->depth++;
     G->inner++;
+    int outer_split = G->cur_split;
+    G->cur_split = counted ? r : -1;
     emit_seq(G, r + 1, G->match[r]);
+    G->cur_split = outer_split;
     G->inner--;
     G->depth--;
     if (guard) {
@@ -376,6 +407,7 @@ static void emit_range(egen *G, int r) {
     indent(G);
     fputs("}\n", G->f);
     if (G->split[r]) emit_block_reductions(G, r);
+    if (G->key_of) mark_filled(G, r);
 }
 
 static void emit_seq(egen *G, int from, int to) {
@@ -537,12 +569,110 @@ static void emit_flat_v4(egen *G, int64_t n) {
     fputs("  }\n", f);
 }
 
+/* ---- CU_ROWS: the row's values kept in registers across passes ----
+ * Every pass of a rows kernel walks j = tid + it*T over the same row, so a
+ * thread touches the same elements in each pass.  A load or store of
+ * buffer b at index base + j (base fixed for the row) in such a loop (a
+ * constant trip count of at most 16, fully unrolled) is keyed (b, base,
+ * extent): the first access fills registers rc<key>[it], later passes read
+ * them instead of memory (softmax's and layer_norm's second and third reads
+ * of x), and a store that a later pass overwrites at the same place
+ * (lower.c's stash) only goes to the registers.  A buffer with any other
+ * access is left alone. */
+
+enum { MAX_CACHED_NIT = 16 };
+
+/* The key-able index of access i in counted split loop r: base (or -1
+ * for j itself) via *base; false when the index is anything else. */
+static bool cache_index(const egen *G, int i, int r, int *base) {
+    const k_kernel *k = G->k;
+    int idx = k->insts[i].src[1];
+    if (idx == r) {
+        *base = -1;
+        return true;
+    }
+    const k_inst *a = &k->insts[idx];
+    if (a->op != K_ALU || a->alu != KA_ADD) return false;
+    int o = a->src[0] == r ? a->src[1] : a->src[1] == r ? a->src[0] : -2;
+    if (o < -1 || o >= r) return false; /* the base must be fixed before the loop */
+    *base = o;
+    return true;
+}
+
+static void plan_row_cache(egen *G, int *stack, int *kbuf, int *kbase, int64_t *kext) {
+    const k_kernel *k = G->k;
+    bool *bad = G->written + k->nbufs + 1; /* scratch: per buffer parameter */
+    int depth = 0;
+    for (int i = 0; i < k->n; i++) {
+        const k_inst *in = &k->insts[i];
+        G->key_of[i] = -1;
+        if (in->op == K_RANGE) stack[depth++] = i;
+        else if (in->op == K_END) depth--;
+        if (in->op != K_LOAD && in->op != K_STORE) continue;
+        int b = (int)k->insts[in->src[0]].ival, r = depth ? stack[depth - 1] : -1, base;
+        if (r < 0 || G->nit_of[r] <= 0 || !cache_index(G, i, r, &base)) {
+            bad[b] = true;
+            continue;
+        }
+        int64_t ext = k->insts[k->insts[r].src[0]].ival;
+        int key = -1;
+        for (int q = 0; q < G->nkeys && key < 0; q++)
+            if (kbuf[q] == b && kbase[q] == base && kext[q] == ext) key = q;
+        if (key < 0) {
+            key = G->nkeys++;
+            kbuf[key] = b, kbase[key] = base, kext[key] = ext;
+            G->key_dtype[key] = k->insts[in->src[0]].dtype;
+            G->key_nit[key] = G->nit_of[r];
+        }
+        G->key_of[i] = key;
+    }
+    for (int q = 0; q < G->nkeys; q++) /* two keys, one buffer: they might alias */
+        for (int q2 = q + 1; q2 < G->nkeys; q2++)
+            if (kbuf[q] == kbuf[q2]) bad[kbuf[q]] = true;
+    for (int i = 0; i < k->n; i++) { /* drop the keys of buffers used otherwise */
+        const k_inst *in = &k->insts[i];
+        if (G->key_of[i] >= 0 && bad[k->insts[in->src[0]].ival]) G->key_of[i] = -1;
+    }
+    for (int i = 0; i < k->n; i++) { /* stores a later store of the key replaces */
+        if (k->insts[i].op != K_STORE || G->key_of[i] < 0) continue;
+        for (int j = i + 1; j < k->n && !G->dead[i]; j++)
+            if (k->insts[j].op == K_STORE && G->key_of[j] == G->key_of[i]) G->dead[i] = true;
+    }
+}
+
+/* Trip counts of the split loops, then the register cache's plan. */
+static em_status plan_rows(egen *G, int *stack, int *kbuf, int *kbase, int64_t *kext) {
+    const k_kernel *k = G->k;
+    size_t nn = (size_t)k->n + 1;
+    for (int i = 0; i < k->n; i++) {
+        const k_inst *e = G->split[i] ? &k->insts[k->insts[i].src[0]] : NULL;
+        int64_t nit = e && e->op == K_CONST ? (e->ival + G->threads - 1) / G->threads : 0;
+        G->nit_of[i] = nit <= MAX_CACHED_NIT ? (int)nit : 0;
+    }
+    G->key_of = em_calloc(nn, sizeof(int));
+    G->key_dtype = em_calloc(nn, sizeof(em_dtype));
+    G->key_nit = em_calloc(nn, sizeof(int));
+    G->key_filled = em_calloc(nn, sizeof(bool));
+    G->dead = em_calloc(nn, sizeof(bool));
+    if (!G->key_of || !G->key_dtype || !G->key_nit || !G->key_filled || !G->dead) return em_last_status();
+    plan_row_cache(G, stack, kbuf, kbase, kext);
+    return EM_OK;
+}
+
+/* After split loop r: the keys it touched are in registers. */
+static void mark_filled(egen *G, int r) {
+    for (int i = r + 1; i < G->match[r]; i++)
+        if (G->key_of[i] >= 0) G->key_filled[G->key_of[i]] = true;
+}
+
 static void emit_rows(egen *G, int64_t rows) {
     FILE *f = G->f;
     int P = G->par;
     fputs("  __shared__ double em_sh[32];\n", f);
     fprintf(f, "  for (long long v%d = blockIdx.x; v%d < %" PRId64 "ll; v%d += gridDim.x) {\n", P, P,
             rows, P);
+    for (int q = 0; q < G->nkeys; q++)
+        fprintf(f, "    %s rc%d[%d];\n", ctype(G->key_dtype[q]), q, G->key_nit[q]);
     G->depth = 1;
     G->inner = 0;
     emit_seq(G, P + 1, G->match[P]);
@@ -590,17 +720,24 @@ static bool dtypes_ok(const k_kernel *k) {
 em_status cuda_emit(const k_kernel *k, cuda_src *out) {
     memset(out, 0, sizeof *out);
     em_status s = kir_verify(k);
-    if (s != EM_OK) return em_error(EM_ERR_ARG, "cuda_emit: %s", em_last_error());
+    if (s != EM_OK) { /* the message is copied first: em_error writes over it */
+        char why[256];
+        snprintf(why, sizeof why, "%s", em_last_error());
+        return em_error(EM_ERR_ARG, "cuda_emit: %s", why);
+    }
     if (!dtypes_ok(k)) return em_error(EM_ERR_UNSUPPORTED, "cuda_emit: %s: f16/bf16 values", k->name);
     size_t nn = (size_t)k->n + 1;
     egen G = {.k = k};
     G.match = em_calloc(nn, sizeof(int));
     G.split = em_calloc(nn, sizeof(bool));
-    G.written = em_calloc((size_t)k->nbufs + 1, sizeof(bool));
+    G.written = em_calloc(2 * ((size_t)k->nbufs + 1), sizeof(bool)); /* + scratch */
     int *stack = em_calloc(nn, sizeof(int));
+    G.nit_of = em_calloc(nn, sizeof(int));
+    int *kbuf = em_calloc(nn, sizeof(int)), *kbase = em_calloc(nn, sizeof(int));
+    int64_t *kext = em_calloc(nn, sizeof(int64_t));
     char *text = NULL;
     size_t len = 0;
-    if (!G.match || !G.split || !G.written || !stack) {
+    if (!G.match || !G.split || !G.written || !stack || !G.nit_of || !kbuf || !kbase || !kext) {
         s = em_last_status();
         goto done;
     }
@@ -616,7 +753,8 @@ em_status cuda_emit(const k_kernel *k, cuda_src *out) {
     out->threads = G.threads;
     out->unroll = G.shape == CU_FLAT ? 4 : 1;
     out->vec4 = G.shape == CU_FLAT && vectorizable(&G);
-    G.lane = -1;
+    G.lane = G.cur_split = -1;
+    if (G.shape == CU_ROWS && (s = plan_rows(&G, stack, kbuf, kbase, kext)) != EM_OK) goto done;
     G.f = open_memstream(&text, &len);
     if (!G.f) {
         s = em_error(EM_ERR_NOMEM, "cuda_emit: open_memstream failed");
@@ -634,6 +772,8 @@ em_status cuda_emit(const k_kernel *k, cuda_src *out) {
 done:
     free(text);
     em_free(G.match), em_free(G.split), em_free(G.written), em_free(stack);
+    em_free(G.nit_of), em_free(kbuf), em_free(kbase), em_free(kext);
+    em_free(G.key_of), em_free(G.key_dtype), em_free(G.key_nit), em_free(G.key_filled), em_free(G.dead);
     return s;
 }
 
