@@ -265,6 +265,13 @@ START_TEST(matmul) {
         em_tensor *gpp = em_permute(to_gpu(p), 4, (int[]){0, 2, 1, 3});
         same(em_matmul(gpp, gb), em_matmul(pp, b), rt, rt);
     }
+    /* TF32 on request: still close, at TF32's precision */
+    em_tensor *a = tu_random(34, 2, TU_SIZES(128, 256), EM_F32, 1), *b = tu_random(35, 2, TU_SIZES(256, 64), EM_F32, 1);
+    setenv("EMBER_CUDA_TF32", "1", 1);
+    em_tensor *t = em_matmul(to_gpu(a), to_gpu(b));
+    unsetenv("EMBER_CUDA_TF32");
+    same(t, em_matmul(a, b), 2e-2, 2e-2);
+    same(em_matmul(to_gpu(a), to_gpu(b)), em_matmul(a, b), 1e-4, 1e-4); /* and off again */
     /* integers: on the host */
     em_tensor *i = tu_random(23, 2, TU_SIZES(4, 6), EM_I64, 3), *j = tu_random(24, 2, TU_SIZES(6, 3), EM_I64, 3);
     same(em_matmul(to_gpu(i), to_gpu(j)), em_matmul(i, j), 0, 0);
@@ -323,7 +330,7 @@ START_TEST(compiled_graphs) {
 }
 END_TEST
 
-/* The "cuda" backend refuses CPU graphs with a message. */
+/* The "cuda" backend given a CPU graph runs it op by op on the CPU. */
 START_TEST(cuda_backend_on_cpu_inputs) {
     em_tensor *in[5] = {tu_random(25, 2, TU_SIZES(4, 8), EM_F32, 1), tu_random(26, 2, TU_SIZES(8, 8), EM_F32, 1),
                         tu_random(27, 1, TU_SIZES(8), EM_F32, 1), tu_random(28, 2, TU_SIZES(8, 8), EM_F32, 1),
@@ -331,15 +338,19 @@ START_TEST(cuda_backend_on_cpu_inputs) {
     em_tensor *out[1];
     em_compile_options o = {.ninputs = 5, .noutputs = 1, .backend = "cuda"};
     em_compiled *f = em_compile(mlp_fn, NULL, &o);
-    em_status s = em_call(f, in, NULL, out);
-    if (s == EM_OK) { /* the entry failed to compile: it ran eagerly */
-        em_compile_stats st;
-        em_compiled_stats(f, &st);
-        ck_assert_int_eq(st.kernels, 0);
-        em_release(out[0]);
-    } else {
-        ck_assert_int_eq(s, EM_ERR_DEVICE);
+    em_tensor *ref[1];
+    ck_assert_int_eq(mlp_fn(NULL, in, NULL, ref), EM_OK);
+    for (int rep = 0; rep < 2; rep++) {
+        ck_assert_msg(em_call(f, in, NULL, out) == EM_OK, "%s", em_last_error());
+        ck_assert_int_eq(em_device_of(out[0]).type, EM_CPU);
+        double *r = tu_values(ref[0]);
+        tu_check_close(out[0], r, 2, TU_SIZES(4, 8), 1e-6, 1e-6);
+        free(r);
     }
+    em_compile_stats st;
+    em_compiled_stats(f, &st);
+    ck_assert_int_eq(st.kernels, 0);
+    ck_assert_int_eq(st.hits, 1);
     em_compiled_free(f);
 }
 END_TEST

@@ -278,6 +278,21 @@ START_TEST(errors) {
 }
 END_TEST
 
+/* Without a GPU (CI), asking for one fails with a reason, never aborts. */
+START_TEST(no_gpu_is_an_error) {
+    if (em_device_available(em_cuda(0))) return; /* a GPU machine: test_cuda covers it */
+    em_clear_error();
+    tu_check_fails(em_zeros(1, TU_SIZES(4), EM_F32, em_cuda(0)), EM_ERR_DEVICE);
+    const char *e = em_last_error();
+    ck_assert_msg(strstr(e, "libcuda.so.1") || strstr(e, "no such device") || strstr(e, "CUDA driver"),
+                  "unclear error: %s", e);
+    em_compile_options o = {.ninputs = 3, .noutputs = 1, .backend = "cuda"};
+    em_compiled *f = em_compile(pointwise, NULL, &o);
+    ck_assert_ptr_nonnull(f); /* the backend exists in every build */
+    em_compiled_free(f);
+}
+END_TEST
+
 int main(void) {
     if (!have_nvrtc()) {
         printf("SKIP: no NVRTC: %s\n", em_last_error());
@@ -287,6 +302,7 @@ int main(void) {
         {"pointwise_is_flat", pointwise_is_flat}, {"softmax_is_rows", softmax_is_rows},
         {"layernorm_compiles", layernorm_compiles}, {"every_alu_op", every_alu_op},
         {"golden_text", golden_text}, {"errors", errors},
+        {"no_gpu_is_an_error", no_gpu_is_an_error},
     };
     return tu_run(tu_suite("cuda_emit", tests, sizeof tests / sizeof tests[0], 120));
 }

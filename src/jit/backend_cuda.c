@@ -4,8 +4,9 @@
  * backend_cpu.c: the same schedule and lowering, another code generator.
  *
  * A graph any of whose groups cannot be lowered or compiled runs op by op
- * (eager CUDA ops), with the reason logged under EMBER_LOG=code.  Without
- * a CUDA build, compile reports EM_ERR_DEVICE. */
+ * (eager CUDA ops), with the reason logged under EMBER_LOG=code; so does a
+ * graph with tensors off the GPU.  Without a CUDA build, compile reports
+ * EM_ERR_DEVICE. */
 #include "jit.h"
 
 #include "cuda_kernel.h"
@@ -97,13 +98,17 @@ static void run_op_by_op(cuda_state *st, const jit_env *env) {
 
 static em_status cuda_compile(const tr_graph *g, jit_env *env, void **state) {
     *state = NULL;
-    int index = graph_device(g);
-    if (index < 0) return em_last_status();
-    cuda_device *dev = cuda_device_get(index);
-    if (!dev) return em_last_status();
     cuda_state *st = em_calloc(1, sizeof *st);
     if (!st) return em_last_status();
     *state = st;
+    int index = graph_device(g);
+    if (index < 0) { /* tensors off the GPU (or on two): the ops know where to run */
+        jit_logf(env->log, JIT_LOG_CODE, "graph runs op by op: %s", em_last_error());
+        em_clear_error();
+        return EM_OK;
+    }
+    cuda_device *dev = cuda_device_get(index);
+    if (!dev) return em_last_status();
     st->dev = dev;
     st->sched = sc_build(g);
     if (!st->sched) return em_last_status();

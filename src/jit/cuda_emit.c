@@ -52,6 +52,10 @@ static const char prelude[] =
     "  return (x >= 0.0 ? 1.0 : e) / (1.0 + e);\n"
     "}\n";
 
+/* Split loops with at most this many iterations per thread are fully
+ * unrolled, and their values may stay in registers across passes. */
+enum { MAX_CACHED_NIT = 32 };
+
 typedef struct egen {
     const k_kernel *k;
     FILE *f;
@@ -376,7 +380,7 @@ static void emit_range(egen *G, int r) {
          * loads of a pass are unrolled and in flight together */
         int64_t nit = (e->ival + T - 1) / T;
         guard = e->ival % T != 0;
-        fprintf(G->f, "#pragma unroll %d\n", nit <= 16 ? (int)nit : 4);
+        fprintf(G->f, "#pragma unroll %d\n", nit <= MAX_CACHED_NIT ? (int)nit : 4);
         indent(G);
         fprintf(G->f, "for (int it%d = 0; it%d < %" PRId64 "; it%d++) {\n", r, r, nit, r);
         G->depth++;
@@ -429,6 +433,16 @@ static int pow2_at_least(int64_t n) {
     return p;
 }
 
+/* Elements per thread a rows kernel aims for: EMBER_CUDA_ROW_ELEMS (1 to
+ * 64, a tuning knob), else 32.  Measured on the H200, 32768 x 4096 rows
+ * (fraction of copy bandwidth, softmax / layer_norm): 4: 38% / 36%,
+ * 8: 84% / 64%, 16: 85% / 88%, 32: 85% / 91%. */
+static int row_elems(void) {
+    const char *e = getenv("EMBER_CUDA_ROW_ELEMS");
+    int v = e ? atoi(e) : 0;
+    return v >= 1 && v <= 64 ? v : 32;
+}
+
 static void choose_shape(egen *G, cuda_src *out) {
     const k_kernel *k = G->k;
     G->par = -1;
@@ -462,11 +476,13 @@ static void choose_shape(egen *G, cuda_src *out) {
         if (n > widest) widest = n;
         i = G->match[i]; /* deeper loops stay serial */
     }
-    /* rows: about 16 elements per thread, from a warp up to 1024 threads.
-     * Measured on the H200 (32768 x 4096 softmax): 4 per thread (1024
-     * threads, 2 rows in flight per SM) ran at 34% of copy bandwidth,
-     * latency-bound on the passes and barriers of too few rows. */
-    if (G->shape == CU_ROWS) G->threads = pow2_at_least((widest + 15) / 16);
+    /* rows: row_elems() elements per thread, from a warp up to 1024
+     * threads.  Few elements per thread (4: 1024 threads, 2 rows in flight
+     * per SM) left the kernels latency-bound on their passes and barriers. */
+    if (G->shape == CU_ROWS) {
+        int per = row_elems();
+        G->threads = pow2_at_least((widest + per - 1) / per);
+    }
 }
 
 /* ---- the function ---- */
@@ -580,7 +596,6 @@ static void emit_flat_v4(egen *G, int64_t n) {
  * (lower.c's stash) only goes to the registers.  A buffer with any other
  * access is left alone. */
 
-enum { MAX_CACHED_NIT = 16 };
 
 /* The key-able index of access i in counted split loop r: base (or -1
  * for j itself) via *base; false when the index is anything else. */
