@@ -151,6 +151,14 @@ static em_status block(void *c, em_tensor *const *in, const double *s, em_tensor
     return out[0] ? EM_OK : em_last_status();
 }
 
+/* Not a WORKLOADS.md workload: a full sum, which the split scheme spreads
+ * over the GPU (a rows kernel alone would run it on one block). */
+static em_status sum_all(void *c, em_tensor *const *in, const double *s, em_tensor **out) {
+    (void)c, (void)s;
+    out[0] = em_sum(in[0], 0, NULL, false);
+    return out[0] ? EM_OK : em_last_status();
+}
+
 static em_status tiny_chain(void *c, em_tensor *const *in, const double *s, em_tensor **out) {
     (void)c, (void)s;
     em_tensor *x = in[0];
@@ -229,6 +237,12 @@ static void setup(workload *w, em_generator *g) {
         free(m);
         double hd = (double)E_ / NH_;
         w->flops = 2.0 * B_ * T_ * (E * 3 * E + E * E + 8.0 * E * E) + 2.0 * 2 * B_ * NH_ * T_ * T_ * hd;
+    } else if (!strcmp(n, "sum_all")) {
+        int64_t N = (int64_t)1 << 26;
+        w->fn = sum_all;
+        w->nin = 1;
+        w->in[0] = randn(g, 1, &N, 1);
+        w->bytes = 4.0 * N;
     } else {
         int64_t n16 = 16;
         w->fn = tiny_chain;
@@ -302,7 +316,8 @@ int main(int argc, char **argv) {
     em_release(mm.b);
     printf("floor: d2d copy %.2f TB/s (read+write), sgemm 8192^3 %.1f TFLOP/s\n", copy_bw / 1e12,
            mm_rate / 1e12);
-    const char *names[] = {"pointwise", "softmax", "layernorm", "mlp", "attention_block", "tiny_chain"};
+    const char *names[] = {"pointwise", "softmax", "layernorm", "mlp", "attention_block", "tiny_chain",
+                           "sum_all"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         if (*only && !strstr(only, names[i])) continue;
         workload w = {.name = names[i]};

@@ -203,6 +203,24 @@ START_TEST(reductions) {
         same(em_sum(g, 0, NULL, false), em_sum(c, 0, NULL, false), rt, rt);
         same(em_argmax(g, 1, false), em_argmax(c, 1, false), 0, 0);
     }
+    /* few, long rows: the split scheme (two launches) */
+    em_dtype sdt[] = {EM_F32, EM_F64, EM_I32};
+    for (int d = 0; d < 3; d++) {
+        double rt = sdt[d] == EM_F32 ? 1e-5 : sdt[d] == EM_F64 ? 1e-11 : 0;
+        /* sums of ~1e6 values ~3 reach ~3000: f32 rounding in another order */
+        double at = sdt[d] == EM_F32 ? 0.05 : sdt[d] == EM_F64 ? 1e-8 : 0;
+        em_tensor *c1 = tu_random(40 + d, 1, TU_SIZES(1 << 20), sdt[d], 3);
+        em_tensor *c2 = tu_random(50 + d, 3, TU_SIZES(3, 500, 400), sdt[d], 3); /* 200000: S = 64 */
+        em_tensor *g1 = to_gpu(c1), *g2 = to_gpu(c2);
+        same(em_sum(g1, 0, NULL, false), em_sum(c1, 0, NULL, false), rt, at);
+        same(em_amax(g1, 0, NULL, false), em_amax(c1, 0, NULL, false), 0, 0);
+        same(em_amin(g2, 2, (int[]){1, 2}, true), em_amin(c2, 2, (int[]){1, 2}, true), 0, 0);
+        same(em_sum(g2, 2, (int[]){1, 2}, false), em_sum(c2, 2, (int[]){1, 2}, false), rt, at);
+        if (em_dtype_is_float(sdt[d])) {
+            same(em_mean(g1, 0, NULL, false), em_mean(c1, 0, NULL, false), rt, rt);
+            same(em_mean(g2, 2, (int[]){1, 2}, true), em_mean(c2, 2, (int[]){1, 2}, true), rt, rt);
+        }
+    }
     /* bool: any/all-like max and min, integer sum */
     em_tensor *b = em_gt(tu_random(12, 2, TU_SIZES(9, 40), EM_F32, 1), em_scalar(0.5, EM_F32, CPU));
     em_tensor *gb = to_gpu(b);
@@ -295,6 +313,13 @@ static em_status block_fn(void *c, em_tensor *const *in, const double *s, em_ten
     return out[0] && out[1] ? EM_OK : em_last_status();
 }
 
+static em_status sum_all_fn(void *c, em_tensor *const *in, const double *s, em_tensor **out) {
+    (void)c, (void)s;
+    out[0] = em_sum(in[0], 0, NULL, false);
+    out[1] = em_amax(em_relu(in[1]), 1, (int[]){1}, false); /* fused: not split */
+    return out[0] && out[1] ? EM_OK : em_last_status();
+}
+
 static void check_compiled(em_fn fn, int nin, em_tensor **cin, int nout, const char *backend,
                            double rtol) {
     em_tensor *gin[8], *gout[4] = {0}, *cout[4] = {0};
@@ -327,6 +352,10 @@ START_TEST(compiled_graphs) {
                          tu_random(31, 1, TU_SIZES(48), EM_F32, 1),
                          tu_random(32, 1, TU_SIZES(48), EM_F32, 1)};
     check_compiled(block_fn, 3, bin, 2, NULL, 1e-4);
+    /* a lone long-row reduction runs as the split eager op */
+    em_tensor *sin[2] = {tu_random(36, 1, TU_SIZES(1 << 20), EM_F32, 1),
+                         tu_random(37, 2, TU_SIZES(2, 1 << 17), EM_F32, 1)};
+    check_compiled(sum_all_fn, 2, sin, 2, NULL, 2e-5);
 }
 END_TEST
 

@@ -17,7 +17,9 @@
 #ifdef EMBER_HAVE_CUDA
 
 typedef struct cuda_step {
-    const cuda_kernel *kernel; /* owned by the device */
+    const cuda_kernel *kernel; /* owned by the device; NULL: eager_node instead */
+    int eager_node;            /* a lone long-row reduction run as the eager op
+                                  (which splits it over blocks), or -1 */
     int *bufs;                 /* node of each buffer parameter */
     int nbufs, nouts;          /* the last nouts buffers are results */
 } cuda_step;
@@ -61,6 +63,29 @@ static void log_kernel(const jit_env *env, const k_kernel *k) {
     kir_print(k, env->log->f);
 }
 
+/* The node of group gi when the group is one sum/mean/amax/amin with
+ * fewer rows than the GPU has SMs and long rows: the eager CUDA op runs it
+ * in two launches (cuda_backend.c's split scheme) where one kernel would
+ * use a block per row.  -1 otherwise. */
+static int lone_long_reduction(const cuda_state *st, const tr_graph *g, int gi) {
+    int node = -1;
+    for (int v = 0; v < g->nnodes; v++) {
+        if (st->sched->group[v] != gi) continue;
+        if (node >= 0) return -1;
+        node = v;
+    }
+    if (node < 0) return -1;
+    const tr_node *n = &g->nodes[node];
+    if (n->op != EM_OP_SUM && n->op != EM_OP_MEAN && n->op != EM_OP_AMAX && n->op != EM_OP_AMIN)
+        return -1;
+    int in = n->in[0]; /* its input must be in memory when the step runs */
+    if (g->nodes[in].kind == TR_CALL && st->sched->fusible[in] && !st->sched->materialized[in])
+        return -1;
+    int64_t rows = em_shape_numel(n->meta.ndim, n->meta.sizes);
+    int64_t all = em_shape_numel(g->nodes[n->in[0]].meta.ndim, g->nodes[n->in[0]].meta.sizes);
+    return rows > 0 && rows < st->dev->sm_count && all / rows >= (1 << 16) ? node : -1;
+}
+
 static em_status compile_groups(cuda_state *st, const tr_graph *g, jit_env *env) {
     int n = st->sched->ngroups;
     st->steps = em_calloc((size_t)n + 1, sizeof *st->steps);
@@ -70,6 +95,7 @@ static em_status compile_groups(cuda_state *st, const tr_graph *g, jit_env *env)
     em_status s = EM_OK;
     for (int gi = 0; gi < n && s == EM_OK; gi++) {
         cuda_step *cs = &st->steps[gi];
+        if ((cs->eager_node = lone_long_reduction(st, g, gi)) >= 0) continue;
         cs->bufs = em_malloc(sizeof(int) * ((size_t)g->nnodes + 1));
         k_kernel *k = cs->bufs ? sc_lower(st->sched, gi, cs->bufs, &cs->nbufs, &cs->nouts) : NULL;
         if (!k) {
@@ -151,8 +177,12 @@ static em_status cuda_run(void *state, const tr_graph *g, em_tensor *const *in, 
     }
     for (int i = 0; i < st->sched->nsteps && s == EM_OK; i++) {
         const sc_step *step = &st->sched->steps[i];
-        if (step->kind == SC_KERNEL) {
-            s = run_group(st, g, &st->steps[step->group], vals);
+        const cuda_step *cs = step->kind == SC_KERNEL ? &st->steps[step->group] : NULL;
+        if (cs && cs->eager_node < 0) {
+            s = run_group(st, g, cs, vals);
+        } else if (cs) {
+            vals[cs->eager_node] = jit_replay_node(&g->nodes[cs->eager_node], vals);
+            if (!vals[cs->eager_node]) s = em_last_status() ? em_last_status() : EM_ERR_STATE;
         } else {
             vals[step->node] = jit_replay_node(&g->nodes[step->node], vals);
             if (!vals[step->node]) s = em_last_status() ? em_last_status() : EM_ERR_STATE;

@@ -11,7 +11,7 @@
  * What runs how:
  *  - pointwise ops, casts, contiguous copies, full, and sum/mean/amax/amin/
  *    var (over any dims: the reduced dims are permuted to the end first):
- *    an NVRTC kernel;
+ *    an NVRTC kernel (two for few, long rows: the split scheme below);
  *  - matmul: cuBLAS (cuda_matmul.c);
  *  - empty: nothing;
  *  - the rest (arange, rand, randn, argmax, cat, index_select, integer
@@ -190,6 +190,70 @@ static em_status run_kernel(cuda_device *d, const em_op_call *c, em_tensor *out)
     return s;
 }
 
+/* ---- the split scheme for few, long rows ----
+ * A rows kernel runs a block per row: a reduction with fewer rows than
+ * the GPU has SMs (a full sum) would leave most of it idle.  When the
+ * reduced part of each row is contiguous, the rows are cut into S equal
+ * chunks: one launch reduces the O*S chunks, a second the S partials of
+ * each row.  sum, amax, amin compose exactly (sums in another order); so
+ * does mean, the chunks being equal.  var is not split. */
+
+enum { SPLIT_MIN_ROW = 1 << 16, SPLIT_MIN_CHUNK = 1024 };
+
+/* The number of chunks per row, or 1 for no split. */
+static int64_t split_count(const cuda_device *d, const em_op_call *c, int64_t rows, int64_t len) {
+    em_op op = c->op;
+    if (op != EM_OP_SUM && op != EM_OP_MEAN && op != EM_OP_AMAX && op != EM_OP_AMIN) return 1;
+    if (rows >= d->sm_count || len < SPLIT_MIN_ROW || !em_is_contiguous(c->in[0])) return 1;
+    const em_tensor *x = c->in[0]; /* the reduced dims must be the trailing ones */
+    int k = c->attrs->ndims ? c->attrs->ndims : x->ndim;
+    for (int i = 0; i < c->attrs->ndims; i++)
+        if (c->attrs->dims[i] != x->ndim - k + i) return 1;
+    int64_t S = 1;
+    while (S < 1024 && rows * S < 4 * (int64_t)d->sm_count && len / (2 * S) >= SPLIT_MIN_CHUNK) S *= 2;
+    while (S > 1 && len % S) S /= 2;
+    return S;
+}
+
+/* A 2-d view [r, n] of t's storage from t's offset, contiguous. */
+static em_tensor *view2(const em_tensor *t, int64_t r, int64_t n) {
+    em_meta m;
+    memset(&m, 0, sizeof m);
+    m.ndim = 2;
+    m.sizes[0] = r, m.sizes[1] = n;
+    m.strides[0] = n, m.strides[1] = 1;
+    m.offset = t->offset;
+    m.dtype = t->dtype;
+    m.device = t->device;
+    return em_tensor_view(t, &m);
+}
+
+/* out = op over dim 1 of the [r, n] view of in. */
+static em_status reduce_rows(cuda_device *d, em_op op, em_tensor *in, int64_t r, int64_t n,
+                             em_tensor *out) {
+    em_tensor *v = view2(in, r, n);
+    if (!v) return em_last_status();
+    em_op_attrs a = {.ndims = 1, .dims = {1}};
+    em_op_call c = {op, 1, &v, &a};
+    return run_kernel(d, &c, out);
+}
+
+static em_status run_split_reduction(cuda_device *d, const em_op_call *c, em_tensor *out,
+                                     int64_t rows, int64_t len, int64_t S) {
+    em_meta pm;
+    memset(&pm, 0, sizeof pm);
+    pm.ndim = 1;
+    pm.sizes[0] = rows * S;
+    pm.dtype = out->dtype; /* a partial has the result's dtype (sum of i32: i64) */
+    pm.device = out->device;
+    em_scope_begin();
+    em_tensor *part = em_tensor_alloc(&pm);
+    em_status s = part ? reduce_rows(d, c->op, c->in[0], rows * S, len / S, part) : em_last_status();
+    if (s == EM_OK) s = reduce_rows(d, c->op, part, rows, S, out);
+    em_scope_end(); /* part is freed in stream order: the second launch is queued first */
+    return s;
+}
+
 /* ---- the host path for ops without a kernel ---- */
 
 /* A host tensor with t's values and layout (its storage copied whole). */
@@ -248,7 +312,10 @@ static em_status cuda_run(const em_op_call *c, em_tensor *out) {
         if (s != EM_ERR_UNSUPPORTED) return s;
         em_clear_error();
     } else if (has_kernel(c)) {
-        em_status s = run_kernel(d, c, out);
+        bool red = em_op_table[c->op].kind == EM_KIND_REDUCE; /* creation ops have no input */
+        int64_t rows = em_numel(out), len = red && rows ? em_numel(c->in[0]) / rows : 0;
+        int64_t S = red ? split_count(d, c, rows, len) : 1;
+        em_status s = S > 1 ? run_split_reduction(d, c, out, rows, len, S) : run_kernel(d, c, out);
         if (s != EM_ERR_UNSUPPORTED) return s;
         em_clear_error();
     }
