@@ -278,6 +278,32 @@ START_TEST(errors) {
 }
 END_TEST
 
+#ifdef EMBER_HAVE_CUDA
+/* The device's kernel table (no GPU needed: only its table fields). */
+START_TEST(kernel_table) {
+    cuda_device *d = calloc(1, sizeof *d);
+    static cuda_kernel ks[1000];
+    kc_key keys[1000];
+    for (int i = 0; i < 1000; i++) {
+        kc_hasher h;
+        kc_hasher_reset(&h);
+        kc_hasher_update_u64(&h, (uint64_t)i);
+        keys[i] = kc_hasher_digest(&h);
+        if (i % 7 == 3) memcpy(keys[i].bytes, keys[i - 1].bytes, 8); /* same slot: probing */
+        ck_assert_ptr_null(cuda_kernel_table_find(d, &keys[i]));
+        ck_assert(cuda_kernel_table_add(d, &keys[i], &ks[i]));
+        for (int j = 0; j <= i; j += 1 + i / 10)
+            ck_assert_ptr_eq(cuda_kernel_table_find(d, &keys[j]), &ks[j]);
+    }
+    for (int i = 0; i < 1000; i++) ck_assert_ptr_eq(cuda_kernel_table_find(d, &keys[i]), &ks[i]);
+    ck_assert_int_eq(d->nkernels, 1000);
+    free(d->kernels);
+    free(d->kindex);
+    free(d);
+}
+END_TEST
+#endif
+
 /* Without a GPU (CI), asking for one fails with a reason, never aborts. */
 START_TEST(no_gpu_is_an_error) {
     if (em_device_available(em_cuda(0))) return; /* a GPU machine: test_cuda covers it */
@@ -303,6 +329,9 @@ int main(void) {
         {"layernorm_compiles", layernorm_compiles}, {"every_alu_op", every_alu_op},
         {"golden_text", golden_text}, {"errors", errors},
         {"no_gpu_is_an_error", no_gpu_is_an_error},
+#ifdef EMBER_HAVE_CUDA
+        {"kernel_table", kernel_table},
+#endif
     };
     return tu_run(tu_suite("cuda_emit", tests, sizeof tests / sizeof tests[0], 120));
 }

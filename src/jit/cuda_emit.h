@@ -12,8 +12,12 @@
  *    with one 16-byte load or store per buffer for four elements.
  *  - CU_ROWS: loops inside (rows with reductions, broadcasts along a row).
  *    A block per row (grid-stride over rows); the first inner loop of each
- *    pass is split over the block's threads (j = tid, tid + T, ...), deeper
- *    loops run in each thread.  An accumulator updated in such a pass is a
+ *    pass is split over the block's threads (j = tid + it*T for a constant,
+ *    unrolled trip count when the extent is constant), deeper loops run in
+ *    each thread.  A buffer read or written only at base + j in such
+ *    passes is kept in registers between them (rc<key>[it]): the row is
+ *    read from memory once, and a store a later pass overwrites is not
+ *    made.  An accumulator updated in such a pass is a
  *    per-thread partial, combined after the pass by a block reduction (warp
  *    shuffles, then one value per warp through shared memory) whose result
  *    every thread gets.  Row-scope stores are done by thread 0.  Every pass

@@ -93,14 +93,39 @@ static kc_key kernel_key(const cuda_device *d, const char *text, bool ptx) {
     return kc_hasher_digest(&h);
 }
 
+/* The kernel table's index: open addressing on the key's first 8 bytes
+ * (a hash already), every eager op looks a kernel up. */
+static int index_slot(const kc_key *key, int cap) {
+    uint64_t h;
+    memcpy(&h, key->bytes, sizeof h);
+    return (int)(h & (uint64_t)(cap - 1));
+}
+
 /* The loaded kernel under key, or NULL.  Called with d->lock held. */
-static cuda_kernel *table_find(cuda_device *d, const kc_key *key) {
-    for (int i = 0; i < d->nkernels; i++)
-        if (kc_key_equal(&d->kernels[i].key, key)) return d->kernels[i].kernel;
+cuda_kernel *cuda_kernel_table_find(cuda_device *d, const kc_key *key) {
+    if (!d->capindex) return NULL;
+    for (int j = index_slot(key, d->capindex); d->kindex[j] >= 0; j = (j + 1) & (d->capindex - 1))
+        if (kc_key_equal(&d->kernels[d->kindex[j]].key, key)) return d->kernels[d->kindex[j]].kernel;
     return NULL;
 }
 
-static bool table_add(cuda_device *d, const kc_key *key, cuda_kernel *k) {
+/* Rebuilds the index at cap slots (a power of two over twice the entries). */
+static bool index_rebuild(cuda_device *d, int cap) {
+    int *ix = malloc(sizeof(int) * (size_t)cap);
+    if (!ix) return false;
+    for (int j = 0; j < cap; j++) ix[j] = -1;
+    for (int i = 0; i < d->nkernels; i++) {
+        int j = index_slot(&d->kernels[i].key, cap);
+        while (ix[j] >= 0) j = (j + 1) & (cap - 1);
+        ix[j] = i;
+    }
+    free(d->kindex);
+    d->kindex = ix;
+    d->capindex = cap;
+    return true;
+}
+
+bool cuda_kernel_table_add(cuda_device *d, const kc_key *key, cuda_kernel *k) {
     if (d->nkernels == d->capkernels) {
         int cap = d->capkernels ? 2 * d->capkernels : 32;
         cuda_kernel_entry *e = realloc(d->kernels, sizeof *e * (size_t)cap);
@@ -109,6 +134,14 @@ static bool table_add(cuda_device *d, const kc_key *key, cuda_kernel *k) {
         d->capkernels = cap;
     }
     d->kernels[d->nkernels++] = (cuda_kernel_entry){*key, k};
+    if (2 * d->nkernels > d->capindex) { /* the rebuilt index holds the new entry too */
+        if (index_rebuild(d, d->capindex ? 2 * d->capindex : 64)) return true;
+        d->nkernels--;
+        return false;
+    }
+    int j = index_slot(key, d->capindex);
+    while (d->kindex[j] >= 0) j = (j + 1) & (d->capindex - 1);
+    d->kindex[j] = d->nkernels - 1;
     return true;
 }
 
@@ -200,11 +233,11 @@ em_status cuda_kernel_get(cuda_device *d, const k_kernel *k, kc_cache *cache,
     /* One lock for lookup and compile: two threads wanting the same new
      * kernel compile it once. */
     pthread_mutex_lock(&d->lock);
-    cuda_kernel *ck = table_find(d, &key);
+    cuda_kernel *ck = cuda_kernel_table_find(d, &key);
     if (ck) {
         stats->loaded++;
     } else if ((s = fetch_or_compile(d, &src, k, cache, stats, &ck)) == EM_OK &&
-               !table_add(d, &key, ck)) {
+               !cuda_kernel_table_add(d, &key, ck)) {
         s = em_error(EM_ERR_NOMEM, "cuda: out of host memory");
     }
     pthread_mutex_unlock(&d->lock);

@@ -2,7 +2,8 @@
  * the kernel cache, and its launch.
  *
  * Getting a kernel: print it (cuda_emit.c) -> key = hash of the generator
- * version, NVRTC's version, the target, the options and the text -> the
+ * version, NVRTC's identity (soname and the CUDA_VERSION built against, so
+ * that a hit needs no NVRTC), the target, the options and the text -> the
  * device's table of loaded kernels (this process) -> the kernel cache
  * (kind "cubin", or "ptx" when NVRTC cannot target the device's
  * architecture and the driver compiles PTX) -> NVRTC.  Loaded modules stay
@@ -46,12 +47,17 @@ em_status cuda_kernel_get(cuda_device *d, const k_kernel *k, kc_cache *cache,
 em_status cuda_kernel_launch(cuda_device *d, const cuda_kernel *ck, void *const *bufs,
                              const int64_t *sizes);
 
+/* The device's table of loaded kernels (d->lock held; exposed for tests):
+ * the kernel under key or NULL; add returns false when out of memory. */
+cuda_kernel *cuda_kernel_table_find(cuda_device *d, const kc_key *key);
+bool cuda_kernel_table_add(cuda_device *d, const kc_key *key, cuda_kernel *k);
+
 /* NVRTC alone (no driver needed): compiles src to a cubin for sm_<arch>
  * (ptx false) or PTX for compute_<arch> (ptx true).  *bin from em_malloc.
  * EM_ERR_STATE with NVRTC's log when the source does not compile. */
 em_status cuda_nvrtc_compile(const char *src, const char *name, int arch, bool ptx, void **bin,
                              size_t *n);
-/* "nvrtc 13.0": NVRTC's version (part of the cache key), or NULL. */
+/* "nvrtc 13.0": the loaded NVRTC's version (for logs and tests), or NULL. */
 const char *cuda_nvrtc_version(void);
 
 #endif

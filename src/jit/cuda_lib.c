@@ -313,8 +313,8 @@ static size_t live_take(cuda_device *d, CUdeviceptr p) {
 }
 
 void cuda_mem_trim(cuda_device *d) {
+    if (!make_current(d)) return;
     pthread_mutex_lock(&d->lock);
-    cu.CtxSetCurrent(d->ctx);
     for (int i = 0; i < d->nfree; i++) cu.MemFree(d->free[i].ptr);
     d->nfree = 0;
     d->cached_bytes = 0;

@@ -119,8 +119,10 @@ typedef struct cuda_device {
     size_t caplive, nlive;
     cublasHandle_t blas;     /* created on first matmul */
     bool blas_tf32;          /* the math mode set on blas */
-    cuda_kernel_entry *kernels; /* loaded modules by kernel key (cuda_backend.c) */
+    cuda_kernel_entry *kernels; /* loaded modules by kernel key (cuda_kernel.c) */
     int nkernels, capkernels;
+    int *kindex;             /* open-addressed index into kernels (-1: empty) */
+    int capindex;
 } cuda_device;
 
 /* Number of devices, or -1 (error set) without a driver. */
