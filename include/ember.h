@@ -303,8 +303,11 @@ typedef struct em_compile_options {
     const char *const *input_names; /* optional, ninputs names (default in0...) */
     int recompile_limit;           /* entries before falling back to eager; 0: the
                                       EMBER_RECOMPILE_LIMIT variable, else 8 */
-    const char *backend;           /* "cpu" (default): fused kernels compiled with
-                                      libgccjit; "replay": the graph run op by op */
+    const char *backend;           /* "auto" (default): "cuda" for graphs on a CUDA
+                                      device, else "cpu"; "cpu": fused kernels
+                                      compiled with libgccjit; "cuda": fused NVRTC
+                                      kernels and cuBLAS; "replay": the graph run
+                                      op by op */
     /* Optional: slots (e.g. &model->w1) that hold the tensors fn reaches
      * through ctx.  A captured tensor found in a slot is guarded on
      * identity: if the slot later holds another tensor, the entry no

@@ -493,7 +493,7 @@ START_TEST(bad_options_and_calls) {
     bad = o;
     bad.backend = "triton";
     ck_assert_ptr_null(em_compile(softmax_fn, NULL, &bad));
-    ck_assert_msg(strstr(em_last_error(), "unknown backend 'triton' (available: cpu, replay)"), "%s",
+    ck_assert_msg(strstr(em_last_error(), "unknown backend 'triton' (available: auto, cpu, cuda, replay)"), "%s",
                   em_last_error());
     bad = o;
     bad.recompile_limit = -1;

@@ -151,6 +151,11 @@ typedef struct em_backend {
 } em_backend;
 
 extern const em_backend em_cpu_backend;
+/* EM_CUDA's table, in builds with the CUDA headers.  It is defined in
+ * src/jit/cuda_backend.c, not here: an eager CUDA op is a one-node graph
+ * compiled by the JIT (no hand-written kernels), which eager must not
+ * know; eager reaches it only through em_backend_for. */
+extern const em_backend em_cuda_backend;
 /* The table for d's type, or NULL (with an error set) if not built/available. */
 const em_backend *em_backend_for(em_device d);
 

@@ -3,6 +3,7 @@
  * A tensor is a view (sizes, strides, offset, dtype) of a refcounted
  * storage; views share it.  Ownership of a tensor is a count of references:
  * one held by its scope (or by the caller) plus one per em_retain. */
+#include "config.h"
 #include "eager.h"
 #include "cpu.h"
 
@@ -54,6 +55,9 @@ const char *em_device_name(em_device d, char *buf, size_t n) {
 bool em_device_available(em_device d) {
     const em_backend *b = NULL;
     if (d.type == EM_CPU) b = &em_cpu_backend;
+#ifdef EMBER_HAVE_CUDA
+    if (d.type == EM_CUDA) b = &em_cuda_backend;
+#endif
     return b && b->available(d);
 }
 
@@ -61,6 +65,10 @@ const em_backend *em_backend_for(em_device d) {
     char name[32];
     if (d.type == EM_CPU) return &em_cpu_backend;
     if (d.type == EM_CUDA) {
+#ifdef EMBER_HAVE_CUDA
+        /* available() sets the reason (no driver, no such device) */
+        return em_cuda_backend.available(d) ? &em_cuda_backend : NULL;
+#endif
         em_error(EM_ERR_DEVICE, "device %s: this build of Ember has no CUDA backend",
                  em_device_name(d, name, sizeof name));
         return NULL;

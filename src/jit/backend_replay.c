@@ -75,7 +75,8 @@ const jit_backend jit_replay_backend = {
 };
 
 const jit_backend *jit_backend_find(const char *name) {
-    static const jit_backend *const all[] = {&jit_cpu_backend, &jit_replay_backend};
+    static const jit_backend *const all[] = {&jit_auto_backend, &jit_cpu_backend,
+                                             &jit_cuda_backend, &jit_replay_backend};
     if (!name) return all[0];
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
         if (!strcmp(all[i]->name, name)) return all[i];

@@ -14,6 +14,7 @@
 #define DEFAULT_RECOMPILE_LIMIT 8
 
 typedef struct jit_entry {
+    const jit_backend *backend; /* f's, or for "auto" the one of the graph's device */
     tr_graph *graph;
     gd_guards *guards;
     void *state;          /* the backend's (NULL while compiling) */
@@ -85,7 +86,7 @@ static em_status check_options(em_fn fn, const em_compile_options *o) {
         return em_error(EM_ERR_ARG, "em_compile: recompile_limit %d is negative",
                         o->recompile_limit);
     if (o->backend && !jit_backend_find(o->backend))
-        return em_error(EM_ERR_ARG, "em_compile: unknown backend '%s' (available: cpu, replay)",
+        return em_error(EM_ERR_ARG, "em_compile: unknown backend '%s' (available: auto, cpu, cuda, replay)",
                         o->backend);
     if (o->name && !o->name[0]) return em_error(EM_ERR_ARG, "em_compile: empty name");
     for (int i = 0; o->input_names && i < o->ninputs; i++) {
@@ -155,13 +156,13 @@ em_compiled *em_compile(em_fn fn, void *ctx, const em_compile_options *opts) {
     f->verify = v && *v && strcmp(v, "0") != 0;
     if (f->backend != &jit_replay_backend) f->env.cache = kc_open(NULL, 0);
     const char *rec = getenv("EMBER_RECORD");
-    if (rec && *rec && f->backend->target) f->record = dup_str(rec);
+    if (rec && *rec && jit_backend_has_artifacts(f->backend)) f->record = dup_str(rec);
     f->name = dup_str(opts->name ? opts->name : "fn");
     f->input_names = em_calloc((size_t)(f->ninputs ? f->ninputs : 1), sizeof(char *));
     f->watch = em_calloc((size_t)(opts->nwatch ? opts->nwatch : 1), sizeof *f->watch);
     f->entries = em_calloc((size_t)(f->limit ? f->limit : 1), sizeof *f->entries);
     bool ok = f->name && f->input_names && f->watch && f->entries && (f->record || !rec || !*rec ||
-                                                                       !f->backend->target);
+                                                                       !jit_backend_has_artifacts(f->backend));
     for (int i = 0; ok && i < f->ninputs; i++) {
         char buf[32];
         snprintf(buf, sizeof buf, "in%d", i);
@@ -191,7 +192,7 @@ em_compiled *em_compile(em_fn fn, void *ctx, const em_compile_options *opts) {
 static void entry_free(const em_compiled *f, jit_entry *e) {
     if (!e) return;
     if (e->has_thread) pthread_join(e->thread, NULL); /* never cancelled: it frees its job */
-    if (e->state) f->backend->free(e->state);
+    if (e->state) e->backend->free(e->state);
     gd_free(e->guards);
     tr_graph_free(e->graph);
     em_free(e);
@@ -296,7 +297,8 @@ static void log_entry(const em_compiled *f, const jit_entry *e) {
  * logged once and does not fail the call. */
 static void record_entry(em_compiled *f, const jit_entry *e) {
     if (!f->record || f->record_failed) return;
-    if (jit_record_append(f->record, f->name, f->backend->name, e->graph, e->guards) == EM_OK)
+    if (!e->backend->target) return; /* nothing to compile ahead of time */
+    if (jit_record_append(f->record, f->name, e->backend->name, e->graph, e->guards) == EM_OK)
         return;
     f->record_failed = true;
     jit_logf(&f->log, 0, "EMBER_RECORD: %s; %s is no longer recorded", em_last_error(), f->name);
@@ -322,7 +324,7 @@ static void count_compile(em_compiled *f, const jit_entry *e, const jit_env *env
         f->env.plans_loaded += env->plans_loaded;
         f->env.plans_stored += env->plans_stored;
     }
-    f->stats.kernels = f->backend->kernels && e->state ? f->backend->kernels(e->state) : 0;
+    f->stats.kernels = e->backend->kernels && e->state ? e->backend->kernels(e->state) : 0;
     f->stats.kernels_compiled = f->env.compiled;
     f->stats.kernels_loaded = f->env.loaded;
     f->stats.graphs_loaded = f->env.plans_loaded;
@@ -335,8 +337,8 @@ static void count_compile(em_compiled *f, const jit_entry *e, const jit_env *env
 static em_status compile_entry(em_compiled *f, jit_entry *e, const em_meta *probe, jit_env *env,
                                void **state, bool *dynamic) {
     char why[256] = "";
-    if (!*dynamic) return f->backend->compile(e->graph, env, state);
-    em_status s = f->backend->compile_dynamic(e->graph, probe, env, state, dynamic, why, sizeof why);
+    if (!*dynamic) return e->backend->compile(e->graph, env, state);
+    em_status s = e->backend->compile_dynamic(e->graph, probe, env, state, dynamic, why, sizeof why);
     if (s == EM_OK && !*dynamic)
         jit_logf(&f->log, JIT_LOG_RECOMPILES, "%s: the new entry is static: %s", f->name, why);
     return s;
@@ -358,7 +360,7 @@ static void *compile_thread(void *arg) {
         e->state = state;
         e->ready = true;
     } else {
-        if (state) f->backend->free(state);
+        if (state) e->backend->free(state);
         e->failed = true;
         jit_logf(&f->log, 0, "%s: background compile failed (%s); the entry runs op by op",
                  f->name, em_last_error());
@@ -392,8 +394,8 @@ static void make_dynamic(em_compiled *f, jit_entry *e, em_tensor *const *in, con
     for (int i = 0; dyn && i < f->ninputs; i++) gd_set_dynamic(e->guards, i, dyn[i]);
     if (!gd_is_dynamic(e->guards)) return;
     char why[256], dims[256];
-    if (!f->backend->compile_dynamic) {
-        snprintf(why, sizeof why, "the %s backend has no dynamic kernels", f->backend->name);
+    if (!e->backend->compile_dynamic) {
+        snprintf(why, sizeof why, "the %s backend has no dynamic kernels", e->backend->name);
     } else if (jit_dyn_check(e->graph, prev, e->guards, in, probe, why, sizeof why)) {
         e->dynamic = true;
         dims_str(e->guards, dims, sizeof dims);
@@ -419,6 +421,7 @@ static jit_entry *make_entry(em_compiled *f, tr_graph *g, em_tensor *const *in,
         return NULL;
     }
     e->graph = g;
+    e->backend = jit_backend_for_graph(f->backend, g);
     if (tr_optimize(g, f->verify) != EM_OK ||
         !(e->guards = gd_build(g, in, scalars, f->nscalars, f->watch, f->nwatch)))
         goto fail;
@@ -525,9 +528,9 @@ static bool dynamic_dims(const em_compiled *f, em_tensor *const *in, const doubl
 static em_status run_entry(em_compiled *f, jit_entry *e, bool ready, void *spec,
                            em_tensor *const *in, em_tensor **out) {
     if (!ready) return jit_replay_backend.run(NULL, e->graph, in, out);
-    if (e->dynamic && f->backend->run_dynamic)
-        return f->backend->run_dynamic(e->state, spec, e->graph, in, out);
-    return f->backend->run(e->state, e->graph, in, out);
+    if (e->dynamic && e->backend->run_dynamic)
+        return e->backend->run_dynamic(e->state, spec, e->graph, in, out);
+    return e->backend->run(e->state, e->graph, in, out);
 }
 
 /* The entry that serves the call, moved to the front (or -1).  *declined:
@@ -539,8 +542,8 @@ static int find_entry(em_compiled *f, em_tensor *const *in, const double *scalar
         jit_entry *e = f->entries[i];
         if (!gd_check(e->guards, in, scalars)) continue;
         *spec = NULL;
-        if (e->ready && e->dynamic && f->backend->specialize &&
-            !f->backend->specialize(e->state, e->graph, in, spec)) {
+        if (e->ready && e->dynamic && e->backend->specialize &&
+            !e->backend->specialize(e->state, e->graph, in, spec)) {
             *declined = true;
             continue;
         }
@@ -652,16 +655,18 @@ em_status em_compiled_save(const em_compiled *f, const char *path) {
     if (!f) return em_error(EM_ERR_NULL, "em_compiled_save: the compiled function is NULL");
     if (!path) return em_error(EM_ERR_NULL, "em_compiled_save: path is NULL");
     if (!*path) return em_error(EM_ERR_ARG, "em_compiled_save: path is empty");
-    if (!f->backend->target)
+    if (!jit_backend_has_artifacts(f->backend))
         return em_error(EM_ERR_UNSUPPORTED,
                         "em_compiled_save(%s): the %s backend has nothing to compile ahead of time",
                         f->name, f->backend->name);
     pthread_mutex_lock((pthread_mutex_t *)&f->lock);
     em_status s = EM_OK;
-    /* oldest first, as EMBER_RECORD would have appended them */
+    /* oldest first, as EMBER_RECORD would have appended them; entries of a
+     * backend without artifacts (cuda, for now) have nothing to warm up */
     for (int i = f->nentries - 1; i >= 0 && s == EM_OK; i--)
-        s = jit_record_append(path, f->name, f->backend->name, f->entries[i]->graph,
-                              f->entries[i]->guards);
+        if (f->entries[i]->backend->target)
+            s = jit_record_append(path, f->name, f->entries[i]->backend->name,
+                                  f->entries[i]->graph, f->entries[i]->guards);
     pthread_mutex_unlock((pthread_mutex_t *)&f->lock);
     return s;
 }

@@ -77,7 +77,17 @@ bool jit_dyn_probe(const gd_guards *gs, em_tensor *const *in, int ninputs, em_me
 extern const jit_backend jit_replay_backend;
 /* "cpu": fused kernels compiled with libgccjit (backend_cpu.c). */
 extern const jit_backend jit_cpu_backend;
-/* The backend called name (NULL: the default, "cpu"), or NULL. */
+/* "cuda": fused NVRTC kernels and cuBLAS on the inputs' GPU (backend_cuda.c). */
+extern const jit_backend jit_cuda_backend;
+/* "auto", the default: "cuda" for a graph on a CUDA device, else "cpu". */
+extern const jit_backend jit_auto_backend;
+/* The backend that compiles g under b: b itself, or for "auto" the
+ * backend of g's device ("cuda" or "cpu"). */
+const jit_backend *jit_backend_for_graph(const jit_backend *b, const tr_graph *g);
+/* Whether b (or, for "auto", the cpu backend) has artifacts to record
+ * and warm up. */
+bool jit_backend_has_artifacts(const jit_backend *b);
+/* The backend called name (NULL: the default, "auto"), or NULL. */
 const jit_backend *jit_backend_find(const char *name);
 /* Runs call node n eagerly on the values of its inputs (vals, by node);
  * random ops draw from their generator's current state, as eager code. */

@@ -413,7 +413,7 @@ static lz_entry *entry_add(lz_state *st, tr_graph *g, const kc_key *key, const k
     memset(e, 0, sizeof *e);
     e->key = *key;
     e->graph = g;
-    e->backend = jit_backend_find(NULL);
+    e->backend = jit_backend_for_graph(jit_backend_find(NULL), g);
     if (sg->entries >= st->limit) {
         e->backend = &jit_replay_backend;
         st->stats.eager_graphs++;

@@ -1,0 +1,337 @@
+/* bench_cuda.c - the workloads of WORKLOADS.md at their GPU sizes, compiled
+ * with em_compile on cuda:0, timed with CUDA events on Ember's stream
+ * (median of the repetitions, after warm-up), against the floors measured
+ * in the same run: device-to-device copy bandwidth and the f32 GEMM rate.
+ *
+ * Usage: bench_cuda [--only NAME,...] [--reps N]
+ * The kernel cache is EMBER_CACHE_DIR's: run twice with the same empty
+ * directory to see the cold first call (first run) and the warm one (a new
+ * process with the cache filled, second run).  Exits 77 without a GPU. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cuda_lib.h"
+#include "eager.h"
+
+#ifdef EMBER_HAVE_CUDA
+
+#define GPU em_cuda(0)
+
+static double now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double median(double *v, int n) {
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+static void die(const char *what) {
+    fprintf(stderr, "bench_cuda: %s: %s\n", what, em_last_error());
+    exit(1);
+}
+
+/* ---- event timing on Ember's stream ---- */
+typedef void (*body_fn)(void *ud);
+
+static double time_events(body_fn body, void *ud, int reps) {
+    const cu_api *cu = cuda_driver();
+    cuda_device *d = cuda_device_get(0);
+    CUevent e0, e1;
+    cu->EventCreate(&e0, CU_EVENT_DEFAULT);
+    cu->EventCreate(&e1, CU_EVENT_DEFAULT);
+    for (int i = 0; i < 3; i++) body(ud);
+    cuda_sync(d);
+    double *ts = malloc(sizeof(double) * (size_t)reps);
+    for (int i = 0; i < reps; i++) {
+        cu->EventRecord(e0, d->stream);
+        body(ud);
+        cu->EventRecord(e1, d->stream);
+        cu->EventSynchronize(e1);
+        float ms = 0;
+        cu->EventElapsedTime(&ms, e0, e1);
+        ts[i] = ms * 1e-3;
+    }
+    double m = median(ts, reps);
+    free(ts);
+    cu->EventDestroy(e0);
+    cu->EventDestroy(e1);
+    return m;
+}
+
+/* ---- floors ---- */
+typedef struct copy_ud {
+    void *dst, *src;
+    size_t n;
+} copy_ud;
+
+static void copy_body(void *ud) {
+    copy_ud *c = ud;
+    cuda_device *d = cuda_device_get(0);
+    cuda_driver()->MemcpyDtoDAsync((CUdeviceptr)(uintptr_t)c->dst, (CUdeviceptr)(uintptr_t)c->src, c->n, d->stream);
+}
+
+typedef struct mm_ud {
+    em_tensor *a, *b;
+} mm_ud;
+
+static void mm_body(void *ud) {
+    mm_ud *m = ud;
+    em_scope_begin();
+    if (!em_matmul(m->a, m->b)) die("matmul");
+    em_scope_end();
+}
+
+static em_tensor *randn(em_generator *g, int nd, const int64_t *sz, double scale) {
+    em_tensor *t = em_randn(g, nd, sz, EM_F32, GPU);
+    if (!t) die("randn");
+    if (scale != 1) {
+        em_tensor *s = em_mul_scalar(t, scale);
+        em_release(t);
+        t = s;
+    }
+    return t;
+}
+
+/* ---- workloads ---- */
+static int64_t C_norm; /* layer_norm's and softmax's row length */
+static int64_t B_, T_, E_, NH_;
+
+static em_status pointwise(void *c, em_tensor *const *in, const double *s, em_tensor **out) {
+    (void)c, (void)s;
+    out[0] = em_add(em_mul_scalar(em_tanh(em_add(em_mul(in[0], in[1]), in[2])), 0.5), in[0]);
+    return out[0] ? EM_OK : em_last_status();
+}
+
+static em_status softmax(void *c, em_tensor *const *in, const double *s, em_tensor **out) {
+    (void)c, (void)s;
+    out[0] = em_softmax(in[0], -1);
+    return out[0] ? EM_OK : em_last_status();
+}
+
+static em_status layernorm(void *c, em_tensor *const *in, const double *s, em_tensor **out) {
+    (void)c, (void)s;
+    out[0] = em_layer_norm(in[0], 1, in[1], in[2], 1e-5);
+    return out[0] ? EM_OK : em_last_status();
+}
+
+static em_status mlp(void *c, em_tensor *const *in, const double *s, em_tensor **out) {
+    (void)c, (void)s;
+    out[0] = em_add(em_matmul(em_gelu_tanh(em_add(em_matmul(in[0], in[1]), in[2])), in[3]), in[4]);
+    return out[0] ? EM_OK : em_last_status();
+}
+
+/* [B, T, E] -> [B, NH, T, hd] */
+static em_tensor *heads(em_tensor *x) {
+    return em_transpose(em_reshape(x, 4, (int64_t[]){B_, T_, NH_, E_ / NH_}), 1, 2);
+}
+
+static em_status block(void *c, em_tensor *const *in, const double *s, em_tensor **out) {
+    (void)c, (void)s;
+    em_tensor *x = in[0], *mask = in[13];
+    em_tensor *h = em_layer_norm(x, 1, in[1], in[2], 1e-5);
+    em_tensor *qkv = em_add(em_matmul(h, in[3]), in[4]);
+    em_tensor *q = heads(em_slice(qkv, 2, 0, E_, 1)), *k = heads(em_slice(qkv, 2, E_, 2 * E_, 1)),
+              *v = heads(em_slice(qkv, 2, 2 * E_, 3 * E_, 1));
+    em_tensor *att = em_add(em_mul_scalar(em_matmul(q, em_transpose(k, 2, 3)), 1.0 / sqrt((double)(E_ / NH_))), mask);
+    att = em_softmax(att, -1);
+    em_tensor *y = em_reshape(em_transpose(em_matmul(att, v), 1, 2), 3, (int64_t[]){B_, T_, E_});
+    x = em_add(x, em_add(em_matmul(y, in[5]), in[6]));
+    h = em_layer_norm(x, 1, in[7], in[8], 1e-5);
+    out[0] = em_add(x, em_add(em_matmul(em_gelu_tanh(em_add(em_matmul(h, in[9]), in[10])), in[11]), in[12]));
+    return out[0] ? EM_OK : em_last_status();
+}
+
+/* Not a WORKLOADS.md workload: a full sum, which the split scheme spreads
+ * over the GPU (a rows kernel alone would run it on one block). */
+static em_status sum_all(void *c, em_tensor *const *in, const double *s, em_tensor **out) {
+    (void)c, (void)s;
+    out[0] = em_sum(in[0], 0, NULL, false);
+    return out[0] ? EM_OK : em_last_status();
+}
+
+static em_status tiny_chain(void *c, em_tensor *const *in, const double *s, em_tensor **out) {
+    (void)c, (void)s;
+    em_tensor *x = in[0];
+    for (int i = 0; i < 5; i++) x = em_sub_scalar(em_relu(em_add_scalar(em_mul(x, in[1]), 1.0)), 0.5);
+    out[0] = x;
+    return x ? EM_OK : em_last_status();
+}
+
+typedef struct workload {
+    const char *name;
+    em_fn fn;
+    int nin;
+    em_tensor *in[16];
+    double bytes, flops;
+} workload;
+
+typedef struct call_ud {
+    em_compiled *f;
+    em_tensor **in;
+} call_ud;
+
+static void call_body(void *ud) {
+    call_ud *c = ud;
+    em_tensor *out[1];
+    em_scope_begin();
+    if (em_call(c->f, c->in, NULL, out) != EM_OK) die("em_call");
+    em_scope_end();
+}
+
+static void setup(workload *w, em_generator *g) {
+    const char *n = w->name;
+    if (!strcmp(n, "pointwise")) {
+        int64_t N = (int64_t)1 << 26;
+        w->fn = pointwise;
+        w->nin = 3;
+        for (int i = 0; i < 3; i++) w->in[i] = randn(g, 1, &N, 1);
+        w->bytes = 4.0 * 4 * N;
+    } else if (!strcmp(n, "softmax") || !strcmp(n, "layernorm")) {
+        int64_t sz[2] = {32768, 4096};
+        C_norm = sz[1];
+        bool ln = n[0] == 'l';
+        w->fn = ln ? layernorm : softmax;
+        w->nin = ln ? 3 : 1;
+        w->in[0] = randn(g, 2, sz, 1);
+        if (ln) w->in[1] = randn(g, 1, sz + 1, 1), w->in[2] = randn(g, 1, sz + 1, 1);
+        w->bytes = 2.0 * 4 * sz[0] * sz[1];
+    } else if (!strcmp(n, "mlp")) {
+        int64_t M = 8192, K = 2048, H = 8192;
+        w->fn = mlp;
+        w->nin = 5;
+        w->in[0] = randn(g, 2, (int64_t[]){M, K}, 1);
+        w->in[1] = randn(g, 2, (int64_t[]){K, H}, 1 / sqrt((double)K));
+        w->in[2] = randn(g, 1, &H, 1);
+        w->in[3] = randn(g, 2, (int64_t[]){H, K}, 1 / sqrt((double)H));
+        w->in[4] = randn(g, 1, &K, 1);
+        w->flops = 2.0 * M * K * H * 2;
+    } else if (!strcmp(n, "attention_block")) {
+        B_ = 16, T_ = 1024, E_ = 768, NH_ = 12;
+        int64_t E = E_, E3 = 3 * E_, E4 = 4 * E_;
+        double s = 1 / sqrt((double)E);
+        w->fn = block;
+        w->nin = 14;
+        em_tensor **in = w->in;
+        in[0] = randn(g, 3, (int64_t[]){B_, T_, E_}, 1);
+        in[1] = randn(g, 1, &E, 1), in[2] = randn(g, 1, &E, 1);
+        in[3] = randn(g, 2, (int64_t[]){E, E3}, s), in[4] = randn(g, 1, &E3, 1);
+        in[5] = randn(g, 2, (int64_t[]){E, E}, s), in[6] = randn(g, 1, &E, 1);
+        in[7] = randn(g, 1, &E, 1), in[8] = randn(g, 1, &E, 1);
+        in[9] = randn(g, 2, (int64_t[]){E, E4}, s), in[10] = randn(g, 1, &E4, 1);
+        in[11] = randn(g, 2, (int64_t[]){E4, E}, 1 / sqrt((double)E4)), in[12] = randn(g, 1, &E, 1);
+        /* causal mask: -inf above the diagonal */
+        float *m = malloc(sizeof(float) * (size_t)(T_ * T_));
+        for (int64_t i = 0; i < T_; i++)
+            for (int64_t j = 0; j < T_; j++) m[i * T_ + j] = j > i ? -INFINITY : 0.0f;
+        in[13] = em_from_data(m, EM_F32, 2, (int64_t[]){T_, T_}, GPU);
+        free(m);
+        double hd = (double)E_ / NH_;
+        w->flops = 2.0 * B_ * T_ * (E * 3 * E + E * E + 8.0 * E * E) + 2.0 * 2 * B_ * NH_ * T_ * T_ * hd;
+    } else if (!strcmp(n, "sum_all")) {
+        int64_t N = (int64_t)1 << 26;
+        w->fn = sum_all;
+        w->nin = 1;
+        w->in[0] = randn(g, 1, &N, 1);
+        w->bytes = 4.0 * N;
+    } else {
+        int64_t n16 = 16;
+        w->fn = tiny_chain;
+        w->nin = 2;
+        w->in[0] = randn(g, 1, &n16, 1), w->in[1] = randn(g, 1, &n16, 1);
+    }
+}
+
+static void run(workload *w, int reps, double copy_bw, double mm_rate) {
+    em_compile_options o = {.ninputs = w->nin, .noutputs = 1, .name = w->name};
+    em_compiled *f = em_compile(w->fn, NULL, &o);
+    if (!f) die("em_compile");
+    call_ud ud = {f, w->in};
+    cuda_device *d = cuda_device_get(0);
+    double t0 = now();
+    call_body(&ud);
+    cuda_sync(d);
+    double first = now() - t0;
+    double t = time_events(call_body, &ud, reps);
+    em_compile_stats st;
+    em_compiled_stats(f, &st);
+    printf("%-16s %9.3f ms", w->name, t * 1e3);
+    if (w->bytes > 0)
+        printf("  %6.2f TB/s %5.1f%% of copy", w->bytes / t / 1e12, 100 * w->bytes / t / copy_bw);
+    if (w->flops > 0)
+        printf("  %6.2f TFLOP/s %5.1f%% of sgemm", w->flops / t / 1e12, 100 * w->flops / t / mm_rate);
+    if (!strcmp(w->name, "tiny_chain")) {
+        int n = 2000;
+        for (int i = 0; i < 10; i++) call_body(&ud);
+        cuda_sync(d);
+        double a = now();
+        for (int i = 0; i < n; i++) call_body(&ud);
+        cuda_sync(d);
+        printf("  wall %.2f us/call", (now() - a) / n * 1e6);
+    }
+    printf("  first-call %.3f s  kernels %d (compiled %lld, from cache %lld)\n", first, st.kernels,
+           (long long)st.kernels_compiled, (long long)st.kernels_loaded);
+    fflush(stdout);
+    em_compiled_free(f);
+}
+
+int main(int argc, char **argv) {
+    const char *only = "";
+    int reps = 20;
+    for (int i = 1; i + 1 < argc; i += 2) {
+        if (!strcmp(argv[i], "--only")) only = argv[i + 1];
+        else if (!strcmp(argv[i], "--reps")) reps = atoi(argv[i + 1]);
+    }
+    if (!em_device_available(GPU)) {
+        printf("SKIP: no CUDA device: %s\n", em_last_error());
+        return 77;
+    }
+    cuda_device *d = cuda_device_get(0);
+    char name[128] = "?";
+    cuda_driver()->DeviceGetName(name, sizeof name, d->dev);
+    printf("device %s, sm_%d%d, %d SMs, tf32 %s\n", name, d->major, d->minor, d->sm_count,
+           cuda_tf32_enabled() ? "on" : "off");
+    /* floors: 1 GiB device copy (read + write), f32 GEMM 8192^3 */
+    int64_t n = (int64_t)1 << 28;
+    em_tensor *a = em_empty(1, &n, EM_F32, GPU), *b = em_empty(1, &n, EM_F32, GPU);
+    if (!a || !b) die("alloc");
+    copy_ud cu = {em_data(b), em_data(a), (size_t)n * 4};
+    double tc = time_events(copy_body, &cu, 20), copy_bw = 2.0 * n * 4 / tc;
+    em_release(a);
+    em_release(b);
+    em_generator *g = em_generator_new(0);
+    int64_t m = 8192;
+    mm_ud mm = {randn(g, 2, (int64_t[]){m, m}, 1), randn(g, 2, (int64_t[]){m, m}, 1)};
+    double tm = time_events(mm_body, &mm, 10), mm_rate = 2.0 * m * m * m / tm;
+    em_release(mm.a);
+    em_release(mm.b);
+    printf("floor: d2d copy %.2f TB/s (read+write), sgemm 8192^3 %.1f TFLOP/s\n", copy_bw / 1e12,
+           mm_rate / 1e12);
+    const char *names[] = {"pointwise", "softmax", "layernorm", "mlp", "attention_block", "tiny_chain",
+                           "sum_all"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        if (*only && !strstr(only, names[i])) continue;
+        workload w = {.name = names[i]};
+        setup(&w, g);
+        run(&w, reps, copy_bw, mm_rate);
+        for (int k = 0; k < w.nin; k++) em_release(w.in[k]);
+    }
+    em_generator_free(g);
+    return 0;
+}
+
+#else
+int main(void) {
+    printf("SKIP: built without the CUDA headers\n");
+    return 77;
+}
+#endif

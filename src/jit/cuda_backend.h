@@ -1,0 +1,23 @@
+/* cuda_backend.h - the CUDA device for eager ops (cuda_backend.c, the
+ * em_backend table) and for compiled graphs (backend_cuda.c, the "cuda"
+ * jit backend), with matmul through cuBLAS (cuda_matmul.c). */
+#ifndef EMBER_CUDA_BACKEND_H
+#define EMBER_CUDA_BACKEND_H
+
+#include "cache.h"
+#include "cuda_lib.h"
+
+#ifdef EMBER_HAVE_CUDA
+
+/* out = c's matmul on device d via cuBLAS; EM_ERR_UNSUPPORTED for dtypes
+ * and layouts it does not take (the caller then uses the host). */
+em_status cuda_matmul(cuda_device *d, const em_op_call *c, em_tensor *out);
+
+/* The kernel cache eager CUDA ops use (opened once per process; NULL when
+ * it could not be opened), and how many kernels eager ops compiled and
+ * loaded so far in this process. */
+kc_cache *cuda_eager_cache(void);
+void cuda_eager_stats(int64_t *compiled, int64_t *loaded);
+
+#endif
+#endif

@@ -1,0 +1,799 @@
+/* cuda_emit.c - kernel IR -> CUDA C text (cuda_emit.h says what the
+ * generated kernels look like and why).
+ *
+ * Every value is a `const` local named v<index> defined where its
+ * instruction stands; accumulators are mutable locals a<index>; buffer
+ * parameter #n is p<n>, size parameter #n is s<n>.  Loops are C for-loops.
+ * The text depends only on the IR, so it can be the cache key. */
+#include "cuda_emit.h"
+
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* The helpers every kernel may use: warp and block reductions, float
+ * max/min that propagate NaN, the sigmoid without overflow. */
+static const char prelude[] =
+    "#define EM_FULL 0xffffffffu\n"
+    "template <class T> __device__ __forceinline__ T em_shfl(T v, int o) {\n"
+    "  return __shfl_xor_sync(EM_FULL, v, o);\n"
+    "}\n"
+    "__device__ __forceinline__ bool em_shfl(bool v, int o) {\n"
+    "  return __shfl_xor_sync(EM_FULL, (int)v, o) != 0;\n"
+    "}\n"
+    "template <class T> __device__ __forceinline__ T em_fmax(T a, T b) {\n"
+    "  return (a != a || a > b) ? a : b;\n"
+    "}\n"
+    "template <class T> __device__ __forceinline__ T em_fmin(T a, T b) {\n"
+    "  return (a != a || a < b) ? a : b;\n"
+    "}\n"
+    "struct em_add { template <class T> __device__ T operator()(T a, T b) const { return a + b; } };\n"
+    "struct em_addb { __device__ bool operator()(bool a, bool b) const { return a || b; } };\n"
+    "struct em_max { template <class T> __device__ T operator()(T a, T b) const { return em_fmax(a, b); } };\n"
+    "struct em_min { template <class T> __device__ T operator()(T a, T b) const { return em_fmin(a, b); } };\n"
+    "/* v combined over the block; every thread gets the result.  sh holds\n"
+    "   one value per warp; the first barrier keeps a previous call's\n"
+    "   readers from seeing this call's writes. */\n"
+    "template <class T, class F> __device__ __forceinline__ T em_block_reduce(T v, F f, T *sh) {\n"
+    "  for (int o = 16; o > 0; o >>= 1) v = f(v, em_shfl(v, o));\n"
+    "  __syncthreads();\n"
+    "  if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = v;\n"
+    "  __syncthreads();\n"
+    "  v = sh[0];\n"
+    "  for (int w = 1; w < (int)(blockDim.x >> 5); w++) v = f(v, sh[w]);\n"
+    "  return v;\n"
+    "}\n"
+    "__device__ __forceinline__ float em_sigmoidf(float x) {\n"
+    "  float e = expf(-fabsf(x));\n"
+    "  return (x >= 0.0f ? 1.0f : e) / (1.0f + e);\n"
+    "}\n"
+    "__device__ __forceinline__ double em_sigmoid(double x) {\n"
+    "  double e = exp(-fabs(x));\n"
+    "  return (x >= 0.0 ? 1.0 : e) / (1.0 + e);\n"
+    "}\n";
+
+/* Split loops with at most this many iterations per thread are fully
+ * unrolled, and their values may stay in registers across passes. */
+enum { MAX_CACHED_NIT = 32 };
+
+typedef struct egen {
+    const k_kernel *k;
+    FILE *f;
+    int *match;        /* K_RANGE -> its K_END */
+    int par;           /* the parallel range, or -1 */
+    cuda_shape shape;
+    int threads;
+    bool *split;       /* K_RANGE split over the block's threads (CU_ROWS) */
+    bool *written;     /* per parameter number: stored to */
+    /* CU_ROWS register cache (see plan_row_cache): per load/store its key
+     * or -1; per key its element type and trip count; per store whether a
+     * later pass overwrites it (then only the registers get it) */
+    int *key_of, *nit_of;
+    em_dtype *key_dtype;
+    int *key_nit;
+    bool *key_filled, *dead;
+    int nkeys;
+    int depth;         /* indentation */
+    int inner;         /* loops open inside the parallel range */
+    bool failed;
+    int lane;          /* >= 0: emitting lane `lane` of a 16-byte vector step */
+    int cur_split;     /* the counted split loop being emitted, or -1 */
+    char ring[8][32];  /* names handed out by nm(), reused round-robin */
+    int ringi;
+} egen;
+
+static const char *ctype(em_dtype d) {
+    switch (d) {
+    case EM_F32: return "float";
+    case EM_F64: return "double";
+    case EM_I32: return "int";
+    case EM_I64: return "long long";
+    case EM_BOOL: return "bool";
+    default: return NULL;
+    }
+}
+
+static const char *utype(em_dtype d) { return d == EM_I32 ? "unsigned" : "unsigned long long"; }
+
+static bool is_float(em_dtype d) { return d == EM_F32 || d == EM_F64; }
+
+static void indent(egen *G) {
+    for (int i = 0; i < G->depth + 1; i++) fputs("  ", G->f);
+}
+
+/* The name of value i: a parameter, an accumulator or a local. */
+static void name(egen *G, int i, char *buf, size_t n) {
+    const k_inst *in = &G->k->insts[i];
+    if (in->op == K_BUF) snprintf(buf, n, "p%" PRId64, in->ival);
+    else if (in->op == K_SIZE) snprintf(buf, n, "s%" PRId64, in->ival);
+    else if (in->op == K_ACC) snprintf(buf, n, "a%d", i);
+    else snprintf(buf, n, "v%d", i);
+}
+
+/* Value i's name in one of the ring's slots: a statement may hold up to
+ * eight names at once (function calls are sequenced, unlike a macro's
+ * side effects). */
+static const char *nm(egen *G, int i) {
+    char *b = G->ring[G->ringi = (G->ringi + 1) % 8];
+    name(G, i, b, sizeof G->ring[0]);
+    return b;
+}
+#define NM(i) nm(G, (i))
+
+/* A constant's exact value: floats as their bit pattern. */
+static void print_const(egen *G, const k_inst *in) {
+    FILE *f = G->f;
+    if (in->dtype == EM_F32) {
+        float x = (float)in->fval;
+        uint32_t u;
+        memcpy(&u, &x, 4);
+        fprintf(f, "__int_as_float(0x%08" PRIx32 ")", u);
+    } else if (in->dtype == EM_F64) {
+        uint64_t u;
+        memcpy(&u, &in->fval, 8);
+        fprintf(f, "__longlong_as_double(0x%016" PRIx64 "ll)", u);
+    } else if (in->dtype == EM_BOOL) {
+        fputs(in->ival ? "true" : "false", f);
+    } else if (in->dtype == EM_I32) {
+        fprintf(f, "((int)0x%08" PRIx32 "u)", (uint32_t)in->ival);
+    } else {
+        fprintf(f, "((long long)0x%016" PRIx64 "ull)", (uint64_t)in->ival);
+    }
+}
+
+/* f32 or f64 name of a libm-style function: expf / exp. */
+static void fcall(egen *G, const char *fn, bool f32, const char *x) {
+    fprintf(G->f, "%s%s(%s)", fn, f32 ? "f" : "", x);
+}
+
+static void unary(egen *G, k_alu op, em_dtype d, const char *x) {
+    FILE *f = G->f;
+    bool f32 = d == EM_F32;
+    const char *one = f32 ? "1.0f" : "1.0";
+    if (!is_float(d)) {
+        const char *t = ctype(d), *ut = utype(d);
+        switch (op) {
+        case KA_NEG: fprintf(f, "(%s)(0u - (%s)%s)", t, ut, x); return;
+        case KA_ABS: fprintf(f, "(%s < 0 ? (%s)(0u - (%s)%s) : %s)", x, t, ut, x, x); return;
+        case KA_RELU: fprintf(f, "(%s < 0 ? (%s)0 : %s)", x, t, x); return;
+        default: G->failed = true; return;
+        }
+    }
+    switch (op) {
+    case KA_NEG: fprintf(f, "(-%s)", x); return;
+    case KA_ABS: fcall(G, "fabs", f32, x); return;
+    case KA_EXP: fcall(G, "exp", f32, x); return;
+    case KA_LOG: fcall(G, "log", f32, x); return;
+    case KA_SQRT: fcall(G, "sqrt", f32, x); return;
+    case KA_RSQRT: fprintf(f, "(%s / sqrt%s(%s))", one, f32 ? "f" : "", x); return;
+    case KA_SIN: fcall(G, "sin", f32, x); return;
+    case KA_COS: fcall(G, "cos", f32, x); return;
+    case KA_TANH: fcall(G, "tanh", f32, x); return;
+    case KA_ERF: fcall(G, "erf", f32, x); return;
+    case KA_RELU: fprintf(f, "(%s < 0 ? (%s)0 : %s)", x, ctype(d), x); return;
+    case KA_SIGMOID: fprintf(f, "em_sigmoid%s(%s)", f32 ? "f" : "", x); return;
+    case KA_GELU: /* x/2 erfc(-x/sqrt 2): no cancellation for negative x */
+        fprintf(f, f32 ? "(0.5f * %s * erfcf(%s * -0.70710678118654752f))"
+                       : "(0.5 * %s * erfc(%s * -0.70710678118654752))", x, x);
+        return;
+    case KA_GELU_TANH: /* x sigmoid(2 sqrt(2/pi) (x + 0.044715 x^3)) */
+        fprintf(f, f32 ? "(%s * em_sigmoidf(%s * (1.5957691216057308f + 0.07135481627260025f * %s * %s)))"
+                       : "(%s * em_sigmoid(%s * (1.5957691216057308 + 0.07135481627260025 * %s * %s)))",
+                x, x, x, x);
+        return;
+    default: G->failed = true; return;
+    }
+}
+
+static void binary(egen *G, k_alu op, em_dtype d, const char *a, const char *b) {
+    FILE *f = G->f;
+    static const char *const cmp[] = {"==", "!=", "<", "<=", ">", ">="};
+    if (op >= KA_EQ && op <= KA_GE) {
+        fprintf(f, "(%s %s %s)", a, cmp[op - KA_EQ], b);
+        return;
+    }
+    if (is_float(d)) {
+        switch (op) {
+        case KA_ADD: fprintf(f, "(%s + %s)", a, b); return;
+        case KA_SUB: fprintf(f, "(%s - %s)", a, b); return;
+        case KA_MUL: fprintf(f, "(%s * %s)", a, b); return;
+        case KA_DIV: fprintf(f, "(%s / %s)", a, b); return;
+        case KA_POW: fprintf(f, "pow%s(%s, %s)", d == EM_F32 ? "f" : "", a, b); return;
+        case KA_MAX: fprintf(f, "em_fmax(%s, %s)", a, b); return;
+        case KA_MIN: fprintf(f, "em_fmin(%s, %s)", a, b); return;
+        default: G->failed = true; return;
+        }
+    }
+    if (d == EM_BOOL) {
+        switch (op) {
+        case KA_ADD:
+        case KA_MAX: fprintf(f, "(%s || %s)", a, b); return;
+        case KA_MUL:
+        case KA_MIN: fprintf(f, "(%s && %s)", a, b); return;
+        case KA_SUB: fprintf(f, "(%s != %s)", a, b); return;
+        default: G->failed = true; return;
+        }
+    }
+    const char *t = ctype(d), *ut = utype(d);
+    if (d == EM_I64 && (op == KA_ADD || op == KA_SUB || op == KA_MUL)) {
+        /* i64 is index arithmetic: signed, as the CPU generator, so that
+         * the compiler may assume no overflow */
+        fprintf(f, "(%s %s %s)", a, op == KA_ADD ? "+" : op == KA_SUB ? "-" : "*", b);
+        return;
+    }
+    switch (op) { /* i32 wraps, as the eager kernels */
+    case KA_ADD: fprintf(f, "(%s)((%s)%s + (%s)%s)", t, ut, a, ut, b); return;
+    case KA_SUB: fprintf(f, "(%s)((%s)%s - (%s)%s)", t, ut, a, ut, b); return;
+    case KA_MUL: fprintf(f, "(%s)((%s)%s * (%s)%s)", t, ut, a, ut, b); return;
+    case KA_MAX: fprintf(f, "(%s > %s ? %s : %s)", a, b, a, b); return;
+    case KA_MIN: fprintf(f, "(%s < %s ? %s : %s)", a, b, a, b); return;
+    case KA_IDIV:
+    case KA_MOD: /* non-negative operands; a divisor of 0 acts as 1 */
+        fprintf(f, "(%s)((%s)%s %s ((%s)%s + (%s)(%s == 0)))", t, ut, a, op == KA_IDIV ? "/" : "%",
+                ut, b, ut, b);
+        return;
+    default: G->failed = true; return;
+    }
+}
+
+static void cast(egen *G, em_dtype from, em_dtype to, const char *x) {
+    FILE *f = G->f;
+    if (to == EM_BOOL) fprintf(f, "(%s != 0)", x);
+    else if (from == EM_BOOL) fprintf(f, "(%s)(%s ? 1 : 0)", ctype(to), x);
+    else if (is_float(from) && to == EM_I32) fprintf(f, "__double2int_rz((double)%s)", x);
+    else if (is_float(from) && to == EM_I64) fprintf(f, "__double2ll_rz((double)%s)", x);
+    else if (to == EM_I32 && from == EM_I64) fprintf(f, "(int)(unsigned)(unsigned long long)%s", x);
+    else fprintf(f, "(%s)%s", ctype(to), x);
+}
+
+static void emit_seq(egen *G, int from, int to);
+static void mark_filled(egen *G, int r);
+
+/* The unrolled counter of the split loop emitting now. */
+static const char *itname(egen *G, int i) {
+    (void)i;
+    char *b = G->ring[G->ringi = (G->ringi + 1) % 8];
+    snprintf(b, sizeof G->ring[0], "it%d", G->cur_split);
+    return b;
+}
+
+/* A store: at row scope in a CU_ROWS kernel only thread 0 writes. */
+static void emit_store(egen *G, int i, bool row_scope) {
+    const k_inst *in = &G->k->insts[i];
+    indent(G);
+    if (row_scope) fputs("if (threadIdx.x == 0) ", G->f);
+    fprintf(G->f, "%s[%s] = %s;\n", NM(in->src[0]), NM(in->src[1]), NM(in->src[2]));
+}
+
+static void emit_update(egen *G, const k_inst *in) {
+    const k_inst *acc = &G->k->insts[in->src[0]];
+    const char *a = NM(in->src[0]), *v = NM(in->src[1]);
+    indent(G);
+    fprintf(G->f, "%s = ", a);
+    binary(G, acc->alu, acc->dtype, a, v);
+    fputs(";\n", G->f);
+}
+
+/* Whether the current position is at row scope: directly inside the
+ * parallel range of a CU_ROWS kernel, outside any inner loop. */
+static bool at_row_scope(const egen *G) { return G->shape == CU_ROWS && G->inner == 0; }
+
+static void emit_inst(egen *G, int i) {
+    const k_inst *in = &G->k->insts[i];
+    FILE *f = G->f;
+    switch (in->op) {
+    case K_BUF:
+    case K_SIZE: return; /* parameters */
+    case K_CONST:
+        indent(G);
+        fprintf(f, "const %s %s = ", ctype(in->dtype), NM(i));
+        print_const(G, in);
+        fputs(";\n", f);
+        return;
+    case K_LOAD:
+        indent(G);
+        if (G->lane >= 0) /* from the vector loaded before the lanes */
+            fprintf(f, "const %s %s = L%d.%c;\n", ctype(in->dtype), NM(i), i, "xyzw"[G->lane]);
+        else if (G->key_of && G->key_of[i] >= 0 && G->key_filled[G->key_of[i]])
+            fprintf(f, "const %s %s = rc%d[%s];\n", ctype(in->dtype), NM(i), G->key_of[i], itname(G, i));
+        else if (G->key_of && G->key_of[i] >= 0)
+            fprintf(f, "const %s %s = %s[%s]; rc%d[%s] = %s;\n", ctype(in->dtype), NM(i),
+                    NM(in->src[0]), NM(in->src[1]), G->key_of[i], itname(G, i), NM(i));
+        else
+            fprintf(f, "const %s %s = %s[%s];\n", ctype(in->dtype), NM(i), NM(in->src[0]), NM(in->src[1]));
+        return;
+    case K_STORE:
+        if (G->lane >= 0) {
+            indent(G);
+            fprintf(f, "S%d.%c = %s;\n", i, "xyzw"[G->lane], NM(in->src[2]));
+            return;
+        }
+        if (G->key_of && G->key_of[i] >= 0) {
+            indent(G);
+            fprintf(f, "rc%d[%s] = %s;\n", G->key_of[i], itname(G, i), NM(in->src[2]));
+            if (G->dead[i]) return; /* a later pass stores here */
+        }
+        emit_store(G, i, at_row_scope(G));
+        return;
+    case K_ALU: {
+        const k_inst *a = &G->k->insts[in->src[0]];
+        em_dtype d = in->alu == KA_WHERE ? G->k->insts[in->src[1]].dtype : a->dtype;
+        indent(G);
+        fprintf(f, "const %s %s = ", ctype(in->dtype), NM(i));
+        if (in->alu == KA_WHERE) {
+            const char *c = NM(in->src[0]), *x = NM(in->src[1]), *y = NM(in->src[2]);
+            fprintf(f, "(%s ? %s : %s)", c, x, y);
+        } else if (in->nsrc == 1) {
+            unary(G, in->alu, d, NM(in->src[0]));
+        } else {
+            const char *x = NM(in->src[0]), *y = NM(in->src[1]);
+            binary(G, in->alu, d, x, y);
+        }
+        fputs(";\n", f);
+        return;
+    }
+    case K_CAST:
+        indent(G);
+        fprintf(f, "const %s %s = ", ctype(in->dtype), NM(i));
+        cast(G, G->k->insts[in->src[0]].dtype, in->dtype, NM(in->src[0]));
+        fputs(";\n", f);
+        return;
+    case K_ACC:
+        indent(G);
+        fprintf(f, "%s %s = %s;\n", ctype(in->dtype), NM(i), NM(in->src[0]));
+        return;
+    case K_ACC_UPDATE: emit_update(G, in); return;
+    default: G->failed = true; return;
+    }
+}
+
+/* After a split loop: every accumulator it updated becomes the block's. */
+static void emit_block_reductions(egen *G, int r) {
+    const k_kernel *k = G->k;
+    for (int i = r + 1; i < G->match[r]; i++) {
+        const k_inst *u = &k->insts[i];
+        if (u->op != K_ACC_UPDATE) continue;
+        int a = u->src[0];
+        bool first = true; /* reduce each accumulator once */
+        for (int j = r + 1; j < i; j++)
+            if (k->insts[j].op == K_ACC_UPDATE && k->insts[j].src[0] == a) first = false;
+        if (!first || a > r) continue; /* declared inside: per thread only */
+        const k_inst *acc = &k->insts[a];
+        const char *fn = acc->alu == KA_ADD ? (acc->dtype == EM_BOOL ? "em_addb" : "em_add")
+                                            : acc->alu == KA_MAX ? "em_max" : "em_min";
+        indent(G);
+        fprintf(G->f, "%s = em_block_reduce(%s, %s(), (%s *)em_sh);\n", NM(a), NM(a), fn,
+                ctype(acc->dtype));
+    }
+}
+
+static void emit_range(egen *G, int r) {
+    const k_inst *in = &G->k->insts[r];
+    const char *v = NM(r), *ext = NM(in->src[0]);
+    const k_inst *e = &G->k->insts[in->src[0]];
+    int T = G->threads;
+    bool counted = G->split[r] && e->op == K_CONST; /* a trip count the compiler sees */
+    bool guard = false;
+    indent(G);
+    if (counted) {
+        /* j = tid + it*T for it < ceil(E/T): a constant trip count, so the
+         * loads of a pass are unrolled and in flight together */
+        int64_t nit = (e->ival + T - 1) / T;
+        guard = e->ival % T != 0;
+        fprintf(G->f, "#pragma unroll %d\n", nit <= MAX_CACHED_NIT ? (int)nit : 4);
+        indent(G);
+        fprintf(G->f, "for (int it%d = 0; it%d < %" PRId64 "; it%d++) {\n", r, r, nit, r);
+        G->depth++;
+        indent(G);
+        fprintf(G->f, "const long long %s = threadIdx.x + (long long)it%d * %d;\n", v, r, T);
+        if (guard) {
+            indent(G);
+            fprintf(G->f, "if (%s < %s) {\n", v, ext);
+        }
+    } else if (G->split[r]) {
+        fprintf(G->f, "for (long long %s = threadIdx.x; %s < %s; %s += %d) {\n", v, v, ext, v, T);
+    } else {
+        fprintf(G->f, "for (long long %s = 0; %s < %s; %s++) {\n", v, v, ext, v);
+    }
+    G->depth++;
+    G->inner++;
+    int outer_split = G->cur_split;
+    G->cur_split = counted ? r : -1;
+    emit_seq(G, r + 1, G->match[r]);
+    G->cur_split = outer_split;
+    G->inner--;
+    G->depth--;
+    if (guard) {
+        indent(G);
+        fputs("}\n", G->f);
+    }
+    if (counted) G->depth--;
+    indent(G);
+    fputs("}\n", G->f);
+    if (G->split[r]) emit_block_reductions(G, r);
+    if (G->key_of) mark_filled(G, r);
+}
+
+static void emit_seq(egen *G, int from, int to) {
+    for (int i = from; i < to && !G->failed; i++) {
+        if (G->k->insts[i].op == K_RANGE) {
+            emit_range(G, i);
+            i = G->match[i];
+        } else {
+            emit_inst(G, i);
+        }
+    }
+}
+
+/* ---- the kernel's shape ---- */
+
+static int pow2_at_least(int64_t n) {
+    int p = 32;
+    while (p < n && p < 1024) p *= 2;
+    return p;
+}
+
+/* Elements per thread a rows kernel aims for: EMBER_CUDA_ROW_ELEMS (1 to
+ * 64, a tuning knob), else 32.  Measured on the H200, 32768 x 4096 rows
+ * (fraction of copy bandwidth, softmax / layer_norm): 4: 38% / 36%,
+ * 8: 84% / 64%, 16: 85% / 88%, 32: 85% / 91%. */
+static int row_elems(void) {
+    const char *e = getenv("EMBER_CUDA_ROW_ELEMS");
+    int v = e ? atoi(e) : 0;
+    return v >= 1 && v <= 64 ? v : 32;
+}
+
+static void choose_shape(egen *G, cuda_src *out) {
+    const k_kernel *k = G->k;
+    G->par = -1;
+    bool outside = false; /* loops or stores outside the parallel range */
+    for (int i = 0; i < k->n; i++) {
+        const k_inst *in = &k->insts[i];
+        if (in->op == K_RANGE && (in->flags & K_PARALLEL) && G->par < 0) {
+            G->par = i;
+            i = G->match[i];
+        } else if (in->op == K_RANGE || in->op == K_STORE || in->op == K_ACC_UPDATE) {
+            outside = true;
+        }
+    }
+    out->extent = 1;
+    if (G->par < 0 || outside || k->insts[k->insts[G->par].src[0]].op != K_CONST) {
+        G->shape = CU_SERIAL;
+        G->threads = 1;
+        return;
+    }
+    out->extent = k->insts[k->insts[G->par].src[0]].ival;
+    G->shape = CU_FLAT;
+    G->threads = 256;
+    int64_t widest = 0;
+    for (int i = G->par + 1; i < G->match[G->par]; i++) {
+        const k_inst *in = &k->insts[i];
+        if (in->op != K_RANGE) continue;
+        G->shape = CU_ROWS;
+        G->split[i] = true;
+        const k_inst *e = &k->insts[in->src[0]];
+        int64_t n = e->op == K_CONST ? e->ival : 1024;
+        if (n > widest) widest = n;
+        i = G->match[i]; /* deeper loops stay serial */
+    }
+    /* rows: row_elems() elements per thread, from a warp up to 1024
+     * threads.  Few elements per thread (4: 1024 threads, 2 rows in flight
+     * per SM) left the kernels latency-bound on their passes and barriers. */
+    if (G->shape == CU_ROWS) {
+        int per = row_elems();
+        G->threads = pow2_at_least((widest + per - 1) / per);
+    }
+}
+
+/* ---- the function ---- */
+
+static void emit_params(egen *G) {
+    const k_kernel *k = G->k;
+    FILE *f = G->f;
+    bool first = true;
+    for (int p = 0; p < k->nbufs; p++) { /* in parameter order */
+        for (int i = 0; i < k->n; i++) {
+            const k_inst *in = &k->insts[i];
+            if (in->op != K_BUF || in->ival != p) continue;
+            fprintf(f, "%s%s%s *__restrict__ p%d", first ? "" : ", ", G->written[p] ? "" : "const ",
+                    ctype(in->dtype), p);
+            first = false;
+            break;
+        }
+    }
+    for (int p = 0; p < k->nsizes; p++) {
+        fprintf(f, "%slong long s%d", first ? "" : ", ", p);
+        first = false;
+    }
+}
+
+/* The parallel range as a grid-stride loop over elements (CU_FLAT): a main
+ * loop whose U elements per thread are all in bounds, then the tail. */
+static void emit_flat(egen *G, int U, int64_t n) {
+    FILE *f = G->f;
+    int P = G->par, T = G->threads;
+    fprintf(f, "  const long long n = %" PRId64 "ll;\n", n);
+    fprintf(f, "  const long long step = (long long)gridDim.x * %d;\n", T * U);
+    fprintf(f, "  long long base = (long long)blockIdx.x * %d + threadIdx.x;\n", T * U);
+    fprintf(f, "  for (; base + %d < n; base += step) {\n", (U - 1) * T);
+    fprintf(f, "#pragma unroll\n    for (int u = 0; u < %d; u++) {\n", U);
+    fprintf(f, "      const long long v%d = base + (long long)u * %d;\n", P, T);
+    G->depth = 2;
+    emit_seq(G, P + 1, G->match[P]);
+    fputs("    }\n  }\n", f);
+    fprintf(f, "  for (long long v%d = base; v%d < n; v%d += %d) {\n", P, P, P, T);
+    G->depth = 1;
+    emit_seq(G, P + 1, G->match[P]);
+    fputs("  }\n", f);
+}
+
+/* Whether the CU_FLAT kernel can step by 16-byte vectors: every load and
+ * store inside the parallel range reads or writes element v (the range
+ * variable itself) of a 4-byte buffer. */
+static bool vectorizable(const egen *G) {
+    const k_kernel *k = G->k;
+    int P = G->par;
+    for (int i = P + 1; i < G->match[P]; i++) {
+        const k_inst *in = &k->insts[i];
+        if (in->op != K_LOAD && in->op != K_STORE) continue;
+        em_dtype d = k->insts[in->src[0]].dtype;
+        if (in->src[1] != P || (d != EM_F32 && d != EM_I32)) return false;
+    }
+    return true;
+}
+
+static const char *vtype(em_dtype d) { return d == EM_F32 ? "float4" : "int4"; }
+
+/* NAME_v4: four consecutive elements per thread and step, loaded and
+ * stored as one 16-byte vector each (the launch picks it when every
+ * buffer is 16-byte aligned); the last n % 4 elements one by one. */
+static void emit_flat_v4(egen *G, int64_t n) {
+    FILE *f = G->f;
+    const k_kernel *k = G->k;
+    int P = G->par, T = G->threads;
+    fprintf(f, "  const long long n = %" PRId64 "ll, nv = n / 4;\n", n);
+    fprintf(f, "  const long long step = (long long)gridDim.x * %d;\n", T);
+    fprintf(f, "  for (long long q = (long long)blockIdx.x * %d + threadIdx.x; q < nv; q += step) {\n", T);
+    for (int i = P + 1; i < G->match[P]; i++) {
+        const k_inst *in = &k->insts[i];
+        em_dtype d = in->op == K_LOAD || in->op == K_STORE ? k->insts[in->src[0]].dtype : EM_F32;
+        if (in->op == K_LOAD)
+            fprintf(f, "    const %s L%d = reinterpret_cast<const %s *>(%s)[q];\n", vtype(d), i,
+                    vtype(d), nm(G, in->src[0]));
+        else if (in->op == K_STORE)
+            fprintf(f, "    %s S%d;\n", vtype(d), i);
+    }
+    for (int lane = 0; lane < 4; lane++) {
+        fprintf(f, "    {\n      const long long v%d = q * 4 + %d;\n", P, lane);
+        G->lane = lane;
+        G->depth = 2;
+        emit_seq(G, P + 1, G->match[P]);
+        G->lane = -1;
+        fputs("    }\n", f);
+    }
+    for (int i = P + 1; i < G->match[P]; i++) {
+        const k_inst *in = &k->insts[i];
+        em_dtype d = in->op == K_STORE ? k->insts[in->src[0]].dtype : EM_F32;
+        if (in->op == K_STORE)
+            fprintf(f, "    reinterpret_cast<%s *>(%s)[q] = S%d;\n", vtype(d), nm(G, in->src[0]), i);
+    }
+    fputs("  }\n", f);
+    fprintf(f, "  for (long long v%d = nv * 4 + (long long)blockIdx.x * %d + threadIdx.x; v%d < n; v%d += step) {\n",
+            P, T, P, P);
+    G->depth = 1;
+    emit_seq(G, P + 1, G->match[P]);
+    fputs("  }\n", f);
+}
+
+/* ---- CU_ROWS: the row's values kept in registers across passes ----
+ * Every pass of a rows kernel walks j = tid + it*T over the same row, so a
+ * thread touches the same elements in each pass.  A load or store of
+ * buffer b at index base + j (base fixed for the row) in such a loop (a
+ * constant trip count of at most 16, fully unrolled) is keyed (b, base,
+ * extent): the first access fills registers rc<key>[it], later passes read
+ * them instead of memory (softmax's and layer_norm's second and third reads
+ * of x), and a store that a later pass overwrites at the same place
+ * (lower.c's stash) only goes to the registers.  A buffer with any other
+ * access is left alone. */
+
+
+/* The key-able index of access i in counted split loop r: base (or -1
+ * for j itself) via *base; false when the index is anything else. */
+static bool cache_index(const egen *G, int i, int r, int *base) {
+    const k_kernel *k = G->k;
+    int idx = k->insts[i].src[1];
+    if (idx == r) {
+        *base = -1;
+        return true;
+    }
+    const k_inst *a = &k->insts[idx];
+    if (a->op != K_ALU || a->alu != KA_ADD) return false;
+    int o = a->src[0] == r ? a->src[1] : a->src[1] == r ? a->src[0] : -2;
+    if (o < -1 || o >= r) return false; /* the base must be fixed before the loop */
+    *base = o;
+    return true;
+}
+
+static void plan_row_cache(egen *G, int *stack, int *kbuf, int *kbase, int64_t *kext) {
+    const k_kernel *k = G->k;
+    bool *bad = G->written + k->nbufs + 1; /* scratch: per buffer parameter */
+    int depth = 0;
+    for (int i = 0; i < k->n; i++) {
+        const k_inst *in = &k->insts[i];
+        G->key_of[i] = -1;
+        if (in->op == K_RANGE) stack[depth++] = i;
+        else if (in->op == K_END) depth--;
+        if (in->op != K_LOAD && in->op != K_STORE) continue;
+        int b = (int)k->insts[in->src[0]].ival, r = depth ? stack[depth - 1] : -1, base;
+        if (r < 0 || G->nit_of[r] <= 0 || !cache_index(G, i, r, &base)) {
+            bad[b] = true;
+            continue;
+        }
+        int64_t ext = k->insts[k->insts[r].src[0]].ival;
+        int key = -1;
+        for (int q = 0; q < G->nkeys && key < 0; q++)
+            if (kbuf[q] == b && kbase[q] == base && kext[q] == ext) key = q;
+        if (key < 0) {
+            key = G->nkeys++;
+            kbuf[key] = b, kbase[key] = base, kext[key] = ext;
+            G->key_dtype[key] = k->insts[in->src[0]].dtype;
+            G->key_nit[key] = G->nit_of[r];
+        }
+        G->key_of[i] = key;
+    }
+    for (int q = 0; q < G->nkeys; q++) /* two keys, one buffer: they might alias */
+        for (int q2 = q + 1; q2 < G->nkeys; q2++)
+            if (kbuf[q] == kbuf[q2]) bad[kbuf[q]] = true;
+    for (int i = 0; i < k->n; i++) { /* drop the keys of buffers used otherwise */
+        const k_inst *in = &k->insts[i];
+        if (G->key_of[i] >= 0 && bad[k->insts[in->src[0]].ival]) G->key_of[i] = -1;
+    }
+    for (int i = 0; i < k->n; i++) { /* stores a later store of the key replaces */
+        if (k->insts[i].op != K_STORE || G->key_of[i] < 0) continue;
+        for (int j = i + 1; j < k->n && !G->dead[i]; j++)
+            if (k->insts[j].op == K_STORE && G->key_of[j] == G->key_of[i]) G->dead[i] = true;
+    }
+}
+
+/* Trip counts of the split loops, then the register cache's plan. */
+static em_status plan_rows(egen *G, int *stack, int *kbuf, int *kbase, int64_t *kext) {
+    const k_kernel *k = G->k;
+    size_t nn = (size_t)k->n + 1;
+    for (int i = 0; i < k->n; i++) {
+        const k_inst *e = G->split[i] ? &k->insts[k->insts[i].src[0]] : NULL;
+        int64_t nit = e && e->op == K_CONST ? (e->ival + G->threads - 1) / G->threads : 0;
+        G->nit_of[i] = nit <= MAX_CACHED_NIT ? (int)nit : 0;
+    }
+    G->key_of = em_calloc(nn, sizeof(int));
+    G->key_dtype = em_calloc(nn, sizeof(em_dtype));
+    G->key_nit = em_calloc(nn, sizeof(int));
+    G->key_filled = em_calloc(nn, sizeof(bool));
+    G->dead = em_calloc(nn, sizeof(bool));
+    if (!G->key_of || !G->key_dtype || !G->key_nit || !G->key_filled || !G->dead) return em_last_status();
+    plan_row_cache(G, stack, kbuf, kbase, kext);
+    return EM_OK;
+}
+
+/* After split loop r: the keys it touched are in registers. */
+static void mark_filled(egen *G, int r) {
+    for (int i = r + 1; i < G->match[r]; i++)
+        if (G->key_of[i] >= 0) G->key_filled[G->key_of[i]] = true;
+}
+
+static void emit_rows(egen *G, int64_t rows) {
+    FILE *f = G->f;
+    int P = G->par;
+    fputs("  __shared__ double em_sh[32];\n", f);
+    fprintf(f, "  for (long long v%d = blockIdx.x; v%d < %" PRId64 "ll; v%d += gridDim.x) {\n", P, P,
+            rows, P);
+    for (int q = 0; q < G->nkeys; q++)
+        fprintf(f, "    %s rc%d[%d];\n", ctype(G->key_dtype[q]), q, G->key_nit[q]);
+    G->depth = 1;
+    G->inner = 0;
+    emit_seq(G, P + 1, G->match[P]);
+    fputs("  }\n", f);
+}
+
+static void emit_kernel(egen *G, cuda_src *out) {
+    FILE *f = G->f;
+    const k_kernel *k = G->k;
+    fputs(prelude, f);
+    if (out->vec4) {
+        fprintf(f, "extern \"C\" __global__ void __launch_bounds__(%d) %s_v4(", G->threads, k->name);
+        emit_params(G);
+        fputs(") {\n", f);
+        G->depth = 0;
+        emit_seq(G, 0, G->par);
+        emit_flat_v4(G, out->extent);
+        fputs("}\n", f);
+    }
+    fprintf(f, "extern \"C\" __global__ void __launch_bounds__(%d) %s(", G->threads, k->name);
+    emit_params(G);
+    fputs(") {\n", f);
+    G->depth = 0;
+    G->inner = 0;
+    if (G->shape == CU_SERIAL) {
+        fputs("  if (blockIdx.x != 0 || threadIdx.x != 0) return;\n", f);
+        emit_seq(G, 0, k->n);
+    } else {
+        emit_seq(G, 0, G->par); /* constants and parameters before the loop */
+        if (G->shape == CU_FLAT) emit_flat(G, out->unroll, out->extent);
+        else emit_rows(G, out->extent);
+    }
+    fputs("}\n", f);
+}
+
+static bool dtypes_ok(const k_kernel *k) {
+    for (int i = 0; i < k->n; i++) {
+        const k_inst *in = &k->insts[i];
+        if (in->op == K_STORE || in->op == K_END || in->op == K_RANGE) continue;
+        if (!ctype(in->dtype)) return false;
+    }
+    return true;
+}
+
+em_status cuda_emit(const k_kernel *k, cuda_src *out) {
+    memset(out, 0, sizeof *out);
+    em_status s = kir_verify(k);
+    if (s != EM_OK) { /* the message is copied first: em_error writes over it */
+        char why[256];
+        snprintf(why, sizeof why, "%s", em_last_error());
+        return em_error(EM_ERR_ARG, "cuda_emit: %s", why);
+    }
+    if (!dtypes_ok(k)) return em_error(EM_ERR_UNSUPPORTED, "cuda_emit: %s: f16/bf16 values", k->name);
+    size_t nn = (size_t)k->n + 1;
+    egen G = {.k = k};
+    G.match = em_calloc(nn, sizeof(int));
+    G.split = em_calloc(nn, sizeof(bool));
+    G.written = em_calloc(2 * ((size_t)k->nbufs + 1), sizeof(bool)); /* + scratch */
+    int *stack = em_calloc(nn, sizeof(int));
+    G.nit_of = em_calloc(nn, sizeof(int));
+    int *kbuf = em_calloc(nn, sizeof(int)), *kbase = em_calloc(nn, sizeof(int));
+    int64_t *kext = em_calloc(nn, sizeof(int64_t));
+    char *text = NULL;
+    size_t len = 0;
+    if (!G.match || !G.split || !G.written || !stack || !G.nit_of || !kbuf || !kbase || !kext) {
+        s = em_last_status();
+        goto done;
+    }
+    int depth = 0; /* ranges are balanced: kir_verify */
+    for (int i = 0; i < k->n; i++) {
+        const k_inst *in = &k->insts[i];
+        if (in->op == K_RANGE) stack[depth++] = i;
+        else if (in->op == K_END) G.match[stack[--depth]] = i;
+        else if (in->op == K_STORE) G.written[k->insts[in->src[0]].ival] = true;
+    }
+    choose_shape(&G, out);
+    out->shape = G.shape;
+    out->threads = G.threads;
+    out->unroll = G.shape == CU_FLAT ? 4 : 1;
+    out->vec4 = G.shape == CU_FLAT && vectorizable(&G);
+    G.lane = G.cur_split = -1;
+    if (G.shape == CU_ROWS && (s = plan_rows(&G, stack, kbuf, kbase, kext)) != EM_OK) goto done;
+    G.f = open_memstream(&text, &len);
+    if (!G.f) {
+        s = em_error(EM_ERR_NOMEM, "cuda_emit: open_memstream failed");
+        goto done;
+    }
+    emit_kernel(&G, out);
+    fclose(G.f);
+    if (G.failed) {
+        s = em_error(EM_ERR_UNSUPPORTED, "cuda_emit: %s: an operation the CUDA printer lacks", k->name);
+    } else if ((out->text = em_malloc(len + 1))) {
+        memcpy(out->text, text, len + 1);
+    } else {
+        s = em_last_status();
+    }
+done:
+    free(text);
+    em_free(G.match), em_free(G.split), em_free(G.written), em_free(stack);
+    em_free(G.nit_of), em_free(kbuf), em_free(kbase), em_free(kext);
+    em_free(G.key_of), em_free(G.key_dtype), em_free(G.key_nit), em_free(G.key_filled), em_free(G.dead);
+    return s;
+}
+
+void cuda_src_free(cuda_src *s) {
+    if (!s) return;
+    em_free(s->text);
+    s->text = NULL;
+}

@@ -1,0 +1,65 @@
+/* cuda_emit.h - the kernel IR (kir.h) printed as CUDA C for NVRTC.
+ *
+ * Sibling of cpu_gccjit_emit.c.  The kernel's parallel range becomes the
+ * grid; what happens inside it decides the kernel's shape:
+ *
+ *  - CU_FLAT: no loop inside the parallel range (pointwise kernels).  A
+ *    grid-stride loop in which each thread handles U elements per step,
+ *    T apart (coalesced), with every buffer __restrict__ so the U loads of
+ *    a step are all in flight before the first store; a tail loop does the
+ *    last partial step.  The grid is sized from the SM count.  When every
+ *    load and store is element v of a 4-byte buffer, NAME_v4 does the same
+ *    with one 16-byte load or store per buffer for four elements.
+ *  - CU_ROWS: loops inside (rows with reductions, broadcasts along a row).
+ *    A block per row (grid-stride over rows); the first inner loop of each
+ *    pass is split over the block's threads (j = tid + it*T for a constant,
+ *    unrolled trip count when the extent is constant), deeper loops run in
+ *    each thread.  A buffer read or written only at base + j in such
+ *    passes is kept in registers between them (rc<key>[it]): the row is
+ *    read from memory once, and a store a later pass overwrites is not
+ *    made.  An accumulator updated in such a pass is a
+ *    per-thread partial, combined after the pass by a block reduction (warp
+ *    shuffles, then one value per warp through shared memory) whose result
+ *    every thread gets.  Row-scope stores are done by thread 0.  Every pass
+ *    splits j the same way, so a value a thread stores in one pass (lower.c's
+ *    stash) is read back by the same thread in the next.
+ *  - CU_SERIAL: anything else (stores or loops outside the parallel range):
+ *    one thread runs the whole kernel.  Correct, slow; lower.c does not
+ *    produce such kernels today.
+ *
+ * Arithmetic follows the eager CPU kernels (cpu_gccjit.h states them): i32
+ * wraps, float max/min propagate NaN, float -> int truncates and saturates
+ * with NaN -> 0 (cvt.rzi), index division by 0 acts as division by 1.
+ * Transcendentals are CUDA's own accurate functions (expf, tanhf, erff...,
+ * no fast-math); constants are written as bit patterns, so they are exact
+ * and need no INFINITY macro (NVRTC has no libc headers). */
+#ifndef EMBER_CUDA_EMIT_H
+#define EMBER_CUDA_EMIT_H
+
+#include "kir.h"
+
+typedef enum cuda_shape { CU_FLAT, CU_ROWS, CU_SERIAL } cuda_shape;
+
+typedef struct cuda_src {
+    char *text;       /* the CUDA C translation unit (em_malloc; cuda_src_free) */
+    cuda_shape shape;
+    int threads;      /* block size */
+    int unroll;       /* CU_FLAT: elements per thread per step */
+    int64_t extent;   /* iterations of the parallel range (rows, or elements) */
+    bool vec4;        /* CU_FLAT: the text also defines NAME_v4, the same
+                         kernel stepping by 16-byte vectors (for buffers
+                         that are all 16-byte aligned) */
+} cuda_src;
+
+/* Prints k as one `extern "C" __global__` function named k->name whose
+ * parameters are the buffers (T *, in parameter order) then the sizes
+ * (long long).  EM_ERR_UNSUPPORTED for IR it cannot map (a parallel
+ * extent that is not a constant, f16/bf16), EM_ERR_ARG for IR that fails
+ * kir_verify. */
+em_status cuda_emit(const k_kernel *k, cuda_src *out);
+void cuda_src_free(cuda_src *s);
+
+/* The version of the generator: part of every cache key. */
+#define CUDA_EMIT_VERSION "cuda-emit-2"
+
+#endif

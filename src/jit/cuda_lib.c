@@ -1,0 +1,382 @@
+/* cuda_lib.c - dlopen of the CUDA libraries, per-device state and the
+ * caching device allocator (see cuda_lib.h for why they are per process). */
+#include "cuda_lib.h"
+
+#ifdef EMBER_HAVE_CUDA
+
+#include <dlfcn.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* A macro's expansion as a string: cuda.h maps cuMemAlloc to cuMemAlloc_v2
+ * and so on, and the library exports the expanded names. */
+#define SYM_(x) #x
+#define SYM(x) SYM_(x)
+
+typedef struct lib_state {
+    pthread_once_t once;
+    void *handle;
+    bool ok;
+    char why[256];
+} lib_state;
+
+static bool load_sym(void *h, const char *name, void **slot, char *why, size_t n) {
+    *slot = dlsym(h, name);
+    if (!*slot) snprintf(why, n, "symbol %s missing", name);
+    return *slot != NULL;
+}
+
+/* Opens soname (or, for sonames that also exist unversioned, name) and
+ * reports why not. */
+static void *open_lib(const char *soname, const char *what, char *why, size_t n) {
+    void *h = dlopen(soname, RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+        const char *e = dlerror();
+        snprintf(why, n, "%s: %s not found (%s)", what, soname, e ? e : "dlopen failed");
+    }
+    return h;
+}
+
+/* ---- driver ---- */
+static cu_api cu;
+static lib_state cu_state = {.once = PTHREAD_ONCE_INIT};
+
+static void load_driver(void) {
+    lib_state *st = &cu_state;
+    st->handle = open_lib("libcuda.so.1", "no CUDA driver", st->why, sizeof st->why);
+    if (!st->handle) return;
+    void *h = st->handle;
+    char *w = st->why;
+    size_t n = sizeof st->why;
+#define L(field, fn) load_sym(h, SYM(fn), (void **)&cu.field, w, n)
+    bool ok = L(Init, cuInit) && L(DriverGetVersion, cuDriverGetVersion) &&
+              L(DeviceGetCount, cuDeviceGetCount) && L(DeviceGet, cuDeviceGet) &&
+              L(DeviceGetAttribute, cuDeviceGetAttribute) && L(DeviceGetName, cuDeviceGetName) &&
+              L(DevicePrimaryCtxRetain, cuDevicePrimaryCtxRetain) &&
+              L(CtxSetCurrent, cuCtxSetCurrent) && L(StreamCreate, cuStreamCreate) &&
+              L(StreamSynchronize, cuStreamSynchronize) && L(MemAlloc, cuMemAlloc) &&
+              L(MemFree, cuMemFree) && L(MemcpyHtoDAsync, cuMemcpyHtoDAsync) &&
+              L(MemcpyDtoHAsync, cuMemcpyDtoHAsync) && L(MemcpyDtoDAsync, cuMemcpyDtoDAsync) &&
+              L(ModuleLoadData, cuModuleLoadData) && L(ModuleGetFunction, cuModuleGetFunction) &&
+              L(ModuleUnload, cuModuleUnload) && L(LaunchKernel, cuLaunchKernel) &&
+              L(GetErrorString, cuGetErrorString) && L(EventCreate, cuEventCreate) &&
+              L(EventRecord, cuEventRecord) && L(EventSynchronize, cuEventSynchronize) &&
+              L(EventElapsedTime, cuEventElapsedTime) && L(EventDestroy, cuEventDestroy);
+#undef L
+    if (!ok) return;
+    CUresult r = cu.Init(0);
+    if (r != CUDA_SUCCESS) {
+        const char *msg = NULL;
+        cu.GetErrorString(r, &msg);
+        snprintf(w, n, "the CUDA driver failed to initialize: %s (error %d)", msg ? msg : "?",
+                 (int)r);
+        return;
+    }
+    st->ok = true;
+}
+
+const cu_api *cuda_driver(void) {
+    pthread_once(&cu_state.once, load_driver);
+    if (!cu_state.ok) {
+        em_error(EM_ERR_DEVICE, "%s", cu_state.why);
+        return NULL;
+    }
+    return &cu;
+}
+
+/* ---- NVRTC ---- */
+static nvrtc_api nv;
+static lib_state nv_state = {.once = PTHREAD_ONCE_INIT};
+
+static void load_nvrtc(void) {
+    lib_state *st = &nv_state;
+    st->handle = open_lib("libnvrtc.so.13", "no NVRTC", st->why, sizeof st->why);
+    if (!st->handle) return;
+    void *h = st->handle;
+    char *w = st->why;
+    size_t n = sizeof st->why;
+#define L(field, fn) load_sym(h, SYM(fn), (void **)&nv.field, w, n)
+    st->ok = L(Version, nvrtcVersion) && L(GetErrorString, nvrtcGetErrorString) &&
+             L(CreateProgram, nvrtcCreateProgram) && L(CompileProgram, nvrtcCompileProgram) &&
+             L(DestroyProgram, nvrtcDestroyProgram) &&
+             L(GetProgramLogSize, nvrtcGetProgramLogSize) &&
+             L(GetProgramLog, nvrtcGetProgramLog) && L(GetPTXSize, nvrtcGetPTXSize) &&
+             L(GetPTX, nvrtcGetPTX) && L(GetCUBINSize, nvrtcGetCUBINSize) &&
+             L(GetCUBIN, nvrtcGetCUBIN);
+#undef L
+}
+
+const nvrtc_api *cuda_nvrtc(void) {
+    pthread_once(&nv_state.once, load_nvrtc);
+    if (!nv_state.ok) {
+        em_error(EM_ERR_DEVICE, "%s", nv_state.why);
+        return NULL;
+    }
+    return &nv;
+}
+
+/* ---- cuBLAS ---- */
+static cublas_api bl;
+static lib_state bl_state = {.once = PTHREAD_ONCE_INIT};
+
+static void load_cublas(void) {
+    lib_state *st = &bl_state;
+    st->handle = open_lib("libcublas.so.13", "no cuBLAS", st->why, sizeof st->why);
+    if (!st->handle) return;
+    void *h = st->handle;
+    char *w = st->why;
+    size_t n = sizeof st->why;
+#define L(field, fn) load_sym(h, SYM(fn), (void **)&bl.field, w, n)
+    st->ok = L(Create, cublasCreate) && L(Destroy, cublasDestroy) &&
+             L(SetStream, cublasSetStream) && L(SetMathMode, cublasSetMathMode) &&
+             L(Sgemm, cublasSgemm) && L(Dgemm, cublasDgemm) &&
+             L(SgemmStridedBatched, cublasSgemmStridedBatched) &&
+             L(DgemmStridedBatched, cublasDgemmStridedBatched);
+#undef L
+}
+
+const cublas_api *cuda_cublas(void) {
+    pthread_once(&bl_state.once, load_cublas);
+    if (!bl_state.ok) {
+        em_error(EM_ERR_DEVICE, "%s", bl_state.why);
+        return NULL;
+    }
+    return &bl;
+}
+
+em_status cuda_check(CUresult r, const char *what) {
+    if (r == CUDA_SUCCESS) return EM_OK;
+    const char *msg = NULL;
+    if (cu_state.ok) cu.GetErrorString(r, &msg);
+    return em_error(r == CUDA_ERROR_OUT_OF_MEMORY ? EM_ERR_NOMEM : EM_ERR_DEVICE,
+                    "%s: CUDA error %d (%s)", what, (int)r, msg ? msg : "unknown");
+}
+
+bool cuda_tf32_enabled(void) {
+    const char *e = getenv("EMBER_CUDA_TF32");
+    return e && *e && strcmp(e, "0") != 0;
+}
+
+/* ---- devices ---- */
+#define MAX_DEVICES 64
+
+static pthread_mutex_t devices_lock = PTHREAD_MUTEX_INITIALIZER;
+static _Atomic(cuda_device *) devices[MAX_DEVICES];
+static pthread_once_t count_once = PTHREAD_ONCE_INIT;
+static int ndevices = -1; /* devices do not come and go while a process runs */
+static char count_why[256];
+/* The context last made current on this thread: skips a driver call per op. */
+static _Thread_local CUcontext current_ctx;
+
+static void read_count(void) {
+    int n = 0;
+    CUresult r = cu.DeviceGetCount(&n);
+    if (r == CUDA_SUCCESS) ndevices = n < MAX_DEVICES ? n : MAX_DEVICES;
+    else snprintf(count_why, sizeof count_why, "cuDeviceGetCount failed (CUDA error %d)", (int)r);
+}
+
+int cuda_device_count(void) {
+    if (!cuda_driver()) return -1;
+    pthread_once(&count_once, read_count);
+    if (ndevices < 0) em_error(EM_ERR_DEVICE, "%s", count_why);
+    return ndevices;
+}
+
+static cuda_device *make_current(cuda_device *d) {
+    if (current_ctx == d->ctx) return d;
+    if (cuda_check(cu.CtxSetCurrent(d->ctx), "cuCtxSetCurrent") != EM_OK) return NULL;
+    current_ctx = d->ctx;
+    return d;
+}
+
+static em_status device_init(cuda_device *d, int index) {
+    const cu_api *c = &cu;
+    em_status s = cuda_check(c->DeviceGet(&d->dev, index), "cuDeviceGet");
+    if (s == EM_OK) s = cuda_check(c->DevicePrimaryCtxRetain(&d->ctx, d->dev), "cuDevicePrimaryCtxRetain");
+    if (s == EM_OK) s = cuda_check(c->CtxSetCurrent(d->ctx), "cuCtxSetCurrent");
+    if (s == EM_OK) current_ctx = d->ctx;
+    if (s == EM_OK) s = cuda_check(c->StreamCreate(&d->stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+    if (s == EM_OK)
+        s = cuda_check(c->DeviceGetAttribute(&d->sm_count, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, d->dev),
+                       "cuDeviceGetAttribute");
+    if (s == EM_OK)
+        s = cuda_check(c->DeviceGetAttribute(&d->major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, d->dev),
+                       "cuDeviceGetAttribute");
+    if (s == EM_OK)
+        s = cuda_check(c->DeviceGetAttribute(&d->minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, d->dev),
+                       "cuDeviceGetAttribute");
+    d->index = index;
+    pthread_mutex_init(&d->lock, NULL);
+    return s;
+}
+
+cuda_device *cuda_device_get(int index) {
+    if (index >= 0 && index < MAX_DEVICES) { /* fast path: already set up */
+        cuda_device *d = atomic_load_explicit(&devices[index], memory_order_acquire);
+        if (d) return make_current(d);
+    }
+    int n = cuda_device_count();
+    if (n < 0) return NULL;
+    if (index < 0 || index >= n) {
+        em_error(EM_ERR_DEVICE, "cuda:%d: no such device (%d CUDA device%s)", index, n,
+                 n == 1 ? "" : "s");
+        return NULL;
+    }
+    pthread_mutex_lock(&devices_lock);
+    cuda_device *d = atomic_load(&devices[index]);
+    if (!d) {
+        /* calloc, not em_malloc: the device outlives every per-thread
+         * allocator (it lives until the process exits) */
+        d = calloc(1, sizeof *d);
+        if (!d) em_error(EM_ERR_NOMEM, "cuda:%d: out of host memory", index);
+        else if (device_init(d, index) != EM_OK) {
+            free(d);
+            d = NULL;
+        } else
+            atomic_store_explicit(&devices[index], d, memory_order_release);
+    }
+    pthread_mutex_unlock(&devices_lock);
+    return d ? make_current(d) : NULL;
+}
+
+em_status cuda_sync(cuda_device *d) {
+    return cuda_check(cu.StreamSynchronize(d->stream), "cuStreamSynchronize");
+}
+
+/* ---- caching allocator ---- */
+
+size_t cuda_mem_bucket(size_t n) {
+    const size_t big = (size_t)64 << 20, step = (size_t)2 << 20;
+    if (n <= 512) return 512;
+    if (n > big) return (n + step - 1) / step * step;
+    size_t b = 512;
+    while (b < n) b <<= 1;
+    return b;
+}
+
+static size_t live_slot(const cuda_device *d, CUdeviceptr p) {
+    uint64_t h = (uint64_t)p * 0x9E3779B97F4A7C15ull;
+    return (size_t)(h >> 17) & (d->caplive - 1);
+}
+
+/* Records p -> size in the live table (growing it at half load). */
+static bool live_put(cuda_device *d, CUdeviceptr p, size_t size) {
+    if (2 * (d->nlive + 1) > d->caplive) {
+        size_t cap = d->caplive ? 2 * d->caplive : 256;
+        cuda_free_block *old = d->live;
+        size_t oldcap = d->caplive;
+        cuda_free_block *t = calloc(cap, sizeof *t);
+        if (!t) return false;
+        d->live = t;
+        d->caplive = cap;
+        for (size_t i = 0; i < oldcap; i++) {
+            if (!old[i].ptr) continue;
+            size_t j = live_slot(d, old[i].ptr);
+            while (t[j].ptr) j = (j + 1) & (cap - 1);
+            t[j] = old[i];
+        }
+        free(old);
+    }
+    size_t j = live_slot(d, p);
+    while (d->live[j].ptr) j = (j + 1) & (d->caplive - 1);
+    d->live[j] = (cuda_free_block){p, size};
+    d->nlive++;
+    return true;
+}
+
+/* Removes p from the live table; its bucket size, or 0 if unknown. */
+static size_t live_take(cuda_device *d, CUdeviceptr p) {
+    if (!d->caplive) return 0;
+    size_t j = live_slot(d, p);
+    while (d->live[j].ptr && d->live[j].ptr != p) j = (j + 1) & (d->caplive - 1);
+    if (!d->live[j].ptr) return 0;
+    size_t size = d->live[j].size;
+    /* backward-shift deletion keeps every probe chain unbroken */
+    size_t i = j;
+    for (;;) {
+        d->live[i] = (cuda_free_block){0, 0};
+        size_t k = i;
+        for (;;) {
+            k = (k + 1) & (d->caplive - 1);
+            if (!d->live[k].ptr) {
+                d->nlive--;
+                return size;
+            }
+            size_t home = live_slot(d, d->live[k].ptr);
+            bool between = i <= k ? (i < home && home <= k) : (i < home || home <= k);
+            if (!between) break;
+        }
+        d->live[i] = d->live[k];
+        i = k;
+    }
+}
+
+void cuda_mem_trim(cuda_device *d) {
+    if (!make_current(d)) return;
+    pthread_mutex_lock(&d->lock);
+    for (int i = 0; i < d->nfree; i++) cu.MemFree(d->free[i].ptr);
+    d->nfree = 0;
+    d->cached_bytes = 0;
+    pthread_mutex_unlock(&d->lock);
+}
+
+em_status cuda_mem_alloc(cuda_device *d, size_t nbytes, void **ptr) {
+    *ptr = NULL;
+    if (nbytes == 0) return EM_OK; /* nothing to point at: kernels never touch it */
+    size_t size = cuda_mem_bucket(nbytes);
+    CUdeviceptr p = 0;
+    pthread_mutex_lock(&d->lock);
+    for (int i = d->nfree - 1; i >= 0; i--) {
+        if (d->free[i].size != size) continue;
+        p = d->free[i].ptr;
+        d->free[i] = d->free[--d->nfree];
+        d->cached_bytes -= size;
+        break;
+    }
+    pthread_mutex_unlock(&d->lock);
+    em_status s = EM_OK;
+    if (!p) {
+        CUresult r = cu.MemAlloc(&p, size);
+        if (r == CUDA_ERROR_OUT_OF_MEMORY) { /* give the cache back, then retry */
+            cuda_mem_trim(d);
+            r = cu.MemAlloc(&p, size);
+        }
+        s = cuda_check(r, "cuMemAlloc");
+    }
+    if (s != EM_OK) return s;
+    pthread_mutex_lock(&d->lock);
+    bool ok = live_put(d, p, size);
+    pthread_mutex_unlock(&d->lock);
+    if (!ok) {
+        cu.MemFree(p);
+        return em_error(EM_ERR_NOMEM, "cuda:%d: out of host memory", d->index);
+    }
+    *ptr = (void *)(uintptr_t)p;
+    return EM_OK;
+}
+
+void cuda_mem_free(cuda_device *d, void *ptr) {
+    if (!ptr) return;
+    CUdeviceptr p = (CUdeviceptr)(uintptr_t)ptr;
+    pthread_mutex_lock(&d->lock);
+    size_t size = live_take(d, p);
+    bool cached = false;
+    if (size && d->nfree == d->capfree) {
+        int cap = d->capfree ? 2 * d->capfree : 64;
+        cuda_free_block *f = realloc(d->free, sizeof *f * (size_t)cap);
+        if (f) {
+            d->free = f;
+            d->capfree = cap;
+        }
+    }
+    if (size && d->nfree < d->capfree) {
+        d->free[d->nfree++] = (cuda_free_block){p, size};
+        d->cached_bytes += size;
+        cached = true;
+    }
+    pthread_mutex_unlock(&d->lock);
+    if (!cached && make_current(d)) cu.MemFree(p);
+}
+
+#endif /* EMBER_HAVE_CUDA */

@@ -1,0 +1,156 @@
+/* cuda_lib.h - the CUDA libraries, loaded at run time, and per-device state.
+ *
+ * Ember links no CUDA library: libcuda.so.1 (driver API), libnvrtc.so.13
+ * and libcublas.so.13 are opened with dlopen the first time something asks
+ * for them, once per process (pthread_once), into function-pointer tables.
+ * One build therefore runs on machines with and without a GPU; without a
+ * driver, every entry point returns EM_ERR_DEVICE with a message such as
+ * "no CUDA driver: libcuda.so.1 not found".
+ *
+ * Process-wide state, and why: the loaded tables (a library is loaded once
+ * per process anyway) and, per device, the primary context, one stream, the
+ * cuBLAS handle, the caching allocator's free lists and the loaded kernel
+ * modules.  These mirror what the driver itself keeps per process (the
+ * primary context is per process and device), and device memory freed by
+ * one tensor must be reusable by any other: a per-runtime copy would split
+ * the cache and the context for no gain.  Every mutable part sits behind
+ * the device's mutex.
+ *
+ * Only built when configure found the CUDA headers (EMBER_HAVE_CUDA). */
+#ifndef EMBER_CUDA_LIB_H
+#define EMBER_CUDA_LIB_H
+
+#include "config.h"
+#ifdef EMBER_HAVE_CUDA
+
+#include <cublas_v2.h>
+#include <cuda.h>
+#include <nvrtc.h>
+#include <pthread.h>
+
+#include "eager.h"
+
+/* ---- the driver (libcuda.so.1) ---- */
+typedef struct cu_api {
+    __typeof__(&cuInit) Init;
+    __typeof__(&cuDriverGetVersion) DriverGetVersion;
+    __typeof__(&cuDeviceGetCount) DeviceGetCount;
+    __typeof__(&cuDeviceGet) DeviceGet;
+    __typeof__(&cuDeviceGetAttribute) DeviceGetAttribute;
+    __typeof__(&cuDeviceGetName) DeviceGetName;
+    __typeof__(&cuDevicePrimaryCtxRetain) DevicePrimaryCtxRetain;
+    __typeof__(&cuCtxSetCurrent) CtxSetCurrent;
+    __typeof__(&cuStreamCreate) StreamCreate;
+    __typeof__(&cuStreamSynchronize) StreamSynchronize;
+    __typeof__(&cuMemAlloc) MemAlloc;
+    __typeof__(&cuMemFree) MemFree;
+    __typeof__(&cuMemcpyHtoDAsync) MemcpyHtoDAsync;
+    __typeof__(&cuMemcpyDtoHAsync) MemcpyDtoHAsync;
+    __typeof__(&cuMemcpyDtoDAsync) MemcpyDtoDAsync;
+    __typeof__(&cuModuleLoadData) ModuleLoadData;
+    __typeof__(&cuModuleGetFunction) ModuleGetFunction;
+    __typeof__(&cuModuleUnload) ModuleUnload;
+    __typeof__(&cuLaunchKernel) LaunchKernel;
+    __typeof__(&cuGetErrorString) GetErrorString;
+    __typeof__(&cuEventCreate) EventCreate;
+    __typeof__(&cuEventRecord) EventRecord;
+    __typeof__(&cuEventSynchronize) EventSynchronize;
+    __typeof__(&cuEventElapsedTime) EventElapsedTime;
+    __typeof__(&cuEventDestroy) EventDestroy;
+} cu_api;
+
+/* ---- NVRTC (libnvrtc.so.13) ---- */
+typedef struct nvrtc_api {
+    __typeof__(&nvrtcVersion) Version;
+    __typeof__(&nvrtcGetErrorString) GetErrorString;
+    __typeof__(&nvrtcCreateProgram) CreateProgram;
+    __typeof__(&nvrtcCompileProgram) CompileProgram;
+    __typeof__(&nvrtcDestroyProgram) DestroyProgram;
+    __typeof__(&nvrtcGetProgramLogSize) GetProgramLogSize;
+    __typeof__(&nvrtcGetProgramLog) GetProgramLog;
+    __typeof__(&nvrtcGetPTXSize) GetPTXSize;
+    __typeof__(&nvrtcGetPTX) GetPTX;
+    __typeof__(&nvrtcGetCUBINSize) GetCUBINSize;
+    __typeof__(&nvrtcGetCUBIN) GetCUBIN;
+} nvrtc_api;
+
+/* ---- cuBLAS (libcublas.so.13, which loads libcublasLt.so.13) ---- */
+typedef struct cublas_api {
+    __typeof__(&cublasCreate) Create;
+    __typeof__(&cublasDestroy) Destroy;
+    __typeof__(&cublasSetStream) SetStream;
+    __typeof__(&cublasSetMathMode) SetMathMode;
+    __typeof__(&cublasSgemm) Sgemm;
+    __typeof__(&cublasDgemm) Dgemm;
+    __typeof__(&cublasSgemmStridedBatched) SgemmStridedBatched;
+    __typeof__(&cublasDgemmStridedBatched) DgemmStridedBatched;
+} cublas_api;
+
+/* Each returns the loaded table, or NULL with an EM_ERR_DEVICE error that
+ * says which library is missing (or which symbol it lacks). */
+const cu_api *cuda_driver(void);
+const nvrtc_api *cuda_nvrtc(void);
+const cublas_api *cuda_cublas(void);
+
+/* Records a driver failure "what: CUDA_ERROR_... (text)" and returns
+ * EM_ERR_DEVICE (EM_ERR_NOMEM for out-of-memory). */
+em_status cuda_check(CUresult r, const char *what);
+
+/* ---- devices ---- */
+typedef struct cuda_kernel_entry cuda_kernel_entry;
+
+typedef struct cuda_free_block {
+    CUdeviceptr ptr;
+    size_t size; /* the bucket size it was allocated with */
+} cuda_free_block;
+
+typedef struct cuda_device {
+    int index;
+    CUdevice dev;
+    CUcontext ctx;           /* the primary context (retained once) */
+    CUstream stream;         /* every op of this device runs on it, in order */
+    int sm_count;            /* multiprocessors: grids are sized from it */
+    int major, minor;        /* compute capability: the NVRTC target */
+    pthread_mutex_t lock;    /* guards everything below */
+    cuda_free_block *free;   /* the caching allocator's free blocks */
+    int nfree, capfree;
+    size_t cached_bytes;     /* bytes held in free */
+    cuda_free_block *live;   /* open-addressed table: live block -> bucket size */
+    size_t caplive, nlive;
+    cublasHandle_t blas;     /* created on first matmul */
+    bool blas_tf32;          /* the math mode set on blas */
+    cuda_kernel_entry *kernels; /* loaded modules by kernel key (cuda_kernel.c) */
+    int nkernels, capkernels;
+    int *kindex;             /* open-addressed index into kernels (-1: empty) */
+    int capindex;
+} cuda_device;
+
+/* Number of devices, or -1 (error set) without a driver. */
+int cuda_device_count(void);
+/* Device index, initialized on first use (context, stream, attributes) and
+ * made current on the calling thread; NULL with an error for a bad index
+ * or a missing driver. */
+cuda_device *cuda_device_get(int index);
+
+/* ---- the caching allocator ----
+ * Sizes are rounded up to a bucket (powers of two up to 64 MiB, then
+ * multiples of 2 MiB); a freed block goes on its device's free list and
+ * the next request of the same bucket takes it without a driver call.
+ * Every kernel runs on the device's one stream, so a block reused in
+ * stream order is never touched by an earlier kernel still running.
+ * When cuMemAlloc fails, the cached blocks are released and it retries. */
+em_status cuda_mem_alloc(cuda_device *d, size_t nbytes, void **ptr);
+void cuda_mem_free(cuda_device *d, void *ptr);
+/* Returns every cached block to the driver. */
+void cuda_mem_trim(cuda_device *d);
+size_t cuda_mem_bucket(size_t nbytes);
+
+/* Waits for the device's stream (before the host reads results). */
+em_status cuda_sync(cuda_device *d);
+
+/* Whether TF32 tensor cores may be used for f32 matmuls: the environment
+ * variable EMBER_CUDA_TF32=1 (default off: full f32 accuracy). */
+bool cuda_tf32_enabled(void);
+
+#endif /* EMBER_HAVE_CUDA */
+#endif

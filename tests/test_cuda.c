@@ -1,0 +1,503 @@
+/* test_cuda.c - the CUDA device: every op on cuda:0 against the CPU eager
+ * result on the same values, compiled graphs against eager, the kernel
+ * cache across processes, and the error paths.  Needs a GPU: without one
+ * (no driver, no device) it prints why and exits 77 (automake's SKIP).
+ *
+ * CUDA must not be initialized in a process that forks afterwards (the
+ * child cannot use it), and Check forks a process per test: main probes
+ * the device in a child of its own, and the cross-process cache test runs
+ * this program again (--cache-child) for each "process". */
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "testutil.h"
+
+#define GPU em_cuda(0)
+static const em_device CPU = {EM_CPU, 0};
+
+/* t's values copied to cuda:0 (same sizes, contiguous). */
+static em_tensor *to_gpu(const em_tensor *t) {
+    size_t n = (size_t)em_numel(t) * em_dtype_size(em_dtype_of(t));
+    void *buf = malloc(n ? n : 1);
+    ck_assert_int_eq(em_copy_to_host(t, buf, n), EM_OK);
+    em_tensor *g = em_from_data(buf, em_dtype_of(t), em_ndim(t), em_sizes(t), GPU);
+    free(buf);
+    ck_assert_msg(g != NULL, "to_gpu: %s", em_last_error());
+    return g;
+}
+
+/* Asserts that the GPU result g matches the CPU result c. */
+#define same(g, c, rtol, atol) same_at(__FILE__, __LINE__, g, c, rtol, atol)
+static void same_at(const char *file, int line, const em_tensor *g, const em_tensor *c,
+                    double rtol, double atol) {
+    ck_assert_msg(g != NULL, "%s:%d: GPU op failed: %s", file, line, em_last_error());
+    ck_assert_msg(c != NULL, "%s:%d: CPU op failed: %s", file, line, em_last_error());
+    ck_assert_msg(em_device_of(g).type == EM_CUDA, "%s:%d: result not on CUDA", file, line);
+    ck_assert_int_eq(em_dtype_of(g), em_dtype_of(c));
+    double *ref = tu_values(c);
+    tu_check_close_at(file, line, g, ref, em_ndim(c), em_sizes(c), rtol, atol);
+    free(ref);
+}
+
+static double tol_of(em_dtype d) { return d == EM_F64 ? 1e-12 : d == EM_F32 ? 2e-6 : 0; }
+
+/* ---- errors ---- */
+
+START_TEST(bad_device) {
+    tu_check_fails(em_zeros(1, TU_SIZES(2), EM_F32, em_cuda(99)), EM_ERR_DEVICE);
+    ck_assert(strstr(em_last_error(), "cuda:99") != NULL);
+    tu_check_fails(em_zeros(1, TU_SIZES(2), EM_F32, em_cuda(-1)), EM_ERR_DEVICE);
+    ck_assert(!em_device_available(em_cuda(99)));
+    ck_assert(em_device_available(GPU));
+    em_tensor *a = em_zeros(1, TU_SIZES(2), EM_F32, GPU), *b = em_zeros(1, TU_SIZES(2), EM_F32, CPU);
+    tu_check_fails(em_add(a, b), EM_ERR_DEVICE); /* mixed devices */
+}
+END_TEST
+
+/* ---- data movement ---- */
+
+START_TEST(round_trip_and_views) {
+    em_dtype dts[] = {EM_F32, EM_F64, EM_I32, EM_I64, EM_BOOL};
+    for (int i = 0; i < 5; i++) {
+        em_tensor *c = tu_random(i + 1, 3, TU_SIZES(3, 4, 5), dts[i], 3);
+        em_tensor *g = to_gpu(c);
+        same(g, c, 0, 0);
+        same(em_permute(g, 3, (int[]){2, 0, 1}), em_permute(c, 3, (int[]){2, 0, 1}), 0, 0);
+        same(em_contiguous(em_slice(g, 1, 1, 4, 2)), em_contiguous(em_slice(c, 1, 1, 4, 2)), 0, 0);
+        same(em_expand(em_slice(g, 2, 0, 1, 1), 3, TU_SIZES(3, 4, 7)),
+             em_expand(em_slice(c, 2, 0, 1, 1), 3, TU_SIZES(3, 4, 7)), 0, 0);
+    }
+    em_tensor *e = em_empty(1, TU_SIZES(0), EM_F32, GPU);
+    ck_assert_int_eq(em_numel(e), 0);
+    double v;
+    ck_assert_int_eq(em_item(em_full(0, NULL, 2.5, EM_F64, GPU), &v), EM_OK);
+    ck_assert(v == 2.5);
+}
+END_TEST
+
+START_TEST(creation) {
+    int64_t sz[2] = {5, 7};
+    em_dtype dts[] = {EM_F32, EM_F64, EM_I32, EM_I64, EM_BOOL};
+    for (int i = 0; i < 5; i++) {
+        same(em_full(2, sz, 3.0, dts[i], GPU), em_full(2, sz, 3.0, dts[i], CPU), 0, 0);
+        same(em_zeros(2, sz, dts[i], GPU), em_zeros(2, sz, dts[i], CPU), 0, 0);
+        same(em_ones(2, sz, dts[i], GPU), em_ones(2, sz, dts[i], CPU), 0, 0);
+    }
+    same(em_arange(0, 10, 0.5, EM_F32, GPU), em_arange(0, 10, 0.5, EM_F32, CPU), 0, 0);
+    em_generator *g1 = em_generator_new(7), *g2 = em_generator_new(7);
+    same(em_randn(g1, 2, sz, EM_F32, GPU), em_randn(g2, 2, sz, EM_F32, CPU), 0, 0);
+    same(em_rand(g1, 2, sz, EM_F64, GPU), em_rand(g2, 2, sz, EM_F64, CPU), 0, 0);
+    em_generator_free(g1);
+    em_generator_free(g2);
+}
+END_TEST
+
+/* ---- pointwise ---- */
+
+typedef em_tensor *(*unary_fn)(const em_tensor *);
+typedef em_tensor *(*binary_fn)(const em_tensor *, const em_tensor *);
+
+START_TEST(unary_ops) {
+    unary_fn fs[] = {em_neg, em_abs, em_exp, em_log, em_sqrt, em_rsqrt, em_sin, em_cos,
+                     em_tanh, em_sigmoid, em_relu, em_gelu, em_gelu_tanh, em_erf};
+    const char *names[] = {"neg", "abs", "exp", "log", "sqrt", "rsqrt", "sin", "cos",
+                           "tanh", "sigmoid", "relu", "gelu", "gelu_tanh", "erf"};
+    em_dtype dts[] = {EM_F32, EM_F64};
+    for (int d = 0; d < 2; d++) {
+        em_tensor *c = tu_random(3, 2, TU_SIZES(33, 65), dts[d], 3);
+        em_tensor *pos = em_add_scalar(em_abs(c), 0.1); /* log, sqrt, rsqrt */
+        em_tensor *g = to_gpu(c), *gpos = to_gpu(pos);
+        for (size_t i = 0; i < sizeof fs / sizeof fs[0]; i++) {
+            bool p = i >= 3 && i <= 5;
+            em_tensor *r = fs[i](p ? gpos : g), *ref = fs[i](p ? pos : c);
+            ck_assert_msg(r != NULL, "%s: %s", names[i], em_last_error());
+            /* the CPU's f32 transcendentals are vmath approximations */
+            same(r, ref, dts[d] == EM_F32 ? 1e-5 : 1e-12, dts[d] == EM_F32 ? 1e-6 : 1e-14);
+        }
+    }
+    em_dtype ints[] = {EM_I32, EM_I64};
+    for (int d = 0; d < 2; d++) {
+        em_tensor *c = tu_random(4, 1, TU_SIZES(100), ints[d], 50);
+        em_tensor *g = to_gpu(c);
+        same(em_neg(g), em_neg(c), 0, 0);
+        same(em_abs(g), em_abs(c), 0, 0);
+        same(em_relu(g), em_relu(c), 0, 0);
+        same(em_exp(em_mul_scalar(g, 0.01)), em_exp(em_mul_scalar(c, 0.01)), 1e-5, 1e-6);
+    }
+}
+END_TEST
+
+START_TEST(binary_ops_broadcast) {
+    binary_fn fs[] = {em_add, em_sub, em_mul, em_div, em_pow, em_maximum, em_minimum,
+                      em_eq, em_ne, em_lt, em_le, em_gt, em_ge};
+    em_dtype dts[] = {EM_F32, EM_F64, EM_I32, EM_I64};
+    for (int d = 0; d < 4; d++) {
+        em_tensor *a = tu_random(5, 3, TU_SIZES(4, 1, 5), dts[d], 4);
+        em_tensor *b = tu_random(6, 2, TU_SIZES(3, 5), dts[d], 4);
+        if (dts[d] == EM_F32 || dts[d] == EM_F64) a = em_add_scalar(em_abs(a), 0.5); /* pow */
+        em_tensor *ga = to_gpu(a), *gb = to_gpu(b);
+        for (size_t i = 0; i < sizeof fs / sizeof fs[0]; i++) {
+            if ((fs[i] == em_div || fs[i] == em_pow) && !em_dtype_is_float(dts[d])) continue;
+            same(fs[i](ga, gb), fs[i](a, b), tol_of(dts[d]) * 10, tol_of(dts[d]));
+        }
+        same(em_add_scalar(ga, 2), em_add_scalar(a, 2), tol_of(dts[d]), 0);
+    }
+    /* bool logic and where */
+    em_tensor *x = tu_random(7, 2, TU_SIZES(6, 7), EM_F32, 1), *y = tu_random(8, 1, TU_SIZES(7), EM_F32, 1);
+    em_tensor *gx = to_gpu(x), *gy = to_gpu(y);
+    em_tensor *cm = em_gt(x, y), *gm = em_gt(gx, gy);
+    same(em_where(gm, gx, gy), em_where(cm, x, y), 0, 0);
+    same(em_add(gm, em_lt(gx, gy)), em_add(cm, em_lt(x, y)), 0, 0);
+    same(em_mul(gm, gm), em_mul(cm, cm), 0, 0);
+    /* NaN propagates through maximum, as on the CPU */
+    double nan[3] = {0.0 / 0.0, 1, 2};
+    em_tensor *n = em_from_data(nan, EM_F64, 1, TU_SIZES(3), CPU);
+    same(em_maximum(to_gpu(n), em_full(1, TU_SIZES(3), 1.5, EM_F64, GPU)),
+         em_maximum(n, em_full(1, TU_SIZES(3), 1.5, EM_F64, CPU)), 0, 0);
+}
+END_TEST
+
+START_TEST(casts) {
+    em_dtype dts[] = {EM_F32, EM_F64, EM_I32, EM_I64, EM_BOOL};
+    for (int i = 0; i < 5; i++) {
+        em_tensor *c = em_mul_scalar(tu_random(9, 2, TU_SIZES(5, 11), EM_F64, 1), 1e10);
+        c = em_cast(c, dts[i]);
+        em_tensor *g = to_gpu(c);
+        for (int j = 0; j < 5; j++) same(em_cast(g, dts[j]), em_cast(c, dts[j]), 0, 0);
+    }
+}
+END_TEST
+
+START_TEST(non_contiguous_inputs) {
+    em_tensor *c = tu_random(10, 3, TU_SIZES(6, 5, 4), EM_F32, 1);
+    em_tensor *g = to_gpu(c);
+    em_tensor *cp = em_permute(c, 3, (int[]){2, 0, 1}), *gp = em_permute(g, 3, (int[]){2, 0, 1});
+    same(em_tanh(gp), em_tanh(cp), 1e-5, 1e-6);
+    same(em_add(gp, em_slice(gp, 2, 0, 1, 1)), em_add(cp, em_slice(cp, 2, 0, 1, 1)), 0, 0);
+}
+END_TEST
+
+/* ---- reductions ---- */
+
+START_TEST(reductions) {
+    em_dtype dts[] = {EM_F32, EM_F64, EM_I32, EM_I64};
+    int dimsets[][3] = {{-1}, {0}, {0, 2}, {1}};
+    int ndims[] = {1, 1, 2, 1};
+    for (int d = 0; d < 4; d++) {
+        em_tensor *c = tu_random(11, 3, TU_SIZES(7, 33, 129), dts[d], 5);
+        em_tensor *g = to_gpu(c);
+        double rt = dts[d] == EM_F32 ? 1e-5 : 1e-11;
+        for (int s = 0; s < 4; s++) {
+            for (int keep = 0; keep < 2; keep++) {
+                const int *dm = dimsets[s];
+                same(em_sum(g, ndims[s], dm, keep), em_sum(c, ndims[s], dm, keep), rt, rt);
+                same(em_amax(g, ndims[s], dm, keep), em_amax(c, ndims[s], dm, keep), 0, 0);
+                same(em_amin(g, ndims[s], dm, keep), em_amin(c, ndims[s], dm, keep), 0, 0);
+                if (!em_dtype_is_float(dts[d])) continue;
+                same(em_mean(g, ndims[s], dm, keep), em_mean(c, ndims[s], dm, keep), rt, rt);
+                same(em_var(g, ndims[s], dm, 1, keep), em_var(c, ndims[s], dm, 1, keep), rt, rt);
+            }
+        }
+        same(em_sum(g, 0, NULL, false), em_sum(c, 0, NULL, false), rt, rt);
+        same(em_argmax(g, 1, false), em_argmax(c, 1, false), 0, 0);
+    }
+    /* few, long rows: the split scheme (two launches) */
+    em_dtype sdt[] = {EM_F32, EM_F64, EM_I32};
+    for (int d = 0; d < 3; d++) {
+        double rt = sdt[d] == EM_F32 ? 1e-5 : sdt[d] == EM_F64 ? 1e-11 : 0;
+        /* sums of ~1e6 values ~3 reach ~3000: f32 rounding in another order */
+        double at = sdt[d] == EM_F32 ? 0.05 : sdt[d] == EM_F64 ? 1e-8 : 0;
+        em_tensor *c1 = tu_random(40 + d, 1, TU_SIZES(1 << 20), sdt[d], 3);
+        em_tensor *c2 = tu_random(50 + d, 3, TU_SIZES(3, 500, 400), sdt[d], 3); /* 200000: S = 64 */
+        em_tensor *g1 = to_gpu(c1), *g2 = to_gpu(c2);
+        same(em_sum(g1, 0, NULL, false), em_sum(c1, 0, NULL, false), rt, at);
+        same(em_amax(g1, 0, NULL, false), em_amax(c1, 0, NULL, false), 0, 0);
+        same(em_amin(g2, 2, (int[]){1, 2}, true), em_amin(c2, 2, (int[]){1, 2}, true), 0, 0);
+        same(em_sum(g2, 2, (int[]){1, 2}, false), em_sum(c2, 2, (int[]){1, 2}, false), rt, at);
+        if (em_dtype_is_float(sdt[d])) {
+            same(em_mean(g1, 0, NULL, false), em_mean(c1, 0, NULL, false), rt, rt);
+            same(em_mean(g2, 2, (int[]){1, 2}, true), em_mean(c2, 2, (int[]){1, 2}, true), rt, rt);
+        }
+    }
+    /* bool: any/all-like max and min, integer sum */
+    em_tensor *b = em_gt(tu_random(12, 2, TU_SIZES(9, 40), EM_F32, 1), em_scalar(0.5, EM_F32, CPU));
+    em_tensor *gb = to_gpu(b);
+    same(em_amax(gb, 1, (int[]){1}, false), em_amax(b, 1, (int[]){1}, false), 0, 0);
+    same(em_sum(gb, 1, (int[]){1}, false), em_sum(b, 1, (int[]){1}, false), 0, 0);
+}
+END_TEST
+
+START_TEST(decompositions) {
+    int64_t sz[2] = {37, 1000};
+    em_tensor *x = tu_random(13, 2, sz, EM_F32, 2), *w = tu_random(14, 1, sz + 1, EM_F32, 1),
+              *b = tu_random(15, 1, sz + 1, EM_F32, 1);
+    em_tensor *gx = to_gpu(x), *gw = to_gpu(w), *gbias = to_gpu(b);
+    same(em_softmax(gx, -1), em_softmax(x, -1), 1e-5, 1e-7);
+    same(em_softmax(gx, 0), em_softmax(x, 0), 1e-5, 1e-7);
+    same(em_log_softmax(gx, -1), em_log_softmax(x, -1), 1e-5, 1e-5);
+    same(em_layer_norm(gx, 1, gw, gbias, 1e-5), em_layer_norm(x, 1, w, b, 1e-5), 1e-4, 1e-5);
+    /* rows longer than 16 elements per thread: no register cache */
+    em_tensor *l = tu_random(33, 2, TU_SIZES(3, 40000), EM_F32, 2);
+    same(em_softmax(to_gpu(l), -1), em_softmax(l, -1), 1e-5, 1e-8);
+    same(em_var(to_gpu(l), 1, (int[]){1}, 0, true), em_var(l, 1, (int[]){1}, 0, true), 1e-4, 1e-6);
+}
+END_TEST
+
+/* ---- joining, indexing ---- */
+
+START_TEST(cat_and_index) {
+    em_tensor *a = tu_random(16, 2, TU_SIZES(3, 4), EM_F32, 1), *b = tu_random(17, 2, TU_SIZES(2, 4), EM_F32, 1);
+    em_tensor *ga = to_gpu(a), *gb = to_gpu(b);
+    same(em_cat(2, (em_tensor *[]){ga, gb}, 0), em_cat(2, (em_tensor *[]){a, b}, 0), 0, 0);
+    int64_t idx[4] = {2, 0, 1, 2};
+    em_tensor *i = em_from_data(idx, EM_I64, 1, TU_SIZES(4), CPU);
+    same(em_index_select(ga, 0, to_gpu(i)), em_index_select(a, 0, i), 0, 0);
+    same(em_embedding(ga, to_gpu(i)), em_embedding(a, i), 0, 0);
+}
+END_TEST
+
+/* ---- matmul (cuBLAS) ---- */
+
+START_TEST(matmul) {
+    em_dtype dts[] = {EM_F32, EM_F64};
+    for (int d = 0; d < 2; d++) {
+        double rt = dts[d] == EM_F32 ? 1e-4 : 1e-11;
+        em_tensor *a = tu_random(18, 2, TU_SIZES(33, 70), dts[d], 1);
+        em_tensor *b = tu_random(19, 2, TU_SIZES(70, 45), dts[d], 1);
+        em_tensor *ga = to_gpu(a), *gb = to_gpu(b);
+        same(em_matmul(ga, gb), em_matmul(a, b), rt, rt);
+        /* transposed views, used in place */
+        em_tensor *at = em_transpose(to_gpu(em_contiguous(em_transpose(a, 0, 1))), 0, 1);
+        em_tensor *bt = em_transpose(to_gpu(em_contiguous(em_transpose(b, 0, 1))), 0, 1);
+        same(em_matmul(at, bt), em_matmul(a, b), rt, rt);
+        /* batched, and batch broadcast */
+        em_tensor *x = tu_random(20, 3, TU_SIZES(5, 9, 70), dts[d], 1);
+        em_tensor *y = tu_random(21, 3, TU_SIZES(5, 70, 8), dts[d], 1);
+        same(em_matmul(to_gpu(x), to_gpu(y)), em_matmul(x, y), rt, rt);
+        same(em_matmul(to_gpu(x), gb), em_matmul(x, b), rt, rt);
+        /* a view whose batch dims do not collapse: copied first */
+        em_tensor *p = tu_random(22, 4, TU_SIZES(2, 9, 3, 70), dts[d], 1);
+        em_tensor *pp = em_permute(p, 4, (int[]){0, 2, 1, 3});
+        em_tensor *gpp = em_permute(to_gpu(p), 4, (int[]){0, 2, 1, 3});
+        same(em_matmul(gpp, gb), em_matmul(pp, b), rt, rt);
+    }
+    /* TF32 on request: still close, at TF32's precision */
+    em_tensor *a = tu_random(34, 2, TU_SIZES(128, 256), EM_F32, 1), *b = tu_random(35, 2, TU_SIZES(256, 64), EM_F32, 1);
+    setenv("EMBER_CUDA_TF32", "1", 1);
+    em_tensor *t = em_matmul(to_gpu(a), to_gpu(b));
+    unsetenv("EMBER_CUDA_TF32");
+    same(t, em_matmul(a, b), 2e-2, 2e-2);
+    same(em_matmul(to_gpu(a), to_gpu(b)), em_matmul(a, b), 1e-4, 1e-4); /* and off again */
+    /* integers: on the host */
+    em_tensor *i = tu_random(23, 2, TU_SIZES(4, 6), EM_I64, 3), *j = tu_random(24, 2, TU_SIZES(6, 3), EM_I64, 3);
+    same(em_matmul(to_gpu(i), to_gpu(j)), em_matmul(i, j), 0, 0);
+}
+END_TEST
+
+/* ---- compiled functions ---- */
+
+static em_status mlp_fn(void *c, em_tensor *const *in, const double *s, em_tensor **out) {
+    (void)c, (void)s;
+    out[0] = em_add(em_matmul(em_gelu_tanh(em_add(em_matmul(in[0], in[1]), in[2])), in[3]), in[4]);
+    return out[0] ? EM_OK : em_last_status();
+}
+
+static em_status block_fn(void *c, em_tensor *const *in, const double *s, em_tensor **out) {
+    (void)c, (void)s;
+    em_tensor *h = em_layer_norm(in[0], 1, in[1], in[2], 1e-5);
+    em_tensor *att = em_softmax(em_mul_scalar(em_matmul(h, em_transpose(h, 0, 1)), 0.125), -1);
+    out[0] = em_add(in[0], em_matmul(att, h));
+    out[1] = em_sum(em_relu(h), 1, (int[]){0}, false);
+    return out[0] && out[1] ? EM_OK : em_last_status();
+}
+
+static em_status sum_all_fn(void *c, em_tensor *const *in, const double *s, em_tensor **out) {
+    (void)c, (void)s;
+    out[0] = em_sum(in[0], 0, NULL, false);
+    out[1] = em_amax(em_relu(in[1]), 1, (int[]){1}, false); /* fused: not split */
+    return out[0] && out[1] ? EM_OK : em_last_status();
+}
+
+static void check_compiled(em_fn fn, int nin, em_tensor **cin, int nout, const char *backend,
+                           double rtol) {
+    em_tensor *gin[8], *gout[4] = {0}, *cout[4] = {0};
+    for (int i = 0; i < nin; i++) gin[i] = to_gpu(cin[i]);
+    em_compile_options o = {.ninputs = nin, .noutputs = nout, .backend = backend, .name = "t"};
+    em_compiled *f = em_compile(fn, NULL, &o);
+    ck_assert_msg(f != NULL, "%s", em_last_error());
+    ck_assert_int_eq(fn(NULL, cin, NULL, cout), EM_OK); /* CPU eager reference */
+    for (int rep = 0; rep < 3; rep++) {
+        ck_assert_msg(em_call(f, gin, NULL, gout) == EM_OK, "%s", em_last_error());
+        for (int i = 0; i < nout; i++) same(gout[i], cout[i], rtol, rtol);
+    }
+    em_compile_stats st;
+    em_compiled_stats(f, &st);
+    ck_assert_int_eq(st.traces, 1);
+    ck_assert_int_eq(st.hits, 2);
+    ck_assert_msg(st.kernels > 0, "no fused kernels");
+    em_compiled_free(f);
+}
+
+START_TEST(compiled_graphs) {
+    em_tensor *in[5] = {tu_random(25, 2, TU_SIZES(16, 32), EM_F32, 1),
+                        tu_random(26, 2, TU_SIZES(32, 64), EM_F32, 0.2),
+                        tu_random(27, 1, TU_SIZES(64), EM_F32, 1),
+                        tu_random(28, 2, TU_SIZES(64, 32), EM_F32, 0.2),
+                        tu_random(29, 1, TU_SIZES(32), EM_F32, 1)};
+    check_compiled(mlp_fn, 5, in, 1, NULL, 1e-4);   /* auto: CUDA inputs -> cuda */
+    check_compiled(mlp_fn, 5, in, 1, "cuda", 1e-4);
+    em_tensor *bin[3] = {tu_random(30, 2, TU_SIZES(24, 48), EM_F32, 1),
+                         tu_random(31, 1, TU_SIZES(48), EM_F32, 1),
+                         tu_random(32, 1, TU_SIZES(48), EM_F32, 1)};
+    check_compiled(block_fn, 3, bin, 2, NULL, 1e-4);
+    /* a lone long-row reduction runs as the split eager op */
+    em_tensor *sin[2] = {tu_random(36, 1, TU_SIZES(1 << 20), EM_F32, 1),
+                         tu_random(37, 2, TU_SIZES(2, 1 << 17), EM_F32, 1)};
+    check_compiled(sum_all_fn, 2, sin, 2, NULL, 2e-5);
+}
+END_TEST
+
+/* The "cuda" backend given a CPU graph runs it op by op on the CPU. */
+START_TEST(cuda_backend_on_cpu_inputs) {
+    em_tensor *in[5] = {tu_random(25, 2, TU_SIZES(4, 8), EM_F32, 1), tu_random(26, 2, TU_SIZES(8, 8), EM_F32, 1),
+                        tu_random(27, 1, TU_SIZES(8), EM_F32, 1), tu_random(28, 2, TU_SIZES(8, 8), EM_F32, 1),
+                        tu_random(29, 1, TU_SIZES(8), EM_F32, 1)};
+    em_tensor *out[1];
+    em_compile_options o = {.ninputs = 5, .noutputs = 1, .backend = "cuda"};
+    em_compiled *f = em_compile(mlp_fn, NULL, &o);
+    em_tensor *ref[1];
+    ck_assert_int_eq(mlp_fn(NULL, in, NULL, ref), EM_OK);
+    for (int rep = 0; rep < 2; rep++) {
+        ck_assert_msg(em_call(f, in, NULL, out) == EM_OK, "%s", em_last_error());
+        ck_assert_int_eq(em_device_of(out[0]).type, EM_CPU);
+        double *r = tu_values(ref[0]);
+        tu_check_close(out[0], r, 2, TU_SIZES(4, 8), 1e-6, 1e-6);
+        free(r);
+    }
+    em_compile_stats st;
+    em_compiled_stats(f, &st);
+    ck_assert_int_eq(st.kernels, 0);
+    ck_assert_int_eq(st.hits, 1);
+    em_compiled_free(f);
+}
+END_TEST
+
+/* ---- the kernel cache across processes ---- */
+
+static const char *self_path;
+
+/* The child: compiles and runs the mlp once; prints its counters.  It
+ * runs outside Check's runner, so it reports failures itself. */
+static int cache_child(void) {
+    em_scope_begin();
+    const int64_t sizes[5][2] = {{8, 16}, {16, 24}, {24, 0}, {24, 16}, {16, 0}};
+    em_tensor *in[5];
+    for (int i = 0; i < 5; i++) {
+        int nd = sizes[i][1] ? 2 : 1;
+        int64_t n = sizes[i][0] * (nd == 2 ? sizes[i][1] : 1);
+        float *v = malloc(sizeof(float) * (size_t)n);
+        for (int64_t j = 0; j < n; j++) v[j] = (float)((j * 7 + i) % 13) / 13.0f - 0.5f;
+        in[i] = em_from_data(v, EM_F32, nd, sizes[i], GPU);
+        free(v);
+        if (!in[i]) {
+            printf("error %s\n", em_last_error());
+            return 1;
+        }
+    }
+    em_tensor *out[1];
+    em_compile_options o = {.ninputs = 5, .noutputs = 1};
+    em_compiled *f = em_compile(mlp_fn, NULL, &o);
+    if (!f || em_call(f, in, NULL, out) != EM_OK) {
+        printf("error %s\n", em_last_error());
+        return 1;
+    }
+    em_compile_stats st;
+    em_compiled_stats(f, &st);
+    printf("compiled %lld loaded %lld kernels %d\n", (long long)st.kernels_compiled,
+           (long long)st.kernels_loaded, st.kernels);
+    em_compiled_free(f);
+    em_scope_end();
+    return 0;
+}
+
+static void run_child(long long *compiled, long long *loaded) {
+    char cmd[4200];
+    snprintf(cmd, sizeof cmd, "'%s' --cache-child 2>&1", self_path);
+    FILE *p = popen(cmd, "r");
+    ck_assert_ptr_nonnull(p);
+    char all[2048] = "";
+    size_t n = fread(all, 1, sizeof all - 1, p);
+    all[n] = '\0';
+    int status = pclose(p);
+    int kernels = 0;
+    const char *line = strstr(all, "compiled ");
+    ck_assert_msg(status == 0 && line &&
+                      sscanf(line, "compiled %lld loaded %lld kernels %d", compiled, loaded, &kernels) == 3,
+                  "child (status %d) said: %s", status, all);
+    ck_assert_int_gt(kernels, 0);
+}
+
+START_TEST(second_process_compiles_nothing) {
+    char dir[] = "/tmp/ember-cuda-cache-XXXXXX";
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    setenv("EMBER_CACHE_DIR", dir, 1);
+    long long c1, l1, c2, l2;
+    run_child(&c1, &l1);
+    run_child(&c2, &l2);
+    ck_assert_msg(c1 > 0, "first process compiled %lld", c1);
+    ck_assert_msg(c2 == 0 && l2 == c1 + l1, "second process: compiled %lld loaded %lld", c2, l2);
+    char rm[200];
+    snprintf(rm, sizeof rm, "rm -rf '%s'", dir);
+    ck_assert_int_eq(system(rm), 0);
+}
+END_TEST
+
+/* In a child, so that this process never initializes CUDA (Check forks). */
+static bool probe_gpu(char *why, size_t n) {
+    int fd[2];
+    if (pipe(fd) != 0) return false;
+    pid_t pid = fork();
+    if (pid == 0) {
+        close(fd[0]);
+        bool ok = em_device_available(GPU);
+        const char *msg = ok ? "" : em_last_error();
+        if (write(fd[1], msg, strlen(msg)) < 0) _exit(2);
+        _exit(ok ? 0 : 1);
+    }
+    close(fd[1]);
+    ssize_t k = read(fd[0], why, n - 1);
+    why[k > 0 ? k : 0] = '\0';
+    close(fd[0]);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    return WIFEXITED(status) && WEXITSTATUS(status) == 0;
+}
+
+int main(int argc, char **argv) {
+    self_path = argv[0];
+    if (argc > 1 && !strcmp(argv[1], "--cache-child")) return cache_child();
+    char why[512];
+    if (!probe_gpu(why, sizeof why)) {
+        printf("SKIP: no CUDA device: %s\n", why[0] ? why : "(unknown)");
+        return 77;
+    }
+    const tu_test tests[] = {
+        {"bad_device", bad_device},
+        {"round_trip_and_views", round_trip_and_views},
+        {"creation", creation},
+        {"unary_ops", unary_ops},
+        {"binary_ops_broadcast", binary_ops_broadcast},
+        {"casts", casts},
+        {"non_contiguous_inputs", non_contiguous_inputs},
+        {"reductions", reductions},
+        {"decompositions", decompositions},
+        {"cat_and_index", cat_and_index},
+        {"matmul", matmul},
+        {"compiled_graphs", compiled_graphs},
+        {"cuda_backend_on_cpu_inputs", cuda_backend_on_cpu_inputs},
+        {"second_process_compiles_nothing", second_process_compiles_nothing},
+    };
+    return tu_run(tu_suite("cuda", tests, sizeof tests / sizeof tests[0], 120));
+}

@@ -1,0 +1,337 @@
+/* test_cuda_emit.c - the CUDA C printer (cuda_emit.c) without a GPU: real
+ * graphs are recorded on the CPU, fused and lowered as the "cuda" backend
+ * does, printed, and compiled by NVRTC to PTX and to an sm_90 cubin.  Only
+ * libnvrtc is needed; without it the program skips (exit 77). */
+#include <string.h>
+
+#include "config.h"
+#include "cuda_emit.h"
+#include "cuda_kernel.h"
+#include "fuse.h"
+#include "testutil.h"
+#include "trace.h"
+
+typedef em_status (*fn_t)(void *, em_tensor *const *, const double *, em_tensor **);
+
+static em_status pointwise(void *c, em_tensor *const *in, const double *s, em_tensor **out) {
+    (void)c, (void)s;
+    out[0] = em_add(em_mul_scalar(em_tanh(em_add(em_mul(in[0], in[1]), in[2])), 0.5), in[0]);
+    return out[0] ? EM_OK : em_last_status();
+}
+
+static em_status softmax(void *c, em_tensor *const *in, const double *s, em_tensor **out) {
+    (void)c, (void)s;
+    out[0] = em_softmax(in[0], -1);
+    return out[0] ? EM_OK : em_last_status();
+}
+
+static em_status layernorm(void *c, em_tensor *const *in, const double *s, em_tensor **out) {
+    (void)c, (void)s;
+    out[0] = em_layer_norm(in[0], 1, in[1], in[2], 1e-5);
+    return out[0] ? EM_OK : em_last_status();
+}
+
+/* Every unary op, then every binary op and comparison, in one graph. */
+static em_status everything(void *c, em_tensor *const *in, const double *s, em_tensor **out) {
+    (void)c, (void)s;
+    em_tensor *(*un[])(const em_tensor *) = {em_neg, em_abs, em_exp, em_log, em_sqrt, em_rsqrt,
+                                             em_sin, em_cos, em_tanh, em_sigmoid, em_relu,
+                                             em_gelu, em_gelu_tanh, em_erf};
+    em_tensor *(*bin[])(const em_tensor *, const em_tensor *) = {
+        em_add, em_sub, em_mul, em_div, em_pow, em_maximum, em_minimum};
+    em_tensor *x = in[0];
+    for (size_t i = 0; i < sizeof un / sizeof un[0]; i++) x = em_add(x, un[i](in[0]));
+    for (size_t i = 0; i < sizeof bin / sizeof bin[0]; i++) x = em_add(x, bin[i](in[0], in[1]));
+    em_tensor *m = em_where(em_lt(in[0], in[1]), x, em_cast(em_ge(x, in[1]), em_dtype_of(x)));
+    out[0] = em_add(m, em_cast(em_eq(in[0], in[1]), em_dtype_of(x)));
+    return out[0] ? EM_OK : em_last_status();
+}
+
+/* Integer arithmetic, casts to and from every dtype, reductions of each. */
+static em_status integers(void *c, em_tensor *const *in, const double *s, em_tensor **out) {
+    (void)c, (void)s;
+    em_tensor *i = em_cast(in[0], EM_I32), *l = em_cast(in[0], EM_I64), *b = em_cast(in[0], EM_BOOL);
+    em_tensor *x = em_add(em_mul(em_abs(i), em_neg(i)), em_relu(i));
+    em_tensor *y = em_sub(em_maximum(l, em_cast(x, EM_I64)), em_minimum(l, l));
+    em_tensor *z = em_add(em_cast(y, EM_F64), em_cast(em_mul(b, b), EM_F64));
+    out[0] = em_add(em_cast(z, EM_F32), em_cast(em_amax(b, 1, (int[]){-1}, true), EM_F32));
+    out[1] = em_sum(i, 1, (int[]){-1}, false);
+    out[2] = em_amin(l, 1, (int[]){-1}, false);
+    return out[0] && out[1] && out[2] ? EM_OK : em_last_status();
+}
+
+/* Records fn on the CPU and returns its graph. */
+static tr_graph *record(fn_t fn, int nin, em_tensor **in, int nout) {
+    em_tensor *out[4] = {0};
+    tr_recorder *r = tr_record_begin(nin, in, NULL);
+    ck_assert_ptr_nonnull(r);
+    ck_assert_int_eq(fn(NULL, in, NULL, out), EM_OK);
+    char why[256] = "";
+    tr_graph *g = tr_record_end(r, nout, out, why, sizeof why);
+    ck_assert_msg(g != NULL, "no graph: %s %s", why, em_last_error());
+    return g;
+}
+
+static bool have_nvrtc(void) {
+#ifdef EMBER_HAVE_CUDA
+    return cuda_nvrtc_version() != NULL;
+#else
+    return false;
+#endif
+}
+
+/* Prints and compiles every kernel of fn's graph; returns the shapes seen
+ * (bit CU_* set) and checks the text holds `want` when given. */
+static unsigned compile_all(fn_t fn, int nin, em_tensor **in, int nout, const char *want) {
+    tr_graph *g = record(fn, nin, in, nout);
+    sc_schedule *s = sc_build(g);
+    ck_assert_ptr_nonnull(s);
+    unsigned shapes = 0;
+    int *bufs = malloc(sizeof(int) * ((size_t)g->nnodes + 1));
+    for (int gi = 0; gi < s->ngroups; gi++) {
+        int nbufs, nouts;
+        k_kernel *k = sc_lower(s, gi, bufs, &nbufs, &nouts);
+        ck_assert_msg(k != NULL, "%s", em_last_error());
+        cuda_src src;
+        ck_assert_msg(cuda_emit(k, &src) == EM_OK, "%s", em_last_error());
+        shapes |= 1u << src.shape;
+        if (want) ck_assert_msg(strstr(src.text, want), "no '%s' in:\n%s", want, src.text);
+        ck_assert(strstr(src.text, "INFINITY") == NULL);
+#ifdef EMBER_HAVE_CUDA
+        for (int ptx = 0; ptx < 2; ptx++) {
+            void *bin = NULL;
+            size_t n = 0;
+            em_status st = cuda_nvrtc_compile(src.text, k->name, 90, ptx, &bin, &n);
+            ck_assert_msg(st == EM_OK, "%s\n%s", em_last_error(), src.text);
+            ck_assert(n > 100);
+            if (ptx) ck_assert(strstr(bin, ".entry k") != NULL);
+            em_free(bin);
+        }
+#endif
+        cuda_src_free(&src);
+        kir_free(k);
+    }
+    free(bufs);
+    sc_free(s);
+    tr_graph_free(g);
+    return shapes;
+}
+
+START_TEST(pointwise_is_flat) {
+    int64_t n = 1000;
+    em_tensor *in[3] = {tu_random(1, 1, &n, EM_F32, 1), tu_random(2, 1, &n, EM_F32, 1),
+                        tu_random(3, 1, &n, EM_F32, 1)};
+    ck_assert_uint_eq(compile_all(pointwise, 3, in, 1, "__restrict__"), 1u << CU_FLAT);
+    ck_assert_uint_eq(compile_all(pointwise, 3, in, 1, "tanhf("), 1u << CU_FLAT);
+}
+END_TEST
+
+START_TEST(softmax_is_rows) {
+    em_tensor *in[1] = {tu_random(1, 2, TU_SIZES(8, 300), EM_F32, 1)};
+    ck_assert_uint_eq(compile_all(softmax, 1, in, 1, "em_block_reduce(a"), 1u << CU_ROWS);
+    /* the second read of x comes from registers, the stash stays in them */
+    ck_assert_uint_eq(compile_all(softmax, 1, in, 1, "= rc0[it"), 1u << CU_ROWS);
+    em_tensor *in64[1] = {tu_random(1, 3, TU_SIZES(2, 3, 5), EM_F64, 1)};
+    ck_assert_uint_eq(compile_all(softmax, 1, in64, 1, "double"), 1u << CU_ROWS);
+}
+END_TEST
+
+START_TEST(layernorm_compiles) {
+    em_tensor *in[3] = {tu_random(1, 2, TU_SIZES(4, 64), EM_F32, 1),
+                        tu_random(2, 1, TU_SIZES(64), EM_F32, 1),
+                        tu_random(3, 1, TU_SIZES(64), EM_F32, 1)};
+    ck_assert(compile_all(layernorm, 3, in, 1, NULL) & (1u << CU_ROWS));
+}
+END_TEST
+
+START_TEST(every_alu_op) {
+    em_dtype dts[] = {EM_F32, EM_F64};
+    for (int i = 0; i < 2; i++) {
+        em_tensor *in[2] = {tu_random(1, 2, TU_SIZES(3, 7), dts[i], 1),
+                            tu_random(2, 2, TU_SIZES(3, 7), dts[i], 1)};
+        ck_assert(compile_all(everything, 2, in, 1, NULL) != 0);
+    }
+    em_tensor *x[1] = {tu_random(3, 2, TU_SIZES(5, 9), EM_F32, 10)};
+    ck_assert(compile_all(integers, 1, x, 3, "__double2int_rz") != 0);
+}
+END_TEST
+
+/* The n bytes at p as a string (in a static buffer: one at a time). */
+static const char *strndup_ck(const char *p, size_t n) {
+    static char buf[8192];
+    ck_assert(n < sizeof buf);
+    memcpy(buf, p, n);
+    buf[n] = '\0';
+    return buf;
+}
+
+/* A hand-built kernel whose text is known exactly: the printer's shape. */
+START_TEST(golden_text) {
+    k_kernel *k = kir_new("k0");
+    int in = kir_buf(k, EM_F32), out = kir_buf(k, EM_F32);
+    int r = kir_range(k, kir_const_i(k, EM_I64, 5), K_PARALLEL);
+    kir_store(k, out, r, kir_alu(k, KA_RELU, kir_load(k, in, r), -1, -1));
+    kir_end(k);
+    cuda_src src;
+    ck_assert_int_eq(cuda_emit(k, &src), EM_OK);
+    ck_assert(src.vec4); /* element v of 4-byte buffers: a 16-byte variant too */
+    const char *v4 = strstr(src.text, "k0_v4(");
+    ck_assert_ptr_nonnull(v4);
+    const char *v4end = strstr(v4, "\n}\n");
+    ck_assert_ptr_nonnull(v4end);
+    ck_assert_str_eq(strndup_ck(v4, (size_t)(v4end + 3 - v4)),
+                     "k0_v4(const float *__restrict__ p0, float *__restrict__ p1) {\n"
+                     "  const long long v2 = ((long long)0x0000000000000005ull);\n"
+                     "  const long long n = 5ll, nv = n / 4;\n"
+                     "  const long long step = (long long)gridDim.x * 256;\n"
+                     "  for (long long q = (long long)blockIdx.x * 256 + threadIdx.x; q < nv; q += step) {\n"
+                     "    const float4 L4 = reinterpret_cast<const float4 *>(p0)[q];\n"
+                     "    float4 S6;\n"
+                     "    {\n"
+                     "      const long long v3 = q * 4 + 0;\n"
+                     "      const float v4 = L4.x;\n"
+                     "      const float v5 = (v4 < 0 ? (float)0 : v4);\n"
+                     "      S6.x = v5;\n"
+                     "    }\n"
+                     "    {\n"
+                     "      const long long v3 = q * 4 + 1;\n"
+                     "      const float v4 = L4.y;\n"
+                     "      const float v5 = (v4 < 0 ? (float)0 : v4);\n"
+                     "      S6.y = v5;\n"
+                     "    }\n"
+                     "    {\n"
+                     "      const long long v3 = q * 4 + 2;\n"
+                     "      const float v4 = L4.z;\n"
+                     "      const float v5 = (v4 < 0 ? (float)0 : v4);\n"
+                     "      S6.z = v5;\n"
+                     "    }\n"
+                     "    {\n"
+                     "      const long long v3 = q * 4 + 3;\n"
+                     "      const float v4 = L4.w;\n"
+                     "      const float v5 = (v4 < 0 ? (float)0 : v4);\n"
+                     "      S6.w = v5;\n"
+                     "    }\n"
+                     "    reinterpret_cast<float4 *>(p1)[q] = S6;\n"
+                     "  }\n"
+                     "  for (long long v3 = nv * 4 + (long long)blockIdx.x * 256 + threadIdx.x; v3 < n; v3 += step) {\n"
+                     "    const float v4 = p0[v3];\n"
+                     "    const float v5 = (v4 < 0 ? (float)0 : v4);\n"
+                     "    p1[v3] = v5;\n"
+                     "  }\n"
+                     "}\n");
+    const char *body = strstr(v4end, "extern \"C\"");
+    ck_assert_ptr_nonnull(body);
+    ck_assert_str_eq(body,
+                     "extern \"C\" __global__ void __launch_bounds__(256) k0(const float *__restrict__ p0, float *__restrict__ p1) {\n"
+                     "  const long long v2 = ((long long)0x0000000000000005ull);\n"
+                     "  const long long n = 5ll;\n"
+                     "  const long long step = (long long)gridDim.x * 1024;\n"
+                     "  long long base = (long long)blockIdx.x * 1024 + threadIdx.x;\n"
+                     "  for (; base + 768 < n; base += step) {\n"
+                     "#pragma unroll\n"
+                     "    for (int u = 0; u < 4; u++) {\n"
+                     "      const long long v3 = base + (long long)u * 256;\n"
+                     "      const float v4 = p0[v3];\n"
+                     "      const float v5 = (v4 < 0 ? (float)0 : v4);\n"
+                     "      p1[v3] = v5;\n"
+                     "    }\n"
+                     "  }\n"
+                     "  for (long long v3 = base; v3 < n; v3 += 256) {\n"
+                     "    const float v4 = p0[v3];\n"
+                     "    const float v5 = (v4 < 0 ? (float)0 : v4);\n"
+                     "    p1[v3] = v5;\n"
+                     "  }\n"
+                     "}\n");
+    ck_assert_int_eq(src.shape, CU_FLAT);
+    ck_assert_int_eq(src.extent, 5);
+    cuda_src_free(&src);
+    kir_free(k);
+}
+END_TEST
+
+START_TEST(errors) {
+    /* f16 values: not printable yet */
+    k_kernel *k = kir_new("k0");
+    int b = kir_buf(k, EM_F16);
+    int r = kir_range(k, kir_const_i(k, EM_I64, 4), K_PARALLEL);
+    kir_load(k, b, r);
+    kir_end(k);
+    cuda_src src;
+    ck_assert_int_eq(cuda_emit(k, &src), EM_ERR_UNSUPPORTED);
+    ck_assert_ptr_null(src.text);
+    kir_free(k);
+    /* IR that fails the verifier */
+    k = kir_new("k1");
+    kir_range(k, kir_const_i(k, EM_I64, 4), K_PARALLEL);
+    ck_assert_int_eq(cuda_emit(k, &src), EM_ERR_ARG);
+    kir_free(k);
+#ifdef EMBER_HAVE_CUDA
+    /* NVRTC's own error comes back with its log */
+    void *bin;
+    size_t n;
+    ck_assert_int_eq(cuda_nvrtc_compile("extern \"C\" __global__ void k(){ nope; }", "k", 90, false,
+                                        &bin, &n),
+                     EM_ERR_STATE);
+    ck_assert_ptr_null(bin);
+    ck_assert(strstr(em_last_error(), "nope") != NULL);
+#endif
+}
+END_TEST
+
+#ifdef EMBER_HAVE_CUDA
+/* The device's kernel table (no GPU needed: only its table fields). */
+START_TEST(kernel_table) {
+    cuda_device *d = calloc(1, sizeof *d);
+    static cuda_kernel ks[1000];
+    kc_key keys[1000];
+    for (int i = 0; i < 1000; i++) {
+        kc_hasher h;
+        kc_hasher_reset(&h);
+        kc_hasher_update_u64(&h, (uint64_t)i);
+        keys[i] = kc_hasher_digest(&h);
+        if (i % 7 == 3) memcpy(keys[i].bytes, keys[i - 1].bytes, 8); /* same slot: probing */
+        ck_assert_ptr_null(cuda_kernel_table_find(d, &keys[i]));
+        ck_assert(cuda_kernel_table_add(d, &keys[i], &ks[i]));
+        for (int j = 0; j <= i; j += 1 + i / 10)
+            ck_assert_ptr_eq(cuda_kernel_table_find(d, &keys[j]), &ks[j]);
+    }
+    for (int i = 0; i < 1000; i++) ck_assert_ptr_eq(cuda_kernel_table_find(d, &keys[i]), &ks[i]);
+    ck_assert_int_eq(d->nkernels, 1000);
+    free(d->kernels);
+    free(d->kindex);
+    free(d);
+}
+END_TEST
+#endif
+
+/* Without a GPU (CI), asking for one fails with a reason, never aborts. */
+START_TEST(no_gpu_is_an_error) {
+    if (em_device_available(em_cuda(0))) return; /* a GPU machine: test_cuda covers it */
+    em_clear_error();
+    tu_check_fails(em_zeros(1, TU_SIZES(4), EM_F32, em_cuda(0)), EM_ERR_DEVICE);
+    const char *e = em_last_error();
+    ck_assert_msg(strstr(e, "libcuda.so.1") || strstr(e, "no such device") || strstr(e, "CUDA driver"),
+                  "unclear error: %s", e);
+    em_compile_options o = {.ninputs = 3, .noutputs = 1, .backend = "cuda"};
+    em_compiled *f = em_compile(pointwise, NULL, &o);
+    ck_assert_ptr_nonnull(f); /* the backend exists in every build */
+    em_compiled_free(f);
+}
+END_TEST
+
+int main(void) {
+    if (!have_nvrtc()) {
+        printf("SKIP: no NVRTC: %s\n", em_last_error());
+        return 77;
+    }
+    const tu_test tests[] = {
+        {"pointwise_is_flat", pointwise_is_flat}, {"softmax_is_rows", softmax_is_rows},
+        {"layernorm_compiles", layernorm_compiles}, {"every_alu_op", every_alu_op},
+        {"golden_text", golden_text}, {"errors", errors},
+        {"no_gpu_is_an_error", no_gpu_is_an_error},
+#ifdef EMBER_HAVE_CUDA
+        {"kernel_table", kernel_table},
+#endif
+    };
+    return tu_run(tu_suite("cuda_emit", tests, sizeof tests / sizeof tests[0], 120));
+}
