@@ -387,6 +387,7 @@ typedef struct em_lazy_stats {
     int64_t graph_hits;       /* flushes whose graph was already compiled */
     int64_t graphs_compiled;  /* distinct graphs compiled */
     int64_t eager_graphs;     /* graphs run op by op: past the per-structure limit */
+    int64_t dynamic_graphs;   /* dynamic entries: one compile serving many sizes */
     int64_t kernels_compiled; /* native kernels compiled for them */
     int64_t kernels_loaded;   /* kernels found in the cache instead */
 } em_lazy_stats;

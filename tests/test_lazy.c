@@ -326,7 +326,9 @@ static void *autostart_body(void *arg) {
 
 /* A tensor made in lazy mode on one thread, read on another (not lazy). */
 static void *reader_body(void *arg) {
+    em_scope_begin(); /* a new thread has no scope: tu_values' cast needs one */
     double *v = tu_values(arg);
+    em_scope_end();
     bool ok = v && fabs(v[0] - 2 * tanh(0.5)) < 1e-6;
     free(v);
     return ok ? (void *)1 : NULL;
@@ -351,6 +353,53 @@ START_TEST(ember_jit_starts_lazy_mode_on_every_thread_and_reads_cross_threads) {
     em_release(x);
     em_release(y);
     em_release(z);
+}
+END_TEST
+
+/* softmax and layer_norm of 10 batch sizes in lazy mode: compiled twice
+ * (the first size, then one dynamic entry), unless EMBER_DYNAMIC=0 */
+static void *batch_body(void *arg) {
+    bool want_dynamic = arg != NULL;
+    em_tensor *xs[12], *w = NULL;
+    double *xv[12];
+    em_scope_begin();
+    w = tu_random(99, 1, TU_SIZES(24), EM_F32, 1);
+    double *wv = tu_values(w);
+    for (int b = 2; b < 12; b++) {
+        xs[b] = tu_random(50 + (uint64_t)b, 2, TU_SIZES(b, 24), EM_F32, 2);
+        xv[b] = tu_values(xs[b]);
+    }
+    em_lazy_begin();
+    bool ok = true;
+    for (int b = 2; b < 12; b++) {
+        float y[11 * 24];
+        ok &= em_copy_to_host(em_mul(em_softmax(xs[b], -1), w), y, sizeof y) == EM_OK;
+        for (int r = 0; r < b; r++) {
+            const double *x = xv[b] + r * 24;
+            double m = -INFINITY, sum = 0;
+            for (int c = 0; c < 24; c++) m = fmax(m, x[c]);
+            for (int c = 0; c < 24; c++) sum += exp(x[c] - m);
+            for (int c = 0; c < 24; c++)
+                ok &= fabs(y[r * 24 + c] - exp(x[c] - m) / sum * wv[c]) < 1e-6 * (1 + fabs(wv[c]));
+        }
+        free(xv[b]);
+    }
+    em_lazy_stats st;
+    em_lazy_get_stats(&st);
+    if (want_dynamic) ok &= st.graphs_compiled == 2 && st.dynamic_graphs == 1 && st.eager_graphs == 0;
+    else ok &= st.graphs_compiled == 8 && st.dynamic_graphs == 0 && st.eager_graphs == 2;
+    em_lazy_end();
+    em_scope_end();
+    free(wv);
+    return ok ? (void *)1 : NULL;
+}
+
+START_TEST(ten_batch_sizes_compile_twice_in_lazy_mode) {
+    ck_assert_ptr_nonnull(on_thread(batch_body, (void *)1));
+    setenv("EMBER_DYNAMIC", "0", 1);
+    void *ok = on_thread(batch_body, NULL);
+    unsetenv("EMBER_DYNAMIC");
+    ck_assert_ptr_nonnull(ok);
 }
 END_TEST
 
@@ -512,6 +561,7 @@ int main(void) {
         {"a_long_chain_is_cut_and_computed_on_the_way", a_long_chain_is_cut_and_computed_on_the_way},
         {"errors_are_reported_at_the_op", errors_are_reported_at_the_op},
         {"the_recompile_limit_applies_per_structure", the_recompile_limit_applies_per_structure},
+        {"ten_batch_sizes_compile_twice_in_lazy_mode", ten_batch_sizes_compile_twice_in_lazy_mode},
         {"ember_jit_starts_lazy_mode_on_every_thread_and_reads_cross_threads", ember_jit_starts_lazy_mode_on_every_thread_and_reads_cross_threads},
         {"an_attention_block_and_mlp_in_lazy_mode_match_float64_and_eager", an_attention_block_and_mlp_in_lazy_mode_match_float64_and_eager},
         {"a_graph_break_splits_the_function_into_compiled_segments", a_graph_break_splits_the_function_into_compiled_segments},

@@ -39,10 +39,21 @@ typedef struct lz_entry {
     const jit_backend *backend;
 } lz_entry;
 
+/* A structure's dynamic entry: one compiled state for many sizes. */
+typedef struct lz_dyn {
+    tr_graph *graph;
+    gd_guards *guards;   /* which sizes it serves */
+    void *state;
+    const jit_backend *backend;
+} lz_dyn;
+
 typedef struct lz_structure {
     kc_key key;          /* graph_keys' shape-free key */
     int entries;
     bool logged;
+    int first;           /* its first entry (the sizes first seen), or -1 */
+    lz_dyn *dyn;         /* made at the second size variant, when it can be */
+    bool dyn_refused;    /* it could not: sizes stay specialized */
 } lz_structure;
 
 typedef struct lz_state {
@@ -55,6 +66,8 @@ typedef struct lz_state {
     lz_structure *structs;
     int nstructs, capstructs;
     int limit;           /* entries per structure before running eagerly */
+    bool dynamic;        /* EMBER_DYNAMIC is not 0: a structure seen at a second
+                            size gets a dynamic entry */
     struct lz_thunk *pending; /* live thunks, for em_sync */
     jit_log log;
     jit_env env;
@@ -93,6 +106,14 @@ static void state_release(lz_state *st) {
     const em_allocator *saved = em_get_allocator();
     em_set_allocator(st->alloc);
     for (int i = 0; i < st->nentries; i++) entry_clear(&st->entries[i]);
+    for (int i = 0; i < st->nstructs; i++) {
+        lz_dyn *d = st->structs[i].dyn;
+        if (!d) continue;
+        if (d->state) d->backend->free(d->state);
+        gd_free(d->guards);
+        tr_graph_free(d->graph);
+        em_free(d);
+    }
     em_free(st->entries);
     em_free(st->structs);
     kc_close(st->env.cache);
@@ -118,6 +139,8 @@ static lz_state *state_get(bool create) {
     atomic_init(&st->refs, 1);
     st->alloc = em_get_allocator();
     st->limit = env_limit();
+    const char *dyn = getenv("EMBER_DYNAMIC");
+    st->dynamic = !(dyn && (!strcmp(dyn, "0") || !strcmp(dyn, "off")));
     jit_log_open(&st->log);
     st->env.log = &st->log;
     st->env.cache = kc_open(NULL, 0);
@@ -385,6 +408,7 @@ static lz_structure *structure_of(lz_state *st, const kc_key *sk) {
     lz_structure *s = &st->structs[st->nstructs++];
     memset(s, 0, sizeof *s);
     s->key = k;
+    s->first = -1;
     return s;
 }
 
@@ -422,7 +446,7 @@ static lz_entry *entry_add(lz_state *st, tr_graph *g, const kc_key *key, const k
                      "size variants); new sizes of it run eagerly", st->limit);
         sg->logged = true;
     } else {
-        sg->entries++;
+        if (sg->entries++ == 0) sg->first = st->nentries;
         int64_t before = st->env.compiled;
         if (tr_optimize(g, false) != EM_OK || e->backend->compile(g, &st->env, &e->state) != EM_OK) {
             if (e->state) e->backend->free(e->state);
@@ -457,6 +481,65 @@ static void adopt(em_tensor *t, em_tensor *v) {
     thunk_free(k);
 }
 
+/* ---- dynamic entries ---- */
+
+/* The meta of input i of g. */
+static const em_meta *input_meta(const tr_graph *g, int i) {
+    for (int n = 0; n < g->nnodes; n++)
+        if (g->nodes[n].kind == TR_INPUT && g->nodes[n].index == i) return &g->nodes[n].meta;
+    return NULL;
+}
+
+/* Whether d serves the inputs in; *spec gets what its run needs. */
+static bool dyn_serves(const lz_dyn *d, em_tensor *const *in, void **spec) {
+    *spec = NULL;
+    return gd_check(d->guards, in, NULL) &&
+           (!d->backend->specialize || d->backend->specialize(d->state, d->graph, in, spec));
+}
+
+/* Makes sg's dynamic entry from the cut's graph (taken on success): the
+ * input dims whose sizes differ from the structure's first entry become
+ * dynamic, if the graph allows it (jit_dyn_check) and the backend can
+ * compile it so (compile_dynamic).  Otherwise the structure stays
+ * specialized for good, and the log says why. */
+static lz_dyn *dyn_make(lz_state *st, lz_structure *sg, cut *c) {
+    const tr_graph *prev = st->entries[sg->first].graph;
+    tr_graph *g = c->g;
+    const jit_backend *b = jit_backend_for_graph(jit_backend_find(NULL), g);
+    char why[256] = "the backend has no dynamic kernels";
+    em_meta *probe = em_calloc((size_t)g->ninputs + 1, sizeof *probe);
+    gd_guards *gs = probe && b->compile_dynamic && tr_optimize(g, false) == EM_OK
+                        ? gd_build(g, c->inputs, NULL, 0, NULL, 0) : NULL;
+    lz_dyn *d = NULL;
+    for (int i = 0; gs && i < g->ninputs; i++) {
+        const em_meta *a = input_meta(prev, i), *m = input_meta(g, i);
+        uint32_t mask = 0;
+        for (int k = 0; a && m && k < m->ndim && k < a->ndim; k++)
+            if (a->sizes[k] != m->sizes[k]) mask |= 1u << k;
+        gd_set_dynamic(gs, i, mask);
+    }
+    bool dynamic = false;
+    void *state = NULL;
+    if (gs && gd_is_dynamic(gs) && jit_dyn_check(g, prev, gs, c->inputs, probe, why, sizeof why) &&
+        b->compile_dynamic(g, probe, &st->env, &state, &dynamic, why, sizeof why) == EM_OK &&
+        dynamic && (d = em_calloc(1, sizeof *d))) {
+        *d = (lz_dyn){g, gs, state, b};
+        c->g = NULL;
+        gs = NULL;
+        state = NULL;
+        jit_logf(&st->log, JIT_LOG_RECOMPILES, "lazy mode: a graph structure seen at a second "
+                 "size has a dynamic entry now");
+    } else {
+        jit_logf(&st->log, JIT_LOG_RECOMPILES, "lazy mode: a graph structure stays specialized "
+                 "to its sizes: %s", why[0] ? why : em_last_error());
+    }
+    if (state) b->free(state);
+    gd_free(gs);
+    em_free(probe);
+    em_clear_error();
+    return d;
+}
+
 /* Looks the cut's graph up (compiling it on a miss) and runs it: vals
  * gets one new tensor per output of the cut, in its order. */
 static em_status run_outputs(lz_state *st, cut *c, em_tensor **vals) {
@@ -464,6 +547,30 @@ static em_status run_outputs(lz_state *st, cut *c, em_tensor **vals) {
     graph_keys(c->g, &key, &sk);
     pthread_mutex_lock(&st->lock);
     lz_entry *e = entry_find(st, &key);
+    lz_structure *sg = e ? NULL : structure_of(st, &sk);
+    void *spec = NULL;
+    if (sg && st->dynamic && !sg->dyn && !sg->dyn_refused && sg->first >= 0 &&
+        sg->entries < st->limit) {
+        int64_t before = st->env.compiled;
+        sg->dyn = dyn_make(st, sg, c);
+        sg->dyn_refused = !sg->dyn;
+        if (sg->dyn) {
+            sg->entries++;
+            st->stats.graphs_compiled++;
+            st->stats.dynamic_graphs++;
+            st->stats.kernels_compiled += st->env.compiled - before;
+            st->stats.kernels_loaded = st->env.loaded;
+        }
+    }
+    if (sg && sg->dyn && dyn_serves(sg->dyn, c->inputs, &spec)) {
+        /* one state for this structure's sizes: runs unlocked, as entries */
+        lz_dyn *d = sg->dyn;
+        st->stats.graph_hits++;
+        st->stats.flushes++;
+        pthread_mutex_unlock(&st->lock);
+        return d->backend->run_dynamic ? d->backend->run_dynamic(d->state, spec, d->graph, c->inputs, vals)
+                                       : d->backend->run(d->state, d->graph, c->inputs, vals);
+    }
     if (e) {
         st->stats.graph_hits++;
     } else {
