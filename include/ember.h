@@ -388,6 +388,8 @@ typedef struct em_lazy_stats {
     int64_t graphs_compiled;  /* distinct graphs compiled */
     int64_t eager_graphs;     /* graphs run op by op: past the per-structure limit */
     int64_t dynamic_graphs;   /* dynamic entries: one compile serving many sizes */
+    int64_t async_runs;       /* flushes run op by op while their graph compiled in
+                                 the background (EMBER_ASYNC_COMPILE=1) */
     int64_t kernels_compiled; /* native kernels compiled for them */
     int64_t kernels_loaded;   /* kernels found in the cache instead */
 } em_lazy_stats;

@@ -8,6 +8,7 @@
 
 #include <pthread.h>
 #include <string.h>
+#include <time.h>
 
 #define CPU em_cpu()
 
@@ -405,6 +406,41 @@ START_TEST(ten_batch_sizes_compile_twice_in_lazy_mode) {
 }
 END_TEST
 
+/* EMBER_ASYNC_COMPILE=1: the first flush of a new graph runs op by op
+ * while it compiles in a thread; later flushes switch to the kernels */
+static void *async_body(void *arg) {
+    (void)arg;
+    em_scope_begin();
+    em_tensor *x = tu_random(77, 2, TU_SIZES(64, 33), EM_F32, 1);
+    double *xv = tu_values(x);
+    em_lazy_begin();
+    bool ok = true;
+    em_lazy_stats st = {0};
+    for (int i = 0; i < 2000 && ok; i++) {
+        float y[64 * 33];
+        ok &= em_copy_to_host(em_tanh(em_mul_scalar(x, 0.5)), y, sizeof y) == EM_OK;
+        for (int k = 0; k < 64 * 33; k++) ok &= fabs(y[k] - tanh(0.5 * xv[k])) < 1e-6;
+        em_lazy_get_stats(&st);
+        if (st.graphs_compiled == 1 && st.async_runs > 0 && st.flushes > st.async_runs) break;
+        struct timespec ts = {0, 5 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    /* the first flush did not wait; a later one ran the compiled kernels */
+    ok &= st.async_runs >= 1 && st.graphs_compiled == 1 && st.flushes > st.async_runs;
+    em_lazy_end();
+    em_scope_end();
+    free(xv);
+    return ok ? (void *)1 : NULL;
+}
+
+START_TEST(async_compile_runs_op_by_op_until_the_kernels_are_ready) {
+    setenv("EMBER_ASYNC_COMPILE", "1", 1);
+    void *ok = on_thread(async_body, NULL);
+    unsetenv("EMBER_ASYNC_COMPILE");
+    ck_assert_ptr_nonnull(ok);
+}
+END_TEST
+
 /* ---- whole programs against float64 ---- */
 
 #define T 6
@@ -564,6 +600,7 @@ int main(void) {
         {"errors_are_reported_at_the_op", errors_are_reported_at_the_op},
         {"the_recompile_limit_applies_per_structure", the_recompile_limit_applies_per_structure},
         {"ten_batch_sizes_compile_twice_in_lazy_mode", ten_batch_sizes_compile_twice_in_lazy_mode},
+        {"async_compile_runs_op_by_op_until_the_kernels_are_ready", async_compile_runs_op_by_op_until_the_kernels_are_ready},
         {"ember_jit_starts_lazy_mode_on_every_thread_and_reads_cross_threads", ember_jit_starts_lazy_mode_on_every_thread_and_reads_cross_threads},
         {"an_attention_block_and_mlp_in_lazy_mode_match_float64_and_eager", an_attention_block_and_mlp_in_lazy_mode_match_float64_and_eager},
         {"a_graph_break_splits_the_function_into_compiled_segments", a_graph_break_splits_the_function_into_compiled_segments},

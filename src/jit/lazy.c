@@ -37,6 +37,9 @@ typedef struct lz_entry {
     tr_graph *graph;
     void *state;         /* the backend's; NULL: run op by op (replay) */
     const jit_backend *backend;
+    bool compiling;      /* EMBER_ASYNC_COMPILE: a thread compiles it; until then
+                            it runs op by op.  state, backend and compiling
+                            change only under the state's lock */
 } lz_entry;
 
 /* A structure's dynamic entry: one compiled state for many sizes. */
@@ -68,6 +71,7 @@ typedef struct lz_state {
     int limit;           /* entries per structure before running eagerly */
     bool dynamic;        /* EMBER_DYNAMIC is not 0: a structure seen at a second
                             size gets a dynamic entry */
+    bool async;          /* EMBER_ASYNC_COMPILE=1: new graphs compile in a thread */
     struct lz_thunk *pending; /* live thunks, for em_sync */
     jit_log log;
     jit_env env;
@@ -139,6 +143,8 @@ static lz_state *state_get(bool create) {
     atomic_init(&st->refs, 1);
     st->alloc = em_get_allocator();
     st->limit = env_limit();
+    const char *as = getenv("EMBER_ASYNC_COMPILE");
+    st->async = as && !strcmp(as, "1");
     const char *dyn = getenv("EMBER_DYNAMIC");
     st->dynamic = !(dyn && (!strcmp(dyn, "0") || !strcmp(dyn, "off")));
     jit_log_open(&st->log);
@@ -419,8 +425,90 @@ static lz_entry *entry_find(lz_state *st, const kc_key *key) {
     return NULL;
 }
 
-/* A new entry for graph g (taken): compiled, or, past the structure's
- * limit, run op by op. */
+/* Compiles entry e with env (the state's, or a background thread's) and
+ * counts it; on failure e runs op by op.  Call with the lock held. */
+static void compile_entry(lz_state *st, lz_entry *e, jit_env *env) {
+    int64_t before = env->compiled, loaded = env->loaded;
+    void *state = NULL;
+    const jit_backend *b = e->backend;
+    if (b->compile(e->graph, env, &state) != EM_OK) {
+        if (state) b->free(state);
+        state = NULL;
+        b = &jit_replay_backend;
+        em_clear_error();
+    }
+    e->state = state;
+    e->backend = b;
+    st->stats.graphs_compiled++;
+    st->stats.kernels_compiled += env->compiled - before;
+    st->stats.kernels_loaded += env->loaded - loaded;
+}
+
+typedef struct compile_job {
+    lz_state *st;
+    int index;           /* entries move when the table grows: by index */
+} compile_job;
+
+/* The background compile of an entry: the graph and backend do not
+ * change while it is compiling, so the compile itself runs unlocked. */
+static void *compile_thread(void *arg) {
+    compile_job *job = arg;
+    lz_state *st = job->st;
+    em_set_allocator(st->alloc);
+    pthread_mutex_lock(&st->lock);
+    lz_entry snapshot = st->entries[job->index];
+    pthread_mutex_unlock(&st->lock);
+    jit_env env = {.cache = st->env.cache, .log = &st->log};
+    lz_entry done = snapshot;
+    if (done.backend->compile(done.graph, &env, &done.state) != EM_OK) {
+        if (done.state) done.backend->free(done.state);
+        done.state = NULL;
+        done.backend = &jit_replay_backend;
+        em_clear_error();
+    }
+    pthread_mutex_lock(&st->lock);
+    lz_entry *e = &st->entries[job->index];
+    e->state = done.state;
+    e->backend = done.backend;
+    e->compiling = false;
+    st->stats.graphs_compiled++;
+    st->stats.kernels_compiled += env.compiled;
+    st->stats.kernels_loaded += env.loaded;
+    pthread_mutex_unlock(&st->lock);
+    em_free_with(st->alloc, job);
+    state_release(st);
+    return NULL;
+}
+
+/* Starts entry index's compile in a detached thread holding a reference
+ * to st; false when no thread could be started. */
+static bool start_compile(lz_state *st, int index) {
+    compile_job *job = em_malloc(sizeof *job);
+    if (!job) {
+        em_clear_error();
+        return false;
+    }
+    *job = (compile_job){st, index};
+    st->entries[index].compiling = true;
+    atomic_fetch_add(&st->refs, 1);
+    pthread_attr_t attr;
+    pthread_t th;
+    bool ok = pthread_attr_init(&attr) == 0;
+    if (ok) {
+        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+        ok = pthread_create(&th, &attr, compile_thread, job) == 0;
+        pthread_attr_destroy(&attr);
+    }
+    if (!ok) {
+        st->entries[index].compiling = false;
+        atomic_fetch_sub(&st->refs, 1);
+        em_free(job);
+    }
+    return ok;
+}
+
+/* A new entry for graph g (taken): compiled (in a thread with
+ * EMBER_ASYNC_COMPILE=1), or, past the structure's limit, run op by op. */
 static lz_entry *entry_add(lz_state *st, tr_graph *g, const kc_key *key, const kc_key *sk) {
     if (st->nentries == st->capentries) {
         int cap = st->capentries ? 2 * st->capentries : LZ_TABLE_MIN;
@@ -447,16 +535,12 @@ static lz_entry *entry_add(lz_state *st, tr_graph *g, const kc_key *key, const k
         sg->logged = true;
     } else {
         if (sg->entries++ == 0) sg->first = st->nentries;
-        int64_t before = st->env.compiled;
-        if (tr_optimize(g, false) != EM_OK || e->backend->compile(g, &st->env, &e->state) != EM_OK) {
-            if (e->state) e->backend->free(e->state);
-            e->state = NULL;
+        if (tr_optimize(g, false) != EM_OK) {
             e->backend = &jit_replay_backend;
             em_clear_error();
+        } else if (!(st->async && start_compile(st, st->nentries))) {
+            compile_entry(st, e, &st->env);
         }
-        st->stats.graphs_compiled++;
-        st->stats.kernels_compiled += st->env.compiled - before;
-        st->stats.kernels_loaded = st->env.loaded;
     }
     if (st->log.flags & JIT_LOG_GRAPH) {
         jit_logf(&st->log, JIT_LOG_GRAPH, "lazy mode: new graph (entry %d):", st->nentries);
@@ -551,7 +635,7 @@ static em_status run_outputs(lz_state *st, cut *c, em_tensor **vals) {
     void *spec = NULL;
     if (sg && st->dynamic && !sg->dyn && !sg->dyn_refused && sg->first >= 0 &&
         sg->entries < st->limit) {
-        int64_t before = st->env.compiled;
+        int64_t before = st->env.compiled, loaded = st->env.loaded;
         sg->dyn = dyn_make(st, sg, c);
         sg->dyn_refused = !sg->dyn;
         if (sg->dyn) {
@@ -559,7 +643,7 @@ static em_status run_outputs(lz_state *st, cut *c, em_tensor **vals) {
             st->stats.graphs_compiled++;
             st->stats.dynamic_graphs++;
             st->stats.kernels_compiled += st->env.compiled - before;
-            st->stats.kernels_loaded = st->env.loaded;
+            st->stats.kernels_loaded += st->env.loaded - loaded;
         }
     }
     if (sg && sg->dyn && dyn_serves(sg->dyn, c->inputs, &spec)) {
@@ -582,10 +666,12 @@ static em_status run_outputs(lz_state *st, cut *c, em_tensor **vals) {
         c->g = NULL; /* the entry has it now */
     }
     st->stats.flushes++;
-    /* entries are never removed and never change: safe to run unlocked */
+    /* entries are never removed; a compiled entry never changes again, one
+     * still compiling runs op by op: safe to run unlocked */
     const tr_graph *g = e->graph;
-    void *state = e->state;
-    const jit_backend *b = e->backend;
+    void *state = e->compiling ? NULL : e->state;
+    const jit_backend *b = e->compiling ? &jit_replay_backend : e->backend;
+    st->stats.async_runs += e->compiling;
     pthread_mutex_unlock(&st->lock);
     return b->run(state, g, c->inputs, vals);
 }
