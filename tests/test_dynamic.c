@@ -272,6 +272,54 @@ START_TEST(forced_dynamic_compiles_once) {
 }
 END_TEST
 
+START_TEST(more_sizes_than_an_entry_remembers) {
+    /* past 16 sizes, a dynamic entry checks its kernels on every call */
+    em_compile_options o = options("softmax", 1, 0);
+    em_compiled *f = em_compile(softmax_fn, NULL, &o);
+    for (int round = 0; round < 2; round++)
+        for (int64_t b = 2; b <= 25; b++)
+            check_softmax_call(f, tu_random((uint64_t)(b + 100 * round), 2, TU_SIZES(b, 12), EM_F32, 2));
+    em_compile_stats st = stats_of(f);
+    ck_assert_int_eq(st.traces, 2);
+    ck_assert_int_eq(st.hits, 46);
+    em_compiled_free(f);
+}
+END_TEST
+
+static em_status add_fn(void *ctx, em_tensor *const *in, const double *s, em_tensor **out) {
+    out[0] = em_exp(em_add(in[0], in[1]));
+    return out[0] ? EM_OK : em_last_status();
+}
+
+START_TEST(inputs_sharing_a_dynamic_size) {
+    em_compile_options o = options("add", 2, 0);
+    em_compiled *f = em_compile(add_fn, NULL, &o);
+    for (int64_t b = 2; b <= 6; b++) {
+        em_tensor *in[2] = {tu_random((uint64_t)b, 2, TU_SIZES(b, 16), EM_F32, 1),
+                            tu_random((uint64_t)(50 + b), 2, TU_SIZES(b, 16), EM_F32, 1)}, *y;
+        ck_assert_msg(em_call(f, in, NULL, &y) == EM_OK, "%s", em_last_error());
+        double *x0 = tu_values(in[0]), *x1 = tu_values(in[1]), ref[6 * 16];
+        for (int64_t i = 0; i < b * 16; i++) ref[i] = exp(x0[i] + x1[i]);
+        tu_check_close(y, ref, 2, TU_SIZES(b, 16), 1e-6, 1e-7);
+        free(x0), free(x1);
+    }
+    em_compile_stats st = stats_of(f);
+    ck_assert_int_eq(st.traces, 2);
+    ck_assert_int_eq(st.dynamic_entries, 1);
+    /* sizes that pass each input's guards but do not broadcast: the shapes
+     * do not infer, no entry serves the call, and the function's own error
+     * comes back when it runs */
+    em_tensor *bad[2] = {tu_random(1, 2, TU_SIZES(3, 16), EM_F32, 1),
+                         tu_random(2, 2, TU_SIZES(5, 16), EM_F32, 1)}, *y;
+    em_clear_error();
+    ck_assert_int_eq(em_call(f, bad, NULL, &y), EM_ERR_SHAPE);
+    st = stats_of(f);
+    ck_assert_int_eq(st.entries, 2);
+    ck_assert_str_eq(st.last_failure, "the sizes need kernels of another structure");
+    em_compiled_free(f);
+}
+END_TEST
+
 /* ---- graphs that must stay static ---- */
 
 START_TEST(a_reshape_by_the_batch_stays_static_and_correct) {
@@ -560,6 +608,8 @@ static Suite *suite(void) {
         {"layer_norm_over_batch_and_hidden_sizes", layer_norm_over_batch_and_hidden_sizes},
         {"mlp_with_weights_compiles_twice", mlp_with_weights_compiles_twice},
         {"sizes_zero_and_one_stay_specialized", sizes_zero_and_one_stay_specialized},
+        {"more_sizes_than_an_entry_remembers", more_sizes_than_an_entry_remembers},
+        {"inputs_sharing_a_dynamic_size", inputs_sharing_a_dynamic_size},
         {"a_second_dim_joins_the_dynamic_ones", a_second_dim_joins_the_dynamic_ones},
         {"dynamic_off_gives_one_entry_per_size", dynamic_off_gives_one_entry_per_size},
         {"forced_dynamic_compiles_once", forced_dynamic_compiles_once},
