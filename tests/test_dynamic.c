@@ -439,6 +439,92 @@ START_TEST(recompiles_log_the_dynamic_dims) {
 }
 END_TEST
 
+/* ---- differential: compiled at many sizes vs the same function eagerly ---- */
+
+static const int LAST[] = {-1}, FIRST[] = {0}, LAST2[] = {-2, -1};
+
+static em_status d_norm(void *ctx, em_tensor *const *in, const double *s, em_tensor **out) {
+    em_tensor *x = in[0], *c = em_sub(x, em_mean(x, 1, LAST, true));
+    out[0] = em_mul(c, em_rsqrt(em_add_scalar(em_var(x, 1, LAST, 1, true), 1e-3)));
+    return out[0] ? EM_OK : em_last_status();
+}
+static em_status d_rowsum(void *ctx, em_tensor *const *in, const double *s, em_tensor **out) {
+    out[0] = em_exp(em_mul_scalar(em_sum(em_tanh(in[0]), 1, LAST, false), 0.25));
+    return out[0] ? EM_OK : em_last_status();
+}
+static em_status d_where(void *ctx, em_tensor *const *in, const double *s, em_tensor **out) {
+    em_tensor *x = em_add(in[0], in[1]); /* in[1]: [1, c], broadcast */
+    em_tensor *y = em_where(em_gt(x, em_amax(x, 1, LAST, true)), x, em_mul_scalar(x, 0.1));
+    out[0] = em_cast(em_sum(em_cast(y, EM_F64), 1, LAST, true), EM_F32);
+    return out[0] ? EM_OK : em_last_status();
+}
+static em_status d_matmul(void *ctx, em_tensor *const *in, const double *s, em_tensor **out) {
+    out[0] = em_gelu(em_matmul(em_softmax(in[0], -1), in[1])); /* in[1]: [c, 8] */
+    return out[0] ? EM_OK : em_last_status();
+}
+static em_status d_columns(void *ctx, em_tensor *const *in, const double *s, em_tensor **out) {
+    em_tensor *x = in[0]; /* a reduction over the leading dim runs eagerly */
+    out[0] = em_div(em_exp(x), em_sum(em_exp(x), 1, FIRST, true));
+    return out[0] ? EM_OK : em_last_status();
+}
+static em_status d_planes(void *ctx, em_tensor *const *in, const double *s, em_tensor **out) {
+    em_tensor *x = em_unsqueeze(in[0], 1); /* [b, 1, c] + [1, 3, c] */
+    em_tensor *y = em_sigmoid(em_add(x, em_unsqueeze(in[1], 0)));
+    out[0] = em_sub(y, em_mean(y, 2, LAST2, true));
+    return out[0] ? EM_OK : em_last_status();
+}
+
+typedef struct diff_case {
+    const char *name;
+    em_fn fn;
+    int nin;
+    int second; /* in[1]'s shape: 0 none, 1 [1, c], 2 [c, 8], 3 [3, c] */
+} diff_case;
+
+/* Runs c at each (rows, cols) of sizes, compiled (mode: opts.dynamic) and
+ * eagerly, and compares; returns the compiled function's stats. */
+static em_compile_stats differential(const diff_case *c, int mode, const int64_t (*sizes)[2],
+                                     int n) {
+    em_compile_options o = options(c->name, c->nin, mode);
+    o.recompile_limit = 64;
+    em_compiled *f = em_compile(c->fn, NULL, &o);
+    for (int i = 0; i < n; i++) {
+        int64_t b = sizes[i][0], k = sizes[i][1];
+        em_tensor *in[2] = {tu_random((uint64_t)(7 * i + 1), 2, TU_SIZES(b, k), EM_F32, 1.5), NULL};
+        if (c->second == 1) in[1] = tu_random((uint64_t)i, 2, TU_SIZES(1, k), EM_F32, 1);
+        if (c->second == 2) in[1] = tu_random((uint64_t)i, 2, TU_SIZES(k, 8), EM_F32, 0.3);
+        if (c->second == 3) in[1] = tu_random((uint64_t)i, 2, TU_SIZES(3, k), EM_F32, 1);
+        em_tensor *got, *want;
+        ck_assert_msg(em_call(f, in, NULL, &got) == EM_OK, "%s: %s", c->name, em_last_error());
+        ck_assert_int_eq(c->fn(NULL, in, NULL, &want), EM_OK);
+        double *w = tu_values(want);
+        tu_check_close(got, w, em_ndim(want), em_sizes(want), 1e-4, 1e-5);
+        free(w);
+    }
+    em_compile_stats st = stats_of(f);
+    em_compiled_free(f);
+    return st;
+}
+
+START_TEST(compiled_at_many_sizes_equals_eager) {
+    static const diff_case cases[] = {
+        {"norm", d_norm, 1, 0},     {"rowsum", d_rowsum, 1, 0},   {"where", d_where, 2, 1},
+        {"matmul", d_matmul, 2, 2}, {"columns", d_columns, 1, 0}, {"planes", d_planes, 2, 3},
+    };
+    static const int64_t rows[][2] = {{4, 16}, {5, 16}, {9, 16}, {2, 16}, {33, 16}, {7, 16}};
+    /* (forced mode's rules would keep 4 x 16 static: rowsum's 0.25 is 1/4) */
+    static const int64_t both[][2] = {{5, 12}, {6, 10}, {3, 7}, {12, 33}, {2, 2}, {17, 5}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        em_compile_stats st = differential(&cases[i], 0, rows, 6);
+        ck_assert_msg(st.traces == 2 && st.dynamic_entries == 1, "%s: %ld traces, %d dynamic",
+                      cases[i].name, (long)st.traces, st.dynamic_entries);
+        st = differential(&cases[i], 1, both, 6); /* forced: both dims vary */
+        ck_assert_msg(st.traces == 1 && st.dynamic_entries == 1, "%s forced: %ld traces, %d dynamic",
+                      cases[i].name, (long)st.traces, st.dynamic_entries);
+    }
+}
+END_TEST
+
 /* ---- warmup of a recorded dynamic entry ---- */
 
 static void call_sizes(em_compiled *f, const int64_t *rows, int n) {
@@ -610,6 +696,7 @@ static Suite *suite(void) {
         {"sizes_zero_and_one_stay_specialized", sizes_zero_and_one_stay_specialized},
         {"more_sizes_than_an_entry_remembers", more_sizes_than_an_entry_remembers},
         {"inputs_sharing_a_dynamic_size", inputs_sharing_a_dynamic_size},
+        {"compiled_at_many_sizes_equals_eager", compiled_at_many_sizes_equals_eager},
         {"a_second_dim_joins_the_dynamic_ones", a_second_dim_joins_the_dynamic_ones},
         {"dynamic_off_gives_one_entry_per_size", dynamic_off_gives_one_entry_per_size},
         {"forced_dynamic_compiles_once", forced_dynamic_compiles_once},
