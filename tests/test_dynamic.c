@@ -77,6 +77,13 @@ static em_status pairs_fn(void *ctx, em_tensor *const *in, const double *s, em_t
     return out[0] ? EM_OK : em_last_status();
 }
 
+/* x + a created [b, 1] tensor: a creation op's sizes hold the batch */
+static em_status created_fn(void *ctx, em_tensor *const *in, const double *s, em_tensor **out) {
+    em_tensor *c = em_full(2, TU_SIZES(em_size(in[0], 0), 1), 0.75, EM_F32, em_cpu());
+    out[0] = em_sigmoid(em_add(in[0], c));
+    return out[0] ? EM_OK : em_last_status();
+}
+
 /* x / batch: a value computed from the batch size */
 static em_status per_row_fn(void *ctx, em_tensor *const *in, const double *s, em_tensor **out) {
     out[0] = em_tanh(em_mul_scalar(in[0], 1.0 / (double)em_size(in[0], 0)));
@@ -320,11 +327,83 @@ START_TEST(inputs_sharing_a_dynamic_size) {
 }
 END_TEST
 
+/* ---- reshapes whose sizes follow the dynamic ones ---- */
+
+enum { HEADS = 2, HDIM = 8, EMB = HEADS * HDIM };
+
+/* [b, t, EMB] -> [b, HEADS, t, HDIM] */
+static em_tensor *split_heads(em_tensor *x) {
+    int64_t b = em_size(x, 0), t = em_size(x, 1);
+    return em_transpose(em_reshape(x, 4, TU_SIZES(b, t, HEADS, HDIM)), 1, 2);
+}
+
+/* self-attention over in[0] ([b, t, EMB]) with weights in[1] ([EMB, 3 EMB]),
+ * then a layer norm: reshapes to sizes computed from b and t */
+static em_status attention_fn(void *ctx, em_tensor *const *in, const double *s, em_tensor **out) {
+    em_tensor *x = in[0];
+    int64_t b = em_size(x, 0), t = em_size(x, 1);
+    em_tensor *qkv = em_matmul(x, in[1]);
+    em_tensor *q = split_heads(em_slice(qkv, 2, 0, EMB, 1));
+    em_tensor *k = split_heads(em_slice(qkv, 2, EMB, 2 * EMB, 1));
+    em_tensor *v = split_heads(em_slice(qkv, 2, 2 * EMB, 3 * EMB, 1));
+    em_tensor *att = em_softmax(em_mul_scalar(em_matmul(q, em_transpose(k, 2, 3)), 0.35), -1);
+    em_tensor *y = em_reshape(em_contiguous(em_transpose(em_matmul(att, v), 1, 2)), 2,
+                              TU_SIZES(b * t, EMB));
+    out[0] = em_layer_norm(em_add(y, em_reshape(x, 2, TU_SIZES(b * t, EMB))), 1, NULL, NULL, 1e-5);
+    return out[0] ? EM_OK : em_last_status();
+}
+
+static em_compile_stats attention_at(const int64_t (*bt)[2], int n, int mode) {
+    em_compile_options o = options("attention", 2, mode);
+    em_compiled *f = em_compile(attention_fn, NULL, &o);
+    em_tensor *w = tu_random(5, 2, TU_SIZES(EMB, 3 * EMB), EM_F32, 0.3);
+    for (int i = 0; i < n; i++) {
+        em_tensor *in[2] = {tu_random((uint64_t)(60 + i), 3, TU_SIZES(bt[i][0], bt[i][1], EMB),
+                                      EM_F32, 1), w}, *got, *want;
+        ck_assert_msg(em_call(f, in, NULL, &got) == EM_OK, "%s", em_last_error());
+        ck_assert_int_eq(attention_fn(NULL, in, NULL, &want), EM_OK);
+        double *wv = tu_values(want);
+        tu_check_close(got, wv, 2, em_sizes(want), 1e-4, 1e-5);
+        free(wv);
+    }
+    em_compile_stats st = stats_of(f);
+    em_compiled_free(f);
+    return st;
+}
+
+START_TEST(reshapes_follow_the_batch_and_the_sequence) {
+    static const int64_t batch[][2] = {{2, 5}, {3, 5}, {7, 5}, {4, 5}, {2, 5}};
+    em_compile_stats st = attention_at(batch, 5, 0);
+    ck_assert_int_eq(st.traces, 2);
+    ck_assert_int_eq(st.dynamic_entries, 1);
+    static const int64_t seq[][2] = {{2, 4}, {2, 6}, {2, 9}, {2, 3}};
+    st = attention_at(seq, 4, 0);
+    ck_assert_int_eq(st.traces, 2);
+    ck_assert_int_eq(st.dynamic_entries, 1);
+    /* then the batch changes too: one more entry, both dims dynamic */
+    static const int64_t both[][2] = {{2, 4}, {2, 6}, {3, 6}, {5, 7}, {4, 2}, {6, 3}};
+    st = attention_at(both, 6, 0);
+    ck_assert_int_eq(st.traces, 3);
+    ck_assert_int_eq(st.dynamic_entries, 2);
+    /* the replay backend replays the graph as recorded: static */
+    em_compile_options o = options("attention", 2, 0);
+    o.backend = "replay";
+    em_compiled *f = em_compile(attention_fn, NULL, &o);
+    em_tensor *w = tu_random(5, 2, TU_SIZES(EMB, 3 * EMB), EM_F32, 0.3), *y;
+    for (int64_t b = 2; b <= 4; b++) {
+        em_tensor *in[2] = {tu_random((uint64_t)b, 3, TU_SIZES(b, 5, EMB), EM_F32, 1), w};
+        ck_assert_int_eq(em_call(f, in, NULL, &y), EM_OK);
+    }
+    ck_assert_int_eq(stats_of(f).traces, 3);
+    ck_assert_int_eq(stats_of(f).dynamic_entries, 0);
+    em_compiled_free(f);
+}
+END_TEST
+
 /* ---- graphs that must stay static ---- */
 
-START_TEST(a_reshape_by_the_batch_stays_static_and_correct) {
+START_TEST(a_reshape_by_the_batch_follows_it) {
     em_compile_options o = options("pairs", 1, 0);
-    o.recompile_limit = 16;
     em_compiled *f = em_compile(pairs_fn, NULL, &o);
     for (int64_t b = 2; b <= 6; b++) {
         em_tensor *x = tu_random((uint64_t)b, 2, TU_SIZES(b, 8), EM_F32, 1), *y;
@@ -332,6 +411,25 @@ START_TEST(a_reshape_by_the_batch_stays_static_and_correct) {
         double *xv = tu_values(x), ref[6 * 4];
         for (int64_t i = 0; i < b * 4; i++) ref[i] = exp(xv[2 * i] + xv[2 * i + 1]);
         tu_check_close(y, ref, 2, TU_SIZES(b, 4), 1e-5, 1e-6);
+        free(xv);
+    }
+    em_compile_stats st = stats_of(f);
+    ck_assert_int_eq(st.traces, 2);
+    ck_assert_int_eq(st.dynamic_entries, 1);
+    em_compiled_free(f);
+}
+END_TEST
+
+START_TEST(a_created_tensor_of_the_batch_stays_static_and_correct) {
+    em_compile_options o = options("created", 1, 0);
+    o.recompile_limit = 16;
+    em_compiled *f = em_compile(created_fn, NULL, &o);
+    for (int64_t b = 2; b <= 6; b++) {
+        em_tensor *x = tu_random((uint64_t)b, 2, TU_SIZES(b, 8), EM_F32, 1), *y;
+        ck_assert_msg(em_call(f, &x, NULL, &y) == EM_OK, "%s", em_last_error());
+        double *xv = tu_values(x), ref[6 * 8];
+        for (int64_t i = 0; i < b * 8; i++) ref[i] = 1 / (1 + exp(-(xv[i] + 0.75)));
+        tu_check_close(y, ref, 2, TU_SIZES(b, 8), 1e-5, 1e-6);
         free(xv);
     }
     em_compile_stats st = stats_of(f);
@@ -415,8 +513,8 @@ START_TEST(recompiles_log_the_dynamic_dims) {
     setenv("EMBER_LOG_FILE", path, 1);
     em_compile_options o = options("softmax", 1, 0);
     em_compiled *f = em_compile(softmax_fn, NULL, &o);
-    em_compile_options p = options("pairs", 1, 0);
-    em_compiled *g = em_compile(pairs_fn, NULL, &p);
+    em_compile_options p = options("created", 1, 0);
+    em_compiled *g = em_compile(created_fn, NULL, &p);
     unsetenv("EMBER_LOG");
     unsetenv("EMBER_LOG_FILE");
     for (int64_t b = 2; b <= 3; b++) {
@@ -434,8 +532,8 @@ START_TEST(recompiles_log_the_dynamic_dims) {
     buf[n] = '\0';
     ck_assert_msg(strstr(buf, "size mismatch at dim 0: expected 2, got 3"), "%s", buf);
     ck_assert_msg(strstr(buf, "softmax: dynamic dims x[0]"), "%s", buf);
-    ck_assert_msg(strstr(buf, "pairs: the new entry is static: "), "%s", buf);
-    ck_assert_msg(strstr(buf, "reshape"), "%s", buf);
+    ck_assert_msg(strstr(buf, "created: the new entry is static: node %1 (full) differs from the "
+                              "trace at the other sizes"), "%s", buf);
 }
 END_TEST
 
@@ -697,11 +795,13 @@ static Suite *suite(void) {
         {"more_sizes_than_an_entry_remembers", more_sizes_than_an_entry_remembers},
         {"inputs_sharing_a_dynamic_size", inputs_sharing_a_dynamic_size},
         {"compiled_at_many_sizes_equals_eager", compiled_at_many_sizes_equals_eager},
+        {"reshapes_follow_the_batch_and_the_sequence", reshapes_follow_the_batch_and_the_sequence},
         {"a_second_dim_joins_the_dynamic_ones", a_second_dim_joins_the_dynamic_ones},
         {"dynamic_off_gives_one_entry_per_size", dynamic_off_gives_one_entry_per_size},
         {"forced_dynamic_compiles_once", forced_dynamic_compiles_once},
-        {"a_reshape_by_the_batch_stays_static_and_correct",
-         a_reshape_by_the_batch_stays_static_and_correct},
+        {"a_reshape_by_the_batch_follows_it", a_reshape_by_the_batch_follows_it},
+        {"a_created_tensor_of_the_batch_stays_static_and_correct",
+         a_created_tensor_of_the_batch_stays_static_and_correct},
         {"a_value_from_the_batch_stays_static_and_correct",
          a_value_from_the_batch_stays_static_and_correct},
         {"non_contiguous_inputs", non_contiguous_inputs},
