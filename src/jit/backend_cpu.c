@@ -393,7 +393,7 @@ static bool same_steps(const sc_schedule *a, const jit_plan *p) {
     return true;
 }
 
-/* Lowers group gi of sched; its buffers must be pk's (NULL: any). */
+/* Lowers group gi of sched; NULL unless its buffers are the plan kernel pk's. */
 static k_kernel *lower_like(const sc_schedule *sched, int gi, const jit_plan_kernel *pk, int *bufs) {
     int nbufs, nouts;
     k_kernel *k = sc_lower(sched, gi, bufs, &nbufs, &nouts);
