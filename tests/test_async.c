@@ -209,6 +209,47 @@ START_TEST(environment_turns_it_on) {
 }
 END_TEST
 
+/* four softmaxes split by leading-dim sums (eager steps): several kernels,
+ * some compiled by worker processes */
+static em_status chain_fn(void *ctx, em_tensor *const *in, const double *s, em_tensor **out) {
+    const double *scale = ctx;
+    em_tensor *x = in[0];
+    for (int i = 0; i < 4; i++)
+        x = em_add(em_softmax(em_mul_scalar(x, *scale + i), -1), em_sum(x, 1, (const int[]){0}, true));
+    out[0] = x;
+    return out[0] ? EM_OK : em_last_status();
+}
+
+START_TEST(concurrent_background_compiles_finish) {
+    /* three functions compiling at once, each spawning workers: a worker
+     * must not inherit another's pipe (each would wait for the other) */
+    static const double scales[3] = {0.5, 1.5, 2.5};
+    em_compiled *f[3];
+    em_tensor *x = tu_random(8, 2, TU_SIZES(6, 20), EM_F32, 1), *y[3];
+    for (int i = 0; i < 3; i++) {
+        em_compile_options o = options(1);
+        f[i] = em_compile(chain_fn, (void *)&scales[i], &o);
+        ck_assert_int_eq(em_call(f[i], &x, NULL, &y[i]), EM_OK);
+    }
+    for (int i = 0; i < 3; i++) {
+        double *before = tu_values(y[i]);
+        double end = now() + 120;
+        em_compile_stats st = stats_of(f[i]);
+        while (st.hits == st.pending && now() < end) {
+            em_tensor *z;
+            ck_assert_int_eq(em_call(f[i], &x, NULL, &z), EM_OK);
+            tu_check_close(z, before, 2, TU_SIZES(6, 20), 1e-5, 1e-6);
+            usleep(5000);
+            st = stats_of(f[i]);
+        }
+        ck_assert_msg(st.hits > st.pending, "function %d never switched to its kernels", i);
+        ck_assert_int_ge(st.kernels, 4);
+        free(before);
+    }
+    for (int i = 0; i < 3; i++) em_compiled_free(f[i]);
+}
+END_TEST
+
 typedef struct caller {
     em_compiled *f;
     int ok;
@@ -265,6 +306,7 @@ static Suite *suite(void) {
         {"async_with_reshapes_that_follow_the_batch", async_with_reshapes_that_follow_the_batch},
         {"environment_turns_it_on", environment_turns_it_on},
         {"threads_call_while_it_compiles", threads_call_while_it_compiles},
+        {"concurrent_background_compiles_finish", concurrent_background_compiles_finish},
     };
     return tu_suite("async", tests, sizeof tests / sizeof tests[0], 180);
 }
