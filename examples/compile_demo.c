@@ -5,8 +5,11 @@
  *
  *   EMBER_LOG=graph,recompiles,breaks ./examples/compile_demo
  *
- * to see the captured graph, each recompile with the guard that failed,
- * and the switch to eager calls once the recompile limit (3 here) is hit. */
+ * to see the captured graph and each recompile with the guard that failed:
+ * the second batch size makes the batch dim dynamic (one entry then serves
+ * every batch size), the f64 call gets an entry of its own.  With
+ * EMBER_DYNAMIC=0 every size is its own entry, and calls switch to eager
+ * once the recompile limit (3 here) is hit. */
 #include <ember.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -53,8 +56,9 @@ int main(void) {
     em_compiled *f = em_compile(forward, &m, &opts);
     CHECK(f);
 
-    /* batch sizes change, then the dtype: each new signature is a
-     * recompile until the limit; repeated ones hit their entries */
+    /* batch sizes change, then the dtype: a new signature is a recompile
+     * (a new batch size only until the batch dim is dynamic), up to the
+     * limit; repeated ones hit their entries */
     struct { int64_t batch; em_dtype dtype; } calls[] = {
         {8, EM_F32}, {8, EM_F32}, {16, EM_F32}, {8, EM_F32}, {16, EM_F64},
         {32, EM_F32}, {64, EM_F32}, {16, EM_F32},

@@ -147,6 +147,44 @@ START_TEST(async_with_dynamic_sizes) {
 }
 END_TEST
 
+/* softmax over half rows: reshapes to sizes computed from the batch */
+static em_status halves_fn(void *ctx, em_tensor *const *in, const double *s, em_tensor **out) {
+    int64_t b = em_size(in[0], 0), c = em_size(in[0], 1);
+    em_tensor *h = em_softmax(em_reshape(in[0], 2, (const int64_t[]){2 * b, c / 2}), -1);
+    out[0] = em_reshape(h, 2, (const int64_t[]){b, c});
+    return out[0] ? EM_OK : em_last_status();
+}
+
+static void check_halves(em_compiled *f, em_tensor *x) {
+    em_tensor *y;
+    ck_assert_msg(em_call(f, &x, NULL, &y) == EM_OK, "%s", em_last_error());
+    int64_t rows = em_size(x, 0), cols = em_size(x, 1);
+    double *xv = tu_values(x), *ref = malloc(sizeof(double) * (size_t)(rows * cols));
+    ref_softmax(xv, 2 * rows, cols / 2, ref);
+    tu_check_close(y, ref, 2, TU_SIZES(rows, cols), 1e-5, 1e-6);
+    free(xv);
+    free(ref);
+}
+
+START_TEST(async_with_reshapes_that_follow_the_batch) {
+    em_compile_options o = options(1);
+    em_compiled *f = em_compile(halves_fn, NULL, &o);
+    for (int64_t b = 2; b <= 9; b++) check_halves(f, tu_random((uint64_t)b, 2, TU_SIZES(b, 12), EM_F32, 2));
+    double end = now() + 60;
+    em_compile_stats st = stats_of(f);
+    int64_t served = st.hits - st.pending;
+    for (int64_t b = 10; stats_of(f).hits - stats_of(f).pending == served && now() < end; b++) {
+        check_halves(f, tu_random((uint64_t)b, 2, TU_SIZES(3 + b % 20, 12), EM_F32, 2));
+        usleep(2000);
+    }
+    st = stats_of(f);
+    ck_assert_int_gt(st.hits - st.pending, served);
+    ck_assert_int_eq(st.traces, 2);
+    ck_assert_int_eq(st.dynamic_entries, 1);
+    em_compiled_free(f);
+}
+END_TEST
+
 START_TEST(environment_turns_it_on) {
     setenv("EMBER_ASYNC_COMPILE", "1", 1);
     em_compile_options o = options(0);
@@ -168,6 +206,47 @@ START_TEST(environment_turns_it_on) {
     ck_assert_int_eq(st.hits, 1);
     ck_assert_int_gt(st.kernels, 0);
     em_compiled_free(f);
+}
+END_TEST
+
+/* four softmaxes split by leading-dim sums (eager steps): several kernels,
+ * some compiled by worker processes */
+static em_status chain_fn(void *ctx, em_tensor *const *in, const double *s, em_tensor **out) {
+    const double *scale = ctx;
+    em_tensor *x = in[0];
+    for (int i = 0; i < 4; i++)
+        x = em_add(em_softmax(em_mul_scalar(x, *scale + i), -1), em_sum(x, 1, (const int[]){0}, true));
+    out[0] = x;
+    return out[0] ? EM_OK : em_last_status();
+}
+
+START_TEST(concurrent_background_compiles_finish) {
+    /* three functions compiling at once, each spawning workers: a worker
+     * must not inherit another's pipe (each would wait for the other) */
+    static const double scales[3] = {0.5, 1.5, 2.5};
+    em_compiled *f[3];
+    em_tensor *x = tu_random(8, 2, TU_SIZES(6, 20), EM_F32, 1), *y[3];
+    for (int i = 0; i < 3; i++) {
+        em_compile_options o = options(1);
+        f[i] = em_compile(chain_fn, (void *)&scales[i], &o);
+        ck_assert_int_eq(em_call(f[i], &x, NULL, &y[i]), EM_OK);
+    }
+    for (int i = 0; i < 3; i++) {
+        double *before = tu_values(y[i]);
+        double end = now() + 120;
+        em_compile_stats st = stats_of(f[i]);
+        while (st.hits == st.pending && now() < end) {
+            em_tensor *z;
+            ck_assert_int_eq(em_call(f[i], &x, NULL, &z), EM_OK);
+            tu_check_close(z, before, 2, TU_SIZES(6, 20), 1e-5, 1e-6);
+            usleep(5000);
+            st = stats_of(f[i]);
+        }
+        ck_assert_msg(st.hits > st.pending, "function %d never switched to its kernels", i);
+        ck_assert_int_ge(st.kernels, 4);
+        free(before);
+    }
+    for (int i = 0; i < 3; i++) em_compiled_free(f[i]);
 }
 END_TEST
 
@@ -224,8 +303,10 @@ static Suite *suite(void) {
         {"compiled_values_equal_the_op_by_op_ones", compiled_values_equal_the_op_by_op_ones},
         {"free_while_compiling_is_safe", free_while_compiling_is_safe},
         {"async_with_dynamic_sizes", async_with_dynamic_sizes},
+        {"async_with_reshapes_that_follow_the_batch", async_with_reshapes_that_follow_the_batch},
         {"environment_turns_it_on", environment_turns_it_on},
         {"threads_call_while_it_compiles", threads_call_while_it_compiles},
+        {"concurrent_background_compiles_finish", concurrent_background_compiles_finish},
     };
     return tu_suite("async", tests, sizeof tests / sizeof tests[0], 180);
 }

@@ -77,6 +77,13 @@ static em_status pairs_fn(void *ctx, em_tensor *const *in, const double *s, em_t
     return out[0] ? EM_OK : em_last_status();
 }
 
+/* x + a created [b, 1] tensor: a creation op's sizes hold the batch */
+static em_status created_fn(void *ctx, em_tensor *const *in, const double *s, em_tensor **out) {
+    em_tensor *c = em_full(2, TU_SIZES(em_size(in[0], 0), 1), 0.75, EM_F32, em_cpu());
+    out[0] = em_sigmoid(em_add(in[0], c));
+    return out[0] ? EM_OK : em_last_status();
+}
+
 /* x / batch: a value computed from the batch size */
 static em_status per_row_fn(void *ctx, em_tensor *const *in, const double *s, em_tensor **out) {
     out[0] = em_tanh(em_mul_scalar(in[0], 1.0 / (double)em_size(in[0], 0)));
@@ -272,11 +279,131 @@ START_TEST(forced_dynamic_compiles_once) {
 }
 END_TEST
 
+START_TEST(more_sizes_than_an_entry_remembers) {
+    /* past 16 sizes, a dynamic entry checks its kernels on every call */
+    em_compile_options o = options("softmax", 1, 0);
+    em_compiled *f = em_compile(softmax_fn, NULL, &o);
+    for (int round = 0; round < 2; round++)
+        for (int64_t b = 2; b <= 25; b++)
+            check_softmax_call(f, tu_random((uint64_t)(b + 100 * round), 2, TU_SIZES(b, 12), EM_F32, 2));
+    em_compile_stats st = stats_of(f);
+    ck_assert_int_eq(st.traces, 2);
+    ck_assert_int_eq(st.hits, 46);
+    em_compiled_free(f);
+}
+END_TEST
+
+static em_status add_fn(void *ctx, em_tensor *const *in, const double *s, em_tensor **out) {
+    out[0] = em_exp(em_add(in[0], in[1]));
+    return out[0] ? EM_OK : em_last_status();
+}
+
+START_TEST(inputs_sharing_a_dynamic_size) {
+    em_compile_options o = options("add", 2, 0);
+    em_compiled *f = em_compile(add_fn, NULL, &o);
+    for (int64_t b = 2; b <= 6; b++) {
+        em_tensor *in[2] = {tu_random((uint64_t)b, 2, TU_SIZES(b, 16), EM_F32, 1),
+                            tu_random((uint64_t)(50 + b), 2, TU_SIZES(b, 16), EM_F32, 1)}, *y;
+        ck_assert_msg(em_call(f, in, NULL, &y) == EM_OK, "%s", em_last_error());
+        double *x0 = tu_values(in[0]), *x1 = tu_values(in[1]), ref[6 * 16];
+        for (int64_t i = 0; i < b * 16; i++) ref[i] = exp(x0[i] + x1[i]);
+        tu_check_close(y, ref, 2, TU_SIZES(b, 16), 1e-6, 1e-7);
+        free(x0), free(x1);
+    }
+    em_compile_stats st = stats_of(f);
+    ck_assert_int_eq(st.traces, 2);
+    ck_assert_int_eq(st.dynamic_entries, 1);
+    /* sizes that pass each input's guards but do not broadcast: the shapes
+     * do not infer, no entry serves the call, and the function's own error
+     * comes back when it runs */
+    em_tensor *bad[2] = {tu_random(1, 2, TU_SIZES(3, 16), EM_F32, 1),
+                         tu_random(2, 2, TU_SIZES(5, 16), EM_F32, 1)}, *y;
+    em_clear_error();
+    ck_assert_int_eq(em_call(f, bad, NULL, &y), EM_ERR_SHAPE);
+    st = stats_of(f);
+    ck_assert_int_eq(st.entries, 2);
+    ck_assert_str_eq(st.last_failure, "the sizes need kernels of another structure");
+    em_compiled_free(f);
+}
+END_TEST
+
+/* ---- reshapes whose sizes follow the dynamic ones ---- */
+
+enum { HEADS = 2, HDIM = 8, EMB = HEADS * HDIM };
+
+/* [b, t, EMB] -> [b, HEADS, t, HDIM] */
+static em_tensor *split_heads(em_tensor *x) {
+    int64_t b = em_size(x, 0), t = em_size(x, 1);
+    return em_transpose(em_reshape(x, 4, TU_SIZES(b, t, HEADS, HDIM)), 1, 2);
+}
+
+/* self-attention over in[0] ([b, t, EMB]) with weights in[1] ([EMB, 3 EMB]),
+ * then a layer norm: reshapes to sizes computed from b and t */
+static em_status attention_fn(void *ctx, em_tensor *const *in, const double *s, em_tensor **out) {
+    em_tensor *x = in[0];
+    int64_t b = em_size(x, 0), t = em_size(x, 1);
+    em_tensor *qkv = em_matmul(x, in[1]);
+    em_tensor *q = split_heads(em_slice(qkv, 2, 0, EMB, 1));
+    em_tensor *k = split_heads(em_slice(qkv, 2, EMB, 2 * EMB, 1));
+    em_tensor *v = split_heads(em_slice(qkv, 2, 2 * EMB, 3 * EMB, 1));
+    em_tensor *att = em_softmax(em_mul_scalar(em_matmul(q, em_transpose(k, 2, 3)), 0.35), -1);
+    em_tensor *y = em_reshape(em_contiguous(em_transpose(em_matmul(att, v), 1, 2)), 2,
+                              TU_SIZES(b * t, EMB));
+    out[0] = em_layer_norm(em_add(y, em_reshape(x, 2, TU_SIZES(b * t, EMB))), 1, NULL, NULL, 1e-5);
+    return out[0] ? EM_OK : em_last_status();
+}
+
+static em_compile_stats attention_at(const int64_t (*bt)[2], int n, int mode) {
+    em_compile_options o = options("attention", 2, mode);
+    em_compiled *f = em_compile(attention_fn, NULL, &o);
+    em_tensor *w = tu_random(5, 2, TU_SIZES(EMB, 3 * EMB), EM_F32, 0.3);
+    for (int i = 0; i < n; i++) {
+        em_tensor *in[2] = {tu_random((uint64_t)(60 + i), 3, TU_SIZES(bt[i][0], bt[i][1], EMB),
+                                      EM_F32, 1), w}, *got, *want;
+        ck_assert_msg(em_call(f, in, NULL, &got) == EM_OK, "%s", em_last_error());
+        ck_assert_int_eq(attention_fn(NULL, in, NULL, &want), EM_OK);
+        double *wv = tu_values(want);
+        tu_check_close(got, wv, 2, em_sizes(want), 1e-4, 1e-5);
+        free(wv);
+    }
+    em_compile_stats st = stats_of(f);
+    em_compiled_free(f);
+    return st;
+}
+
+START_TEST(reshapes_follow_the_batch_and_the_sequence) {
+    static const int64_t batch[][2] = {{2, 5}, {3, 5}, {7, 5}, {4, 5}, {2, 5}};
+    em_compile_stats st = attention_at(batch, 5, 0);
+    ck_assert_int_eq(st.traces, 2);
+    ck_assert_int_eq(st.dynamic_entries, 1);
+    static const int64_t seq[][2] = {{2, 4}, {2, 6}, {2, 9}, {2, 3}};
+    st = attention_at(seq, 4, 0);
+    ck_assert_int_eq(st.traces, 2);
+    ck_assert_int_eq(st.dynamic_entries, 1);
+    /* then the batch changes too: one more entry, both dims dynamic */
+    static const int64_t both[][2] = {{2, 4}, {2, 6}, {3, 6}, {5, 7}, {4, 2}, {6, 3}};
+    st = attention_at(both, 6, 0);
+    ck_assert_int_eq(st.traces, 3);
+    ck_assert_int_eq(st.dynamic_entries, 2);
+    /* the replay backend replays the graph as recorded: static */
+    em_compile_options o = options("attention", 2, 0);
+    o.backend = "replay";
+    em_compiled *f = em_compile(attention_fn, NULL, &o);
+    em_tensor *w = tu_random(5, 2, TU_SIZES(EMB, 3 * EMB), EM_F32, 0.3), *y;
+    for (int64_t b = 2; b <= 4; b++) {
+        em_tensor *in[2] = {tu_random((uint64_t)b, 3, TU_SIZES(b, 5, EMB), EM_F32, 1), w};
+        ck_assert_int_eq(em_call(f, in, NULL, &y), EM_OK);
+    }
+    ck_assert_int_eq(stats_of(f).traces, 3);
+    ck_assert_int_eq(stats_of(f).dynamic_entries, 0);
+    em_compiled_free(f);
+}
+END_TEST
+
 /* ---- graphs that must stay static ---- */
 
-START_TEST(a_reshape_by_the_batch_stays_static_and_correct) {
+START_TEST(a_reshape_by_the_batch_follows_it) {
     em_compile_options o = options("pairs", 1, 0);
-    o.recompile_limit = 16;
     em_compiled *f = em_compile(pairs_fn, NULL, &o);
     for (int64_t b = 2; b <= 6; b++) {
         em_tensor *x = tu_random((uint64_t)b, 2, TU_SIZES(b, 8), EM_F32, 1), *y;
@@ -284,6 +411,25 @@ START_TEST(a_reshape_by_the_batch_stays_static_and_correct) {
         double *xv = tu_values(x), ref[6 * 4];
         for (int64_t i = 0; i < b * 4; i++) ref[i] = exp(xv[2 * i] + xv[2 * i + 1]);
         tu_check_close(y, ref, 2, TU_SIZES(b, 4), 1e-5, 1e-6);
+        free(xv);
+    }
+    em_compile_stats st = stats_of(f);
+    ck_assert_int_eq(st.traces, 2);
+    ck_assert_int_eq(st.dynamic_entries, 1);
+    em_compiled_free(f);
+}
+END_TEST
+
+START_TEST(a_created_tensor_of_the_batch_stays_static_and_correct) {
+    em_compile_options o = options("created", 1, 0);
+    o.recompile_limit = 16;
+    em_compiled *f = em_compile(created_fn, NULL, &o);
+    for (int64_t b = 2; b <= 6; b++) {
+        em_tensor *x = tu_random((uint64_t)b, 2, TU_SIZES(b, 8), EM_F32, 1), *y;
+        ck_assert_msg(em_call(f, &x, NULL, &y) == EM_OK, "%s", em_last_error());
+        double *xv = tu_values(x), ref[6 * 8];
+        for (int64_t i = 0; i < b * 8; i++) ref[i] = 1 / (1 + exp(-(xv[i] + 0.75)));
+        tu_check_close(y, ref, 2, TU_SIZES(b, 8), 1e-5, 1e-6);
         free(xv);
     }
     em_compile_stats st = stats_of(f);
@@ -367,8 +513,8 @@ START_TEST(recompiles_log_the_dynamic_dims) {
     setenv("EMBER_LOG_FILE", path, 1);
     em_compile_options o = options("softmax", 1, 0);
     em_compiled *f = em_compile(softmax_fn, NULL, &o);
-    em_compile_options p = options("pairs", 1, 0);
-    em_compiled *g = em_compile(pairs_fn, NULL, &p);
+    em_compile_options p = options("created", 1, 0);
+    em_compiled *g = em_compile(created_fn, NULL, &p);
     unsetenv("EMBER_LOG");
     unsetenv("EMBER_LOG_FILE");
     for (int64_t b = 2; b <= 3; b++) {
@@ -386,8 +532,94 @@ START_TEST(recompiles_log_the_dynamic_dims) {
     buf[n] = '\0';
     ck_assert_msg(strstr(buf, "size mismatch at dim 0: expected 2, got 3"), "%s", buf);
     ck_assert_msg(strstr(buf, "softmax: dynamic dims x[0]"), "%s", buf);
-    ck_assert_msg(strstr(buf, "pairs: the new entry is static: "), "%s", buf);
-    ck_assert_msg(strstr(buf, "reshape"), "%s", buf);
+    ck_assert_msg(strstr(buf, "created: the new entry is static: node %1 (full) differs from the "
+                              "trace at the other sizes"), "%s", buf);
+}
+END_TEST
+
+/* ---- differential: compiled at many sizes vs the same function eagerly ---- */
+
+static const int LAST[] = {-1}, FIRST[] = {0}, LAST2[] = {-2, -1};
+
+static em_status d_norm(void *ctx, em_tensor *const *in, const double *s, em_tensor **out) {
+    em_tensor *x = in[0], *c = em_sub(x, em_mean(x, 1, LAST, true));
+    out[0] = em_mul(c, em_rsqrt(em_add_scalar(em_var(x, 1, LAST, 1, true), 1e-3)));
+    return out[0] ? EM_OK : em_last_status();
+}
+static em_status d_rowsum(void *ctx, em_tensor *const *in, const double *s, em_tensor **out) {
+    out[0] = em_exp(em_mul_scalar(em_sum(em_tanh(in[0]), 1, LAST, false), 0.25));
+    return out[0] ? EM_OK : em_last_status();
+}
+static em_status d_where(void *ctx, em_tensor *const *in, const double *s, em_tensor **out) {
+    em_tensor *x = em_add(in[0], in[1]); /* in[1]: [1, c], broadcast */
+    em_tensor *y = em_where(em_gt(x, em_amax(x, 1, LAST, true)), x, em_mul_scalar(x, 0.1));
+    out[0] = em_cast(em_sum(em_cast(y, EM_F64), 1, LAST, true), EM_F32);
+    return out[0] ? EM_OK : em_last_status();
+}
+static em_status d_matmul(void *ctx, em_tensor *const *in, const double *s, em_tensor **out) {
+    out[0] = em_gelu(em_matmul(em_softmax(in[0], -1), in[1])); /* in[1]: [c, 8] */
+    return out[0] ? EM_OK : em_last_status();
+}
+static em_status d_columns(void *ctx, em_tensor *const *in, const double *s, em_tensor **out) {
+    em_tensor *x = in[0]; /* a reduction over the leading dim runs eagerly */
+    out[0] = em_div(em_exp(x), em_sum(em_exp(x), 1, FIRST, true));
+    return out[0] ? EM_OK : em_last_status();
+}
+static em_status d_planes(void *ctx, em_tensor *const *in, const double *s, em_tensor **out) {
+    em_tensor *x = em_unsqueeze(in[0], 1); /* [b, 1, c] + [1, 3, c] */
+    em_tensor *y = em_sigmoid(em_add(x, em_unsqueeze(in[1], 0)));
+    out[0] = em_sub(y, em_mean(y, 2, LAST2, true));
+    return out[0] ? EM_OK : em_last_status();
+}
+
+typedef struct diff_case {
+    const char *name;
+    em_fn fn;
+    int nin;
+    int second; /* in[1]'s shape: 0 none, 1 [1, c], 2 [c, 8], 3 [3, c] */
+} diff_case;
+
+/* Runs c at each (rows, cols) of sizes, compiled (mode: opts.dynamic) and
+ * eagerly, and compares; returns the compiled function's stats. */
+static em_compile_stats differential(const diff_case *c, int mode, const int64_t (*sizes)[2],
+                                     int n) {
+    em_compile_options o = options(c->name, c->nin, mode);
+    o.recompile_limit = 64;
+    em_compiled *f = em_compile(c->fn, NULL, &o);
+    for (int i = 0; i < n; i++) {
+        int64_t b = sizes[i][0], k = sizes[i][1];
+        em_tensor *in[2] = {tu_random((uint64_t)(7 * i + 1), 2, TU_SIZES(b, k), EM_F32, 1.5), NULL};
+        if (c->second == 1) in[1] = tu_random((uint64_t)i, 2, TU_SIZES(1, k), EM_F32, 1);
+        if (c->second == 2) in[1] = tu_random((uint64_t)i, 2, TU_SIZES(k, 8), EM_F32, 0.3);
+        if (c->second == 3) in[1] = tu_random((uint64_t)i, 2, TU_SIZES(3, k), EM_F32, 1);
+        em_tensor *got, *want;
+        ck_assert_msg(em_call(f, in, NULL, &got) == EM_OK, "%s: %s", c->name, em_last_error());
+        ck_assert_int_eq(c->fn(NULL, in, NULL, &want), EM_OK);
+        double *w = tu_values(want);
+        tu_check_close(got, w, em_ndim(want), em_sizes(want), 1e-4, 1e-5);
+        free(w);
+    }
+    em_compile_stats st = stats_of(f);
+    em_compiled_free(f);
+    return st;
+}
+
+START_TEST(compiled_at_many_sizes_equals_eager) {
+    static const diff_case cases[] = {
+        {"norm", d_norm, 1, 0},     {"rowsum", d_rowsum, 1, 0},   {"where", d_where, 2, 1},
+        {"matmul", d_matmul, 2, 2}, {"columns", d_columns, 1, 0}, {"planes", d_planes, 2, 3},
+    };
+    static const int64_t rows[][2] = {{4, 16}, {5, 16}, {9, 16}, {2, 16}, {33, 16}, {7, 16}};
+    /* (forced mode's rules would keep 4 x 16 static: rowsum's 0.25 is 1/4) */
+    static const int64_t both[][2] = {{5, 12}, {6, 10}, {3, 7}, {12, 33}, {2, 2}, {17, 5}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        em_compile_stats st = differential(&cases[i], 0, rows, 6);
+        ck_assert_msg(st.traces == 2 && st.dynamic_entries == 1, "%s: %ld traces, %d dynamic",
+                      cases[i].name, (long)st.traces, st.dynamic_entries);
+        st = differential(&cases[i], 1, both, 6); /* forced: both dims vary */
+        ck_assert_msg(st.traces == 1 && st.dynamic_entries == 1, "%s forced: %ld traces, %d dynamic",
+                      cases[i].name, (long)st.traces, st.dynamic_entries);
+    }
 }
 END_TEST
 
@@ -560,11 +792,16 @@ static Suite *suite(void) {
         {"layer_norm_over_batch_and_hidden_sizes", layer_norm_over_batch_and_hidden_sizes},
         {"mlp_with_weights_compiles_twice", mlp_with_weights_compiles_twice},
         {"sizes_zero_and_one_stay_specialized", sizes_zero_and_one_stay_specialized},
+        {"more_sizes_than_an_entry_remembers", more_sizes_than_an_entry_remembers},
+        {"inputs_sharing_a_dynamic_size", inputs_sharing_a_dynamic_size},
+        {"compiled_at_many_sizes_equals_eager", compiled_at_many_sizes_equals_eager},
+        {"reshapes_follow_the_batch_and_the_sequence", reshapes_follow_the_batch_and_the_sequence},
         {"a_second_dim_joins_the_dynamic_ones", a_second_dim_joins_the_dynamic_ones},
         {"dynamic_off_gives_one_entry_per_size", dynamic_off_gives_one_entry_per_size},
         {"forced_dynamic_compiles_once", forced_dynamic_compiles_once},
-        {"a_reshape_by_the_batch_stays_static_and_correct",
-         a_reshape_by_the_batch_stays_static_and_correct},
+        {"a_reshape_by_the_batch_follows_it", a_reshape_by_the_batch_follows_it},
+        {"a_created_tensor_of_the_batch_stays_static_and_correct",
+         a_created_tensor_of_the_batch_stays_static_and_correct},
         {"a_value_from_the_batch_stays_static_and_correct",
          a_value_from_the_batch_stays_static_and_correct},
         {"non_contiguous_inputs", non_contiguous_inputs},

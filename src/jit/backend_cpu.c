@@ -20,6 +20,8 @@
 typedef struct cpu_spec {
     em_meta *in;      /* the inputs' metas it was made for */
     em_meta *metas;   /* per node */
+    tr_node *nodes;   /* the graph's nodes with these metas and attribute sizes
+                         (eager steps run them) */
     int64_t **sizes;  /* per plan kernel (NULL: none) */
     bool owned;       /* not in the memo: run_dynamic frees it */
 } cpu_spec;
@@ -41,6 +43,7 @@ typedef struct cpu_state {
     int **size_of;            /* per plan kernel: instruction -> size argument or -1 */
     cpu_spec *memo[SPEC_MEMO];
     int nmemo;
+    jit_dyn follow;           /* attribute sizes that follow the sizes (no probe) */
 } cpu_state;
 
 static void spec_free(const cpu_state *st, cpu_spec *sp) {
@@ -49,6 +52,7 @@ static void spec_free(const cpu_state *st, cpu_spec *sp) {
     em_free(sp->sizes);
     em_free(sp->in);
     em_free(sp->metas);
+    em_free(sp->nodes);
     em_free(sp);
 }
 
@@ -347,8 +351,8 @@ static em_status cpu_compile(const tr_graph *g, jit_env *env, void **state) {
 }
 
 static em_status cpu_run(void *state, const tr_graph *g, em_tensor *const *in, em_tensor **out);
-static em_status run_plan(const cpu_state *st, const tr_graph *g, const em_meta *metas,
-                          int64_t *const *sizes, em_tensor *const *in, em_tensor **out);
+static em_status run_plan(const cpu_state *st, const tr_graph *g, const cpu_spec *sp,
+                          em_tensor *const *in, em_tensor **out);
 
 /* ---- dynamic shapes ----
  * The graph is scheduled and lowered twice, for the traced sizes and for
@@ -361,13 +365,20 @@ static em_status run_plan(const cpu_state *st, const tr_graph *g, const em_meta 
  * values are the size arguments: a kernel never runs with sizes it was not
  * checked for. */
 
-/* g with each node's meta replaced by metas[i] (the nodes array is new;
- * inputs and attributes are shared with g).  Free nodes with em_free. */
-static bool with_metas(const tr_graph *g, const em_meta *metas, tr_graph *out) {
+/* g at the sizes of inputs (one meta per input): *out shares g's inputs
+ * lists, but has nodes of its own (em_free out->nodes) whose attribute
+ * sizes follow (jit_dyn_infer) and whose metas are inferred into metas.
+ * false: the shapes do not infer (error cleared) or out of memory. */
+static bool at_sizes(const tr_graph *g, const jit_dyn *follow, const em_meta *inputs,
+                     em_meta *metas, tr_graph *out) {
     *out = *g;
     out->nodes = em_malloc(sizeof *out->nodes * ((size_t)g->nnodes + 1));
     if (!out->nodes) return false;
     memcpy(out->nodes, g->nodes, sizeof *out->nodes * (size_t)g->nnodes);
+    if (jit_dyn_infer(follow, out, inputs, metas) != EM_OK) {
+        em_clear_error();
+        return false;
+    }
     for (int i = 0; i < g->nnodes; i++) out->nodes[i].meta = metas[i];
     return true;
 }
@@ -382,7 +393,7 @@ static bool same_steps(const sc_schedule *a, const jit_plan *p) {
     return true;
 }
 
-/* Lowers group gi of sched; its buffers must be pk's (NULL: any). */
+/* Lowers group gi of sched; NULL unless its buffers are the plan kernel pk's. */
 static k_kernel *lower_like(const sc_schedule *sched, int gi, const jit_plan_kernel *pk, int *bufs) {
     int nbufs, nouts;
     k_kernel *k = sc_lower(sched, gi, bufs, &nbufs, &nouts);
@@ -417,7 +428,7 @@ static bool dynamic_kernel(cpu_state *st, const sc_schedule *sa, const sc_schedu
 /* Schedules g at the traced and at the probe sizes and compiles the
  * parametrized kernels; EM_ERR_UNSUPPORTED, with why, when the two differ
  * in more than sizes. */
-static em_status build_dynamic(const tr_graph *g, const em_meta *probe, jit_env *env,
+static em_status build_dynamic(const tr_graph *g, const jit_dyn *dyn, jit_env *env,
                                cpu_state *st, char *why, size_t nwhy) {
     em_meta *metas = em_malloc(sizeof *metas * ((size_t)g->nnodes + 1));
     tr_graph gp = {0};
@@ -425,9 +436,12 @@ static em_status build_dynamic(const tr_graph *g, const em_meta *probe, jit_env 
     k_kernel **ks = NULL;
     kc_key *keys = NULL;
     int *scratch = em_malloc(sizeof(int) * ((size_t)g->nnodes + 1));
-    em_status s = metas && scratch && tr_infer_metas(g, probe, metas) == EM_OK &&
-                  with_metas(g, metas, &gp) && (sa = sc_build(g)) && (sp = sc_build(&gp))
-                      ? EM_OK : em_last_status();
+    em_status s = metas && scratch ? EM_OK : em_last_status();
+    if (s == EM_OK && !at_sizes(g, dyn, dyn->probe, metas, &gp)) {
+        snprintf(why, nwhy, "the shapes do not infer at other sizes");
+        s = em_last_status() == EM_ERR_NOMEM ? EM_ERR_NOMEM : EM_ERR_UNSUPPORTED;
+    }
+    if (s == EM_OK && (!(sa = sc_build(g)) || !(sp = sc_build(&gp)))) s = em_last_status();
     jit_plan *p = &st->plan;
     int n = sa ? sa->ngroups : 0;
     if (s == EM_OK) {
@@ -471,14 +485,18 @@ static em_status build_dynamic(const tr_graph *g, const em_meta *probe, jit_env 
     return s;
 }
 
-static em_status cpu_compile_dynamic(const tr_graph *g, const em_meta *probe, jit_env *env,
+static em_status cpu_compile_dynamic(const tr_graph *g, const jit_dyn *dyn, jit_env *env,
                                      void **state, bool *dynamic, char *why, size_t nwhy) {
     cpu_state *st = em_calloc(1, sizeof *st);
     if (!st) return em_last_status();
     *state = st;
     why[0] = '\0';
-    em_status s = build_dynamic(g, probe, env, st, why, nwhy);
+    em_status s = build_dynamic(g, dyn, env, st, why, nwhy);
     *dynamic = st->dynamic = s == EM_OK;
+    if (s == EM_OK) {
+        memcpy(st->follow.sizes, dyn->sizes, sizeof dyn->sizes);
+        st->follow.nsizes = dyn->nsizes;
+    }
     if (s == EM_OK || s == EM_ERR_NOMEM) return s;
     if (!why[0]) snprintf(why, nwhy, "%s", em_last_error());
     drop_kernels(st);
@@ -520,12 +538,13 @@ static cpu_spec *make_spec(const cpu_state *st, const tr_graph *g, em_tensor *co
               (sp->metas = em_malloc(sizeof *sp->metas * ((size_t)g->nnodes + 1))) &&
               (sp->sizes = em_calloc((size_t)st->plan.nkernels + 1, sizeof *sp->sizes));
     for (int i = 0; ok && i < g->ninputs; i++) tr_meta_of(in[i], &sp->in[i]);
-    ok = ok && tr_infer_metas(g, sp->in, sp->metas) == EM_OK && with_metas(g, sp->metas, &gx) &&
-         (sx = sc_build(&gx)) && same_steps(sx, &st->plan);
+    ok = ok && at_sizes(g, &st->follow, sp->in, sp->metas, &gx);
+    if (sp) sp->nodes = gx.nodes; /* the spec owns them from here */
+    ok = ok && (sx = sc_build(&gx)) && same_steps(sx, &st->plan);
     for (int gi = 0; ok && gi < st->plan.nkernels; gi++)
         if (st->model[gi]) ok = kernel_sizes(st, sx, gi, scratch, &sp->sizes[gi]);
     sc_free(sx);
-    em_free(gx.nodes);
+    if (!sp) em_free(gx.nodes);
     em_free(scratch);
     if (!ok) {
         em_clear_error(); /* not an error: the call gets an entry of its own */
@@ -558,7 +577,7 @@ static em_status cpu_run_dynamic(void *state, void *spec, const tr_graph *g, em_
     cpu_state *st = state;
     cpu_spec *sp = spec;
     if (!sp) return cpu_run(state, g, in, out);
-    em_status s = run_plan(st, g, sp->metas, sp->sizes, in, out);
+    em_status s = run_plan(st, g, sp, in, out);
     if (sp->owned) spec_free(st, sp);
     return s;
 }
@@ -583,10 +602,13 @@ static em_status run_kernel(const tr_graph *g, const em_meta *metas, const jit_p
     return s;
 }
 
-/* Runs the plan: metas[v] is node v's meta for this call, sizes[k] the
- * size arguments of kernel k (both NULL: static, the graph's metas). */
-static em_status run_plan(const cpu_state *st, const tr_graph *g, const em_meta *metas,
-                          int64_t *const *sizes, em_tensor *const *in, em_tensor **out) {
+/* Runs the plan, for the sizes of sp (NULL: static, the graph as
+ * recorded): its nodes' metas and attributes, its kernels' size
+ * arguments. */
+static em_status run_plan(const cpu_state *st, const tr_graph *g, const cpu_spec *sp,
+                          em_tensor *const *in, em_tensor **out) {
+    const em_meta *metas = sp ? sp->metas : NULL;
+    int64_t *const *sizes = sp ? sp->sizes : NULL;
     em_tensor **vals = em_calloc((size_t)g->nnodes + 1, sizeof *vals);
     if (!vals) return em_last_status();
     em_status s = EM_OK;
@@ -603,7 +625,7 @@ static em_status run_plan(const cpu_state *st, const tr_graph *g, const em_meta 
                            sizes ? sizes[step->group] : NULL, vals);
             continue;
         }
-        const tr_node *n = &g->nodes[step->node];
+        const tr_node *n = sp ? &sp->nodes[step->node] : &g->nodes[step->node];
         for (int k = 0; k < n->nin && s == EM_OK; k++)
             if (!vals[n->in[k]])
                 s = em_error(EM_ERR_STATE, "cpu backend: input %%%d of %%%d is not computed yet",
@@ -624,7 +646,7 @@ static em_status run_plan(const cpu_state *st, const tr_graph *g, const em_meta 
 static em_status cpu_run(void *state, const tr_graph *g, em_tensor *const *in, em_tensor **out) {
     cpu_state *st = state;
     if (!st->kernels) return jit_replay_backend.run(NULL, g, in, out);
-    return run_plan(st, g, NULL, NULL, in, out);
+    return run_plan(st, g, NULL, in, out);
 }
 
 static void cpu_free(void *state) { state_free(state); }

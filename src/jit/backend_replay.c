@@ -56,13 +56,12 @@ static em_status replay_run(void *state, const tr_graph *g, em_tensor *const *in
 static void replay_free(void *state) { (void)state; }
 
 /* Every op re-infers its shapes when it runs: any sizes jit_dyn_check
- * allowed are served as they are. */
-static em_status replay_compile_dynamic(const tr_graph *g, const em_meta *probe, jit_env *env,
+ * allowed are served as they are, unless attribute sizes must follow
+ * them (the graph is replayed as recorded). */
+static em_status replay_compile_dynamic(const tr_graph *g, const jit_dyn *dyn, jit_env *env,
                                         void **state, bool *dynamic, char *why, size_t nwhy) {
-    (void)probe;
-    (void)why;
-    (void)nwhy;
-    *dynamic = true;
+    *dynamic = dyn->nsizes == 0;
+    if (!*dynamic) snprintf(why, nwhy, "replayed reshape or expand sizes cannot follow the sizes");
     return replay_compile(g, env, state);
 }
 

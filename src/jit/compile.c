@@ -19,6 +19,9 @@ typedef struct jit_entry {
     gd_guards *guards;
     void *state;          /* the backend's (NULL while compiling) */
     bool dynamic;         /* some dims dynamic: run with specialize/run_dynamic */
+    bool follows;         /* some attribute sizes follow dynamic sizes (jit_dyn):
+                             the graph as recorded serves only its own sizes */
+    jit_dyn *follow;      /* those sizes (no probe), for later entries to inherit */
     /* Async compile: until ready, calls that match run op by op (replay).
      * ready, dynamic, state and the guards change only under the lock. */
     bool ready;
@@ -56,7 +59,7 @@ struct em_compiled {
 typedef struct compile_job {
     em_compiled *f;
     jit_entry *e;
-    em_meta *probe;       /* dynamic entries: jit_dyn_check's probe metas */
+    jit_dyn *dyn;         /* dynamic entries: jit_dyn_check's result */
 } compile_job;
 
 /* ---- creation ---- */
@@ -192,6 +195,7 @@ em_compiled *em_compile(em_fn fn, void *ctx, const em_compile_options *opts) {
 static void entry_free(const em_compiled *f, jit_entry *e) {
     if (!e) return;
     if (e->has_thread) pthread_join(e->thread, NULL); /* never cancelled: it frees its job */
+    em_free(e->follow);
     if (e->state) e->backend->free(e->state);
     gd_free(e->guards);
     tr_graph_free(e->graph);
@@ -305,6 +309,20 @@ static void record_entry(em_compiled *f, const jit_entry *e) {
     em_clear_error();
 }
 
+static jit_dyn *dyn_new(int ninputs) {
+    jit_dyn *d = em_calloc(1, sizeof *d);
+    if (d && !(d->probe = em_calloc((size_t)ninputs + 1, sizeof *d->probe))) {
+        em_free(d);
+        return NULL;
+    }
+    return d;
+}
+
+static void dyn_free(jit_dyn *d) {
+    if (d) em_free(d->probe);
+    em_free(d);
+}
+
 /* "x[0], w[1]": the dynamic dims of gs, for logs. */
 static void dims_str(const gd_guards *gs, char *buf, size_t n) {
     size_t len = 0;
@@ -331,14 +349,14 @@ static void count_compile(em_compiled *f, const jit_entry *e, const jit_env *env
     f->stats.dynamic_entries += e->dynamic;
 }
 
-/* The backend compile of entry e (probe: its probe metas when dynamic).
+/* The backend compile of entry e (dyn: what makes it dynamic).
  * A backend that cannot make the kernels dynamic compiles them for the
  * traced sizes; the guards then check the traced sizes again. */
-static em_status compile_entry(em_compiled *f, jit_entry *e, const em_meta *probe, jit_env *env,
+static em_status compile_entry(em_compiled *f, jit_entry *e, const jit_dyn *dyn, jit_env *env,
                                void **state, bool *dynamic) {
     char why[256] = "";
     if (!*dynamic) return e->backend->compile(e->graph, env, state);
-    em_status s = e->backend->compile_dynamic(e->graph, probe, env, state, dynamic, why, sizeof why);
+    em_status s = e->backend->compile_dynamic(e->graph, dyn, env, state, dynamic, why, sizeof why);
     if (s == EM_OK && !*dynamic)
         jit_logf(&f->log, JIT_LOG_RECOMPILES, "%s: the new entry is static: %s", f->name, why);
     return s;
@@ -352,11 +370,12 @@ static void *compile_thread(void *arg) {
     jit_env env = {.cache = f->env.cache, .log = &f->log};
     void *state = NULL;
     bool dynamic = e->dynamic; /* set before the thread started, read-only until ready */
-    em_status s = compile_entry(f, e, job->probe, &env, &state, &dynamic);
+    em_status s = compile_entry(f, e, job->dyn, &env, &state, &dynamic);
     lock(f);
     if (s == EM_OK) {
         if (!dynamic) gd_make_static(e->guards);
         e->dynamic = dynamic;
+        e->follows = dynamic && e->follows;
         e->state = state;
         e->ready = true;
     } else {
@@ -368,17 +387,17 @@ static void *compile_thread(void *arg) {
     }
     count_compile(f, e, &env);
     unlock(f);
-    em_free(job->probe);
+    dyn_free(job->dyn);
     em_free(job);
     return NULL;
 }
 
-/* Starts e's compile in a background thread (the job takes probe);
- * false when no thread could be started. */
-static bool start_compile(em_compiled *f, jit_entry *e, em_meta *probe) {
+/* Starts e's compile in a background thread (the job takes dyn); false
+ * when no thread could be started. */
+static bool start_compile(em_compiled *f, jit_entry *e, jit_dyn *dyn) {
     compile_job *job = em_malloc(sizeof *job);
     if (!job) return false;
-    *job = (compile_job){f, e, probe};
+    *job = (compile_job){f, e, dyn};
     if (pthread_create(&e->thread, NULL, compile_thread, job) != 0) {
         em_free(job);
         return false;
@@ -387,19 +406,26 @@ static bool start_compile(em_compiled *f, jit_entry *e, em_meta *probe) {
     return true;
 }
 
-/* Marks the dims in dyn dynamic in e's guards, when the graph allows it;
- * fills probe (one meta per input) for the backend. */
-static void make_dynamic(em_compiled *f, jit_entry *e, em_tensor *const *in, const uint32_t *dyn,
-                         const tr_graph *prev, em_meta *probe) {
-    for (int i = 0; dyn && i < f->ninputs; i++) gd_set_dynamic(e->guards, i, dyn[i]);
+/* Marks the dims in mask dynamic in e's guards, when the graph allows it;
+ * fills dyn for the backend. */
+static void make_dynamic(em_compiled *f, jit_entry *e, em_tensor *const *in, const uint32_t *mask,
+                         const jit_entry *prev, jit_dyn *dyn) {
+    for (int i = 0; mask && i < f->ninputs; i++) gd_set_dynamic(e->guards, i, mask[i]);
     if (!gd_is_dynamic(e->guards)) return;
     char why[256], dims[256];
     if (!e->backend->compile_dynamic) {
         snprintf(why, sizeof why, "the %s backend has no dynamic kernels", e->backend->name);
-    } else if (jit_dyn_check(e->graph, prev, e->guards, in, probe, why, sizeof why)) {
+    } else if (jit_dyn_check(e->graph, prev ? prev->graph : NULL, prev ? prev->follow : NULL,
+                             e->guards, in, dyn, why, sizeof why)) {
         e->dynamic = true;
+        e->follows = dyn->nsizes > 0;
+        if (e->follows && (e->follow = em_malloc(sizeof *e->follow))) {
+            *e->follow = *dyn;
+            e->follow->probe = NULL;
+        }
         dims_str(e->guards, dims, sizeof dims);
-        jit_logf(&f->log, JIT_LOG_RECOMPILES, "%s: dynamic dims %s", f->name, dims);
+        jit_logf(&f->log, JIT_LOG_RECOMPILES, "%s: dynamic dims %s%s", f->name, dims,
+                 e->follows ? " (reshape or expand sizes follow them)" : "");
         return;
     }
     gd_make_static(e->guards);
@@ -411,12 +437,12 @@ static void make_dynamic(em_compiled *f, jit_entry *e, em_tensor *const *in, con
  * the entry that differed only in sizes (NULL: forced).  Async: the entry
  * is returned before its compile finishes. */
 static jit_entry *make_entry(em_compiled *f, tr_graph *g, em_tensor *const *in,
-                             const double *scalars, const uint32_t *dyn, const tr_graph *prev) {
+                             const double *scalars, const uint32_t *mask, const jit_entry *prev) {
     jit_entry *e = em_calloc(1, sizeof *e);
-    em_meta *probe = em_calloc((size_t)f->ninputs + 1, sizeof *probe);
-    if (!e || !probe) {
+    jit_dyn *dyn = dyn_new(f->ninputs);
+    if (!e || !dyn) {
         em_free(e);
-        em_free(probe);
+        dyn_free(dyn);
         tr_graph_free(g);
         return NULL;
     }
@@ -425,25 +451,26 @@ static jit_entry *make_entry(em_compiled *f, tr_graph *g, em_tensor *const *in,
     if (tr_optimize(g, f->verify) != EM_OK ||
         !(e->guards = gd_build(g, in, scalars, f->nscalars, f->watch, f->nwatch)))
         goto fail;
-    make_dynamic(f, e, in, dyn, prev, probe);
-    if (f->async && start_compile(f, e, probe)) return e; /* the job owns probe */
+    make_dynamic(f, e, in, mask, prev, dyn);
+    if (f->async && start_compile(f, e, dyn)) return e; /* the job owns dyn */
     bool dynamic = e->dynamic;
-    if (compile_entry(f, e, probe, &f->env, &e->state, &dynamic) != EM_OK) goto fail;
+    if (compile_entry(f, e, dyn, &f->env, &e->state, &dynamic) != EM_OK) goto fail;
     if (!dynamic) gd_make_static(e->guards);
     e->dynamic = dynamic;
+    e->follows = dynamic && e->follows;
     e->ready = true;
-    em_free(probe);
+    dyn_free(dyn);
     count_compile(f, e, &f->env);
     return e;
 fail:
-    em_free(probe);
+    dyn_free(dyn);
     entry_free(f, e);
     return NULL;
 }
 
 /* Runs fn while recording; on success adds an entry.  Holds f's lock. */
 static em_status trace(em_compiled *f, em_tensor *const *in, const double *scalars,
-                       em_tensor **out, const uint32_t *dyn, const tr_graph *prev) {
+                       em_tensor **out, const uint32_t *dyn, const jit_entry *prev) {
     em_scope_begin();
     tr_recorder *r = tr_record_begin(f->ninputs, in, (const char *const *)f->input_names);
     if (!r) {
@@ -498,16 +525,16 @@ static bool differs_in_sizes_only(const em_compiled *f, const jit_entry *e, em_t
 /* The dims a new entry makes dynamic (Dynamo's automatic_dynamic_shapes):
  * forced, every dim of size >= 2; automatic, the dims whose sizes differ
  * from the most recent entry that differs only in sizes, plus that
- * entry's own dynamic dims (*prev: that entry's graph).  Sizes 0 and 1
- * stay specialized.  false: none. */
+ * entry's own dynamic dims (*prev: that entry).  Sizes 0 and 1 stay
+ * specialized.  false: none. */
 static bool dynamic_dims(const em_compiled *f, em_tensor *const *in, const double *scalars,
-                         uint32_t *dyn, const tr_graph **prev) {
+                         uint32_t *dyn, const jit_entry **prev) {
     memset(dyn, 0, sizeof *dyn * (size_t)(f->ninputs ? f->ninputs : 1));
     const jit_entry *near = NULL;
     for (int i = 0; f->dynamic == 0 && !near && i < f->nentries; i++)
         if (differs_in_sizes_only(f, f->entries[i], in, scalars)) near = f->entries[i];
     if (f->dynamic < 0 || (f->dynamic == 0 && !near)) return false;
-    *prev = near ? near->graph : NULL;
+    *prev = near;
     bool any = false;
     for (int i = 0; i < f->ninputs; i++) {
         for (int d = 0; d < in[i]->ndim; d++) {
@@ -523,10 +550,12 @@ static bool dynamic_dims(const em_compiled *f, em_tensor *const *in, const doubl
     return any;
 }
 
-/* Runs entry e (the lock is released): compiled, or op by op while its
- * compile is pending. */
-static em_status run_entry(em_compiled *f, jit_entry *e, bool ready, void *spec,
-                           em_tensor *const *in, em_tensor **out) {
+/* Runs entry e (the lock is released): compiled, or while its compile is
+ * pending, op by op (fn itself when attribute sizes follow the sizes: the
+ * recorded graph holds the traced ones). */
+static em_status run_entry(em_compiled *f, jit_entry *e, bool ready, bool follows, void *spec,
+                           em_tensor *const *in, const double *scalars, em_tensor **out) {
+    if (!ready && follows) return run_eager(f, in, scalars, out);
     if (!ready) return jit_replay_backend.run(NULL, e->graph, in, out);
     if (e->dynamic && e->backend->run_dynamic)
         return e->backend->run_dynamic(e->state, spec, e->graph, in, out);
@@ -587,11 +616,11 @@ static em_status call_entries(em_compiled *f, em_tensor *const *in, const double
     bool declined;
     if (find_entry(f, in, scalars, &spec, &declined) == 0) {
         jit_entry *e = f->entries[0];
-        bool ready = e->ready;
+        bool ready = e->ready, follows = e->follows;
         f->stats.hits++;
         f->stats.pending += !ready;
         unlock(f); /* entries live until em_compiled_free: safe to run unlocked */
-        return run_entry(f, e, ready, spec, in, out);
+        return run_entry(f, e, ready, follows, spec, in, scalars, out);
     }
     /* explain with the entry that came closest to matching */
     for (int i = 0, best = -1; i < f->nentries; i++) {
@@ -618,7 +647,7 @@ static em_status call_entries(em_compiled *f, em_tensor *const *in, const double
         jit_logf(&f->log, JIT_LOG_RECOMPILES, "recompiling %s (entry %d of at most %d): %s",
                  f->name, f->nentries + 1, f->limit, f->stats.last_failure);
     uint32_t dyn[MAX_ARGS];
-    const tr_graph *prev = NULL;
+    const jit_entry *prev = NULL;
     /* sizes a dynamic entry's kernels cannot take get an exact entry */
     bool any = !declined && dynamic_dims(f, in, scalars, dyn, &prev);
     s = trace(f, in, scalars, out, any ? dyn : NULL, prev);

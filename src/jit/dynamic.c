@@ -124,10 +124,82 @@ static bool meta_sizes_differ(const em_meta *a, const em_meta *b) {
     return a->ndim != b->ndim || memcmp(a->sizes, b->sizes, sizeof(int64_t) * (size_t)a->ndim);
 }
 
+/* The graph's input node of input i. */
+static const tr_node *input_node(const tr_graph *g, int i) {
+    for (int k = 0; k < g->nnodes; k++)
+        if (g->nodes[k].kind == TR_INPUT && g->nodes[k].index == i) return &g->nodes[k];
+    return NULL;
+}
+
+/* Fits attribute size j of node k, v in g and vp in prev, as a * s + b
+ * for one dynamic size s that changed between the traces (s in g, sp in
+ * prev).  Dims of equal sizes in both traces are one symbol (duck sizing);
+ * two symbols that both fit make it ambiguous.  false: no single fit. */
+static bool fit_size(const tr_graph *g, const tr_graph *prev, const gd_guards *gs, int k, int j,
+                     jit_sym_size *out) {
+    int64_t v = g->nodes[k].attrs.sizes[j], vp = prev->nodes[k].attrs.sizes[j];
+    int64_t s0 = -1, sp0 = -1;
+    for (int i = 0; i < gs->ntensors; i++) {
+        const em_meta *m = &input_node(g, i)->meta, *mp = &input_node(prev, i)->meta;
+        for (int d = 0; d < m->ndim; d++) {
+            int64_t s = m->sizes[d], sp = mp->sizes[d];
+            if (!(gs->tensors[i].dyn >> d & 1) || s == sp || (v - vp) % (s - sp)) continue;
+            if (s0 >= 0 && (s != s0 || sp != sp0)) return false; /* ambiguous */
+            if (s0 >= 0) continue;
+            s0 = s, sp0 = sp;
+            int64_t a = (v - vp) / (s - sp);
+            *out = (jit_sym_size){.node = k, .j = j, .input = i, .dim = d, .a = a, .b = v - a * s};
+        }
+    }
+    return s0 >= 0;
+}
+
+/* Whether call node k of g differs from prev's only in attribute sizes
+ * that each follow one dynamic size (appended to dyn), in a reshape or an
+ * expand, whose infer rules then check them against their input at every
+ * size (a creation op's sizes would be unchecked). */
+static bool sizes_follow(const tr_graph *g, const tr_graph *prev, const jit_dyn *prev_dyn,
+                         const gd_guards *gs, int k, jit_dyn *dyn) {
+    const tr_node *a = &g->nodes[k];
+    tr_node b = prev->nodes[k];
+    if (a->kind != TR_CALL || b.kind != TR_CALL || a->op != b.op ||
+        (a->op != EM_OP_RESHAPE && a->op != EM_OP_EXPAND) || a->attrs.ndim != b.attrs.ndim)
+        return false;
+    memcpy(b.attrs.sizes, a->attrs.sizes, sizeof b.attrs.sizes);
+    if (!tr_same_call(a, &b)) return false;
+    int ndiff = 0;
+    for (int j = 0; j < a->attrs.ndim; j++) ndiff += a->attrs.sizes[j] != prev->nodes[k].attrs.sizes[j];
+    /* one size of a reshape may be "the rest" (torch's -1): exact whatever
+     * product of sizes it is, given the others; the only size that changed
+     * is, and otherwise one that no single size explains */
+    int prev_rest = -1; /* the previous entry's rest size of this node stays the rest */
+    for (int i = 0; prev_dyn && i < prev_dyn->nsizes; i++)
+        if (prev_dyn->sizes[i].rest && prev_dyn->sizes[i].node == k) prev_rest = prev_dyn->sizes[i].j;
+    bool rest = prev_rest >= 0;
+    for (int j = 0; j < a->attrs.ndim; j++) {
+        if (a->attrs.sizes[j] == prev->nodes[k].attrs.sizes[j]) continue;
+        if (dyn->nsizes == JIT_MAX_SYM_SIZES) return false;
+        jit_sym_size *z = &dyn->sizes[dyn->nsizes++];
+        if (j == prev_rest) {
+            *z = (jit_sym_size){.node = k, .j = j, .rest = true};
+            continue;
+        }
+        if (a->op == EM_OP_EXPAND || ndiff > 1 || rest) {
+            if (fit_size(g, prev, gs, k, j, z)) continue;
+            if (rest || a->op != EM_OP_RESHAPE) return false;
+        }
+        *z = (jit_sym_size){.node = k, .j = j, .rest = true};
+        rest = true;
+    }
+    return true;
+}
+
 /* The first node where g and prev (the same function traced at other
- * sizes) differ in more than their metas; -1: none; nnodes: the lists of
- * inputs, constants or outputs differ. */
-static int first_difference(const tr_graph *g, const tr_graph *prev) {
+ * sizes) differ in more than their metas and the attribute sizes
+ * sizes_follow accepts; -1: none; nnodes: the lists of inputs, constants
+ * or outputs differ. */
+static int first_difference(const tr_graph *g, const tr_graph *prev, const jit_dyn *prev_dyn,
+                            const gd_guards *gs, jit_dyn *dyn) {
     if (g->nnodes != prev->nnodes || g->ninputs != prev->ninputs || g->nconsts != prev->nconsts ||
         g->noutputs != prev->noutputs ||
         memcmp(g->outputs, prev->outputs, sizeof(int) * (size_t)g->noutputs) ||
@@ -137,9 +209,50 @@ static int first_difference(const tr_graph *g, const tr_graph *prev) {
         const tr_node *a = &g->nodes[i], *b = &prev->nodes[i];
         if (a->kind != b->kind || a->meta.dtype != b->meta.dtype || a->meta.ndim != b->meta.ndim)
             return i;
-        if (a->kind == TR_CALL ? !tr_same_call(a, b) : a->index != b->index) return i;
+        if (a->kind != TR_CALL ? a->index != b->index
+                               : !tr_same_call(a, b) && !sizes_follow(g, prev, prev_dyn, gs, i, dyn))
+            return i;
     }
     return -1;
+}
+
+/* Sets reshape node k's "rest" size from its input's element count. */
+static em_status set_rest(tr_node *n, int j, const em_meta *in, int k) {
+    int64_t other = 1;
+    for (int d = 0; d < n->attrs.ndim; d++)
+        if (d != j) other *= n->attrs.sizes[d];
+    int64_t numel = em_shape_numel(in->ndim, in->sizes);
+    if (other <= 0 || numel % other)
+        return em_error(EM_ERR_SHAPE, "node %%%d (reshape): %lld elements do not fill the sizes",
+                        k, (long long)numel);
+    n->attrs.sizes[j] = numel / other;
+    return EM_OK;
+}
+
+em_status jit_dyn_infer(const jit_dyn *dyn, tr_graph *g, const em_meta *inputs, em_meta *metas) {
+    for (int i = 0; i < dyn->nsizes; i++) {
+        const jit_sym_size *z = &dyn->sizes[i];
+        if (!z->rest)
+            g->nodes[z->node].attrs.sizes[z->j] = z->a * inputs[z->input].sizes[z->dim] + z->b;
+    }
+    for (int i = 0; i < g->nnodes; i++) {
+        tr_node *n = &g->nodes[i];
+        em_status s = EM_OK;
+        if (n->kind == TR_INPUT) {
+            metas[i] = inputs[n->index];
+            continue;
+        }
+        if (n->kind == TR_CONST) {
+            metas[i] = n->meta;
+            continue;
+        }
+        for (int k = 0; k < dyn->nsizes && s == EM_OK; k++)
+            if (dyn->sizes[k].rest && dyn->sizes[k].node == i)
+                s = set_rest(n, dyn->sizes[k].j, &metas[n->in[0]], i);
+        if (s == EM_OK) s = tr_infer_node(g, i, metas);
+        if (s != EM_OK) return s;
+    }
+    return EM_OK;
 }
 
 bool jit_dyn_probe(const gd_guards *gs, em_tensor *const *in, int ninputs, em_meta *probe) {
@@ -149,32 +262,73 @@ bool jit_dyn_probe(const gd_guards *gs, em_tensor *const *in, int ninputs, em_me
     return true;
 }
 
-bool jit_dyn_check(const tr_graph *g, const tr_graph *prev, const gd_guards *gs,
-                   em_tensor *const *in, em_meta *probe, char *why, size_t nwhy) {
+/* Infers g's metas at the probe sizes (attribute sizes moved along). */
+static bool infer_probe(const tr_graph *g, const jit_dyn *dyn, em_meta *metas, char *why,
+                        size_t nwhy) {
+    tr_graph gp = *g;
+    gp.nodes = em_malloc(sizeof *gp.nodes * ((size_t)g->nnodes + 1));
+    if (!gp.nodes) {
+        snprintf(why, nwhy, "out of memory");
+        return false;
+    }
+    memcpy(gp.nodes, g->nodes, sizeof *gp.nodes * (size_t)g->nnodes);
+    bool ok = jit_dyn_infer(dyn, &gp, dyn->probe, metas) == EM_OK;
+    if (!ok) {
+        snprintf(why, nwhy, "the graph's shapes do not follow other sizes (%s)", em_last_error());
+        em_clear_error();
+    }
+    em_free(gp.nodes);
+    return ok;
+}
+
+/* Adds prev_dyn's attribute sizes that g's equal attributes still
+ * follow (a size the previous entry made follow a dim that did not change
+ * between the two traces); false when one no longer holds. */
+static bool inherit(const tr_graph *g, const jit_dyn *prev_dyn, em_tensor *const *in,
+                    jit_dyn *dyn) {
+    for (int i = 0; prev_dyn && i < prev_dyn->nsizes; i++) {
+        const jit_sym_size *z = &prev_dyn->sizes[i];
+        bool have = false;
+        for (int k = 0; k < dyn->nsizes && !have; k++)
+            have = dyn->sizes[k].node == z->node && dyn->sizes[k].j == z->j;
+        if (have) continue;
+        if (dyn->nsizes == JIT_MAX_SYM_SIZES ||
+            (!z->rest &&
+             g->nodes[z->node].attrs.sizes[z->j] != z->a * in[z->input]->sizes[z->dim] + z->b))
+            return false;
+        dyn->sizes[dyn->nsizes++] = *z;
+    }
+    return true;
+}
+
+bool jit_dyn_check(const tr_graph *g, const tr_graph *prev, const jit_dyn *prev_dyn,
+                   const gd_guards *gs, em_tensor *const *in, jit_dyn *dyn, char *why,
+                   size_t nwhy) {
     dyn_syms s = {0};
+    dyn->nsizes = 0;
     for (int i = 0; i < g->ninputs; i++) {
-        if (!probe_input(&gs->tensors[i], in[i], &s, &probe[i])) {
+        if (!probe_input(&gs->tensors[i], in[i], &s, &dyn->probe[i])) {
             snprintf(why, nwhy, "more than %d distinct dynamic sizes", NPROBES);
             return false;
         }
     }
-    em_meta *metas = em_malloc(sizeof *metas * ((size_t)g->nnodes + 1));
-    bool *varies = em_calloc((size_t)g->nnodes + 1, sizeof(bool));
-    bool ok = metas && varies;
-    if (!ok) snprintf(why, nwhy, "out of memory");
-    if (ok && tr_infer_metas(g, probe, metas) != EM_OK) {
-        snprintf(why, nwhy, "the graph's shapes do not follow other sizes (%s)", em_last_error());
-        em_clear_error();
-        ok = false;
-    }
-    int d = ok && prev ? first_difference(g, prev) : -1;
+    int d = prev ? first_difference(g, prev, prev_dyn, gs, dyn) : -1;
     if (d >= 0) {
         if (d == g->nnodes) snprintf(why, nwhy, "the graph traced at the other sizes differs");
         else
             snprintf(why, nwhy, "node %%%d (%s) differs from the trace at the other sizes",
                      d, g->nodes[d].kind == TR_CALL ? em_op_table[g->nodes[d].op].name : "input");
-        ok = false;
+        return false;
     }
+    if (!inherit(g, prev_dyn, in, dyn)) {
+        snprintf(why, nwhy, "a reshape or expand size no longer follows the sizes");
+        return false;
+    }
+    em_meta *metas = em_malloc(sizeof *metas * ((size_t)g->nnodes + 1));
+    bool *varies = em_calloc((size_t)g->nnodes + 1, sizeof(bool));
+    bool ok = metas && varies;
+    if (!ok) snprintf(why, nwhy, "out of memory");
+    ok = ok && infer_probe(g, dyn, metas, why, nwhy);
     for (int i = 0; ok && !prev && i < g->nnodes; i++) {
         varies[i] = meta_sizes_differ(&metas[i], &g->nodes[i].meta);
         const char *r = g->nodes[i].kind == TR_CALL ? node_rule(g, i, varies, &s) : NULL;

@@ -14,6 +14,7 @@
 #include "trace.h"
 
 struct jit_log;
+struct jit_dyn;
 
 /* What a backend may use while compiling: owned by the compiled function. */
 typedef struct jit_env {
@@ -41,11 +42,12 @@ typedef struct jit_backend {
      * record or warm up). */
     const char *(*target)(void);
     /* Optional, dynamic shapes (dynamic.c): compile g so that one state
-     * serves inputs whose sizes differ from the traced ones where probe
-     * (the inputs' metas with each dynamic size changed) differs.  When
+     * serves inputs whose sizes differ from the traced ones where
+     * dyn->probe (the inputs' metas with each dynamic size changed)
+     * differs; dyn->sizes: attribute sizes that follow them.  When
      * the backend cannot, it compiles g for its traced sizes only, sets
      * *dynamic false and explains in why.  NULL: the backend cannot. */
-    em_status (*compile_dynamic)(const tr_graph *g, const em_meta *probe, jit_env *env,
+    em_status (*compile_dynamic)(const tr_graph *g, const struct jit_dyn *dyn, jit_env *env,
                                  void **state, bool *dynamic, char *why, size_t nwhy);
     /* Optional, with compile_dynamic: whether a dynamic state can serve the
      * inputs in (which passed the entry's guards), and what its run needs
@@ -57,18 +59,47 @@ typedef struct jit_backend {
                              em_tensor **out);
 } jit_backend;
 
-/* ---- dynamic shapes (dynamic.c) ----
- * Whether graph g, traced with inputs in, may serve other sizes of the
- * dims its guards gs mark dynamic: the graph's shapes are inferred again
- * with each dynamic size changed (into probe[i], input i's meta so
- * changed; dims of one traced size share one changed size, as Dynamo's
- * duck sizing), and no op may carry a size, bound or value that could
- * come from a dynamic size: prev (the same function traced at other
- * sizes, or NULL) must equal g in everything but metas; without prev,
- * conservative rules decide.  false, with the reason in why: the entry
- * must be static. */
-bool jit_dyn_check(const tr_graph *g, const tr_graph *prev, const gd_guards *gs,
-                   em_tensor *const *in, em_meta *probe, char *why, size_t nwhy);
+/* ---- dynamic shapes (dynamic.c) ---- */
+
+/* An attribute size that follows a dynamic size: node's attrs.sizes[j] is
+ * a * (size of dim `dim` of input `input`) + b (a reshape to [b, t, 4, 16]
+ * follows b and t). */
+typedef struct jit_sym_size {
+    int node, j, input, dim;
+    int64_t a, b;
+    bool rest; /* a reshape's size that is whatever its input's element
+                  count leaves (a product of sizes: [b * t, 64]) */
+} jit_sym_size;
+
+#define JIT_MAX_SYM_SIZES 32
+
+/* What makes an entry dynamic, for its backend: the inputs' metas with
+ * each dynamic size changed (probe, one per input), and the attribute
+ * sizes that follow dynamic sizes. */
+typedef struct jit_dyn {
+    em_meta *probe;
+    jit_sym_size sizes[JIT_MAX_SYM_SIZES];
+    int nsizes;
+} jit_dyn;
+
+/* Whether graph g, traced with inputs in, may serve other sizes of the
+ * dims its guards gs mark dynamic.  The graph's shapes must follow (they
+ * are inferred again at probe sizes: dims of one traced size share one
+ * probe, as Dynamo's duck sizing), and no op may carry a size, bound or
+ * value the C code computed from a dynamic size: prev (the same function
+ * traced at other sizes, or NULL) must equal g in everything but metas,
+ * except reshape and expand sizes that follow one dynamic size as
+ * a * s + b (recorded in dyn->sizes; prev_dyn: the attribute sizes that
+ * already followed in prev's entry, kept while they hold); without prev,
+ * conservative rules decide.  Fills dyn (probe has g->ninputs slots).  false, with the
+ * reason in why: the entry must be static. */
+bool jit_dyn_check(const tr_graph *g, const tr_graph *prev, const jit_dyn *prev_dyn,
+                   const gd_guards *gs, em_tensor *const *in, jit_dyn *dyn, char *why,
+                   size_t nwhy);
+/* The metas of g's nodes (into metas) for inputs of metas inputs, with
+ * the attribute sizes dyn lists set in g's nodes (a copy of the graph's
+ * own) as it goes.  An error names the node whose op rejects its inputs. */
+em_status jit_dyn_infer(const jit_dyn *dyn, tr_graph *g, const em_meta *inputs, em_meta *metas);
 /* Only the probe metas (no check): for a graph already checked when it
  * was traced (warmup of a recorded dynamic entry).  false: too many
  * distinct dynamic sizes. */

@@ -604,8 +604,9 @@ static lz_dyn *dyn_make(lz_state *st, lz_structure *sg, cut *c) {
     }
     bool dynamic = false;
     void *state = NULL;
-    if (gs && gd_is_dynamic(gs) && jit_dyn_check(g, prev, gs, c->inputs, probe, why, sizeof why) &&
-        b->compile_dynamic(g, probe, &st->env, &state, &dynamic, why, sizeof why) == EM_OK &&
+    jit_dyn dd = {.probe = probe};
+    if (gs && gd_is_dynamic(gs) && jit_dyn_check(g, prev, NULL, gs, c->inputs, &dd, why, sizeof why) &&
+        b->compile_dynamic(g, &dd, &st->env, &state, &dynamic, why, sizeof why) == EM_OK &&
         dynamic && (d = em_calloc(1, sizeof *d))) {
         *d = (lz_dyn){g, gs, state, b};
         c->g = NULL;

@@ -15,23 +15,25 @@ const char *jit_backend_target(const jit_backend *b) { return b && b->target ? b
 static em_status compile_dynamic(const jit_backend *b, const jit_record *r, tr_graph *g,
                                  jit_env *env, void **state, bool *dynamic) {
     em_tensor **in = em_calloc((size_t)g->ninputs + 1, sizeof *in);
-    em_meta *probe = em_calloc((size_t)g->ninputs + 1, sizeof *probe);
+    jit_dyn dyn = {.probe = em_calloc((size_t)g->ninputs + 1, sizeof *dyn.probe)};
     gd_guards *gs = NULL;
-    em_status s = in && probe ? EM_OK : em_last_status();
+    em_status s = in && dyn.probe ? EM_OK : em_last_status();
     for (int i = 0; s == EM_OK && i < g->nnodes; i++)
         if (g->nodes[i].kind == TR_INPUT && !(in[g->nodes[i].index] = em_tensor_meta_only(&g->nodes[i].meta)))
             s = em_last_status();
     if (s == EM_OK && !(gs = gd_build(g, in, NULL, 0, NULL, 0))) s = em_last_status();
     for (int i = 0; s == EM_OK && i < r->ndyn && i < g->ninputs; i++) gd_set_dynamic(gs, i, r->dyn[i]);
-    if (s == EM_OK && gd_is_dynamic(gs) && jit_dyn_probe(gs, in, g->ninputs, probe)) {
+    /* (attribute sizes that followed the sizes are not recorded: such a
+     * graph fails to infer at the probe sizes and compiles static) */
+    if (s == EM_OK && gd_is_dynamic(gs) && jit_dyn_probe(gs, in, g->ninputs, dyn.probe)) {
         char why[256];
-        s = b->compile_dynamic(g, probe, env, state, dynamic, why, sizeof why);
+        s = b->compile_dynamic(g, &dyn, env, state, dynamic, why, sizeof why);
     } else if (s == EM_OK) {
         s = b->compile(g, env, state);
     }
     for (int i = 0; in && i < g->ninputs; i++) em_release(in[i]);
     em_free(in);
-    em_free(probe);
+    em_free(dyn.probe);
     gd_free(gs);
     return s;
 }

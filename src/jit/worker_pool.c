@@ -12,6 +12,7 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
 #include <stdlib.h>
@@ -78,7 +79,11 @@ static const char *worker_program(void) {
 static pid_t spawn(const char *prog, k_kernel *const *ks, const char *const *paths, int n,
                    int first, int step) {
     int fds[2];
-    if (pipe(fds) != 0) return -1;
+    /* close-on-exec: a worker spawned meanwhile by another thread (async
+     * compiles) must not inherit this pipe, or this worker would wait for
+     * that one's exit to see the end of its input (and it for this one's) */
+    if (pipe2(fds, O_CLOEXEC) != 0) return -1;
+    if (fds[0] == 0) fcntl(0, F_SETFD, 0); /* stdin was closed: dup2 to itself keeps the flag */
     posix_spawn_file_actions_t fa;
     posix_spawn_file_actions_init(&fa);
     posix_spawn_file_actions_adddup2(&fa, fds[0], 0);

@@ -103,6 +103,8 @@ int tr_dce(tr_graph *g);                /* dce.c: returns nodes removed */
  * the first node whose op rejects its inputs.  (Dynamic shapes re-run a
  * graph's shapes for another call's sizes with it.) */
 em_status tr_infer_metas(const tr_graph *g, const em_meta *inputs, em_meta *out);
+/* One call node's part of it: metas[i] from the metas of its inputs. */
+em_status tr_infer_node(const tr_graph *g, int i, em_meta *metas);
 int tr_cse(tr_graph *g);                /* cse.c: returns nodes merged */
 em_status tr_optimize(tr_graph *g, bool verify_each);
 /* Invariants (tr_verify): nodes in topological order (inputs < index);

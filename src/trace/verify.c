@@ -79,30 +79,32 @@ static em_status infer_result(const tr_node *n, em_tensor *const *ins, em_meta *
     return EM_OK;
 }
 
+em_status tr_infer_node(const tr_graph *g, int i, em_meta *metas) {
+    const tr_node *n = &g->nodes[i];
+    if (n->nin > 64) return bad(i, "too many inputs");
+    em_tensor fakes[64];
+    em_tensor *ins[64];
+    for (int k = 0; k < n->nin; k++) {
+        fake_tensor(&fakes[k], &metas[n->in[k]]);
+        ins[k] = &fakes[k];
+    }
+    if (infer_result(n, ins, &metas[i]) != EM_OK) {
+        char why[600];
+        snprintf(why, sizeof why, "%s rejects its inputs: %s", em_op_table[n->op].name,
+                 em_last_error());
+        return bad(i, why);
+    }
+    return EM_OK;
+}
+
 em_status tr_infer_metas(const tr_graph *g, const em_meta *inputs, em_meta *out) {
     for (int i = 0; i < g->nnodes; i++) {
         const tr_node *n = &g->nodes[i];
-        if (n->kind == TR_INPUT) {
-            out[i] = inputs[n->index];
-            continue;
-        }
-        if (n->kind == TR_CONST) {
-            out[i] = n->meta;
-            continue;
-        }
-        if (n->nin > 64) return bad(i, "too many inputs");
-        em_tensor fakes[64];
-        em_tensor *ins[64];
-        for (int k = 0; k < n->nin; k++) {
-            fake_tensor(&fakes[k], &out[n->in[k]]);
-            ins[k] = &fakes[k];
-        }
-        if (infer_result(n, ins, &out[i]) != EM_OK) {
-            char why[600];
-            snprintf(why, sizeof why, "%s rejects its inputs: %s", em_op_table[n->op].name,
-                     em_last_error());
-            return bad(i, why);
-        }
+        em_status s = EM_OK;
+        if (n->kind == TR_INPUT) out[i] = inputs[n->index];
+        else if (n->kind == TR_CONST) out[i] = n->meta;
+        else s = tr_infer_node(g, i, out);
+        if (s != EM_OK) return s;
     }
     return EM_OK;
 }
