@@ -371,8 +371,8 @@ EM_API void em_compiled_free(em_compiled *f);
  * lead to it into fused kernels, cached by structure.  Results are those
  * of eager mode.  EMBER_JIT=1 turns it on for every thread. */
 EM_API em_status em_lazy_begin(void);  /* on this thread (nests) */
-/* Computes every pending tensor of this thread, then turns lazy mode off
- * (when the outermost em_lazy_begin ends). */
+/* Turns lazy mode off (when the outermost em_lazy_begin ends).  Pending
+ * tensors stay pending: they are computed when read, as before. */
 EM_API em_status em_lazy_end(void);
 /* Computes every pending tensor of this thread (intermediates still held
  * by a scope included), in one graph. */

@@ -10,6 +10,7 @@
 #include "cpu.h"
 
 #include <cblas.h>
+#include <pthread.h>
 #include <limits.h>
 #include <string.h>
 
@@ -147,6 +148,42 @@ static void gemm_batches(void *ctx, int64_t b, int64_t e) {
     }
 }
 
+/* One gemm of a single batch, split over Ember's threads: by rows of C
+ * when there are enough, else by columns.  Pieces are [b, e) of that dim. */
+static void gemm_piece(const mmctx *X, bool by_rows, int64_t b, int64_t e) {
+    int M = (int)X->M, N = (int)X->N, K = (int)X->K, ldc = N > 1 ? N : 1;
+    enum CBLAS_TRANSPOSE ta = X->a.trans ? CblasTrans : CblasNoTrans;
+    enum CBLAS_TRANSPOSE tb = X->b.trans ? CblasTrans : CblasNoTrans;
+    int64_t ao = 0, bo = 0, co;
+    if (by_rows) { /* rows b..e of A (a column offset when A is transposed) */
+        ao = X->a.trans ? b : b * X->a.ld;
+        co = b * ldc;
+        M = (int)(e - b);
+    } else {       /* columns b..e of B */
+        bo = X->b.trans ? b * X->b.ld : b;
+        co = b;
+        N = (int)(e - b);
+    }
+    if (X->dt == EM_F32)
+        cblas_sgemm(CblasRowMajor, ta, tb, M, N, K, 1.0f, (const float *)X->a.data + ao,
+                    (int)X->a.ld, (const float *)X->b.data + bo, (int)X->b.ld, 0.0f,
+                    (float *)X->c + co, ldc);
+    else
+        cblas_dgemm(CblasRowMajor, ta, tb, M, N, K, 1.0, (const double *)X->a.data + ao,
+                    (int)X->a.ld, (const double *)X->b.data + bo, (int)X->b.ld, 0.0,
+                    (double *)X->c + co, ldc);
+}
+
+static void gemm_rows(void *ctx, int64_t b, int64_t e) { gemm_piece(ctx, true, b, e); }
+static void gemm_cols(void *ctx, int64_t b, int64_t e) { gemm_piece(ctx, false, b, e); }
+
+/* OpenBLAS runs single-threaded inside Ember's pool: two pools on the same
+ * cores (OpenBLAS's workers spin with sched_yield after each call) made
+ * every fused kernel that followed a matmul wait a scheduler slice for a
+ * descheduled worker (MiniLM compiled: 1.3 s a batch instead of 18 ms). */
+static pthread_once_t blas_once = PTHREAD_ONCE_INIT;
+static void blas_single_threaded(void) { openblas_set_num_threads(1); }
+
 /* Plain loops over rows (batch, i) of the output: c[i, :] += a[i, k] * b[k, :].
  * Integers wrap (unsigned arithmetic); floats (only for sizes BLAS cannot
  * take) accumulate in the output's type. */
@@ -233,12 +270,17 @@ em_status cpu_matmul(const em_op_call *c, em_tensor *out) {
     }
     if (st == EM_OK) {
         if (blas) {
-            if (X.nbatch > 1 && X.M <= MM_SMALL && X.N <= MM_SMALL && X.K <= MM_SMALL &&
-                X.M * X.N * X.K < MM_SMALL) {
-                int64_t grain = MM_SMALL / (X.M * X.N * X.K);
+            pthread_once(&blas_once, blas_single_threaded);
+            int64_t mnk = X.M * X.N * X.K;
+            if (X.nbatch > 1) {
+                int64_t grain = mnk < MM_SMALL ? MM_SMALL / mnk : 1;
                 em_parallel_for(X.nbatch, grain > 0 ? grain : 1, gemm_batches, &X);
+            } else if (X.M >= X.N) { /* pieces of at least 16 rows and ~64K multiply-adds */
+                int64_t grain = MM_SMALL / (X.N * X.K > 0 ? X.N * X.K : 1);
+                em_parallel_for(X.M, grain > 16 ? grain : 16, gemm_rows, &X);
             } else {
-                gemm_batches(&X, 0, X.nbatch);
+                int64_t grain = MM_SMALL / (X.M * X.K > 0 ? X.M * X.K : 1);
+                em_parallel_for(X.N, grain > 16 ? grain : 16, gemm_cols, &X);
             }
         } else {
             int64_t work = X.N * X.K;

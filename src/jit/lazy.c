@@ -812,12 +812,14 @@ em_status em_sync(void) {
     return s;
 }
 
+/* Pending tensors outlive lazy mode: each carries its recipe, and
+ * em_force computes it wherever it is read.  So leaving computes nothing
+ * (a sync here would compute every intermediate a scope still holds). */
 em_status em_lazy_end(void) {
     lz_state *st = state_get(false);
     if (!st || st->depth == 0) return em_error(EM_ERR_STATE, "em_lazy_end: lazy mode is not on");
-    em_status s = em_sync();
     if (--st->depth == 0) em_set_dispatch_hook(st->prev);
-    return s;
+    return EM_OK;
 }
 
 em_status em_realize(const em_tensor *t) {
