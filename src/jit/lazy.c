@@ -291,6 +291,15 @@ static void cut_free(cut *c) {
     em_free(c->inputs);
 }
 
+/* Whether a value is cheap to compute again inside a later kernel. */
+static bool recomputable(em_op op) {
+    switch (em_op_table[op].kind) {
+    case EM_KIND_UNARY: case EM_KIND_BINARY: case EM_KIND_TERNARY: case EM_KIND_VIEW:
+    case EM_KIND_CREATE: return true;
+    default: return false;
+    }
+}
+
 /* The graph computing roots[0..nroots); its outputs are the roots and
  * every pending node held by someone besides the cut's own thunks and its
  * scope. */
@@ -322,8 +331,13 @@ static bool cut_build(cut *c, em_tensor *const *roots, int nroots) {
     for (int i = 0; i < c->g->nnodes; i++) {
         em_tensor *u = c->nodes[i];
         if (root[i] || c->g->nodes[i].kind != TR_CALL) continue;
-        int held = atomic_load(&u->refcount) - c->internal[i] - (u->scope ? 1 : 0);
-        if (held > 0) outs[nout++] = i;
+        int refs = atomic_load(&u->refcount) - c->internal[i];
+        /* held outside the cut: computed now.  Held only by its scope, it
+         * may still be read (by a later cut): a cheap pointwise value is
+         * then recomputed, but a matmul, reduction or gather is kept, as
+         * eager mode computes each value once. */
+        if (refs - (u->scope ? 1 : 0) > 0 || (refs > 0 && !recomputable(c->g->nodes[i].op)))
+            outs[nout++] = i;
     }
     em_free(root);
     em_status s = tr_set_outputs(c->g, nout, outs);
