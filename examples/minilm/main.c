@@ -258,6 +258,7 @@ int main(int argc, char **argv) {
         em_tensor *ids = NULL, *mask = NULL;
         int *ntok = calloc((size_t)s.n, sizeof *ntok);
         em_scope_begin();
+        double t1 = now();
         if (!ntok || bert_tokenize(&m, s.n, (const char *const *)s.text, PAD_TO, &ids, &mask, ntok, &e) != ML_OK) {
             fprintf(stderr, "minilm: %s\n", ntok ? e.msg : "out of memory");
             rc = 1;
@@ -266,8 +267,8 @@ int main(int argc, char **argv) {
             for (int i = 0; i < s.n; i++) most = ntok[i] > most ? ntok[i] : most;
             printf("all-MiniLM-L6-v2 (%s): %d layers, hidden %d, loaded in %.2f s; %d threads\n", a.model,
                    m.cfg.layers, m.cfg.hidden, tload, em_num_threads());
-            printf("%d sentences, up to %d tokens each (batch padded to %lld)\n", s.n, most,
-                   (long long)em_size(ids, 1));
+            printf("%d sentences, up to %d tokens each (batch padded to %lld), tokenized in %.2f ms\n", s.n,
+                   most, (long long)em_size(ids, 1), (now() - t1) * 1e3);
             rc = run(&m, &s, &a, ids, mask);
         }
         em_scope_end();
