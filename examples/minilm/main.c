@@ -29,6 +29,10 @@
 #define MINILM_DEFAULT_DIR "models/all-MiniLM-L6-v2"
 #endif
 #define PAD_TO 8
+/* All sentences go in one batch, whose attention scores take
+ * 12 * 4 * T^2 bytes a sentence (3 MiB at T = 256): past this many the
+ * demo refuses rather than risk exhausting memory. */
+#define MAX_SENTENCES 256
 
 static double now(void) {
     struct timespec ts;
@@ -122,6 +126,11 @@ static int parse_args(int argc, char **argv, args *a, sentences *s) {
     if (s->n == 0) {
         fprintf(stderr, "minilm: no sentences given\n");
         return usage(argv[0]);
+    }
+    if (s->n > MAX_SENTENCES) {
+        fprintf(stderr, "minilm: %d sentences; this demo embeds at most %d in its one batch\n", s->n,
+                MAX_SENTENCES);
+        return 1;
     }
     if (a->reps < 1 || a->reps > 10000) a->reps = 5;
     return 0;
