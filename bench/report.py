@@ -70,29 +70,35 @@ def print_table(ember, torch, rows):
     else:
         print("PyTorch is not installed (python3 -c 'import torch' failed): Ember only")
     head = ["workload", "ember eager", "ember compiled", "ember lazy", "torch eager", "torch.compile",
-            "vs torch eager", "vs torch.compile", "of floor (ember / torch.compile)",
-            "cold first (ember / torch)", "warm first (ember / torch)"]
+            "vs torch eager", "vs torch.compile", "of floor", "of floor (torch.compile)"]
     table = [head]
     for r in rows:
-        fl = "-"
-        if r["ember_floor_fraction"]:
-            fl = f"{100 * r['ember_floor_fraction']:.0f}%"
-            if r["torch_compile_floor_fraction"]:
-                fl += f" / {100 * r['torch_compile_floor_fraction']:.0f}%"
+        fe, ft = r["ember_floor_fraction"], r["torch_compile_floor_fraction"]
         table.append([
             r["name"], fmt_ms(r["ember_eager_ms"]), fmt_ms(r["ember_compiled_ms"]), "n/a",
             fmt_ms(r["torch_eager_ms"]), fmt_ms(r["torch_compiled_ms"]),
             ratio(r["torch_eager_ms"], r["ember_compiled_ms"]),
-            ratio(r["torch_compiled_ms"], r["ember_compiled_ms"]), fl,
-            f"{fmt_first(r['ember_cold_first_ms'])} / {fmt_first(r['torch_cold_first_ms'])}",
-            f"{fmt_first(r['ember_warm_first_ms'])} / {fmt_first(r['torch_warm_first_ms'])}",
+            ratio(r["torch_compiled_ms"], r["ember_compiled_ms"]),
+            f"{100 * fe:.0f}%" if fe else "-", f"{100 * ft:.0f}%" if ft else "-",
         ])
-    widths = [max(len(row[i]) for row in table) for i in range(len(head))]
+    print_rows(table)
+    print(f"ember lazy: {LAZY}.  'vs torch ...': that time over Ember's compiled time (above 1: Ember faster).")
+    print("'of floor': the floor (bytes at the triad bandwidth, or FLOP at the sgemm rate) over the compiled time.")
+    first = [["first compiled call", "ember cold", "ember warm", "torch.compile cold", "torch.compile warm"]]
+    for r in rows:
+        first.append([r["name"], fmt_first(r["ember_cold_first_ms"]), fmt_first(r["ember_warm_first_ms"]),
+                      fmt_first(r["torch_cold_first_ms"]), fmt_first(r["torch_warm_first_ms"])])
+    print()
+    print_rows(first)
+    print("cold: empty kernel/inductor cache, in the benchmark's process; warm: a new process, cache filled.")
+
+
+def print_rows(table):
+    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
     for k, row in enumerate(table):
         print("  ".join(c.ljust(widths[i]) if i == 0 else c.rjust(widths[i]) for i, c in enumerate(row)))
         if k == 0:
             print("  ".join("-" * w for w in widths))
-    print(f"ember lazy: {LAZY}.  'vs torch ...': that time over Ember's compiled time (above 1: Ember faster).")
 
 
 def print_minilm(minilm, st):

@@ -1,8 +1,9 @@
 /* bert.c - all-MiniLM-L6-v2: a BERT encoder, mean pooling and L2
  * normalization, written with Ember's public eager API.
  *
- * bert_forward is both the eager model and, wrapped by em_compile, the
- * compiled one: the whole encoder is one function (main.c says why). */
+ * The same stage functions (embeddings, encoder layer, pooling) run
+ * eagerly (bert_forward) and compiled, one em_compile'd function per stage
+ * (bert_compile; main.c says why). */
 #include "minilm.h"
 
 #include <math.h>
@@ -168,9 +169,12 @@ static ml_status load_weights(bert_model *m, const char *dir, ml_error *e) {
     em_tensor **slots[5 + 12 * 1024];
     int n = weight_slots(m, slots, (int)(sizeof slots / sizeof slots[0]));
     bool ember_failed = false;
+    /* m takes a reference of its own to each weight: the scope's goes at
+     * em_scope_end.  (em_keep would hand them to the enclosing scope, if
+     * the caller has one open, which could end before bert_free.) */
     for (int i = 0; i < n; i++) {
         if (!l.failed && !*slots[i]) ember_failed = true;
-        *slots[i] = em_keep(*slots[i]); /* owned by m: moved out of this scope */
+        em_retain(*slots[i]);
     }
     em_scope_end();
     st_close(&l.st);
@@ -276,22 +280,121 @@ static em_tensor *pool(em_tensor *x, em_tensor *mask) {
     return em_div(mean, em_maximum_scalar(norm, 1e-12));
 }
 
-em_status bert_forward(void *ctx, em_tensor *const *in, const double *scalars, em_tensor **out) {
+/* The stages as em_fns, each compiled on its own by bert_compile. */
+
+/* in: ids [B, T] (I64), mask [B, T]; out: x [B, T, H], the attention
+ * bias [B, 1, 1, T].  ctx: the model. */
+static em_status embed_fn(void *ctx, em_tensor *const *in, const double *scalars, em_tensor **out) {
     (void)scalars;
     const bert_model *m = ctx;
-    const bert_config *c = &m->cfg;
     em_tensor *ids = in[0], *mask = in[1];
     int64_t B = em_size(ids, 0), T = em_size(ids, 1);
     em_tensor *x = em_add(em_add(em_embedding(m->word, ids), em_slice(m->pos, 0, 0, T, 1)), m->type0);
-    x = em_layer_norm(x, 1, m->ln_w, m->ln_b, c->eps);
-    em_tensor *bias = em_reshape(em_mul_scalar(em_sub_scalar(mask, 1.0), 1e9), 4, (int64_t[]){B, 1, 1, T});
-    for (int i = 0; i < c->layers; i++) {
-        /* each layer's intermediates are freed when it ends, so an eager
-         * call holds one layer's activations, not six */
+    out[0] = em_layer_norm(x, 1, m->ln_w, m->ln_b, m->cfg.eps);
+    out[1] = em_reshape(em_mul_scalar(em_sub_scalar(mask, 1.0), 1e9), 4, (int64_t[]){B, 1, 1, T});
+    return out[0] && out[1] ? EM_OK : em_last_status();
+}
+
+typedef struct layer_ctx {
+    const bert_config *cfg;
+    const bert_layer *layer;
+} layer_ctx;
+
+/* in: x, bias; out: x after the layer.  ctx: a layer_ctx. */
+static em_status layer_fn(void *ctx, em_tensor *const *in, const double *scalars, em_tensor **out) {
+    (void)scalars;
+    const layer_ctx *l = ctx;
+    out[0] = encoder_layer(l->cfg, l->layer, in[0], in[1]);
+    return out[0] ? EM_OK : em_last_status();
+}
+
+/* in: x, mask; out: the embeddings [B, H]. */
+static em_status pool_fn(void *ctx, em_tensor *const *in, const double *scalars, em_tensor **out) {
+    (void)ctx, (void)scalars;
+    out[0] = pool(in[0], in[1]);
+    return out[0] ? EM_OK : em_last_status();
+}
+
+/* Runs the stages: each through its compiled function when c is not NULL,
+ * else directly (eagerly).  Each layer's intermediates are freed when it
+ * ends, so an eager call holds one layer's activations, not six. */
+static em_status run_stages(const bert_model *m, bert_compiled *c, em_tensor *const *in, em_tensor **out) {
+    em_tensor *xb[2] = {NULL, NULL};
+    em_status s = c ? em_call(c->embed, in, NULL, xb) : embed_fn((void *)m, in, NULL, xb);
+    for (int i = 0; i < m->cfg.layers && s == EM_OK; i++) {
+        layer_ctx l = {&m->cfg, &m->layer[i]};
+        em_tensor *y = NULL;
         em_scope_begin();
-        x = em_keep(encoder_layer(c, &m->layer[i], x, bias));
+        s = c ? em_call(c->layer[i], xb, NULL, &y) : layer_fn(&l, xb, NULL, &y);
+        xb[0] = em_keep(y);
         em_scope_end();
     }
-    out[0] = pool(x, mask);
-    return out[0] ? EM_OK : em_last_status();
+    if (s != EM_OK) return s;
+    em_tensor *pin[2] = {xb[0], in[1]};
+    return c ? em_call(c->pool, pin, NULL, out) : pool_fn(NULL, pin, NULL, out);
+}
+
+em_status bert_forward(void *ctx, em_tensor *const *in, const double *scalars, em_tensor **out) {
+    (void)scalars;
+    return run_stages(ctx, NULL, in, out);
+}
+
+/* ---- compiled ---- */
+
+ml_status bert_compile(const bert_model *m, bert_compiled *c, ml_error *e) {
+    memset(c, 0, sizeof *c);
+    int n = m->cfg.layers;
+    c->layer = calloc((size_t)n, sizeof *c->layer);
+    c->ctx = calloc((size_t)n, sizeof(layer_ctx));
+    if (!c->layer || !c->ctx) {
+        bert_compiled_free(c);
+        return ml_fail(e, ML_ERR_NOMEM, "out of memory");
+    }
+    c->count = n;
+    em_compile_options eo = {.ninputs = 2, .noutputs = 2, .name = "minilm_embed",
+                             .input_names = (const char *[]){"ids", "mask"}};
+    em_compile_options lo = {.ninputs = 2, .noutputs = 1, .name = "minilm_layer",
+                             .input_names = (const char *[]){"x", "bias"}};
+    em_compile_options po = {.ninputs = 2, .noutputs = 1, .name = "minilm_pool",
+                             .input_names = (const char *[]){"x", "mask"}};
+    c->embed = em_compile(embed_fn, (void *)m, &eo);
+    c->pool = em_compile(pool_fn, NULL, &po);
+    bool ok = c->embed && c->pool;
+    layer_ctx *lc = c->ctx;
+    for (int i = 0; i < n && ok; i++) {
+        lc[i] = (layer_ctx){&m->cfg, &m->layer[i]};
+        ok = (c->layer[i] = em_compile(layer_fn, &lc[i], &lo)) != NULL;
+    }
+    if (!ok) {
+        bert_compiled_free(c);
+        return ml_fail(e, ML_ERR_EMBER, "em_compile: %s", em_last_error());
+    }
+    return ML_OK;
+}
+
+em_status bert_compiled_call(bert_compiled *c, const bert_model *m, em_tensor *const *in, em_tensor **out) {
+    return run_stages(m, c, in, out);
+}
+
+void bert_compiled_stats(const bert_compiled *c, em_compile_stats *sum) {
+    memset(sum, 0, sizeof *sum);
+    for (int i = -2; i < c->count; i++) {
+        em_compile_stats st;
+        const em_compiled *f = i == -2 ? c->embed : i == -1 ? c->pool : c->layer[i];
+        if (!f || em_compiled_stats(f, &st) != EM_OK) continue;
+        sum->calls += st.calls, sum->hits += st.hits, sum->traces += st.traces, sum->eager += st.eager;
+        sum->entries += st.entries, sum->kernels += st.kernels;
+        sum->kernels_compiled += st.kernels_compiled, sum->kernels_loaded += st.kernels_loaded;
+        sum->broken |= st.broken;
+        if (st.last_failure[0]) memcpy(sum->last_failure, st.last_failure, sizeof sum->last_failure);
+    }
+}
+
+void bert_compiled_free(bert_compiled *c) {
+    em_compiled_free(c->embed);
+    em_compiled_free(c->pool);
+    for (int i = 0; c->layer && i < c->count; i++) em_compiled_free(c->layer[i]);
+    free(c->layer);
+    free(c->ctx);
+    memset(c, 0, sizeof *c);
 }

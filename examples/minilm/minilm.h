@@ -171,9 +171,26 @@ void bert_free(bert_model *m);
  * both [n, T].  ntokens (optional) gets each text's token count. */
 ml_status bert_tokenize(const bert_model *m, int n, const char *const *texts, int pad_to,
                         em_tensor **ids, em_tensor **mask, int *ntokens, ml_error *e);
-/* The encoder as an em_fn: in[0] ids [B, T] (I64), in[1] mask [B, T]
- * (F32); out[0] the L2-normalized mean-pooled embeddings [B, hidden].
- * ctx is the bert_model. */
+/* The encoder, eagerly: in[0] ids [B, T] (I64), in[1] mask [B, T] (F32);
+ * out[0] the L2-normalized mean-pooled embeddings [B, hidden].  ctx is the
+ * bert_model.  (An em_fn, though bert_compile is how it is compiled.) */
 em_status bert_forward(void *ctx, em_tensor *const *in, const double *scalars, em_tensor **out);
+
+/* The encoder compiled as 2 + layers em_compile'd functions: the
+ * embeddings, one per layer, the pooling (docs/minilm.md says why). */
+typedef struct bert_compiled {
+    em_compiled *embed, *pool;
+    em_compiled **layer;       /* count of them */
+    void *ctx;                 /* the layers' contexts */
+    int count;
+} bert_compiled;
+
+/* c refers to m, which must outlive it. */
+ml_status bert_compile(const bert_model *m, bert_compiled *c, ml_error *e);
+/* As bert_forward, through the compiled functions. */
+em_status bert_compiled_call(bert_compiled *c, const bert_model *m, em_tensor *const *in, em_tensor **out);
+/* The functions' statistics, summed. */
+void bert_compiled_stats(const bert_compiled *c, em_compile_stats *sum);
+void bert_compiled_free(bert_compiled *c);
 
 #endif
