@@ -37,6 +37,9 @@ sc_schedule *sc_build(const tr_graph *g);
 void sc_free(sc_schedule *s);
 bool sc_is_reduction(const tr_node *n);
 
+/* The symbol of every kernel lower.c makes (see there). */
+#define JIT_KERNEL_NAME "k"
+
 /* ---- lower.c ----
  * The kernel of group gi: its buffer parameters are the nodes in
  * bufs[0..*nbufs) (inputs first, then the *nouts stored nodes, last).

@@ -418,9 +418,11 @@ k_kernel *sc_lower(const sc_schedule *s, int gi, int *bufs, int *nbufs, int *nou
      * is one flat parallel loop; otherwise its last dim is the inner loop */
     merge_dims(&L, gr, gr->k > 0 ? gr->k : 0);
     if (gr->k <= 0 && L.nd > 1) L.no = L.nd - 1;
-    char name[32];
-    snprintf(name, sizeof name, "k%d", gi);
-    L.k = k = kir_new(name);
+    /* Every kernel is called "k": the name is part of the kernel IR's text,
+     * hence of the cache key, and a positional name ("k3") gave identical
+     * kernels at different places of a graph different keys.  Each kernel
+     * lives in its own shared object or module, so the names never meet. */
+    L.k = k = kir_new(JIT_KERNEL_NAME);
     if (!k) goto done;
     for (int b = 0; b < L.nbufs; b++) L.param[b] = kir_buf(k, g->nodes[L.bufs[b]].meta.dtype);
     emit(&L, nin);
