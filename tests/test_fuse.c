@@ -118,6 +118,58 @@ START_TEST(softmax_is_one_kernel) {
 }
 END_TEST
 
+static em_status softmax_of_computed(void *c, em_tensor *const *in, const double *s, em_tensor **out) {
+    (void)c, (void)s;
+    out[0] = em_softmax(em_add(em_mul_scalar(em_tanh(in[0]), 0.5), in[0]), -1);
+    return out[0] ? EM_OK : em_last_status();
+}
+
+static em_status log_softmax_of_computed(void *c, em_tensor *const *in, const double *s,
+                                         em_tensor **out) {
+    (void)c, (void)s;
+    out[0] = em_log_softmax(em_mul(in[0], in[0]), -1);
+    return out[0] ? EM_OK : em_last_status();
+}
+
+static em_status layernorm_of_computed(void *c, em_tensor *const *in, const double *s,
+                                       em_tensor **out) {
+    (void)c, (void)s;
+    out[0] = em_layer_norm(em_add_scalar(em_mul_scalar(in[0], 2), 1), 1, NULL, NULL, 1e-5);
+    return out[0] ? EM_OK : em_last_status();
+}
+
+/* The first reduction's computed input is kept in the output between
+ * passes (lower.c's early stash): still one kernel, float64-exact values. */
+START_TEST(a_computed_softmax_input_is_kept_between_passes) {
+    int64_t sizes[][2] = {{4, 1}, {3, 7}, {64, 1000}, {2, 4099}};
+    for (int i = 0; i < 4; i++) {
+        em_tensor *x = tu_random(31 + (uint64_t)i, 2, sizes[i], EM_F32, 2.0);
+        ck_assert_int_eq(check_fn(softmax_of_computed, 1, &x, 1e-5, 1e-7), 1);
+        ck_assert_int_eq(check_fn(log_softmax_of_computed, 1, &x, 1e-5, 1e-5), 1);
+        check_fn(layernorm_of_computed, 1, &x, 1e-4, 1e-5);
+        /* float64 reference of the first */
+        em_tensor *y;
+        ck_assert_int_eq(softmax_of_computed(NULL, &x, NULL, &y), EM_OK);
+        em_compile_options o = {.ninputs = 1, .noutputs = 1, .name = "sm"};
+        em_compiled *f = em_compile(softmax_of_computed, NULL, &o);
+        ck_assert_int_eq(em_call(f, &x, NULL, &y), EM_OK);
+        double *xv = tu_values(x), *ref = malloc(sizeof(double) * (size_t)(sizes[i][0] * sizes[i][1]));
+        for (int64_t r = 0; r < sizes[i][0]; r++) {
+            const double *row = xv + r * sizes[i][1];
+            double m = -INFINITY, sum = 0;
+            for (int64_t c = 0; c < sizes[i][1]; c++) m = fmax(m, tanh(row[c]) * 0.5 + row[c]);
+            for (int64_t c = 0; c < sizes[i][1]; c++) sum += exp(tanh(row[c]) * 0.5 + row[c] - m);
+            for (int64_t c = 0; c < sizes[i][1]; c++)
+                ref[r * sizes[i][1] + c] = exp(tanh(row[c]) * 0.5 + row[c] - m) / sum;
+        }
+        tu_check_close(y, ref, 2, sizes[i], 1e-5, 1e-8);
+        free(xv);
+        free(ref);
+        em_compiled_free(f);
+    }
+}
+END_TEST
+
 START_TEST(layernorm_is_one_kernel) {
     em_tensor *in[3] = {tu_random(13, 3, TU_SIZES(2, 5, 256), EM_F32, 2.0),
                         randn(14, 1, TU_SIZES(256)), randn(15, 1, TU_SIZES(256))};
@@ -350,6 +402,7 @@ static Suite *suite(void) {
     tcase_set_timeout(tc, 600);
     tcase_add_test(tc, pointwise_fuses_into_one_kernel);
     tcase_add_test(tc, softmax_is_one_kernel);
+    tcase_add_test(tc, a_computed_softmax_input_is_kept_between_passes);
     tcase_add_test(tc, layernorm_is_one_kernel);
     tcase_add_test(tc, mlp_epilogue_fuses_after_matmul);
     tcase_add_test(tc, reductions_and_leading_dims);

@@ -42,6 +42,11 @@ typedef struct lower {
      * recomputing (softmax: one exp per element, not two). -1: none. */
     int stash_node, stash_buf;
     bool stash_pending;
+    /* The first reduction's input, kept the same way (in the same buffer,
+     * element by element) for the passes up to the last one: the
+     * expression before a softmax is computed once, not once per pass.
+     * early_state: 0 none, 1 to be stored, 2 stored. */
+    int early_node, early_state;
 } lower;
 
 static bool is_leaf(const lower *L, int v) {
@@ -249,7 +254,13 @@ static int reduce_pass(lower *L, int input, k_alu combine, em_dtype acc_dtype, i
     }
     int acc = kir_acc(L->k, combine, c);
     open_inner(L);
+    if (L->early_state == 2) /* read back what the first pass kept */
+        L->full_val[L->early_node] = kir_load(L->k, L->param[L->stash_buf], offset(L, L->stash_buf));
     int x = value(L, input);
+    if (L->early_state == 1 && input == L->early_node) {
+        kir_store(L->k, L->param[L->stash_buf], offset(L, L->stash_buf), x);
+        L->early_state = 2;
+    }
     if (L->stash_pending && input == L->stash_node) {
         kir_store(L->k, L->param[L->stash_buf], offset(L, L->stash_buf), x);
         L->stash_pending = false;
@@ -319,6 +330,24 @@ static void free_tables(lower *L) {
     em_free(L->row_base);
 }
 
+/* With a stash buffer chosen: keeps the first reduction's input there too,
+ * when it is another computed value that varies along the row, of the
+ * buffer's dtype.  Each pass reads element i before it writes element i,
+ * so the two values share the buffer. */
+static void choose_early(lower *L, int last) {
+    const tr_graph *g = L->g;
+    int first = -1;
+    for (int v = 0; v < g->nnodes && first < 0; v++)
+        if (L->s->group[v] == L->gi && sc_is_reduction(&g->nodes[v])) first = v;
+    if (first < 0 || first == last) return;
+    int f = g->nodes[first].in[0];
+    if (f == L->stash_node || is_leaf(L, f) || !varies_inner(L, f) ||
+        g->nodes[f].meta.dtype != g->nodes[L->stash_node].meta.dtype)
+        return;
+    L->early_node = f;
+    L->early_state = 1;
+}
+
 /* Picks the value to keep between the last reduction pass and the final
  * pass: that reduction's input, when it is computed (not loaded), varies
  * along the row, and a full-size stored output of its dtype can hold it. */
@@ -326,6 +355,8 @@ static void choose_stash(lower *L, int nin) {
     const tr_graph *g = L->g;
     L->stash_node = L->stash_buf = -1;
     L->stash_pending = false;
+    L->early_node = -1;
+    L->early_state = 0;
     int last = -1;
     for (int v = 0; v < g->nnodes; v++)
         if (L->s->group[v] == L->gi && sc_is_reduction(&g->nodes[v])) last = v;
@@ -339,6 +370,7 @@ static void choose_stash(lower *L, int nin) {
             L->stash_node = e;
             L->stash_buf = b;
             L->stash_pending = true;
+            choose_early(L, last);
             return;
         }
     }
