@@ -37,6 +37,12 @@ sc_schedule *sc_build(const tr_graph *g);
 void sc_free(sc_schedule *s);
 bool sc_is_reduction(const tr_node *n);
 
+/* Version of what schedule.c and lower.c make of a graph: part of the
+ * graph-level plan's key (plan.c), so that a plan written by an older
+ * scheduler is not reused after a change (it would still be correct, but
+ * not the new schedule).  Bump it with any change to either file's output. */
+#define SC_VERSION 2
+
 /* The symbol of every kernel lower.c makes (see there). */
 #define JIT_KERNEL_NAME "k"
 

@@ -17,6 +17,7 @@ bool jit_graph_key(const tr_graph *g, const char *backend, const char *target, k
     kc_hasher_reset(&h);
     kc_hasher_update_str(&h, "ember graph plan");
     kc_hasher_update_u64(&h, PLAN_VERSION);
+    kc_hasher_update_u64(&h, SC_VERSION);
     kc_hasher_update_str(&h, backend);
     kc_hasher_update_str(&h, target);
     kc_hasher_update_str(&h, text);

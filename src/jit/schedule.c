@@ -51,6 +51,11 @@ bool sc_is_reduction(const tr_node *n) {
 }
 
 /* Nodes a kernel can compute. */
+/* Reductions to fewer than SC_MIN_ROWS rows of an input of at least
+ * SC_SMALL_REDUCE elements run eagerly (see fusible). */
+#define SC_MIN_ROWS 64
+#define SC_SMALL_REDUCE 65536
+
 static bool fusible(const tr_graph *g, const tr_node *n) {
     if (n->kind != TR_CALL || !dtype_ok(n->meta.dtype)) return false;
     for (int i = 0; i < n->nin; i++)
@@ -62,8 +67,14 @@ static bool fusible(const tr_graph *g, const tr_node *n) {
     case EM_KIND_COPY: return true;
     case EM_KIND_CREATE: return n->op == EM_OP_FULL;
     case EM_KIND_REDUCE:
+        /* a kernel's rows are its parallel loop: a reduction to fewer rows
+         * than that on a large input (a whole-tensor sum) would run on one
+         * thread, where the eager reduction splits its input over all */
         return sc_is_reduction(n) && trailing_reduce(g, n) > 0 &&
-               g->nodes[n->in[0]].meta.ndim <= EM_MAX_DIMS;
+               g->nodes[n->in[0]].meta.ndim <= EM_MAX_DIMS &&
+               (em_shape_numel(n->meta.ndim, n->meta.sizes) >= SC_MIN_ROWS ||
+                em_shape_numel(g->nodes[n->in[0]].meta.ndim, g->nodes[n->in[0]].meta.sizes) <
+                    SC_SMALL_REDUCE);
     default: return false;
     }
 }
