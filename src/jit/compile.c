@@ -110,8 +110,7 @@ static em_status check_options(em_fn fn, const em_compile_options *o) {
     return EM_OK;
 }
 
-/* EMBER_RECOMPILE_LIMIT, or the default when unset or not a count. */
-static int env_limit(const jit_log *log) {
+int jit_env_recompile_limit(const jit_log *log) {
     const char *e = getenv("EMBER_RECOMPILE_LIMIT");
     if (!e || !*e) return DEFAULT_RECOMPILE_LIMIT;
     char *end;
@@ -124,8 +123,7 @@ static int env_limit(const jit_log *log) {
     return (int)v;
 }
 
-/* EMBER_DYNAMIC: 0/off: -1; force: 1; else (unset, 1, auto) 0. */
-static int env_dynamic(const jit_log *log) {
+int jit_env_dynamic(const jit_log *log) {
     const char *e = getenv("EMBER_DYNAMIC");
     if (!e || !*e || !strcmp(e, "1") || !strcmp(e, "auto")) return 0;
     if (!strcmp(e, "0") || !strcmp(e, "off")) return -1;
@@ -134,7 +132,7 @@ static int env_dynamic(const jit_log *log) {
     return 0;
 }
 
-static bool env_flag(const char *name) {
+bool jit_env_flag(const char *name) {
     const char *e = getenv(name);
     return e && *e && strcmp(e, "0") != 0;
 }
@@ -151,9 +149,9 @@ em_compiled *em_compile(em_fn fn, void *ctx, const em_compile_options *opts) {
     f->backend = jit_backend_find(opts->backend);
     f->alloc = em_get_allocator();
     jit_log_open(&f->log);
-    f->limit = opts->recompile_limit ? opts->recompile_limit : env_limit(&f->log);
-    f->dynamic = opts->dynamic ? opts->dynamic : env_dynamic(&f->log);
-    f->async = opts->async_compile ? opts->async_compile > 0 : env_flag("EMBER_ASYNC_COMPILE");
+    f->limit = opts->recompile_limit ? opts->recompile_limit : jit_env_recompile_limit(&f->log);
+    f->dynamic = opts->dynamic ? opts->dynamic : jit_env_dynamic(&f->log);
+    f->async = opts->async_compile ? opts->async_compile > 0 : jit_env_flag("EMBER_ASYNC_COMPILE");
     f->env.log = &f->log;
     const char *v = getenv("EMBER_VERIFY");
     f->verify = v && *v && strcmp(v, "0") != 0;

@@ -156,6 +156,15 @@ jit_warm_result jit_warmup(const jit_record *r, kc_cache *cache, char *why, size
  * NULL for a backend without artifacts. */
 const char *jit_backend_target(const jit_backend *b);
 
+/* ---- settings from the environment (compile.c), read by em_compile and
+ * by lazy mode; bad values are logged on log and replaced by the default */
+/* EMBER_RECOMPILE_LIMIT: entries before falling back to eager (default 8). */
+int jit_env_recompile_limit(const struct jit_log *log);
+/* EMBER_DYNAMIC: 0/off -1, force 1, else (unset, 1, auto) 0. */
+int jit_env_dynamic(const struct jit_log *log);
+/* Whether the variable is set to anything but "" or "0". */
+bool jit_env_flag(const char *name);
+
 /* ---- lazy mode (lazy.c) ---- */
 /* Whether h is lazy mode's hook (not a recorder's). */
 bool jit_lazy_hook(const em_dispatch_hook *h);

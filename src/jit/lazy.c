@@ -127,13 +127,6 @@ static void state_release(lz_state *st) {
     em_set_allocator(saved);
 }
 
-static int env_limit(void) {
-    const char *e = getenv("EMBER_RECOMPILE_LIMIT");
-    char *end;
-    long v = e && *e ? strtol(e, &end, 10) : 8;
-    return e && *e && (*end || v < 1 || v > 1 << 20) ? 8 : (int)v;
-}
-
 static lz_state *state_get(bool create) {
     pthread_once(&state_once, make_key);
     lz_state *st = pthread_getspecific(state_key);
@@ -142,12 +135,11 @@ static lz_state *state_get(bool create) {
     if (!st) return NULL;
     atomic_init(&st->refs, 1);
     st->alloc = em_get_allocator();
-    st->limit = env_limit();
-    const char *as = getenv("EMBER_ASYNC_COMPILE");
-    st->async = as && !strcmp(as, "1");
-    const char *dyn = getenv("EMBER_DYNAMIC");
-    st->dynamic = !(dyn && (!strcmp(dyn, "0") || !strcmp(dyn, "off")));
     jit_log_open(&st->log);
+    /* the same settings as em_compile ("force" acts as "auto" here) */
+    st->limit = jit_env_recompile_limit(&st->log);
+    st->async = jit_env_flag("EMBER_ASYNC_COMPILE");
+    st->dynamic = jit_env_dynamic(&st->log) >= 0;
     st->env.log = &st->log;
     st->env.cache = kc_open(NULL, 0);
     if (pthread_mutex_init(&st->lock, NULL) != 0 || pthread_setspecific(state_key, st) != 0) {
@@ -439,23 +431,29 @@ static lz_entry *entry_find(lz_state *st, const kc_key *key) {
     return NULL;
 }
 
-/* Compiles entry e with env (the state's, or a background thread's) and
- * counts it; on failure e runs op by op.  Call with the lock held. */
-static void compile_entry(lz_state *st, lz_entry *e, jit_env *env) {
-    int64_t before = env->compiled, loaded = env->loaded;
+/* Compiles g with *b; on failure *b becomes the replay backend (op by
+ * op) and the state is NULL.  Takes no lock: g and *b do not change. */
+static void *compile_graph(const tr_graph *g, const jit_backend **b, jit_env *env) {
     void *state = NULL;
-    const jit_backend *b = e->backend;
-    if (b->compile(e->graph, env, &state) != EM_OK) {
-        if (state) b->free(state);
-        state = NULL;
-        b = &jit_replay_backend;
-        em_clear_error();
-    }
-    e->state = state;
-    e->backend = b;
+    if ((*b)->compile(g, env, &state) == EM_OK) return state;
+    if (state) (*b)->free(state);
+    *b = &jit_replay_backend;
+    em_clear_error();
+    return NULL;
+}
+
+/* Counts one graph compiled and its kernels (call with the lock held). */
+static void count_compile(lz_state *st, int64_t compiled, int64_t loaded) {
     st->stats.graphs_compiled++;
-    st->stats.kernels_compiled += env->compiled - before;
-    st->stats.kernels_loaded += env->loaded - loaded;
+    st->stats.kernels_compiled += compiled;
+    st->stats.kernels_loaded += loaded;
+}
+
+/* Compiles entry e in this flush (the lock is held). */
+static void compile_entry(lz_state *st, lz_entry *e) {
+    int64_t compiled = st->env.compiled, loaded = st->env.loaded;
+    e->state = compile_graph(e->graph, &e->backend, &st->env);
+    count_compile(st, st->env.compiled - compiled, st->env.loaded - loaded);
 }
 
 typedef struct compile_job {
@@ -470,24 +468,17 @@ static void *compile_thread(void *arg) {
     lz_state *st = job->st;
     em_set_allocator(st->alloc);
     pthread_mutex_lock(&st->lock);
-    lz_entry snapshot = st->entries[job->index];
+    const tr_graph *g = st->entries[job->index].graph;
+    const jit_backend *b = st->entries[job->index].backend;
     pthread_mutex_unlock(&st->lock);
     jit_env env = {.cache = st->env.cache, .log = &st->log};
-    lz_entry done = snapshot;
-    if (done.backend->compile(done.graph, &env, &done.state) != EM_OK) {
-        if (done.state) done.backend->free(done.state);
-        done.state = NULL;
-        done.backend = &jit_replay_backend;
-        em_clear_error();
-    }
+    void *state = compile_graph(g, &b, &env);
     pthread_mutex_lock(&st->lock);
     lz_entry *e = &st->entries[job->index];
-    e->state = done.state;
-    e->backend = done.backend;
+    e->state = state;
+    e->backend = b;
     e->compiling = false;
-    st->stats.graphs_compiled++;
-    st->stats.kernels_compiled += env.compiled;
-    st->stats.kernels_loaded += env.loaded;
+    count_compile(st, env.compiled, env.loaded);
     pthread_mutex_unlock(&st->lock);
     em_free_with(st->alloc, job);
     state_release(st);
@@ -553,7 +544,7 @@ static lz_entry *entry_add(lz_state *st, tr_graph *g, const kc_key *key, const k
             e->backend = &jit_replay_backend;
             em_clear_error();
         } else if (!(st->async && start_compile(st, st->nentries))) {
-            compile_entry(st, e, &st->env);
+            compile_entry(st, e);
         }
     }
     if (st->log.flags & JIT_LOG_GRAPH) {
