@@ -43,19 +43,31 @@ int em_num_threads(void) {
 
 #define SPIN 20000 /* polls of an idle worker before it sleeps (~tens of us) */
 
+/* The current job's claim word: generation (high 32 bits), next chunk
+ * (16 bits) and chunk count (low 16 bits).  A thread claims a chunk with
+ * one compare-and-swap that also checks the job is the one it joined: a
+ * worker that wakes late, or loops once more after the last chunk, can
+ * never take a chunk of the next job while its submitter is still
+ * writing fn, ctx and n. */
+#define TICKET(gen, next, nchunks) ((uint64_t)(gen) << 32 | (uint64_t)(next) << 16 | (uint64_t)(nchunks))
+#define TICKET_GEN(t) ((uint32_t)((t) >> 32))
+#define TICKET_NEXT(t) ((int)((t) >> 16 & 0xffff))
+#define TICKET_CHUNKS(t) ((int)((t) & 0xffff))
+#define MAX_CHUNKS 0xffff
+
 typedef struct pool {
     int nworkers;
     pthread_mutex_t job_lock;  /* held by the thread whose job runs */
     pthread_mutex_t m;
-    pthread_cond_t wake;       /* a new job (generation changed) */
+    pthread_cond_t wake;       /* a new job (the ticket's generation changed) */
     pthread_cond_t done;       /* the last chunk finished */
-    atomic_uint_fast64_t generation;
-    /* the current job */
+    atomic_uint_fast64_t ticket;
+    /* the current job: written before its ticket is published, read only
+     * by a thread holding one of its chunks (the submitter waits for all
+     * chunks before it writes the next job) */
     em_range_fn fn;
     void *ctx;
     int64_t n;
-    int nchunks;
-    atomic_int next;           /* the next chunk to take */
     atomic_int remaining;      /* chunks not finished */
 } pool;
 
@@ -64,13 +76,25 @@ static pthread_once_t pool_once = PTHREAD_ONCE_INIT;
 static bool pool_ok;
 static _Thread_local bool in_job; /* this thread runs a chunk: nested calls are serial */
 
-/* Takes and runs chunks until none are left. */
-static void run_chunks(pool *p) {
-    in_job = true;
+/* Claims the next chunk of job gen; -1 when it has none left (or another
+ * job is current). */
+static int claim(pool *p, uint32_t gen, int *nchunks) {
+    uint64_t t = atomic_load(&p->ticket);
     for (;;) {
-        int c = atomic_fetch_add(&p->next, 1);
-        if (c >= p->nchunks) break;
-        int64_t lo = p->n * c / p->nchunks, hi = p->n * (c + 1) / p->nchunks;
+        if (TICKET_GEN(t) != gen || TICKET_NEXT(t) >= TICKET_CHUNKS(t)) return -1;
+        if (atomic_compare_exchange_weak(&p->ticket, &t, t + ((uint64_t)1 << 16))) {
+            *nchunks = TICKET_CHUNKS(t);
+            return TICKET_NEXT(t);
+        }
+    }
+}
+
+/* Takes and runs chunks of job gen until none are left. */
+static void run_chunks(pool *p, uint32_t gen) {
+    in_job = true;
+    int c, nchunks;
+    while ((c = claim(p, gen, &nchunks)) >= 0) {
+        int64_t lo = p->n * c / nchunks, hi = p->n * (c + 1) / nchunks;
         if (lo < hi) p->fn(p->ctx, lo, hi);
         if (atomic_fetch_sub(&p->remaining, 1) == 1) {
             pthread_mutex_lock(&p->m);
@@ -83,18 +107,18 @@ static void run_chunks(pool *p) {
 
 static void *worker(void *arg) {
     pool *p = arg;
-    uint64_t seen = 0;
+    uint32_t seen = 0;
     for (;;) {
-        uint64_t g;
+        uint32_t g;
         int spins = 0;
-        while ((g = atomic_load(&p->generation)) == seen && spins < SPIN) spins++;
+        while ((g = TICKET_GEN(atomic_load(&p->ticket))) == seen && spins < SPIN) spins++;
         if (g == seen) {
             pthread_mutex_lock(&p->m);
-            while ((g = atomic_load(&p->generation)) == seen) pthread_cond_wait(&p->wake, &p->m);
+            while ((g = TICKET_GEN(atomic_load(&p->ticket))) == seen) pthread_cond_wait(&p->wake, &p->m);
             pthread_mutex_unlock(&p->m);
         }
         seen = g;
-        run_chunks(p);
+        run_chunks(p, g);
     }
     return NULL;
 }
@@ -105,8 +129,7 @@ static void pool_start(void) {
     if (pthread_mutex_init(&p->job_lock, NULL) || pthread_mutex_init(&p->m, NULL) ||
         pthread_cond_init(&p->wake, NULL) || pthread_cond_init(&p->done, NULL))
         return;
-    atomic_init(&p->generation, 0);
-    atomic_init(&p->next, 0);
+    atomic_init(&p->ticket, TICKET(0, 0, 0));
     atomic_init(&p->remaining, 0);
     int started = 0;
     for (int i = 0; i < p->nworkers; i++) {
@@ -139,17 +162,17 @@ void em_parallel_for(int64_t n, int64_t grain, em_range_fn fn, void *ctx) {
     }
     /* One contiguous range per thread: each chunk is a block of memory, and
      * the split depends only on n and the thread count. */
+    if (nt > MAX_CHUNKS) nt = MAX_CHUNKS;
     p->fn = fn;
     p->ctx = ctx;
     p->n = n;
-    p->nchunks = nt;
-    atomic_store(&p->next, 0);
     atomic_store(&p->remaining, nt);
+    uint32_t gen = TICKET_GEN(atomic_load(&p->ticket)) + 1;
     pthread_mutex_lock(&p->m);
-    atomic_fetch_add(&p->generation, 1);
+    atomic_store(&p->ticket, TICKET(gen, 0, nt)); /* publishes the job */
     pthread_cond_broadcast(&p->wake);
     pthread_mutex_unlock(&p->m);
-    run_chunks(p);
+    run_chunks(p, gen);
     int spins = 0;
     while (atomic_load(&p->remaining) > 0 && spins < SPIN) spins++;
     if (atomic_load(&p->remaining) > 0) {
