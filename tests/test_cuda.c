@@ -384,6 +384,46 @@ START_TEST(cuda_backend_on_cpu_inputs) {
 }
 END_TEST
 
+/* ---- lazy mode ---- */
+
+/* Lazy mode on cuda:0: the block's ops are recorded, cut into graphs the
+ * cuda backend compiles, and give the CPU eager values; a second run of
+ * the same program finds its graphs compiled; a read mid-way computes
+ * what it needs; a tensor never read is computable after lazy mode ends. */
+START_TEST(lazy_mode_on_the_gpu) {
+    em_tensor *cin[3] = {tu_random(40, 2, TU_SIZES(24, 48), EM_F32, 1),
+                         tu_random(41, 1, TU_SIZES(48), EM_F32, 1),
+                         tu_random(42, 1, TU_SIZES(48), EM_F32, 1)};
+    em_tensor *ref[2], *gin[3], *out[2];
+    ck_assert_int_eq(block_fn(NULL, cin, NULL, ref), EM_OK);
+    for (int i = 0; i < 3; i++) gin[i] = to_gpu(cin[i]);
+    ck_assert_int_eq(em_lazy_begin(), EM_OK);
+    em_lazy_stats st[3];
+    for (int rep = 0; rep < 2; rep++) {
+        ck_assert_int_eq(block_fn(NULL, gin, NULL, out), EM_OK);
+        ck_assert_int_eq(em_sync(), EM_OK);
+        same(out[0], ref[0], 1e-4, 1e-4);
+        same(out[1], ref[1], 1e-4, 1e-4);
+        ck_assert_int_eq(em_lazy_get_stats(&st[rep]), EM_OK);
+    }
+    ck_assert_int_gt(st[0].ops_deferred, 5);
+    ck_assert_int_ge(st[0].graphs_compiled, 1);
+    ck_assert_int_gt(st[0].kernels_compiled + st[0].kernels_loaded, 0);
+    ck_assert_int_eq(st[1].graphs_compiled, st[0].graphs_compiled); /* all hits */
+    ck_assert_int_gt(st[1].graph_hits, st[0].graph_hits);
+    /* a read mid-way, then more ops on its input */
+    em_tensor *h = em_gelu_tanh(em_add_scalar(gin[0], 0.5));
+    ck_assert_ptr_nonnull(h);
+    em_tensor *hc = em_gelu_tanh(em_add_scalar(cin[0], 0.5));
+    same(h, hc, 1e-5, 1e-6); /* reads h's values: computes its graph */
+    em_tensor *late = em_mul(h, em_sigmoid(h));
+    ck_assert_int_eq(em_lazy_end(), EM_OK);
+    same(late, em_mul(hc, em_sigmoid(hc)), 1e-5, 1e-6); /* after lazy mode ended */
+    ck_assert_int_eq(em_lazy_get_stats(&st[2]), EM_OK);
+    ck_assert_int_gt(st[2].flushes, st[1].flushes);
+}
+END_TEST
+
 /* ---- the kernel cache across processes ---- */
 
 static const char *self_path;
@@ -497,6 +537,7 @@ int main(int argc, char **argv) {
         {"matmul", matmul},
         {"compiled_graphs", compiled_graphs},
         {"cuda_backend_on_cpu_inputs", cuda_backend_on_cpu_inputs},
+        {"lazy_mode_on_the_gpu", lazy_mode_on_the_gpu},
         {"second_process_compiles_nothing", second_process_compiles_nothing},
     };
     return tu_run(tu_suite("cuda", tests, sizeof tests / sizeof tests[0], 120));

@@ -10,7 +10,8 @@
  * or a DAG grown deeper than LZ_MAX_DEPTH ops.  Forcing t cuts the DAG below
  * t into a graph (leaves become inputs), looks the graph up in the
  * thread's entry table by a 128-bit key over every op, attribute, meta and
- * output (the structural key), compiles it with the cpu backend on a miss
+ * output (the structural key), compiles it with its device's backend (cpu
+ * or cuda, through the auto backend) on a miss
  * (through the same kernel and plan caches em_compile uses), runs it, and
  * gives t and every node someone else still holds their storage.  Nodes
  * only the graph needed stay pending: if read later they are recomputed
@@ -730,15 +731,19 @@ static em_tensor *run_now(const em_op_call *c, const em_meta *m) {
     return t;
 }
 
-/* Whether the call is deferred: CPU ops (the cpu backend compiles them),
- * except views of tensors that have their values (free to make now). */
+/* Whether the call is deferred: ops whose inputs are all on the result's
+ * device (a graph has one device, and the auto backend compiles it with
+ * the cpu or cuda backend by that device), except views of tensors that
+ * have their values (free to make now).  Copies between devices run now. */
 static bool deferred(const em_op_call *c, const em_meta *m) {
     /* random draws run now: their Philox offset differs on every call, so a
      * graph holding one would never be found in the table again */
-    if (m->device.type != EM_CPU || c->op == EM_OP_RAND || c->op == EM_OP_RANDN) return false;
+    if (c->op == EM_OP_RAND || c->op == EM_OP_RANDN) return false;
+    if (m->device.type != EM_CPU && m->device.type != EM_CUDA) return false;
     bool any_lazy = false;
     for (int i = 0; i < c->nin; i++) {
-        if (c->in[i]->device.type != EM_CPU) return false;
+        const em_device d = c->in[i]->device;
+        if (d.type != m->device.type || d.index != m->device.index) return false;
         any_lazy |= c->in[i]->storage == NULL;
     }
     return any_lazy || em_op_table[c->op].kind != EM_KIND_VIEW;
