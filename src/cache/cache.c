@@ -190,11 +190,12 @@ static bool env_off(const char *v) {
 /* The directory to use (em_malloc'd), or NULL when none is configured. */
 static char *resolve_dir(const char *dir) {
     if (dir && *dir) return kc_strfmt("%s", dir);
-    const char *v = getenv("EMBER_CACHE_DIR");
+    char buf[EM_ENV_MAX];
+    const char *v = em_getenv("EMBER_CACHE_DIR", buf, sizeof buf);
     if (v && *v) return kc_strfmt("%s", v);
-    v = getenv("XDG_CACHE_HOME");
+    v = em_getenv("XDG_CACHE_HOME", buf, sizeof buf);
     if (v && v[0] == '/') return kc_strfmt("%s/ember", v); /* the XDG spec ignores relative */
-    v = getenv("HOME");
+    v = em_getenv("HOME", buf, sizeof buf);
     if (v && *v) return kc_strfmt("%s/.cache/ember", v);
     return NULL;
 }
@@ -237,11 +238,12 @@ kc_cache *kc_open_with(const kc_options *o) {
         return NULL;
     }
     c->max_size = o->max_size;
-    const char *limit = getenv("EMBER_CACHE_MAX_SIZE");
+    char lbuf[64], cbuf[64];
+    const char *limit = em_getenv("EMBER_CACHE_MAX_SIZE", lbuf, sizeof lbuf);
     if (!c->max_size && limit && *limit && !kc_size_from_str(limit, &c->max_size))
         warn(c, W_SIZE, "ignoring EMBER_CACHE_MAX_SIZE='%s': expected bytes, or a number with "
              "K, M, G or T (\"500M\")", limit);
-    if (!(o->flags & KC_MEMORY_ONLY) && !env_off(getenv("EMBER_CACHE"))) open_disk(c, o->dir);
+    if (!(o->flags & KC_MEMORY_ONLY) && !env_off(em_getenv("EMBER_CACHE", cbuf, sizeof cbuf))) open_disk(c, o->dir);
     return c;
 }
 
@@ -339,7 +341,8 @@ static void after_put(kc_cache *c, const kc_key *k, const char *kind, uint64_t a
 /* The memory-only file store, made on first need. */
 static bool session_dir(kc_cache *c, char *why, size_t nwhy) {
     if (c->session) return true;
-    const char *tmp = getenv("TMPDIR");
+    char buf[EM_ENV_MAX];
+    const char *tmp = em_getenv("TMPDIR", buf, sizeof buf);
     char *t = kc_strfmt("%s/ember-cache-XXXXXX", tmp && *tmp ? tmp : "/tmp");
     if (!t) {
         snprintf(why, nwhy, "out of memory");

@@ -251,6 +251,16 @@ void em_contiguous_strides(int ndim, const int64_t *sizes, int64_t *strides);
 /* Normalizes dim against ndim (negative from the end); false if out of range. */
 bool em_norm_dim(int dim, int ndim, int *out);
 bool em_same_device(em_device a, em_device b);
+/* The environment (env.c): libgccjit's driver calls putenv while it
+ * compiles, which may move the array getenv walks.  em_getenv copies
+ * NAME's value into buf and returns buf (NULL: unset, or not shorter than
+ * n); a call into a library that changes the environment holds
+ * em_env_lock(true); code that hands environ to a child holds
+ * em_env_lock(false).  Use em_getenv, never getenv, in the library. */
+#define EM_ENV_MAX 4096 /* buffer for a path-valued variable */
+const char *em_getenv(const char *name, char *buf, size_t n);
+void em_env_lock(bool write);
+void em_env_unlock(void);
 const char *em_device_name(em_device d, char *buf, size_t n);
 /* "[2, 3, 4]" into buf. */
 const char *em_shape_str(int ndim, const int64_t *sizes, char *buf, size_t n);

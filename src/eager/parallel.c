@@ -24,7 +24,8 @@ static pthread_once_t threads_once = PTHREAD_ONCE_INIT;
  * at start-up, not state that changes under running kernels. */
 static void read_num_threads(void) {
     long n = 0;
-    const char *e = getenv("EMBER_NUM_THREADS");
+    char buf[32];
+    const char *e = em_getenv("EMBER_NUM_THREADS", buf, sizeof buf);
     if (e && *e) {
         char *end;
         n = strtol(e, &end, 10);

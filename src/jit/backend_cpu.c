@@ -111,7 +111,8 @@ static void log_kernel(const jit_env *env, const k_kernel *k) {
 
 /* A temporary file name for a compiler's output (the caller unlinks it). */
 static bool temp_path(char *buf, size_t n) {
-    const char *dir = getenv("TMPDIR");
+    char dbuf[EM_ENV_MAX];
+    const char *dir = em_getenv("TMPDIR", dbuf, sizeof dbuf);
     snprintf(buf, n, "%s/ember-kernel-XXXXXX", dir && *dir ? dir : "/tmp");
     int fd = mkstemp(buf);
     if (fd < 0) return false;

@@ -111,7 +111,8 @@ static em_status check_options(em_fn fn, const em_compile_options *o) {
 }
 
 int jit_env_recompile_limit(const jit_log *log) {
-    const char *e = getenv("EMBER_RECOMPILE_LIMIT");
+    char buf[64];
+    const char *e = em_getenv("EMBER_RECOMPILE_LIMIT", buf, sizeof buf);
     if (!e || !*e) return DEFAULT_RECOMPILE_LIMIT;
     char *end;
     long v = strtol(e, &end, 10);
@@ -124,7 +125,8 @@ int jit_env_recompile_limit(const jit_log *log) {
 }
 
 int jit_env_dynamic(const jit_log *log) {
-    const char *e = getenv("EMBER_DYNAMIC");
+    char buf[64];
+    const char *e = em_getenv("EMBER_DYNAMIC", buf, sizeof buf);
     if (!e || !*e || !strcmp(e, "1") || !strcmp(e, "auto")) return 0;
     if (!strcmp(e, "0") || !strcmp(e, "off")) return -1;
     if (!strcmp(e, "force")) return 1;
@@ -133,7 +135,8 @@ int jit_env_dynamic(const jit_log *log) {
 }
 
 bool jit_env_flag(const char *name) {
-    const char *e = getenv(name);
+    char buf[64];
+    const char *e = em_getenv(name, buf, sizeof buf);
     return e && *e && strcmp(e, "0") != 0;
 }
 
@@ -153,10 +156,10 @@ em_compiled *em_compile(em_fn fn, void *ctx, const em_compile_options *opts) {
     f->dynamic = opts->dynamic ? opts->dynamic : jit_env_dynamic(&f->log);
     f->async = opts->async_compile ? opts->async_compile > 0 : jit_env_flag("EMBER_ASYNC_COMPILE");
     f->env.log = &f->log;
-    const char *v = getenv("EMBER_VERIFY");
-    f->verify = v && *v && strcmp(v, "0") != 0;
+    f->verify = jit_env_flag("EMBER_VERIFY");
     if (f->backend != &jit_replay_backend) f->env.cache = kc_open(NULL, 0);
-    const char *rec = getenv("EMBER_RECORD");
+    char rbuf[EM_ENV_MAX];
+    const char *rec = em_getenv("EMBER_RECORD", rbuf, sizeof rbuf);
     if (rec && *rec && jit_backend_has_artifacts(f->backend)) f->record = dup_str(rec);
     f->name = dup_str(opts->name ? opts->name : "fn");
     f->input_names = em_calloc((size_t)(f->ninputs ? f->ninputs : 1), sizeof(char *));

@@ -125,7 +125,8 @@ static em_status check_kernel(const k_kernel *k) {
 static const char *march_option(void) {
     static const char *const levels[] = {"-march=x86-64-v4", "-march=x86-64-v3",
                                          "-march=x86-64-v2", "-march=x86-64"};
-    const char *e = getenv("EMBER_JIT_MARCH");
+    char buf[64];
+    const char *e = em_getenv("EMBER_JIT_MARCH", buf, sizeof buf);
     for (size_t i = 0; e && i < sizeof levels / sizeof levels[0]; i++)
         if (!strcmp(e, levels[i] + 7)) return levels[i];
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -208,7 +209,9 @@ em_status jit_cpu_compile(const k_kernel *k, jit_cpu_kernel **out) {
     gcc_jit_context *ctx;
     em_status s = gen(k, &ctx);
     if (s != EM_OK) return s;
+    em_env_lock(true); /* the driver calls putenv (env.c) */
     gcc_jit_result *res = gcc_jit_context_compile(ctx);
+    em_env_unlock();
     if (!res) {
         s = gccjit_error(ctx, "compilation", k->name);
         gcc_jit_context_release(ctx);
@@ -232,7 +235,9 @@ em_status jit_cpu_write_so(const k_kernel *k, const char *path) {
     gcc_jit_context *ctx;
     em_status s = gen(k, &ctx);
     if (s != EM_OK) return s;
+    em_env_lock(true); /* the driver calls putenv (env.c) */
     gcc_jit_context_compile_to_file(ctx, GCC_JIT_OUTPUT_KIND_DYNAMIC_LIBRARY, path);
+    em_env_unlock();
     if (gcc_jit_context_get_first_error(ctx))
         s = gccjit_error(ctx, "compilation to a file", k->name);
     gcc_jit_context_release(ctx);

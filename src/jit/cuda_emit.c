@@ -438,7 +438,8 @@ static int pow2_at_least(int64_t n) {
  * (fraction of copy bandwidth, softmax / layer_norm): 4: 38% / 36%,
  * 8: 84% / 64%, 16: 85% / 88%, 32: 85% / 91%. */
 static int row_elems(void) {
-    const char *e = getenv("EMBER_CUDA_ROW_ELEMS");
+    char buf[32];
+    const char *e = em_getenv("EMBER_CUDA_ROW_ELEMS", buf, sizeof buf);
     int v = e ? atoi(e) : 0;
     return v >= 1 && v <= 64 ? v : 32;
 }

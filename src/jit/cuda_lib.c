@@ -154,7 +154,8 @@ em_status cuda_check(CUresult r, const char *what) {
 }
 
 bool cuda_tf32_enabled(void) {
-    const char *e = getenv("EMBER_CUDA_TF32");
+    char buf[32];
+    const char *e = em_getenv("EMBER_CUDA_TF32", buf, sizeof buf);
     return e && *e && strcmp(e, "0") != 0;
 }
 

@@ -855,6 +855,7 @@ em_status em_lazy_get_stats(em_lazy_stats *out) {
 
 /* EMBER_JIT=1: every thread starts in lazy mode. */
 void em_mode_autostart(void) {
-    const char *e = getenv("EMBER_JIT");
+    char buf[16];
+    const char *e = em_getenv("EMBER_JIT", buf, sizeof buf);
     if (e && !strcmp(e, "1") && em_lazy_begin() != EM_OK) em_clear_error();
 }

@@ -22,7 +22,8 @@ static const struct {
 void jit_log_open(jit_log *l) {
     memset(l, 0, sizeof *l);
     l->f = stderr;
-    const char *file = getenv("EMBER_LOG_FILE");
+    char fbuf[EM_ENV_MAX], sbuf[256];
+    const char *file = em_getenv("EMBER_LOG_FILE", fbuf, sizeof fbuf);
     if (file && *file) {
         FILE *f = fopen(file, "a");
         if (f) {
@@ -32,7 +33,7 @@ void jit_log_open(jit_log *l) {
             fprintf(stderr, "[ember] cannot open EMBER_LOG_FILE %s: logging to stderr\n", file);
         }
     }
-    const char *spec = getenv("EMBER_LOG");
+    const char *spec = em_getenv("EMBER_LOG", sbuf, sizeof sbuf);
     if (!spec) return;
     char word[32];
     for (const char *p = spec; *p;) {

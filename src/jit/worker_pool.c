@@ -64,8 +64,8 @@ k_kernel *jit_worker_read(FILE *f, char *path, size_t pathlen) {
     return k;
 }
 
-static const char *worker_program(void) {
-    const char *e = getenv("EMBER_JIT_WORKER");
+static const char *worker_program(char *buf, size_t n) {
+    const char *e = em_getenv("EMBER_JIT_WORKER", buf, n);
     if (e) return *e && strcmp(e, "0") ? e : NULL;
 #ifdef EMBER_WORKER_PATH
     return access(EMBER_WORKER_PATH, X_OK) == 0 ? EMBER_WORKER_PATH : NULL;
@@ -93,10 +93,12 @@ static pid_t spawn(const char *prog, k_kernel *const *ks, const char *const *pat
     /* the worker generates for this process's CPU level, not its own */
     char march[64];
     snprintf(march, sizeof march, "EMBER_JIT_MARCH=%s", jit_cpu_march());
+    em_env_lock(false); /* environ must not move while it is copied (env.c) */
     int nenv = 0;
     while (environ[nenv]) nenv++;
     char **env = em_malloc(sizeof(char *) * (size_t)(nenv + 2));
     if (!env) {
+        em_env_unlock();
         posix_spawn_file_actions_destroy(&fa);
         close(fds[0]);
         close(fds[1]);
@@ -108,6 +110,7 @@ static pid_t spawn(const char *prog, k_kernel *const *ks, const char *const *pat
     env[k++] = march;
     env[k] = NULL;
     int rc = posix_spawn(&pid, prog, &fa, NULL, argv, env);
+    em_env_unlock();
     em_free(env);
     posix_spawn_file_actions_destroy(&fa);
     close(fds[0]);
@@ -144,7 +147,8 @@ struct jit_workers {
 
 jit_workers *jit_workers_start(k_kernel *const *kernels, const char *const *paths, int n,
                                int nworkers) {
-    const char *prog = worker_program();
+    char buf[EM_ENV_MAX];
+    const char *prog = worker_program(buf, sizeof buf);
     if (!prog || n <= 0 || nworkers <= 0) return NULL;
     if (nworkers > n) nworkers = n;
     jit_workers *w = em_calloc(1, sizeof *w);
