@@ -197,8 +197,10 @@ static em_status pick(const em_op_call *c, const em_loop_fn *table, em_dtype d,
  * by the CPU at load time (2-4x the baseline SSE2 loop).  None of the
  * clones enables FMA, so every clone computes the same IEEE operations in
  * the same order: results are bitwise identical on every machine. */
+/* Not under ThreadSanitizer: its instrumented ifunc resolvers run before
+ * the sanitizer starts, and crash (tools/tsan-check). */
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__GLIBC__) && \
-    defined(__has_attribute)
+    defined(__has_attribute) && !defined(__SANITIZE_THREAD__)
 #if __has_attribute(target_clones)
 #define EM_VMATH_CLONES __attribute__((target_clones("default", "avx2", "avx512f")))
 #endif
