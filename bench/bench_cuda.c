@@ -3,14 +3,24 @@
  * (median of the repetitions, after warm-up), against the floors measured
  * in the same run: device-to-device copy bandwidth and the f32 GEMM rate.
  *
- * Usage: bench_cuda [--only NAME,...] [--reps N]
+ * Usage: bench_cuda [--only NAME,...] [--reps N] [--json FILE]
  * The kernel cache is EMBER_CACHE_DIR's: run twice with the same empty
  * directory to see the cold first call (first run) and the warm one (a new
- * process with the cache filled, second run).  Exits 77 without a GPU. */
+ * process with the cache filled, second run).  Exits 77 without a GPU.
+ *
+ * --json FILE (make bench-cuda): also times each workload eagerly (Ember's
+ * eager CUDA ops, after the compiled first call so that the cold first
+ * call finds no eager kernel in the cache either), measures the warm first
+ * call in a new process (this program again, with --first-call NAME, on
+ * the cache this one filled; a fresh temporary cache when EMBER_CACHE_DIR
+ * is unset) and writes bench_eager's JSON schema, which bench/report.py
+ * reads.  tiny_chain's times there are wall time per call (2000 calls, one
+ * synchronize), the other workloads' medians of CUDA-event times. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "cuda_lib.h"
 #include "eager.h"
@@ -251,53 +261,158 @@ static void setup(workload *w, em_generator *g) {
     }
 }
 
-static void run(workload *w, int reps, double copy_bw, double mm_rate) {
+typedef struct eager_ud {
+    workload *w;
+} eager_ud;
+
+static void eager_body(void *ud) {
+    workload *w = ((eager_ud *)ud)->w;
+    em_tensor *out[1];
+    em_scope_begin();
+    if (w->fn(NULL, w->in, NULL, out) != EM_OK) die("eager run");
+    em_scope_end();
+}
+
+/* Wall time per call of body over n calls, one synchronize at the end. */
+static double wall_per_call(body_fn body, void *ud, int n) {
+    cuda_device *d = cuda_device_get(0);
+    for (int i = 0; i < 10; i++) body(ud);
+    cuda_sync(d);
+    double a = now();
+    for (int i = 0; i < n; i++) body(ud);
+    cuda_sync(d);
+    return (now() - a) / n;
+}
+
+/* The first em_call of a new compiled function of w, to the GPU's end. */
+static double first_call(workload *w, em_compiled **fp) {
     em_compile_options o = {.ninputs = w->nin, .noutputs = 1, .name = w->name};
     em_compiled *f = em_compile(w->fn, NULL, &o);
     if (!f) die("em_compile");
     call_ud ud = {f, w->in};
-    cuda_device *d = cuda_device_get(0);
     double t0 = now();
     call_body(&ud);
-    cuda_sync(d);
-    double first = now() - t0;
+    cuda_sync(cuda_device_get(0));
+    double t = now() - t0;
+    if (fp) *fp = f;
+    else em_compiled_free(f);
+    return t;
+}
+
+/* The first call in a new process (this program, --first-call), which finds
+ * the kernel cache this one filled; -1 when it fails. */
+static double warm_first_call(const char *self, const char *name) {
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "'%s' --first-call %s", self, name);
+    FILE *p = popen(cmd, "r");
+    double t = -1, v;
+    char line[256];
+    while (p && fgets(line, sizeof line, p))
+        if (sscanf(line, "%lf", &v) == 1) t = v;
+    if (p && pclose(p) != 0) t = -1;
+    return t;
+}
+
+typedef struct result {
+    double eager, compiled, floor, cold, warm;
+    int kernels;
+} result;
+
+static result run(workload *w, int reps, double copy_bw, double mm_rate, const char *self) {
+    result r = {-1, -1, 0, -1, -1, 0};
+    em_compiled *f;
+    r.cold = first_call(w, &f);
+    call_ud ud = {f, w->in};
     double t = time_events(call_body, &ud, reps);
     em_compile_stats st;
     em_compiled_stats(f, &st);
+    r.compiled = t, r.kernels = st.kernels;
     printf("%-16s %9.3f ms", w->name, t * 1e3);
     if (w->bytes > 0)
         printf("  %6.2f TB/s %5.1f%% of copy", w->bytes / t / 1e12, 100 * w->bytes / t / copy_bw);
     if (w->flops > 0)
         printf("  %6.2f TFLOP/s %5.1f%% of sgemm", w->flops / t / 1e12, 100 * w->flops / t / mm_rate);
-    if (!strcmp(w->name, "tiny_chain")) {
-        int n = 2000;
-        for (int i = 0; i < 10; i++) call_body(&ud);
-        cuda_sync(d);
-        double a = now();
-        for (int i = 0; i < n; i++) call_body(&ud);
-        cuda_sync(d);
-        printf("  wall %.2f us/call", (now() - a) / n * 1e6);
+    r.floor = w->bytes > 0 ? w->bytes / copy_bw : w->flops > 0 ? w->flops / mm_rate : 0;
+    bool tiny = !strcmp(w->name, "tiny_chain");
+    if (tiny) {
+        r.compiled = wall_per_call(call_body, &ud, 2000);
+        printf("  wall %.2f us/call", r.compiled * 1e6);
     }
-    printf("  first-call %.3f s  kernels %d (compiled %lld, from cache %lld)\n", first, st.kernels,
+    printf("  first-call %.3f s  kernels %d (compiled %lld, from cache %lld)", r.cold, st.kernels,
            (long long)st.kernels_compiled, (long long)st.kernels_loaded);
+    if (self) { /* --json: eager times and the warm first call too */
+        eager_ud eu = {w};
+        r.eager = tiny ? wall_per_call(eager_body, &eu, 2000) : time_events(eager_body, &eu, reps);
+        r.warm = warm_first_call(self, w->name);
+        printf("  eager %.3f ms  warm first-call %.3f s", r.eager * 1e3, r.warm);
+    }
+    printf("\n");
     fflush(stdout);
     em_compiled_free(f);
+    return r;
+}
+
+static const char *const names[] = {"pointwise", "softmax", "layernorm", "mlp", "attention_block",
+                                    "tiny_chain", "sum_all"};
+enum { NWORKLOADS = sizeof names / sizeof names[0] };
+
+/* --first-call NAME: the child of a warm first-call measurement. */
+static int first_call_child(const char *name) {
+    if (!em_device_available(GPU)) return 1;
+    em_generator *g = em_generator_new(0);
+    workload w = {.name = name};
+    setup(&w, g);
+    cuda_sync(cuda_device_get(0));
+    printf("%.6f\n", first_call(&w, NULL));
+    for (int k = 0; k < w.nin; k++) em_release(w.in[k]);
+    em_generator_free(g);
+    return 0;
+}
+
+static void json_begin(FILE *jf, const char *dev, double copy_bw, double mm_rate) {
+    fprintf(jf, "{\"device_type\": \"cuda\", \"device\": \"%s\", \"threads\": 0, \"copy_tbs\": %.4f, "
+            "\"sgemm_tflops\": %.3f, \"triad_gbs\": %.3f, \"sgemm_gflops\": %.3f, \"workloads\": [",
+            dev, copy_bw / 1e12, mm_rate / 1e12, copy_bw / 1e9, mm_rate / 1e9);
+}
+
+static void json_row(FILE *jf, int k, const char *name, const result *r) {
+    fprintf(jf, "%s{\"name\": \"%s\", \"eager_ms\": %.6f, \"compiled_ms\": %.6f, \"floor_ms\": %.6f, "
+            "\"cold_first_ms\": %.3f, \"warm_first_ms\": %.3f, \"kernels\": %d}", k ? ", " : "", name,
+            r->eager * 1e3, r->compiled * 1e3, r->floor * 1e3, r->cold * 1e3,
+            r->warm < 0 ? -1.0 : r->warm * 1e3, r->kernels);
 }
 
 int main(int argc, char **argv) {
-    const char *only = "";
+    const char *only = "", *json = NULL;
     int reps = 20;
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--only")) only = argv[i + 1];
         else if (!strcmp(argv[i], "--reps")) reps = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--json")) json = argv[i + 1];
+        else if (!strcmp(argv[i], "--first-call")) return first_call_child(argv[i + 1]);
     }
+    if (reps < 1 || reps > 10000) reps = 20;
     if (!em_device_available(GPU)) {
         printf("SKIP: no CUDA device: %s\n", em_last_error());
         return 77;
     }
+    /* before the first op, which opens the kernel cache */
+    char cache[] = "/tmp/ember-bench-cuda-cache-XXXXXX";
+    bool own_cache = json && !getenv("EMBER_CACHE_DIR");
+    if (own_cache && (!mkdtemp(cache) || setenv("EMBER_CACHE_DIR", cache, 1) != 0)) {
+        fprintf(stderr, "bench_cuda: cannot make a cache folder in /tmp\n");
+        return 1;
+    }
+    FILE *jf = json ? fopen(json, "w") : NULL;
+    if (json && !jf) {
+        fprintf(stderr, "bench_cuda: cannot write %s\n", json);
+        return 1;
+    }
     cuda_device *d = cuda_device_get(0);
     char name[128] = "?";
     cuda_driver()->DeviceGetName(name, sizeof name, d->dev);
+    for (char *c = name; *c; c++)
+        if (*c == '"' || *c == '\\') *c = ' ';
     printf("device %s, sm_%d%d, %d SMs, tf32 %s\n", name, d->major, d->minor, d->sm_count,
            cuda_tf32_enabled() ? "on" : "off");
     /* floors: 1 GiB device copy (read + write), f32 GEMM 8192^3 */
@@ -316,16 +431,27 @@ int main(int argc, char **argv) {
     em_release(mm.b);
     printf("floor: d2d copy %.2f TB/s (read+write), sgemm 8192^3 %.1f TFLOP/s\n", copy_bw / 1e12,
            mm_rate / 1e12);
-    const char *names[] = {"pointwise", "softmax", "layernorm", "mlp", "attention_block", "tiny_chain",
-                           "sum_all"};
-    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+    if (jf) json_begin(jf, name, copy_bw, mm_rate);
+    int rows = 0;
+    for (int i = 0; i < NWORKLOADS; i++) {
         if (*only && !strstr(only, names[i])) continue;
         workload w = {.name = names[i]};
         setup(&w, g);
-        run(&w, reps, copy_bw, mm_rate);
+        result r = run(&w, reps, copy_bw, mm_rate, jf ? argv[0] : NULL);
+        /* sum_all is not a WORKLOADS.md workload: printed, not in the JSON */
+        if (jf && strcmp(names[i], "sum_all")) json_row(jf, rows++, names[i], &r);
         for (int k = 0; k < w.nin; k++) em_release(w.in[k]);
     }
     em_generator_free(g);
+    if (jf) {
+        fprintf(jf, "]}\n");
+        fclose(jf);
+    }
+    if (own_cache) {
+        char rm[128];
+        snprintf(rm, sizeof rm, "rm -rf '%s'", cache);
+        if (system(rm) != 0) fprintf(stderr, "bench_cuda: could not remove %s\n", cache);
+    }
     return 0;
 }
 

@@ -5,7 +5,9 @@
                           [--minilm MINILM.json] [--st ST.json] --out PREFIX
 
 Reads bench_eager's --json (Ember eager and compiled, the floors measured in
-the same job, first-call latencies), torch_bench.py's JSON when PyTorch was
+the same job, first-call latencies) or bench_cuda's (the same schema, with
+"device_type": "cuda": floors are the device copy and cuBLAS sgemm, no lazy
+column), torch_bench.py's JSON when PyTorch was
 importable, and optionally the MiniLM demo's and sentence-transformers'
 throughput.  Prints the table, writes PREFIX.json (everything merged) and,
 when gnuplot is installed, PREFIX.png.  Standard library only.
@@ -62,28 +64,46 @@ def merge(ember, torch):
     return rows
 
 
+def on_cuda(ember):
+    return ember.get("device_type") == "cuda"
+
+
 def print_table(ember, torch, rows):
-    print(f"\nEmber vs PyTorch on the CPU ({ember['threads']} threads); floors measured in this job: "
-          f"triad {ember['triad_gbs']:.1f} GB/s, sgemm {ember['sgemm_gflops']:.1f} GFLOP/s")
-    if torch:
+    if on_cuda(ember):
+        print(f"\nEmber vs PyTorch on {ember['device']} (CUDA); floors measured in this job: "
+              f"device copy {ember['copy_tbs']:.2f} TB/s (read + write), sgemm {ember['sgemm_tflops']:.1f} TFLOP/s")
+    else:
+        print(f"\nEmber vs PyTorch on the CPU ({ember['threads']} threads); floors measured in this job: "
+              f"triad {ember['triad_gbs']:.1f} GB/s, sgemm {ember['sgemm_gflops']:.1f} GFLOP/s")
+    if torch and on_cuda(ember):
+        print(f"PyTorch {torch['torch']} on {torch.get('device', '?')}, TF32 off")
+    elif torch:
         print(f"PyTorch {torch['torch']}, {torch['threads']} threads")
     else:
         print("PyTorch is not installed (python3 -c 'import torch' failed): Ember only")
-    head = ["workload", "ember eager", "ember compiled", "ember lazy", "torch eager", "torch.compile",
-            "vs torch eager", "vs torch.compile", "of floor", "of floor (torch.compile)"]
+    lazy = not on_cuda(ember)
+    head = ["workload", "ember eager", "ember compiled"] + (["ember lazy"] if lazy else []) + [
+        "torch eager", "torch.compile", "vs torch eager", "vs torch.compile", "of floor", "of floor (torch.compile)"]
     table = [head]
     for r in rows:
         fe, ft = r["ember_floor_fraction"], r["torch_compile_floor_fraction"]
         table.append([
-            r["name"], fmt_ms(r["ember_eager_ms"]), fmt_ms(r["ember_compiled_ms"]), fmt_ms(r["ember_lazy_ms"]),
+            r["name"], fmt_ms(r["ember_eager_ms"]), fmt_ms(r["ember_compiled_ms"])] +
+            ([fmt_ms(r["ember_lazy_ms"])] if lazy else []) + [
             fmt_ms(r["torch_eager_ms"]), fmt_ms(r["torch_compiled_ms"]),
             ratio(r["torch_eager_ms"], r["ember_compiled_ms"]),
             ratio(r["torch_compiled_ms"], r["ember_compiled_ms"]),
             f"{100 * fe:.0f}%" if fe else "-", f"{100 * ft:.0f}%" if ft else "-",
         ])
     print_rows(table)
-    print(f"ember lazy: {LAZY}.  'vs torch ...': that time over Ember's compiled time (above 1: Ember faster).")
-    print("'of floor': the floor (bytes at the triad bandwidth, or FLOP at the sgemm rate) over the compiled time.")
+    if lazy:
+        print(f"ember lazy: {LAZY}.")
+    print("'vs torch ...': that time over Ember's compiled time (above 1: Ember faster).")
+    if on_cuda(ember):
+        print("Medians of CUDA-event times; tiny_chain: wall time per call (2000 calls, one synchronize).")
+        print("'of floor': the floor (bytes at the device copy bandwidth, or FLOP at the sgemm rate) over the time.")
+    else:
+        print("'of floor': the floor (bytes at the triad bandwidth, or FLOP at the sgemm rate) over the compiled time.")
     first = [["first compiled call", "ember cold", "ember warm", "torch.compile cold", "torch.compile warm"]]
     for r in rows:
         first.append([r["name"], fmt_first(r["ember_cold_first_ms"]), fmt_first(r["ember_warm_first_ms"]),
@@ -105,14 +125,14 @@ def print_minilm(minilm, st):
     if not minilm:
         return None
     out = dict(ember=minilm, sentence_transformers=st)
-    print(f"\nMiniLM (all-MiniLM-L6-v2), {minilm['sentences']} sentences in one batch: "
+    print(f"\nMiniLM (all-MiniLM-L6-v2) on {minilm.get('device', 'cpu')}, {minilm['sentences']} sentences in one batch: "
           f"Ember eager {minilm['eager_sps']:.1f} sentences/s, compiled {minilm['compiled_sps']:.1f} sentences/s"
           + (f"; sentence-transformers {st['sps']:.1f} sentences/s (torch {st['torch']})" if st else
              "; sentence-transformers not installed"))
     return out
 
 
-def plot(rows, have_torch, prefix):
+def plot(rows, have_torch, prefix, where):
     """Speed relative to PyTorch eager (or Ember eager without torch), per workload."""
     if not shutil.which("gnuplot"):
         print("gnuplot not found (apt-get install gnuplot-nox): no plot")
@@ -125,13 +145,13 @@ def plot(rows, have_torch, prefix):
     with open(dat, "w") as f:
         f.write("workload " + " ".join(f'"{s}"' for s, _ in series) + "\n")
         for r in rows:
-            vals = [r[base_key] / r[k] if r.get(k) else 0 for _, k in series]
+            vals = [r[base_key] / r[k] if r.get(k) and r.get(base_key) else 0 for _, k in series]
             f.write(r["name"].replace("_", "\\\\_") + " " + " ".join(f"{v:.4f}" for v in vals) + "\n")
     base = "PyTorch eager" if have_torch else "Ember eager"
     script = f"""
 set terminal pngcairo size 1100,600 font ",12"
 set output "{prefix}.png"
-set title "Speed relative to {base} (higher is better), CPU, medians"
+set title "Speed relative to {base} (higher is better), {where}, medians"
 set style data histograms
 set style histogram clustered gap 1
 set style fill solid 0.85 border -1
@@ -167,13 +187,19 @@ def main():
     rows = merge(ember, torch)
     print_table(ember, torch, rows)
     minilm = print_minilm(load(a.minilm), load(a.st))
-    result = dict(ember=dict(threads=ember["threads"], triad_gbs=ember["triad_gbs"],
-                             sgemm_gflops=ember["sgemm_gflops"], lazy=LAZY),
-                  torch=dict(version=torch["torch"], threads=torch["threads"]) if torch else None,
+    if on_cuda(ember):
+        info = dict(device_type="cuda", device=ember["device"], copy_tbs=ember["copy_tbs"],
+                    sgemm_tflops=ember["sgemm_tflops"])
+    else:
+        info = dict(threads=ember["threads"], triad_gbs=ember["triad_gbs"],
+                    sgemm_gflops=ember["sgemm_gflops"], lazy=LAZY)
+    result = dict(ember=info,
+                  torch=dict(version=torch["torch"], threads=torch["threads"],
+                             device=torch.get("device", "the CPU")) if torch else None,
                   workloads=rows, minilm=minilm)
     with open(a.out + ".json", "w") as f:
         json.dump(result, f, indent=1)
-    png = plot(rows, torch is not None, a.out)
+    png = plot(rows, torch is not None, a.out, ember["device"] + " (CUDA)" if on_cuda(ember) else "CPU")
     print(f"\nwrote {a.out}.json" + (f" and {a.out}.png" if png else ""))
 
 

@@ -1,8 +1,11 @@
 #!/usr/bin/env python3
 """PyTorch's side of `make bench`: the workloads of bench/bench_eager.c (the
-CPU sizes of WORKLOADS.md) in PyTorch eager and torch.compile, on the CPU.
+CPU sizes of WORKLOADS.md) in PyTorch eager and torch.compile, on the CPU;
+with --device cuda (`make bench-cuda`), those of bench/bench_cuda.c (the GPU
+sizes), TF32 off, timed with CUDA events (tiny_chain: wall time per call
+over 2000 calls and one synchronize, as bench_cuda).
 
-  python3 bench/torch_bench.py [--reps N] [--threads N] [--only NAME,...] [--json FILE]
+  python3 bench/torch_bench.py [--device cpu|cuda] [--reps N] [--threads N] [--only NAME,...] [--json FILE]
 
 Per workload: eager and compiled medians (the same repetition counts as
 bench_eager: --reps, and 50 times that for tiny_chain), and the latency of
@@ -25,10 +28,20 @@ import time
 import torch
 import torch.nn.functional as F
 
-# bench_eager.c's CPU sizes
+# bench_eager.c's CPU sizes; set_sizes("cuda") switches to bench_cuda.c's
 N, R, C, M, K, H = 1 << 22, 8192, 1024, 256, 512, 2048
 B, T, E, NH = 1, 128, 256, 4
 HD = E // NH
+DEV = "cpu"
+
+
+def set_sizes(dev):
+    global N, R, C, M, K, H, B, T, E, NH, HD, DEV
+    DEV = dev
+    if dev == "cuda":
+        N, R, C, M, K, H = 1 << 26, 32768, 4096, 8192, 2048, 8192
+        B, T, E, NH = 16, 1024, 768, 12
+        HD = E // NH
 
 
 def pointwise(x, a, b):
@@ -69,9 +82,9 @@ def workloads():
     g = torch.Generator().manual_seed(0)
 
     def rnd(*shape, scale=1.0):
-        return torch.randn(*shape, generator=g) * scale
+        return (torch.randn(*shape, generator=g) * scale).to(DEV)
 
-    mask = torch.triu(torch.full((T, T), float("-inf")), 1)
+    mask = torch.triu(torch.full((T, T), float("-inf")), 1).to(DEV)
     return {
         "pointwise": (pointwise, (rnd(N), rnd(N), rnd(N))),
         "softmax": (softmax, (rnd(R, C),)),
@@ -86,9 +99,16 @@ def workloads():
     }
 
 
+def sync():
+    if DEV == "cuda":
+        torch.cuda.synchronize()
+
+
 def median_time(fn, args, reps):
     for _ in range(3):
         fn(*args)
+    if DEV == "cuda":
+        return median_events(fn, args, reps)
     ts = []
     for _ in range(reps):
         t0 = time.perf_counter()
@@ -97,17 +117,43 @@ def median_time(fn, args, reps):
     return statistics.median(ts)
 
 
+def median_events(fn, args, reps):
+    ts = []
+    for _ in range(reps):
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        fn(*args)
+        e1.record()
+        e1.synchronize()
+        ts.append(e0.elapsed_time(e1) * 1e-3)
+    return statistics.median(ts)
+
+
+def wall_per_call(fn, args, n=2000):
+    for _ in range(10):
+        fn(*args)
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn(*args)
+    sync()
+    return (time.perf_counter() - t0) / n
+
+
 def first_call(fn, args):
     torch._dynamo.reset()
     cf = torch.compile(fn)
+    sync()
     t0 = time.perf_counter()
     cf(*args)
+    sync()
     return time.perf_counter() - t0, cf
 
 
 def warm_first_call(name, threads):
     """The first call in a new process that finds the inductor cache filled."""
-    cmd = [sys.executable, os.path.abspath(__file__), "--first-call", name, "--threads", str(threads)]
+    cmd = [sys.executable, os.path.abspath(__file__), "--first-call", name, "--threads", str(threads),
+           "--device", DEV]
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=600)
         return float(out.stdout.strip().splitlines()[-1])
@@ -122,9 +168,16 @@ def main():
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--only", default="")
     ap.add_argument("--json", default="")
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--first-call", default="", help=argparse.SUPPRESS)
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
+    if a.device == "cuda":
+        if not torch.cuda.is_available():
+            sys.exit("torch_bench.py: --device cuda: torch finds no CUDA device")
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+    set_sizes(a.device)
     W = workloads()
     if a.first_call:  # the child of a warm first-call measurement
         fn, args = W[a.first_call]
@@ -134,17 +187,21 @@ def main():
     if own_cache:
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="torch-bench-inductor-")
     only = set(filter(None, a.only.split(",")))
-    print(f"PyTorch {torch.__version__} on the CPU, {torch.get_num_threads()} threads")
+    where = torch.cuda.get_device_name(0) if DEV == "cuda" else "the CPU"
+    print(f"PyTorch {torch.__version__} on {where}, {torch.get_num_threads()} threads")
     print(f"{'workload':16s} {'eager':>10s} {'compiled':>10s} {'cold first':>11s} {'warm first':>11s}  rel err")
     rows = []
     for name, (fn, args) in W.items():
         if only and name not in only:
             continue
-        reps = a.reps * 50 if name == "tiny_chain" else a.reps
+        reps = a.reps * 50 if name == "tiny_chain" and DEV == "cpu" else a.reps
         cold, cf = first_call(fn, args)
         ref, out = fn(*args), cf(*args)
         err = ((out.double() - ref.double()).norm() / ref.double().norm()).item()
-        te, tc = median_time(fn, args, reps), median_time(cf, args, reps)
+        if name == "tiny_chain" and DEV == "cuda":
+            te, tc = wall_per_call(fn, args), wall_per_call(cf, args)
+        else:
+            te, tc = median_time(fn, args, reps), median_time(cf, args, reps)
         warm = warm_first_call(name, a.threads)
         rows.append(dict(name=name, eager_ms=te * 1e3, compiled_ms=tc * 1e3, cold_first_ms=cold * 1e3,
                          warm_first_ms=None if warm is None else warm * 1e3, rel_err=err))
@@ -154,7 +211,8 @@ def main():
         shutil.rmtree(os.environ["TORCHINDUCTOR_CACHE_DIR"], ignore_errors=True)
     if a.json:
         with open(a.json, "w") as f:
-            json.dump(dict(torch=torch.__version__, threads=torch.get_num_threads(), workloads=rows), f, indent=1)
+            json.dump(dict(torch=torch.__version__, threads=torch.get_num_threads(), device=where,
+                           device_type=DEV, workloads=rows), f, indent=1)
 
 
 if __name__ == "__main__":

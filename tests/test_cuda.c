@@ -255,6 +255,28 @@ START_TEST(cat_and_index) {
     em_tensor *i = em_from_data(idx, EM_I64, 1, TU_SIZES(4), CPU);
     same(em_index_select(ga, 0, to_gpu(i)), em_index_select(a, 0, i), 0, 0);
     same(em_embedding(ga, to_gpu(i)), em_embedding(a, i), 0, 0);
+    /* the gather kernel: a permuted x, the middle dim, strided i32 indices */
+    em_tensor *x = tu_random(18, 3, TU_SIZES(6, 5, 3), EM_F64, 1), *gx = em_permute(to_gpu(x), 3, (int[]){2, 1, 0});
+    x = em_permute(x, 3, (int[]){2, 1, 0});
+    int32_t iv[10] = {4, 9, 0, 9, 2, 9, 3, 9, 1, 9};
+    em_tensor *i32 = em_slice(em_from_data(iv, EM_I32, 1, TU_SIZES(10), CPU), 0, 0, 10, 2);
+    em_tensor *gi32 = em_slice(to_gpu(em_from_data(iv, EM_I32, 1, TU_SIZES(10), CPU)), 0, 0, 10, 2);
+    same(em_index_select(gx, 1, gi32), em_index_select(x, 1, i32), 0, 0);
+    same(em_index_select(gx, 2, to_gpu(em_scalar(5, EM_I64, CPU))), em_index_select(x, 2, em_scalar(5, EM_I64, CPU)), 0, 0);
+    /* MiniLM's lookup: [B, T] ids into a [V, D] table; integer values too */
+    em_tensor *table = tu_random(19, 2, TU_SIZES(3000, 96), EM_F32, 1);
+    int64_t idv[8 * 24];
+    for (int k = 0; k < 8 * 24; k++) idv[k] = (int64_t)(((uint64_t)k * 2654435761u + 7) % 3000);
+    em_tensor *ids = em_from_data(idv, EM_I64, 2, TU_SIZES(8, 24), CPU);
+    same(em_embedding(to_gpu(table), to_gpu(ids)), em_embedding(table, ids), 0, 0);
+    em_tensor *it = tu_random(22, 2, TU_SIZES(40, 7), EM_I64, 1000);
+    same(em_index_select(to_gpu(it), 0, to_gpu(i)), em_index_select(it, 0, i), 0, 0);
+    /* out-of-range indices: the CPU's error, nothing launched */
+    int64_t badv[3] = {1, 2, -1};
+    tu_check_fails(em_index_select(ga, 0, to_gpu(em_from_data(badv, EM_I64, 1, TU_SIZES(3), CPU))), EM_ERR_INDEX);
+    ck_assert_msg(strstr(em_last_error(), "index -1 is out of range"), "%s", em_last_error());
+    badv[2] = 3; /* a has 3 rows */
+    tu_check_fails(em_embedding(ga, to_gpu(em_from_data(badv, EM_I64, 1, TU_SIZES(3), CPU))), EM_ERR_INDEX);
 }
 END_TEST
 

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "config.h"
+#include "cpu_gccjit.h"
 #include "cuda_emit.h"
 #include "cuda_kernel.h"
 #include "fuse.h"
@@ -304,6 +305,64 @@ START_TEST(kernel_table) {
 END_TEST
 #endif
 
+/* ---- index_select's gather kernel (cuda_gather_kernel) ----
+ * The IR is the CUDA kernel's and runs on the CPU too: run through
+ * libgccjit, it must give em_index_select's CPU values exactly; printed,
+ * it is a flat kernel NVRTC compiles. */
+
+static void check_gather(em_tensor *x, int dim, em_tensor *idx) {
+    em_tensor *want = em_index_select(x, dim, idx);
+    ck_assert_msg(want != NULL, "%s", em_last_error());
+    em_tensor *out = em_empty(em_ndim(want), em_sizes(want), em_dtype_of(x), em_cpu());
+    k_kernel *k = cuda_gather_kernel(x, dim, idx, out);
+    ck_assert_msg(k != NULL, "%s", em_last_error());
+    ck_assert_int_eq(kir_verify(k), EM_OK);
+    jit_cpu_kernel *jk = NULL;
+    ck_assert_msg(jit_cpu_compile(k, &jk) == EM_OK, "%s", em_last_error());
+    void *bufs[3] = {em_data(x), em_data(idx), em_data(out)};
+    ck_assert_int_eq(jit_cpu_run(jk, bufs, NULL), EM_OK);
+    jit_cpu_free(jk);
+    double *w = tu_values(want);
+    tu_check_close(out, w, em_ndim(want), em_sizes(want), 0, 0);
+    free(w);
+    cuda_src src;
+    ck_assert_msg(cuda_emit(k, &src) == EM_OK, "%s", em_last_error());
+    ck_assert_int_eq(src.shape, CU_FLAT);
+    ck_assert(!src.vec4); /* x is not read at element i */
+#ifdef EMBER_HAVE_CUDA
+    void *bin = NULL;
+    size_t n = 0;
+    ck_assert_msg(cuda_nvrtc_compile(src.text, k->name, 90, false, &bin, &n) == EM_OK, "%s\n%s",
+                  em_last_error(), src.text);
+    em_free(bin);
+#endif
+    cuda_src_free(&src);
+    kir_free(k);
+}
+
+START_TEST(gather_kernel) {
+    /* embedding-like: rows of a [50, 16] table, i64 ids */
+    int64_t ids[7] = {3, 0, 49, 3, 17, 1, 48};
+    check_gather(tu_random(40, 2, TU_SIZES(50, 16), EM_F32, 1), 0,
+                 em_from_data(ids, EM_I64, 1, TU_SIZES(7), em_cpu()));
+    /* a permuted (non-contiguous) x, the middle dim, strided i32 indices */
+    int32_t iv[10] = {4, 9, 0, 9, 2, 9, 3, 9, 1, 9};
+    em_tensor *x = em_permute(tu_random(41, 3, TU_SIZES(6, 5, 3), EM_F64, 1), 3, (int[]){2, 1, 0});
+    em_tensor *strided = em_slice(em_from_data(iv, EM_I32, 1, TU_SIZES(10), em_cpu()), 0, 0, 10, 2);
+    check_gather(x, 1, strided);
+    /* the last dim, a 0-d index, integer values */
+    check_gather(tu_random(42, 2, TU_SIZES(4, 9), EM_I64, 100), 1, em_scalar(8, EM_I64, em_cpu()));
+    /* no indices */
+    check_gather(tu_random(43, 2, TU_SIZES(4, 9), EM_F32, 1), 0, em_empty(1, TU_SIZES(0), EM_I64, em_cpu()));
+    /* inconsistent arguments are refused */
+    em_tensor *a = tu_random(44, 2, TU_SIZES(4, 9), EM_F32, 1);
+    em_tensor *bad_out = em_empty(2, TU_SIZES(7, 9), EM_F64, em_cpu());
+    ck_assert_ptr_null(cuda_gather_kernel(a, 0, em_from_data(ids, EM_I64, 1, TU_SIZES(7), em_cpu()), bad_out));
+    ck_assert_int_eq(em_last_status(), EM_ERR_ARG);
+    ck_assert_ptr_null(cuda_gather_kernel(a, 2, em_from_data(ids, EM_I64, 1, TU_SIZES(7), em_cpu()), a));
+}
+END_TEST
+
 /* Without a GPU (CI), asking for one fails with a reason, never aborts. */
 START_TEST(no_gpu_is_an_error) {
     if (em_device_available(em_cuda(0))) return; /* a GPU machine: test_cuda covers it */
@@ -328,7 +387,7 @@ int main(void) {
         {"pointwise_is_flat", pointwise_is_flat}, {"softmax_is_rows", softmax_is_rows},
         {"layernorm_compiles", layernorm_compiles}, {"every_alu_op", every_alu_op},
         {"golden_text", golden_text}, {"errors", errors},
-        {"no_gpu_is_an_error", no_gpu_is_an_error},
+        {"no_gpu_is_an_error", no_gpu_is_an_error}, {"gather_kernel", gather_kernel},
 #ifdef EMBER_HAVE_CUDA
         {"kernel_table", kernel_table},
 #endif

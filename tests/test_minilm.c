@@ -6,12 +6,19 @@
  *
  * The weights are found in $EMBER_MODEL_DIR, else where tools/fetch-minilm
  * puts them; without them, the file-format tests still run and the program
- * exits 77 (skipped), saying so. */
+ * exits 77 (skipped), saying so.
+ *
+ * cuda_matches_reference runs the model on cuda:0 (weights, ids and mask
+ * on the GPU, eager and compiled) when main's probe finds a GPU; without
+ * one it is left out, with a line saying why, and the rest still runs.
+ * CUDA cannot be used in a child of a process that initialized it, and
+ * Check forks a process per test: the probe runs in a child of its own. */
 #include "testutil.h"
 
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "../examples/minilm/minilm.h"
@@ -138,6 +145,8 @@ static void check_embeddings(const bert_model *m, bert_compiled *f, const ref *r
     ck_assert_msg(s == EM_OK && out, "%s", em_last_error());
     ck_assert_int_eq(em_size(out, 0), n);
     ck_assert_int_eq(em_size(out, 1), h);
+    ck_assert_int_eq(em_device_of(ids).type, m->device.type);
+    ck_assert_int_eq(em_device_of(out).type, m->device.type);
     double *got = tu_values(out);
     i = 0;
     for (int c = js_first(d, r->sentences); i < n; c = js_next(d, c), i++) {
@@ -152,8 +161,8 @@ static void check_embeddings(const bert_model *m, bert_compiled *f, const ref *r
             maxdiff = fmax(maxdiff, fabs(g - w));
         }
         double dist = 1 - dot / sqrt(ng * nw);
-        ck_assert_msg(dist <= 1e-4, "%s: sentence %d (\"%.30s\"): cosine distance %.3g", f ? "compiled" : "eager",
-                      i, texts[i], dist);
+        ck_assert_msg(dist <= 1e-4, "%s on %s: sentence %d (\"%.30s\"): cosine distance %.3g",
+                      f ? "compiled" : "eager", m->device.type == EM_CUDA ? "cuda" : "cpu", i, texts[i], dist);
         ck_assert_msg(fabs(sqrt(ng) - 1) < 1e-5, "sentence %d: norm %g, not 1", i, sqrt(ng));
         /* cosine distance is second order in the error (1 - cos ~ |e|^2 / 2):
          * a per-component bound catches what it would let through, such as
@@ -204,6 +213,65 @@ START_TEST(test_compiled_matches_reference) {
     bert_compiled_free(&f);
     bert_free(&m);
     js_free(r.doc);
+}
+END_TEST
+
+/* The same sentences on cuda:0: weights copied there at load, ids and
+ * mask made there, eager then compiled (traced, then from the graphs);
+ * every embedding within 1e-4 cosine distance (and 1e-5 per component) of
+ * sentence-transformers'.  Only added to the suite when a GPU is found. */
+START_TEST(test_cuda_matches_reference) {
+    ref r = load_ref();
+    bert_model m;
+    ml_error e = {""};
+    ck_assert_msg(bert_load_on(&m, model_dir(), em_cuda(0), &e) == ML_OK, "%s", e.msg);
+    ck_assert_int_eq(em_device_of(m.word).type, EM_CUDA);
+    ck_assert_int_eq(em_device_of(m.layer[5].w2).type, EM_CUDA);
+    check_embeddings(&m, NULL, &r);
+    bert_compiled f;
+    ck_assert_msg(bert_compile(&m, &f, &e) == ML_OK, "%s", e.msg);
+    check_embeddings(&m, &f, &r); /* traced (eager, on the GPU) */
+    check_embeddings(&m, &f, &r); /* the compiled graphs (cuda backend) */
+    em_compile_stats st;
+    bert_compiled_stats(&f, &st);
+    ck_assert_int_eq(st.traces, 8);
+    ck_assert_int_eq(st.hits, 8);
+    ck_assert_int_eq(st.eager, 0);
+    ck_assert(!st.broken);
+    ck_assert_int_gt(st.kernels, 0);
+    em_scope_end();
+    em_scope_begin();
+    bert_compiled_free(&f);
+    bert_free(&m);
+    js_free(r.doc);
+}
+END_TEST
+
+/* ---- devices ---- */
+
+START_TEST(test_parse_device) {
+    em_device d = em_cpu();
+    ck_assert(bert_parse_device("cuda", &d) && d.type == EM_CUDA && d.index == 0);
+    ck_assert(bert_parse_device("cpu", &d) && d.type == EM_CPU);
+    ck_assert(bert_parse_device("cuda:3", &d) && d.type == EM_CUDA && d.index == 3);
+    const char *bad[] = {"gpu", "", "cuda:", "cuda:x", "cuda:-1", "cuda3", "cuda:1x", "CPU", "cuda:99999"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        d = em_cpu();
+        ck_assert_msg(!bert_parse_device(bad[i], &d), "'%s' parsed", bad[i]);
+        ck_assert_int_eq(d.type, EM_CPU); /* left alone */
+    }
+    ck_assert(!bert_parse_device(NULL, &d));
+}
+END_TEST
+
+/* A device that is not there (no driver here; an index past the count on
+ * a GPU machine) is refused before any file is read, with a message. */
+START_TEST(test_model_load_bad_device) {
+    bert_model m;
+    ml_error e = {""};
+    ck_assert_int_eq(bert_load_on(&m, "/nonexistent/minilm", em_cuda(1000), &e), ML_ERR_ARG);
+    ck_assert_msg(strstr(e.msg, "cuda:1000 is not available: ") && strlen(e.msg) > 30, "%s", e.msg);
+    ck_assert_ptr_null(m.layer); /* nothing left to free */
 }
 END_TEST
 
@@ -393,26 +461,59 @@ static Suite *files_suite(void) {
         {"safetensors_truncated_everywhere", test_safetensors_truncated_everywhere},
         {"json_parses_escapes_and_limits", test_json_parses_escapes_and_limits},
         {"model_load_errors", test_model_load_errors},
+        {"parse_device", test_parse_device},
+        {"model_load_bad_device", test_model_load_bad_device},
     };
     return tu_suite("minilm_files", tests, sizeof tests / sizeof tests[0], 60);
 }
 
-static Suite *model_suite(void) {
+static Suite *model_suite(bool gpu) {
     const tu_test tests[] = {
         {"tokenizer_matches_reference", test_tokenizer_matches_reference},
         {"eager_matches_reference", test_eager_matches_reference},
         {"compiled_matches_reference", test_compiled_matches_reference},
+        {"cuda_matches_reference", test_cuda_matches_reference}, /* last: GPU only */
     };
-    return tu_suite("minilm_model", tests, sizeof tests / sizeof tests[0], 600);
+    size_t n = sizeof tests / sizeof tests[0];
+    return tu_suite("minilm_model", tests, gpu ? n : n - 1, 600);
+}
+
+/* Whether cuda:0 works, asked in a child so that this process never
+ * initializes CUDA (Check forks); why gets the reason when it does not. */
+static bool probe_gpu(char *why, size_t n) {
+    int fd[2];
+    if (pipe(fd) != 0) return snprintf(why, n, "pipe failed"), false;
+    pid_t pid = fork();
+    if (pid < 0) {
+        close(fd[0]), close(fd[1]);
+        return snprintf(why, n, "fork failed"), false;
+    }
+    if (pid == 0) {
+        close(fd[0]);
+        bool ok = em_device_available(em_cuda(0));
+        const char *msg = ok ? "" : em_last_error();
+        if (write(fd[1], msg, strlen(msg)) < 0) _exit(2);
+        _exit(ok ? 0 : 1);
+    }
+    close(fd[1]);
+    ssize_t k = read(fd[0], why, n - 1);
+    why[k > 0 ? k : 0] = '\0';
+    close(fd[0]);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    return WIFEXITED(status) && WEXITSTATUS(status) == 0;
 }
 
 int main(void) {
+    char why[512] = "";
+    bool gpu = probe_gpu(why, sizeof why); /* first: before anything here touches CUDA */
     int rc = tu_run(files_suite());
     if (!have_weights()) {
         printf("SKIP: no all-MiniLM-L6-v2 weights in %s (run tools/fetch-minilm, or set EMBER_MODEL_DIR); "
                "the file-format tests ran\n", model_dir());
         return rc == EXIT_SUCCESS ? 77 : rc;
     }
-    int rc2 = tu_run(model_suite());
+    if (!gpu) printf("SKIP cuda_matches_reference: no CUDA device: %s\n", why[0] ? why : "(unknown)");
+    int rc2 = tu_run(model_suite(gpu));
     return rc == EXIT_SUCCESS ? rc2 : rc;
 }

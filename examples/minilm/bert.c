@@ -147,6 +147,18 @@ static int weight_slots(bert_model *m, em_tensor ***slots, int max) {
     return n;
 }
 
+/* t's values in a new contiguous f32 tensor on dev (t itself when dev is
+ * the CPU), owned by the open scope. */
+static em_tensor *to_device(em_tensor *t, em_device dev) {
+    if (!t || dev.type == EM_CPU) return t;
+    size_t n = (size_t)em_numel(t) * sizeof(float);
+    float *buf = malloc(n ? n : 1);
+    em_tensor *d = NULL;
+    if (buf && em_copy_to_host(t, buf, n) == EM_OK) d = em_from_data(buf, EM_F32, em_ndim(t), em_sizes(t), dev);
+    free(buf);
+    return d;
+}
+
 static ml_status load_weights(bert_model *m, const char *dir, ml_error *e) {
     const bert_config *c = &m->cfg;
     char path[4096];
@@ -173,6 +185,7 @@ static ml_status load_weights(bert_model *m, const char *dir, ml_error *e) {
      * em_scope_end.  (em_keep would hand them to the enclosing scope, if
      * the caller has one open, which could end before bert_free.) */
     for (int i = 0; i < n; i++) {
+        if (!l.failed && !ember_failed) *slots[i] = to_device(*slots[i], m->device);
         if (!l.failed && !*slots[i]) ember_failed = true;
         em_retain(*slots[i]);
     }
@@ -183,9 +196,26 @@ static ml_status load_weights(bert_model *m, const char *dir, ml_error *e) {
     return ML_OK;
 }
 
-ml_status bert_load(bert_model *m, const char *dir, ml_error *e) {
+bool bert_parse_device(const char *s, em_device *dev) {
+    if (!s) return false;
+    if (!strcmp(s, "cpu")) return *dev = em_cpu(), true;
+    if (strncmp(s, "cuda", 4)) return false;
+    if (!s[4]) return *dev = em_cuda(0), true;
+    char *end;
+    long i = s[4] == ':' && s[5] >= '0' && s[5] <= '9' ? strtol(s + 5, &end, 10) : -1;
+    if (i < 0 || i > 1023 || *end) return false;
+    return *dev = em_cuda((int)i), true;
+}
+
+ml_status bert_load(bert_model *m, const char *dir, ml_error *e) { return bert_load_on(m, dir, em_cpu(), e); }
+
+ml_status bert_load_on(bert_model *m, const char *dir, em_device dev, ml_error *e) {
     memset(m, 0, sizeof *m);
     if (!dir) return ml_fail(e, ML_ERR_ARG, "no model directory");
+    if (dev.type != EM_CPU && !em_device_available(dev))
+        return ml_fail(e, ML_ERR_ARG, "device %s:%d is not available: %s",
+                       dev.type == EM_CUDA ? "cuda" : "?", dev.index, em_last_error());
+    m->device = dev;
     ml_status s = read_config(&m->cfg, dir, e);
     if (s == ML_OK) {
         char path[4096];
@@ -234,8 +264,8 @@ ml_status bert_tokenize(const bert_model *m, int n, const char *const *texts, in
         if (ntokens) ntokens[i] = len[i];
     }
     if (s == ML_OK) {
-        *ids = em_from_data(iv, EM_I64, 2, (int64_t[]){n, T}, em_cpu());
-        *mask = em_from_data(mv, EM_F32, 2, (int64_t[]){n, T}, em_cpu());
+        *ids = em_from_data(iv, EM_I64, 2, (int64_t[]){n, T}, m->device);
+        *mask = em_from_data(mv, EM_F32, 2, (int64_t[]){n, T}, m->device);
         if (!*ids || !*mask) s = ml_fail(e, ML_ERR_EMBER, "%s", em_last_error());
     }
     free(tok), free(len), free(iv), free(mv);

@@ -1,11 +1,13 @@
 /* main.c - sentence embeddings with all-MiniLM-L6-v2 on Ember.
  *
- *   minilm [--model DIR] [--reps N] [--file FILE] [--json OUT] [SENTENCE...]
+ *   minilm [--model DIR] [--device cpu|cuda[:N]] [--reps N] [--file FILE] [--json OUT] [SENTENCE...]
  *
  * Embeds the sentences (from the command line, then one a line from FILE)
  * as one padded batch, prints their cosine-similarity matrix, and times
  * the encoder run eagerly and through em_compile (OUT gets the timings as
- * JSON, for bench/report.py).
+ * JSON, for bench/report.py).  With --device cuda the weights are copied
+ * to the GPU once at load, the ids and mask are made there, both modes run
+ * there, and only the embeddings come back to the host.
  *
  * The encoder is compiled as eight functions (bert_compile): the
  * embeddings, one per layer, and the pooling.  The kernel cache is keyed by
@@ -92,15 +94,17 @@ static bool read_lines(sentences *s, const char *path) {
 }
 
 typedef struct args {
-    const char *model, *file, *json;
+    const char *model, *file, *json, *device_name;
+    em_device device;
     int reps;
 } args;
 
 static int usage(const char *argv0) {
     fprintf(stderr,
-            "usage: %s [--model DIR] [--reps N] [--file FILE] [--json OUT] [SENTENCE...]\n"
+            "usage: %s [--model DIR] [--device DEV] [--reps N] [--file FILE] [--json OUT] [SENTENCE...]\n"
             "  --model DIR  the model files (default: $EMBER_MODEL_DIR, else %s;\n"
             "               tools/fetch-minilm puts them there)\n"
+            "  --device DEV cpu (default), cuda or cuda:N\n"
             "  --reps N     timed runs of each mode (default 5)\n"
             "  --file FILE  more sentences, one a line\n"
             "  --json OUT   write the timings to OUT as JSON\n",
@@ -111,11 +115,20 @@ static int usage(const char *argv0) {
 static int parse_args(int argc, char **argv, args *a, sentences *s) {
     a->model = getenv("EMBER_MODEL_DIR") ? getenv("EMBER_MODEL_DIR") : MINILM_DEFAULT_DIR;
     a->reps = 5;
+    a->device = em_cpu();
+    a->device_name = "cpu";
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--model") && i + 1 < argc) a->model = argv[++i];
         else if (!strcmp(argv[i], "--file") && i + 1 < argc) a->file = argv[++i];
         else if (!strcmp(argv[i], "--reps") && i + 1 < argc) a->reps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--json") && i + 1 < argc) a->json = argv[++i];
+        else if (!strcmp(argv[i], "--device") && i + 1 < argc) {
+            a->device_name = argv[++i];
+            if (!bert_parse_device(a->device_name, &a->device)) {
+                fprintf(stderr, "minilm: unknown device '%s' (cpu, cuda or cuda:N)\n", a->device_name);
+                return usage(argv[0]);
+            }
+        }
         else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) return usage(argv[0]);
         else if (argv[i][0] == '-' && argv[i][1] == '-') {
             fprintf(stderr, "minilm: unknown option %s\n", argv[i]);
@@ -196,16 +209,16 @@ typedef struct timings {
     int64_t compiled_kernels, loaded_kernels;
 } timings;
 
-static void write_json(const char *path, const sentences *s, int64_t T, const timings *t) {
+static void write_json(const char *path, const args *a, const sentences *s, int64_t T, const timings *t) {
     FILE *f = fopen(path, "w");
     if (!f) {
         fprintf(stderr, "minilm: cannot write %s\n", path);
         return;
     }
-    fprintf(f, "{\"sentences\": %d, \"padded_tokens\": %lld, \"threads\": %d, \"eager_ms\": %.4f, "
+    fprintf(f, "{\"device\": \"%s\", \"sentences\": %d, \"padded_tokens\": %lld, \"threads\": %d, \"eager_ms\": %.4f, "
             "\"compiled_ms\": %.4f, \"eager_sps\": %.3f, \"compiled_sps\": %.3f, \"first_call_s\": %.4f, "
             "\"kernels_compiled\": %lld, \"kernels_loaded\": %lld}\n",
-            s->n, (long long)T, em_num_threads(), t->eager * 1e3, t->compiled * 1e3, s->n / t->eager,
+            a->device_name, s->n, (long long)T, em_num_threads(), t->eager * 1e3, t->compiled * 1e3, s->n / t->eager,
             s->n / t->compiled, t->first, (long long)t->compiled_kernels, (long long)t->loaded_kernels);
     fclose(f);
 }
@@ -242,7 +255,7 @@ static int run(const bert_model *m, const sentences *s, const args *a, em_tensor
            (long long)st.calls, f->count + 2, (long long)st.hits, (long long)st.traces, (long long)st.eager, st.kernels);
     printf("eager vs compiled: max abs difference %.2e\n", max_abs_diff(eager, comp, (size_t)s->n * h));
     timings t = {te, tc, tfirst, st0.kernels_compiled, st0.kernels_loaded};
-    if (a->json) write_json(a->json, s, em_size(ids, 1), &t);
+    if (a->json) write_json(a->json, a, s, em_size(ids, 1), &t);
     rc = 0;
 done:
     if (rc && !f) fprintf(stderr, "minilm: %s\n", !eager || !comp ? "out of memory" : e.msg);
@@ -258,7 +271,11 @@ int main(int argc, char **argv) {
     bert_model m;
     ml_error e = {""};
     double t0 = now();
-    if (rc == 0 && bert_load(&m, a.model, &e) != ML_OK) {
+    ml_status ls = rc == 0 ? bert_load_on(&m, a.model, a.device, &e) : ML_OK;
+    if (ls == ML_ERR_ARG) {
+        fprintf(stderr, "minilm: --device %s: %s\n", a.device_name, e.msg);
+        rc = 1;
+    } else if (ls != ML_OK) {
         fprintf(stderr, "minilm: %s\n(run tools/fetch-minilm to get the model files, or give --model DIR)\n", e.msg);
         rc = 1;
     }
@@ -274,8 +291,10 @@ int main(int argc, char **argv) {
         } else {
             int most = 0;
             for (int i = 0; i < s.n; i++) most = ntok[i] > most ? ntok[i] : most;
-            printf("all-MiniLM-L6-v2 (%s): %d layers, hidden %d, loaded in %.2f s; %d threads\n", a.model,
-                   m.cfg.layers, m.cfg.hidden, tload, em_num_threads());
+            printf("all-MiniLM-L6-v2 (%s): %d layers, hidden %d, loaded in %.2f s; on %s", a.model,
+                   m.cfg.layers, m.cfg.hidden, tload, a.device_name);
+            if (a.device.type == EM_CPU) printf(", %d threads", em_num_threads());
+            printf("\n");
             printf("%d sentences, up to %d tokens each (batch padded to %lld), tokenized in %.2f ms\n", s.n,
                    most, (long long)em_size(ids, 1), (now() - t1) * 1e3);
             rc = run(&m, &s, &a, ids, mask);

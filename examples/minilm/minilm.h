@@ -158,17 +158,24 @@ typedef struct bert_model {
     em_tensor *ln_w, *ln_b;        /* embeddings' layer norm */
     bert_layer *layer;             /* cfg.layers of them */
     wp_vocab *vocab;
+    em_device device;              /* where the weights live; inputs go there too */
 } bert_model;
 
 /* Reads config.json, sentence_bert_config.json (optional: max_seq 256),
  * vocab.txt and model.safetensors from dir.  The weights are owned by m
  * (released by bert_free), whatever scope is open. */
 ml_status bert_load(bert_model *m, const char *dir, ml_error *e);
+/* As bert_load, with the weights on dev (read on the host, then copied to
+ * dev once).  ML_ERR_ARG, before any file is read, when dev is not
+ * available (no CUDA driver or device; the message says why). */
+ml_status bert_load_on(bert_model *m, const char *dir, em_device dev, ml_error *e);
+/* Parses "cpu", "cuda" or "cuda:N" into *dev; false if it is none of them. */
+bool bert_parse_device(const char *s, em_device *dev);
 void bert_free(bert_model *m);
 /* Tokenizes n texts and pads them to one length, a multiple of pad_to
  * (>= 1; rounding lengths up lets batches of nearby lengths share a
  * compiled entry): ids (I64) and mask (F32, 1 for tokens, 0 for padding),
- * both [n, T].  ntokens (optional) gets each text's token count. */
+ * both [n, T], on the model's device.  ntokens (optional) gets each text's token count. */
 ml_status bert_tokenize(const bert_model *m, int n, const char *const *texts, int pad_to,
                         em_tensor **ids, em_tensor **mask, int *ntokens, ml_error *e);
 /* The encoder, eagerly: in[0] ids [B, T] (I64), in[1] mask [B, T] (F32);
