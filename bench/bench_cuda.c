@@ -10,7 +10,9 @@
  *
  * --json FILE (make bench-cuda): also times each workload eagerly (Ember's
  * eager CUDA ops, after the compiled first call so that the cold first
- * call finds no eager kernel in the cache either), measures the warm first
+ * call finds no eager kernel in the cache either) and in lazy mode (the
+ * same eager code under em_lazy_begin, computed with em_realize:
+ * EMBER_JIT=1's path), measures the warm first
  * call in a new process (this program again, with --first-call NAME, on
  * the cache this one filled; a fresh temporary cache when EMBER_CACHE_DIR
  * is unset) and writes bench_eager's JSON schema, which bench/report.py
@@ -273,6 +275,17 @@ static void eager_body(void *ud) {
     em_scope_end();
 }
 
+/* Lazy mode: the eager code recorded, then computed as fused graphs. */
+static void lazy_body(void *ud) {
+    workload *w = ((eager_ud *)ud)->w;
+    em_tensor *out[1];
+    em_scope_begin();
+    em_lazy_begin();
+    if (w->fn(NULL, w->in, NULL, out) != EM_OK || em_realize(out[0]) != EM_OK) die("lazy run");
+    em_lazy_end();
+    em_scope_end();
+}
+
 /* Wall time per call of body over n calls, one synchronize at the end. */
 static double wall_per_call(body_fn body, void *ud, int n) {
     cuda_device *d = cuda_device_get(0);
@@ -314,12 +327,12 @@ static double warm_first_call(const char *self, const char *name) {
 }
 
 typedef struct result {
-    double eager, compiled, floor, cold, warm;
+    double eager, compiled, lazy, floor, cold, warm;
     int kernels;
 } result;
 
 static result run(workload *w, int reps, double copy_bw, double mm_rate, const char *self) {
-    result r = {-1, -1, 0, -1, -1, 0};
+    result r = {-1, -1, -1, 0, -1, -1, 0};
     em_compiled *f;
     r.cold = first_call(w, &f);
     call_ud ud = {f, w->in};
@@ -343,8 +356,10 @@ static result run(workload *w, int reps, double copy_bw, double mm_rate, const c
     if (self) { /* --json: eager times and the warm first call too */
         eager_ud eu = {w};
         r.eager = tiny ? wall_per_call(eager_body, &eu, 2000) : time_events(eager_body, &eu, reps);
+        r.lazy = tiny ? wall_per_call(lazy_body, &eu, 2000) : time_events(lazy_body, &eu, reps);
         r.warm = warm_first_call(self, w->name);
-        printf("  eager %.3f ms  warm first-call %.3f s", r.eager * 1e3, r.warm);
+        printf("  eager %.3f ms  lazy %.3f ms  warm first-call %.3f s", r.eager * 1e3, r.lazy * 1e3,
+               r.warm);
     }
     printf("\n");
     fflush(stdout);
@@ -376,9 +391,10 @@ static void json_begin(FILE *jf, const char *dev, double copy_bw, double mm_rate
 }
 
 static void json_row(FILE *jf, int k, const char *name, const result *r) {
-    fprintf(jf, "%s{\"name\": \"%s\", \"eager_ms\": %.6f, \"compiled_ms\": %.6f, \"floor_ms\": %.6f, "
-            "\"cold_first_ms\": %.3f, \"warm_first_ms\": %.3f, \"kernels\": %d}", k ? ", " : "", name,
-            r->eager * 1e3, r->compiled * 1e3, r->floor * 1e3, r->cold * 1e3,
+    fprintf(jf, "%s{\"name\": \"%s\", \"eager_ms\": %.6f, \"compiled_ms\": %.6f, \"lazy_ms\": %.6f, "
+            "\"floor_ms\": %.6f, \"cold_first_ms\": %.3f, \"warm_first_ms\": %.3f, \"kernels\": %d}",
+            k ? ", " : "", name, r->eager * 1e3, r->compiled * 1e3, r->lazy * 1e3, r->floor * 1e3,
+            r->cold * 1e3,
             r->warm < 0 ? -1.0 : r->warm * 1e3, r->kernels);
 }
 

@@ -6,8 +6,8 @@
 
 Reads bench_eager's --json (Ember eager and compiled, the floors measured in
 the same job, first-call latencies) or bench_cuda's (the same schema, with
-"device_type": "cuda": floors are the device copy and cuBLAS sgemm, no lazy
-column), torch_bench.py's JSON when PyTorch was
+"device_type": "cuda": floors are the device copy and cuBLAS sgemm),
+torch_bench.py's JSON when PyTorch was
 importable, and optionally the MiniLM demo's and sentence-transformers'
 throughput.  Prints the table, writes PREFIX.json (everything merged) and,
 when gnuplot is installed, PREFIX.png.  Standard library only.
@@ -81,7 +81,7 @@ def print_table(ember, torch, rows):
         print(f"PyTorch {torch['torch']}, {torch['threads']} threads")
     else:
         print("PyTorch is not installed (python3 -c 'import torch' failed): Ember only")
-    lazy = not on_cuda(ember)
+    lazy = any(r["ember_lazy_ms"] is not None for r in rows)
     head = ["workload", "ember eager", "ember compiled"] + (["ember lazy"] if lazy else []) + [
         "torch eager", "torch.compile", "vs torch eager", "vs torch.compile", "of floor", "of floor (torch.compile)"]
     table = [head]
