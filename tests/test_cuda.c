@@ -9,7 +9,6 @@
  * this program again (--cache-child) for each "process". */
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "testutil.h"
@@ -516,32 +515,11 @@ START_TEST(second_process_compiles_nothing) {
 }
 END_TEST
 
-/* In a child, so that this process never initializes CUDA (Check forks). */
-static bool probe_gpu(char *why, size_t n) {
-    int fd[2];
-    if (pipe(fd) != 0) return false;
-    pid_t pid = fork();
-    if (pid == 0) {
-        close(fd[0]);
-        bool ok = em_device_available(GPU);
-        const char *msg = ok ? "" : em_last_error();
-        if (write(fd[1], msg, strlen(msg)) < 0) _exit(2);
-        _exit(ok ? 0 : 1);
-    }
-    close(fd[1]);
-    ssize_t k = read(fd[0], why, n - 1);
-    why[k > 0 ? k : 0] = '\0';
-    close(fd[0]);
-    int status = 0;
-    waitpid(pid, &status, 0);
-    return WIFEXITED(status) && WEXITSTATUS(status) == 0;
-}
-
 int main(int argc, char **argv) {
     self_path = argv[0];
     if (argc > 1 && !strcmp(argv[1], "--cache-child")) return cache_child();
     char why[512];
-    if (!probe_gpu(why, sizeof why)) {
+    if (!tu_probe_gpu(why, sizeof why)) {
         printf("SKIP: no CUDA device: %s\n", why[0] ? why : "(unknown)");
         return 77;
     }

@@ -18,7 +18,6 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "../examples/minilm/minilm.h"
@@ -189,15 +188,16 @@ START_TEST(test_eager_matches_reference) {
 }
 END_TEST
 
-START_TEST(test_compiled_matches_reference) {
-    ref r = load_ref();
-    bert_model m;
+/* Compiles m's stages, checks the traced and the compiled embeddings and
+ * the counters, then the same eager code in lazy mode (EMBER_JIT=1's path:
+ * recorded, cut into graphs, compiled); frees m and r.  cpu: also that the
+ * six layers share their kernels (the cuda backend keeps no such count). */
+static void check_compiled_and_lazy(bert_model *m, ref *r, bool cpu) {
     ml_error e = {""};
-    ck_assert_msg(bert_load(&m, model_dir(), &e) == ML_OK, "%s", e.msg);
     bert_compiled f;
-    ck_assert_msg(bert_compile(&m, &f, &e) == ML_OK, "%s", e.msg);
-    check_embeddings(&m, &f, &r); /* traced (eager) */
-    check_embeddings(&m, &f, &r); /* the compiled graphs */
+    ck_assert_msg(bert_compile(m, &f, &e) == ML_OK, "%s", e.msg);
+    check_embeddings(m, &f, r); /* traced (eager) */
+    check_embeddings(m, &f, r); /* the compiled graphs */
     em_compile_stats st;
     bert_compiled_stats(&f, &st);
     ck_assert_int_eq(st.traces, 8); /* embeddings, 6 layers, pooling: once each */
@@ -205,21 +205,38 @@ START_TEST(test_compiled_matches_reference) {
     ck_assert_int_eq(st.eager, 0);
     ck_assert(!st.broken);
     ck_assert_int_gt(st.kernels, 0);
-    /* the six layers' kernels are the same code: compiled once, then loaded */
-    ck_assert_int_gt(st.kernels_loaded, 0);
-    ck_assert_int_lt(st.kernels_compiled, st.kernels_loaded);
+    if (cpu) { /* the six layers' kernels are the same code: compiled once, then loaded */
+        ck_assert_int_gt(st.kernels_loaded, 0);
+        ck_assert_int_lt(st.kernels_compiled, st.kernels_loaded);
+    }
+    ck_assert_int_eq(em_lazy_begin(), EM_OK);
+    check_embeddings(m, NULL, r);
+    ck_assert_int_eq(em_lazy_end(), EM_OK);
+    em_lazy_stats ls;
+    ck_assert_int_eq(em_lazy_get_stats(&ls), EM_OK);
+    ck_assert_int_gt(ls.ops_deferred, 100);
+    ck_assert_int_gt(ls.graphs_compiled, 0);
     em_scope_end();
     em_scope_begin();
     bert_compiled_free(&f);
-    bert_free(&m);
-    js_free(r.doc);
+    bert_free(m);
+    js_free(r->doc);
+}
+
+START_TEST(test_compiled_matches_reference) {
+    ref r = load_ref();
+    bert_model m;
+    ml_error e = {""};
+    ck_assert_msg(bert_load(&m, model_dir(), &e) == ML_OK, "%s", e.msg);
+    check_compiled_and_lazy(&m, &r, true);
 }
 END_TEST
 
 /* The same sentences on cuda:0: weights copied there at load, ids and
- * mask made there, eager then compiled (traced, then from the graphs);
- * every embedding within 1e-4 cosine distance (and 1e-5 per component) of
- * sentence-transformers'.  Only added to the suite when a GPU is found. */
+ * mask made there, eager, compiled (traced, then from the graphs) and
+ * lazy; every embedding within 1e-4 cosine distance (and 1e-5 per
+ * component) of sentence-transformers'.  Only added to the suite when a
+ * GPU is found. */
 START_TEST(test_cuda_matches_reference) {
     ref r = load_ref();
     bert_model m;
@@ -228,22 +245,7 @@ START_TEST(test_cuda_matches_reference) {
     ck_assert_int_eq(em_device_of(m.word).type, EM_CUDA);
     ck_assert_int_eq(em_device_of(m.layer[5].w2).type, EM_CUDA);
     check_embeddings(&m, NULL, &r);
-    bert_compiled f;
-    ck_assert_msg(bert_compile(&m, &f, &e) == ML_OK, "%s", e.msg);
-    check_embeddings(&m, &f, &r); /* traced (eager, on the GPU) */
-    check_embeddings(&m, &f, &r); /* the compiled graphs (cuda backend) */
-    em_compile_stats st;
-    bert_compiled_stats(&f, &st);
-    ck_assert_int_eq(st.traces, 8);
-    ck_assert_int_eq(st.hits, 8);
-    ck_assert_int_eq(st.eager, 0);
-    ck_assert(!st.broken);
-    ck_assert_int_gt(st.kernels, 0);
-    em_scope_end();
-    em_scope_begin();
-    bert_compiled_free(&f);
-    bert_free(&m);
-    js_free(r.doc);
+    check_compiled_and_lazy(&m, &r, false);
 }
 END_TEST
 
@@ -478,35 +480,9 @@ static Suite *model_suite(bool gpu) {
     return tu_suite("minilm_model", tests, gpu ? n : n - 1, 600);
 }
 
-/* Whether cuda:0 works, asked in a child so that this process never
- * initializes CUDA (Check forks); why gets the reason when it does not. */
-static bool probe_gpu(char *why, size_t n) {
-    int fd[2];
-    if (pipe(fd) != 0) return snprintf(why, n, "pipe failed"), false;
-    pid_t pid = fork();
-    if (pid < 0) {
-        close(fd[0]), close(fd[1]);
-        return snprintf(why, n, "fork failed"), false;
-    }
-    if (pid == 0) {
-        close(fd[0]);
-        bool ok = em_device_available(em_cuda(0));
-        const char *msg = ok ? "" : em_last_error();
-        if (write(fd[1], msg, strlen(msg)) < 0) _exit(2);
-        _exit(ok ? 0 : 1);
-    }
-    close(fd[1]);
-    ssize_t k = read(fd[0], why, n - 1);
-    why[k > 0 ? k : 0] = '\0';
-    close(fd[0]);
-    int status = 0;
-    waitpid(pid, &status, 0);
-    return WIFEXITED(status) && WEXITSTATUS(status) == 0;
-}
-
 int main(void) {
     char why[512] = "";
-    bool gpu = probe_gpu(why, sizeof why); /* first: before anything here touches CUDA */
+    bool gpu = tu_probe_gpu(why, sizeof why); /* first: before anything here touches CUDA */
     int rc = tu_run(files_suite());
     if (!have_weights()) {
         printf("SKIP: no all-MiniLM-L6-v2 weights in %s (run tools/fetch-minilm, or set EMBER_MODEL_DIR); "

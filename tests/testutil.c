@@ -5,6 +5,8 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 static uint64_t xorshift(uint64_t *s) {
     uint64_t x = *s;
@@ -181,3 +183,29 @@ void tu_setup(void) {
 }
 
 void tu_teardown(void) { em_scope_end(); }
+
+/* Whether cuda:0 works, asked in a child so that this process never
+ * initializes CUDA (Check forks); why gets the reason when it does not. */
+bool tu_probe_gpu(char *why, size_t n) {
+    int fd[2];
+    if (pipe(fd) != 0) return snprintf(why, n, "pipe failed"), false;
+    pid_t pid = fork();
+    if (pid < 0) {
+        close(fd[0]), close(fd[1]);
+        return snprintf(why, n, "fork failed"), false;
+    }
+    if (pid == 0) {
+        close(fd[0]);
+        bool ok = em_device_available(em_cuda(0));
+        const char *msg = ok ? "" : em_last_error();
+        if (write(fd[1], msg, strlen(msg)) < 0) _exit(2);
+        _exit(ok ? 0 : 1);
+    }
+    close(fd[1]);
+    ssize_t k = read(fd[0], why, n - 1);
+    why[k > 0 ? k : 0] = '\0';
+    close(fd[0]);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    return WIFEXITED(status) && WEXITSTATUS(status) == 0;
+}

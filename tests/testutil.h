@@ -67,6 +67,10 @@ Suite *tu_suite(const char *name, const tu_test *tests, size_t n, double timeout
 int tu_run(Suite *s);
 
 /* Per-test scope: every tensor a test makes is released at teardown. */
+/* Whether cuda:0 works, asked in a child process so that the caller never
+ * initializes CUDA (Check forks a process per test, and a forked child
+ * cannot use CUDA); why gets the reason when it does not. */
+bool tu_probe_gpu(char *why, size_t n);
 void tu_setup(void);
 void tu_teardown(void);
 
