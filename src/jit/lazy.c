@@ -84,11 +84,15 @@ typedef struct lz_thunk {
     em_tensor *self;     /* the tensor this thunk computes (not a reference) */
     struct lz_thunk *prev, *next; /* in st->pending */
     em_op op;
-    em_op_attrs attrs;
     int depth;           /* pending ops on the longest path down from this one */
     int nin;
+    const em_op_attrs *attrs; /* a copy after in[] in this block, or, for an op that
+                                 reads no attribute, a shared zero (saves copying
+                                 200 bytes per op) */
     em_tensor *in[];     /* one reference each */
 } lz_thunk;
+
+static const em_op_attrs no_attrs;
 
 static pthread_key_t state_key;
 static pthread_once_t state_once = PTHREAD_ONCE_INIT;
@@ -262,7 +266,7 @@ static int cut_add(cut *c, em_tensor *t) {
         for (int i = 0; i < k->nin && (i == 0 || ins[i - 1] >= 0); i++) ins[i] = cut_add(c, k->in[i]);
         bool ok = k->nin == 0 || ins[k->nin - 1] >= 0;
         for (int i = 0; ok && i < k->nin; i++) ok = ins[i] >= 0;
-        n = ok ? tr_add_call(c->g, k->op, k->nin, ins, &k->attrs, &m) : -1;
+        n = ok ? tr_add_call(c->g, k->op, k->nin, ins, k->attrs, &m) : -1;
         for (int i = 0; n >= 0 && i < k->nin; i++) c->internal[ins[i]]++;
         if (ins != in) em_free(ins);
     }
@@ -752,17 +756,26 @@ static em_tensor *lazy_op(void *ud, const em_op_call *c, const em_meta *m) {
         em_contiguous_strides(tm.ndim, tm.sizes, tm.strides);
         tm.offset = 0;
     }
+    /* one block: the tensor, the thunk, its inputs, the attributes if any */
+    bool has_attrs = em_op_table[c->op].attrs != 0;
+    size_t head = sizeof(lz_thunk) + sizeof(em_tensor *) * (size_t)c->nin;
     void *ext;
-    em_tensor *t = em_tensor_meta_only_ext(&tm, sizeof(lz_thunk) + sizeof(em_tensor *) * (size_t)c->nin, &ext);
+    em_tensor *t = em_tensor_meta_only_ext(&tm, head + (has_attrs ? sizeof(em_op_attrs) : 0), &ext);
     if (!t) return NULL;
     lz_thunk *k = ext;
-    memset(k, 0, sizeof *k);
     k->st = st;
     k->self = t;
+    k->prev = NULL;
     k->op = c->op;
-    k->attrs = *c->attrs;
     k->nin = c->nin;
     k->depth = 1;
+    if (has_attrs) {
+        em_op_attrs *a = (em_op_attrs *)((char *)ext + head);
+        *a = *c->attrs;
+        k->attrs = a;
+    } else {
+        k->attrs = &no_attrs;
+    }
     for (int i = 0; i < c->nin; i++) {
         k->in[i] = em_retain(c->in[i]);
         lz_thunk *ki = thunk_of(c->in[i]);
