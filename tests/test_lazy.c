@@ -319,6 +319,56 @@ START_TEST(the_recompile_limit_applies_per_structure) {
 }
 END_TEST
 
+/* 70 structures (the scalar is part of a structure) at 2 sizes each: 140
+ * entries and 70 structures, past the tables' first sizes (64 entries, 16
+ * structures, 128 index slots), so both hash indexes grow and probe past
+ * occupied slots.  With the limit at 0 nothing compiles (every entry runs
+ * op by op, exactly as eager): the test is about the tables. */
+#define NSTRUCT 70
+
+static void *many_body(void *arg) {
+    (void)arg;
+    em_scope_begin();
+    em_tensor *xs[2] = {tu_random(11, 2, TU_SIZES(2, 3), EM_F32, 1), tu_random(12, 2, TU_SIZES(3, 3), EM_F32, 1)};
+    double *xv[2] = {tu_values(xs[0]), tu_values(xs[1])};
+    em_lazy_begin();
+    bool ok = true;
+    em_lazy_stats st0, st;
+    em_lazy_get_stats(&st0);
+    for (int pass = 0; pass < 2; pass++) {
+        for (int s = 0; s < NSTRUCT; s++) {
+            for (int z = 0; z < 2; z++) {
+                em_scope_begin();
+                float y[9];
+                em_tensor *t = em_mul_scalar(em_add_scalar(xs[z], s), 2);
+                ok &= t && !t->storage && em_copy_to_host(t, y, sizeof y) == EM_OK;
+                for (int i = 0; i < 3 * (z + 2); i++) ok &= y[i] == ((float)xv[z][i] + (float)s) * 2.0f;
+                em_scope_end();
+            }
+        }
+        em_lazy_get_stats(&st);
+        /* the first pass adds every entry, the second finds every one */
+        ok &= st.eager_graphs - st0.eager_graphs == 2 * NSTRUCT;
+        ok &= st.graph_hits - st0.graph_hits == (pass ? 2 * NSTRUCT : 0);
+        ok &= st.graphs_compiled == st0.graphs_compiled;
+    }
+    em_lazy_end();
+    free(xv[0]);
+    free(xv[1]);
+    em_scope_end();
+    return ok ? (void *)1 : NULL;
+}
+
+START_TEST(many_structures_and_sizes_grow_the_tables_and_are_found_again) {
+    setenv("EMBER_RECOMPILE_LIMIT", "0", 1);
+    setenv("EMBER_DYNAMIC", "0", 1);
+    void *ok = on_thread(many_body, NULL);
+    unsetenv("EMBER_RECOMPILE_LIMIT");
+    unsetenv("EMBER_DYNAMIC");
+    ck_assert_ptr_nonnull(ok);
+}
+END_TEST
+
 static void *autostart_body(void *arg) {
     em_tensor *x = arg;
     em_scope_begin();
@@ -604,6 +654,7 @@ int main(void) {
         {"a_long_chain_is_cut_and_computed_on_the_way", a_long_chain_is_cut_and_computed_on_the_way},
         {"errors_are_reported_at_the_op", errors_are_reported_at_the_op},
         {"the_recompile_limit_applies_per_structure", the_recompile_limit_applies_per_structure},
+        {"many_structures_and_sizes_grow_the_tables_and_are_found_again", many_structures_and_sizes_grow_the_tables_and_are_found_again},
         {"ten_batch_sizes_compile_twice_in_lazy_mode", ten_batch_sizes_compile_twice_in_lazy_mode},
         {"async_compile_runs_op_by_op_until_the_kernels_are_ready", async_compile_runs_op_by_op_until_the_kernels_are_ready},
         {"ember_jit_starts_lazy_mode_on_every_thread_and_reads_cross_threads", ember_jit_starts_lazy_mode_on_every_thread_and_reads_cross_threads},
