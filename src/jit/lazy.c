@@ -195,13 +195,17 @@ static lz_thunk *thunk_of(const em_tensor *t) {
 typedef struct bytes {
     uint8_t *p;
     size_t n, cap;
+    bool heap;           /* p was allocated (else it is the cut's inline buffer) */
     bool failed;         /* an append could not allocate */
 } bytes;
+
+#define CUT_INLINE 64    /* nodes a cut holds before it allocates (tiny graphs never do) */
+#define BYTES_INLINE 2048
 
 typedef struct cut {
     em_tensor **keys;   /* tensor -> node, open addressing on the pointer */
     int *vals;
-    int cap;
+    int cap;            /* of the map; the node arrays hold cap / 2 */
     int nnodes;
     em_tensor **nodes;  /* node -> tensor */
     int *internal;      /* node -> references from thunks of the cut */
@@ -212,27 +216,40 @@ typedef struct cut {
     bytes shape_free;   /* key material: ops, attributes, dtypes, ranks, edges, outputs */
     bytes sizes;        /* key material: each node's sizes, strides and offset */
     tr_graph *g;        /* built on a miss (cut_graph) */
+    /* the first storage of the above, so that a small flush allocates
+     * nothing for its walk */
+    struct {
+        em_tensor *keys[2 * CUT_INLINE];
+        int vals[2 * CUT_INLINE];
+        em_tensor *nodes[CUT_INLINE], *inputs[CUT_INLINE];
+        int internal[CUT_INLINE];
+        uint8_t shape_free[BYTES_INLINE], sizes[BYTES_INLINE];
+    } first;
 } cut;
 
-static void bytes_put(bytes *b, const void *data, size_t n) {
-    if (b->n + n > b->cap) {
-        size_t cap = b->cap ? 2 * b->cap : 512;
-        while (cap < b->n + n) cap *= 2;
-        uint8_t *p = em_malloc(cap);
-        if (!p) {
-            b->failed = true;
-            return;
-        }
-        if (b->n) memcpy(p, b->p, b->n);
-        em_free(b->p);
-        b->p = p;
-        b->cap = cap;
+static void bytes_grow(bytes *b, size_t n) {
+    size_t cap = 2 * b->cap;
+    while (cap < b->n + n) cap *= 2;
+    uint8_t *p = em_malloc(cap);
+    if (!p) {
+        b->failed = true;
+        return;
     }
+    memcpy(p, b->p, b->n);
+    if (b->heap) em_free(b->p);
+    b->p = p;
+    b->cap = cap;
+    b->heap = true;
+}
+
+static inline void bytes_put(bytes *b, const void *data, size_t n) {
+    if (b->n + n > b->cap) bytes_grow(b, n);
+    if (b->failed) return;
     memcpy(b->p + b->n, data, n);
     b->n += n;
 }
 
-static void bytes_u64(bytes *b, uint64_t v) { bytes_put(b, &v, sizeof v); }
+static inline void bytes_u64(bytes *b, uint64_t v) { bytes_put(b, &v, sizeof v); }
 
 static size_t slot(const cut *c, const em_tensor *t) {
     uint64_t h = (uint64_t)(uintptr_t)t * 0x9E3779B97F4A7C15ull;
@@ -246,26 +263,32 @@ static int cut_find(const cut *c, const em_tensor *t, size_t *at) {
     return c->keys[i] ? c->vals[i] : -1;
 }
 
-static bool grow(void **p, size_t old, size_t size) {
-    void *n = em_calloc(size, 1);
-    if (!n) return false;
-    if (*p) memcpy(n, *p, old);
-    em_free(*p);
-    *p = n;
-    return true;
+/* A copy of the n bytes at p in a new block of size bytes (zeroed past n);
+ * the old one is freed if it was allocated. */
+static void *regrow(void *p, size_t n, size_t size, bool heap) {
+    void *q = em_calloc(size, 1);
+    if (q && n) memcpy(q, p, n);
+    if (q && heap) em_free(p);
+    return q;
 }
 
 /* Room for one more node: the map at most half full. */
 static bool cut_reserve(cut *c) {
     if (2 * (c->nnodes + 1) <= c->cap) return true;
-    int cap = 2 * c->cap;
+    int cap = 2 * c->cap, half = c->cap / 2;
+    bool heap = c->keys != c->first.keys;
     em_tensor **keys = em_calloc((size_t)cap, sizeof *keys);
     int *vals = em_malloc(sizeof(int) * (size_t)cap);
-    size_t po = sizeof(void *) * (size_t)c->cap, pn = sizeof(void *) * (size_t)cap;
-    bool ok = keys && vals && grow((void **)&c->nodes, po, pn) &&
-              grow((void **)&c->internal, sizeof(int) * (size_t)c->cap, sizeof(int) * (size_t)cap) &&
-              grow((void **)&c->inputs, po, pn);
-    if (!ok) {
+    em_tensor **nodes = NULL, **inputs = NULL;
+    int *internal = NULL;
+    size_t po = sizeof(void *) * (size_t)half, pn = sizeof(void *) * (size_t)c->cap;
+    if (keys && vals && (nodes = regrow(c->nodes, po, pn, heap)) &&
+        (internal = regrow(c->internal, sizeof(int) * (size_t)half, sizeof(int) * (size_t)c->cap, heap)) &&
+        (inputs = regrow(c->inputs, po, pn, heap))) {
+        c->nodes = nodes, c->internal = internal, c->inputs = inputs;
+    } else { /* the arrays that moved are in place; the rest stay */
+        if (nodes) c->nodes = nodes;
+        if (internal) c->internal = internal;
         em_free(keys);
         em_free(vals);
         return false;
@@ -282,8 +305,10 @@ static bool cut_reserve(cut *c) {
         keys[at] = ok_keys[i];
         vals[at] = ov[i];
     }
-    em_free(ok_keys);
-    em_free(ov);
+    if (heap) {
+        em_free(ok_keys);
+        em_free(ov);
+    }
     return true;
 }
 
@@ -363,14 +388,16 @@ static int cut_add(cut *c, em_tensor *t) {
 
 static void cut_free(cut *c) {
     tr_graph_free(c->g);
-    em_free(c->keys);
-    em_free(c->vals);
-    em_free(c->nodes);
-    em_free(c->internal);
-    em_free(c->inputs);
+    if (c->keys != c->first.keys) {
+        em_free(c->keys);
+        em_free(c->vals);
+    }
+    if (c->nodes != c->first.nodes) em_free(c->nodes);
+    if (c->internal != c->first.internal) em_free(c->internal);
+    if (c->inputs != c->first.inputs) em_free(c->inputs);
     em_free(c->outs);
-    em_free(c->shape_free.p);
-    em_free(c->sizes.p);
+    if (c->shape_free.heap) em_free(c->shape_free.p);
+    if (c->sizes.heap) em_free(c->sizes.p);
 }
 
 /* Whether a value is cheap to compute again inside a later kernel. */
@@ -418,14 +445,18 @@ static bool cut_outputs(cut *c, em_tensor *const *roots, int nroots) {
 /* Walks the DAG below roots[0..nroots): nodes, inputs, outputs and the key
  * material; no graph yet. */
 static bool cut_build(cut *c, em_tensor *const *roots, int nroots) {
-    memset(c, 0, sizeof *c);
-    c->cap = 64;
-    c->keys = em_calloc((size_t)c->cap, sizeof *c->keys);
-    c->vals = em_malloc(sizeof(int) * (size_t)c->cap);
-    c->nodes = em_calloc((size_t)c->cap, sizeof *c->nodes);
-    c->internal = em_calloc((size_t)c->cap, sizeof *c->internal);
-    c->inputs = em_calloc((size_t)c->cap, sizeof *c->inputs);
-    if (!c->keys || !c->vals || !c->nodes || !c->internal || !c->inputs) return false;
+    /* only the map needs zeroing: the rest is written before it is read */
+    memset(c, 0, offsetof(cut, first));
+    memset(c->first.keys, 0, sizeof c->first.keys);
+    memset(c->first.internal, 0, sizeof c->first.internal);
+    c->cap = 2 * CUT_INLINE;
+    c->keys = c->first.keys;
+    c->vals = c->first.vals;
+    c->nodes = c->first.nodes;
+    c->internal = c->first.internal;
+    c->inputs = c->first.inputs;
+    c->shape_free = (bytes){c->first.shape_free, 0, BYTES_INLINE, false, false};
+    c->sizes = (bytes){c->first.sizes, 0, BYTES_INLINE, false, false};
     for (int r = 0; r < nroots; r++)
         if (cut_add(c, roots[r]) < 0) return false;
     if (!cut_outputs(c, roots, nroots)) return false;
