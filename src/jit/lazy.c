@@ -7,11 +7,12 @@
  *
  * A tensor is computed (em_force) when its values are needed: a host read
  * (em_copy_to_host, em_item, em_print), an op that must run eagerly, em_sync,
- * or a DAG grown deeper than LZ_MAX_DEPTH ops.  Forcing t cuts the DAG below
- * t into a graph (leaves become inputs), looks the graph up in the
- * thread's entry table by a 128-bit key over every op, attribute, meta and
- * output (the structural key), compiles it with the cpu backend on a miss
- * (through the same kernel and plan caches em_compile uses), runs it, and
+ * or a DAG grown deeper than LZ_MAX_DEPTH ops.  Forcing t walks the DAG
+ * below t (leaves become inputs), looks it up in the thread's entry table
+ * (a hash index) by a 128-bit key over every op, attribute, meta and
+ * output (the structural key) written during the walk, builds the graph
+ * and compiles it with the cpu backend only on a miss (through the same
+ * kernel and plan caches em_compile uses), runs it, and
  * gives t and every node someone else still holds their storage.  Nodes
  * only the graph needed stay pending: if read later they are recomputed
  * (ops are deterministic: random ops carry their Philox seed and offset).
