@@ -433,6 +433,16 @@ START_TEST(a_whole_program_graph_frees_its_intermediates_as_it_runs) {
      * besides; holding every intermediate to the end took 16 */
     ck_assert_msg(c.peak <= 5 * one, "peak %zu bytes over the graph's run: %.1f buffers", c.peak,
                   (double)c.peak / (double)one);
+    /* the same graph run op by op (past the recompile limit: the replay
+     * backend) frees as it goes too */
+    live_bytes r = {0, 0, {live_alloc, live_free, NULL}};
+    r.hook.ud = &r;
+    setenv("EMBER_RECOMPILE_LIMIT", "0", 1);
+    void *ok = on_thread(memory_body, &r);
+    unsetenv("EMBER_RECOMPILE_LIMIT");
+    ck_assert_ptr_nonnull(ok);
+    ck_assert_msg(r.peak <= 5 * one, "replayed: peak %zu bytes: %.1f buffers", r.peak,
+                  (double)r.peak / (double)one);
 }
 END_TEST
 
