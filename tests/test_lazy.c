@@ -491,6 +491,63 @@ START_TEST(ember_jit_starts_lazy_mode_on_every_thread_and_reads_cross_threads) {
 }
 END_TEST
 
+/* ---- pending tensors across threads ---- */
+
+static void *maker_body(void *arg) {
+    em_lazy_begin();
+    em_scope_begin();
+    em_tensor *y = em_keep(em_mul_scalar(em_tanh(arg), 2)); /* the caller's */
+    em_scope_end();
+    em_lazy_end();
+    return y; /* pending, and its thread (and lazy state's thread reference) ends */
+}
+
+typedef struct drop_job {
+    em_tensor **ts;
+    int n;
+} drop_job;
+
+static void *dropper_body(void *arg) {
+    drop_job *j = arg;
+    for (int i = 0; i < j->n; i++) em_release(j->ts[i]);
+    return em_last_status() == EM_OK ? (void *)1 : NULL; /* each was the caller's to release */
+}
+
+START_TEST(pending_tensors_outlive_their_thread_and_die_on_any_thread) {
+    em_tensor *x = em_keep(em_full(1, TU_SIZES(3), 0.5, EM_F32, CPU));
+    em_tensor *y = on_thread(maker_body, x);
+    ck_assert_ptr_nonnull(y);
+    ck_assert_ptr_null(y->storage);
+    double *v = tu_values(y); /* computed here, by the dead thread's recipe */
+    for (int i = 0; i < 3; i++) ck_assert_double_eq_tol(v[i], 2 * tanh(0.5), 1e-6);
+    free(v);
+    em_release(y); /* the last thunk of that thread's lazy state: frees it */
+    /* another thread drops pending tensors while this one records more */
+    enum { N = 300 };
+    em_tensor *ts[N];
+    ck_assert_int_eq(em_lazy_begin(), EM_OK);
+    for (int i = 0; i < N; i++) ts[i] = em_keep(em_add_scalar(x, i));
+    drop_job j = {ts, N};
+    pthread_t th;
+    ck_assert_int_eq(pthread_create(&th, NULL, dropper_body, &j), 0);
+    em_scope_begin();
+    em_tensor *acc = x;
+    for (int i = 0; i < N; i++) acc = em_add_scalar(em_mul_scalar(acc, 0.5), 1);
+    void *ok = NULL;
+    pthread_join(th, &ok);
+    ck_assert_ptr_nonnull(ok);
+    ck_assert_int_eq(em_sync(), EM_OK);
+    double want = 0.5;
+    for (int i = 0; i < N; i++) want = want * 0.5 + 1;
+    v = tu_values(acc);
+    for (int i = 0; i < 3; i++) ck_assert_double_eq_tol(v[i], want, 1e-5);
+    free(v);
+    em_scope_end();
+    ck_assert_int_eq(em_lazy_end(), EM_OK);
+    em_release(x);
+}
+END_TEST
+
 /* softmax and layer_norm of 10 batch sizes in lazy mode: compiled twice
  * (the first size, then one dynamic entry), unless EMBER_DYNAMIC=0 */
 static void *batch_body(void *arg) {
@@ -736,6 +793,7 @@ int main(void) {
         {"ten_batch_sizes_compile_twice_in_lazy_mode", ten_batch_sizes_compile_twice_in_lazy_mode},
         {"async_compile_runs_op_by_op_until_the_kernels_are_ready", async_compile_runs_op_by_op_until_the_kernels_are_ready},
         {"ember_jit_starts_lazy_mode_on_every_thread_and_reads_cross_threads", ember_jit_starts_lazy_mode_on_every_thread_and_reads_cross_threads},
+        {"pending_tensors_outlive_their_thread_and_die_on_any_thread", pending_tensors_outlive_their_thread_and_die_on_any_thread},
         {"an_attention_block_and_mlp_in_lazy_mode_match_float64_and_eager", an_attention_block_and_mlp_in_lazy_mode_match_float64_and_eager},
         {"a_graph_break_splits_the_function_into_compiled_segments", a_graph_break_splits_the_function_into_compiled_segments},
     };
