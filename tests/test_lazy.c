@@ -319,6 +319,133 @@ START_TEST(the_recompile_limit_applies_per_structure) {
 }
 END_TEST
 
+/* 70 structures (the scalar is part of a structure) at 2 sizes each: 140
+ * entries and 70 structures, past the tables' first sizes (64 entries, 16
+ * structures, 128 index slots), so both hash indexes grow and probe past
+ * occupied slots.  With the limit at 0 nothing compiles (every entry runs
+ * op by op, exactly as eager): the test is about the tables. */
+#define NSTRUCT 70
+
+static void *many_body(void *arg) {
+    (void)arg;
+    em_scope_begin();
+    em_tensor *xs[2] = {tu_random(11, 2, TU_SIZES(2, 3), EM_F32, 1), tu_random(12, 2, TU_SIZES(3, 3), EM_F32, 1)};
+    double *xv[2] = {tu_values(xs[0]), tu_values(xs[1])};
+    em_lazy_begin();
+    bool ok = true;
+    em_lazy_stats st0, st;
+    em_lazy_get_stats(&st0);
+    for (int pass = 0; pass < 2; pass++) {
+        for (int s = 0; s < NSTRUCT; s++) {
+            for (int z = 0; z < 2; z++) {
+                em_scope_begin();
+                float y[9];
+                em_tensor *t = em_mul_scalar(em_add_scalar(xs[z], s), 2);
+                ok &= t && !t->storage && em_copy_to_host(t, y, sizeof y) == EM_OK;
+                for (int i = 0; i < 3 * (z + 2); i++) ok &= y[i] == ((float)xv[z][i] + (float)s) * 2.0f;
+                em_scope_end();
+            }
+        }
+        em_lazy_get_stats(&st);
+        /* the first pass adds every entry, the second finds every one */
+        ok &= st.eager_graphs - st0.eager_graphs == 2 * NSTRUCT;
+        ok &= st.graph_hits - st0.graph_hits == (pass ? 2 * NSTRUCT : 0);
+        ok &= st.graphs_compiled == st0.graphs_compiled;
+    }
+    em_lazy_end();
+    free(xv[0]);
+    free(xv[1]);
+    em_scope_end();
+    return ok ? (void *)1 : NULL;
+}
+
+START_TEST(many_structures_and_sizes_grow_the_tables_and_are_found_again) {
+    setenv("EMBER_RECOMPILE_LIMIT", "0", 1);
+    setenv("EMBER_DYNAMIC", "0", 1);
+    void *ok = on_thread(many_body, NULL);
+    unsetenv("EMBER_RECOMPILE_LIMIT");
+    unsetenv("EMBER_DYNAMIC");
+    ck_assert_ptr_nonnull(ok);
+}
+END_TEST
+
+/* ---- memory: a whole-program graph frees its intermediates as it runs ---- */
+
+typedef struct live_bytes {
+    size_t live, peak;
+    em_allocator hook; /* outlives the thread: its lazy state frees with it at exit */
+} live_bytes;
+
+static void *live_alloc(void *ud, size_t size, size_t align) {
+    live_bytes *c = ud;
+    void *p = NULL;
+    if (align > 64 || posix_memalign(&p, 64, size + 64) != 0) return NULL;
+    *(size_t *)p = size;
+    c->live += size;
+    if (c->live > c->peak) c->peak = c->live;
+    return (char *)p + 64;
+}
+
+static void live_free(void *ud, void *ptr) {
+    live_bytes *c = ud;
+    char *p = (char *)ptr - 64;
+    c->live -= *(size_t *)p;
+    free(p);
+}
+
+/* 8 layers of relu(x @ w), each in its own scope as a model's layers are
+ * (MiniLM's encoder): one graph in lazy mode.  Its run must not hold all
+ * 16 intermediates at once, as eager mode never does. */
+static em_tensor *layers(em_tensor *x, em_tensor *w) {
+    for (int i = 0; i < 8; i++) {
+        em_scope_begin();
+        em_tensor *y = em_relu(em_matmul(x, w));
+        x = em_keep(y);
+        em_scope_end();
+    }
+    return x;
+}
+
+static void *memory_body(void *arg) {
+    live_bytes *c = arg;
+    em_set_allocator(&c->hook);
+    em_scope_begin();
+    em_tensor *x = tu_random(21, 2, TU_SIZES(256, 256), EM_F32, 1), *w = tu_random(22, 2, TU_SIZES(256, 256), EM_F32, 1);
+    em_tensor *w2 = em_mul_scalar(w, 0.0625); /* keeps the values in range */
+    em_lazy_begin();
+    bool ok = em_realize(layers(x, w2)) == EM_OK; /* compiles */
+    size_t before = c->live;
+    c->peak = c->live;
+    em_tensor *y = layers(x, w2);
+    ok &= em_realize(y) == EM_OK;
+    c->peak -= before;
+    em_lazy_end();
+    em_scope_end();
+    return ok ? (void *)1 : NULL;
+}
+
+START_TEST(a_whole_program_graph_frees_its_intermediates_as_it_runs) {
+    live_bytes c = {0, 0, {live_alloc, live_free, NULL}};
+    c.hook.ud = &c;
+    ck_assert_ptr_nonnull(on_thread(memory_body, &c));
+    size_t one = 256 * 256 * sizeof(float);
+    /* the result, and at most a matmul's input, output and a relu's output
+     * besides; holding every intermediate to the end took 16 */
+    ck_assert_msg(c.peak <= 5 * one, "peak %zu bytes over the graph's run: %.1f buffers", c.peak,
+                  (double)c.peak / (double)one);
+    /* the same graph run op by op (past the recompile limit: the replay
+     * backend) frees as it goes too */
+    live_bytes r = {0, 0, {live_alloc, live_free, NULL}};
+    r.hook.ud = &r;
+    setenv("EMBER_RECOMPILE_LIMIT", "0", 1);
+    void *ok = on_thread(memory_body, &r);
+    unsetenv("EMBER_RECOMPILE_LIMIT");
+    ck_assert_ptr_nonnull(ok);
+    ck_assert_msg(r.peak <= 5 * one, "replayed: peak %zu bytes: %.1f buffers", r.peak,
+                  (double)r.peak / (double)one);
+}
+END_TEST
+
 static void *autostart_body(void *arg) {
     em_tensor *x = arg;
     em_scope_begin();
@@ -361,6 +488,63 @@ START_TEST(ember_jit_starts_lazy_mode_on_every_thread_and_reads_cross_threads) {
     em_release(x);
     em_release(y);
     em_release(z);
+}
+END_TEST
+
+/* ---- pending tensors across threads ---- */
+
+static void *maker_body(void *arg) {
+    em_lazy_begin();
+    em_scope_begin();
+    em_tensor *y = em_keep(em_mul_scalar(em_tanh(arg), 2)); /* the caller's */
+    em_scope_end();
+    em_lazy_end();
+    return y; /* pending, and its thread (and lazy state's thread reference) ends */
+}
+
+typedef struct drop_job {
+    em_tensor **ts;
+    int n;
+} drop_job;
+
+static void *dropper_body(void *arg) {
+    drop_job *j = arg;
+    for (int i = 0; i < j->n; i++) em_release(j->ts[i]);
+    return em_last_status() == EM_OK ? (void *)1 : NULL; /* each was the caller's to release */
+}
+
+START_TEST(pending_tensors_outlive_their_thread_and_die_on_any_thread) {
+    em_tensor *x = em_keep(em_full(1, TU_SIZES(3), 0.5, EM_F32, CPU));
+    em_tensor *y = on_thread(maker_body, x);
+    ck_assert_ptr_nonnull(y);
+    ck_assert_ptr_null(y->storage);
+    double *v = tu_values(y); /* computed here, by the dead thread's recipe */
+    for (int i = 0; i < 3; i++) ck_assert_double_eq_tol(v[i], 2 * tanh(0.5), 1e-6);
+    free(v);
+    em_release(y); /* the last thunk of that thread's lazy state: frees it */
+    /* another thread drops pending tensors while this one records more */
+    enum { N = 300 };
+    em_tensor *ts[N];
+    ck_assert_int_eq(em_lazy_begin(), EM_OK);
+    for (int i = 0; i < N; i++) ts[i] = em_keep(em_add_scalar(x, i));
+    drop_job j = {ts, N};
+    pthread_t th;
+    ck_assert_int_eq(pthread_create(&th, NULL, dropper_body, &j), 0);
+    em_scope_begin();
+    em_tensor *acc = x;
+    for (int i = 0; i < N; i++) acc = em_add_scalar(em_mul_scalar(acc, 0.5), 1);
+    void *ok = NULL;
+    pthread_join(th, &ok);
+    ck_assert_ptr_nonnull(ok);
+    ck_assert_int_eq(em_sync(), EM_OK);
+    double want = 0.5;
+    for (int i = 0; i < N; i++) want = want * 0.5 + 1;
+    v = tu_values(acc);
+    for (int i = 0; i < 3; i++) ck_assert_double_eq_tol(v[i], want, 1e-5);
+    free(v);
+    em_scope_end();
+    ck_assert_int_eq(em_lazy_end(), EM_OK);
+    em_release(x);
 }
 END_TEST
 
@@ -604,9 +788,12 @@ int main(void) {
         {"a_long_chain_is_cut_and_computed_on_the_way", a_long_chain_is_cut_and_computed_on_the_way},
         {"errors_are_reported_at_the_op", errors_are_reported_at_the_op},
         {"the_recompile_limit_applies_per_structure", the_recompile_limit_applies_per_structure},
+        {"many_structures_and_sizes_grow_the_tables_and_are_found_again", many_structures_and_sizes_grow_the_tables_and_are_found_again},
+        {"a_whole_program_graph_frees_its_intermediates_as_it_runs", a_whole_program_graph_frees_its_intermediates_as_it_runs},
         {"ten_batch_sizes_compile_twice_in_lazy_mode", ten_batch_sizes_compile_twice_in_lazy_mode},
         {"async_compile_runs_op_by_op_until_the_kernels_are_ready", async_compile_runs_op_by_op_until_the_kernels_are_ready},
         {"ember_jit_starts_lazy_mode_on_every_thread_and_reads_cross_threads", ember_jit_starts_lazy_mode_on_every_thread_and_reads_cross_threads},
+        {"pending_tensors_outlive_their_thread_and_die_on_any_thread", pending_tensors_outlive_their_thread_and_die_on_any_thread},
         {"an_attention_block_and_mlp_in_lazy_mode_match_float64_and_eager", an_attention_block_and_mlp_in_lazy_mode_match_float64_and_eager},
         {"a_graph_break_splits_the_function_into_compiled_segments", a_graph_break_splits_the_function_into_compiled_segments},
     };

@@ -70,8 +70,14 @@ em_tensor *em_dispatch(em_op op, int nin, em_tensor *const *in, const em_op_attr
         if (em_mode_autostart) em_mode_autostart();
     }
     if (check_inputs(&c) != EM_OK) return NULL;
+    /* zeroed field by field: a memset of the struct compiles to `rep stos`,
+     * 9% of recording an op in lazy mode */
     em_meta m;
-    memset(&m, 0, sizeof m);
+    m.ndim = 0;
+    memset(m.sizes, 0, sizeof m.sizes);
+    memset(m.strides, 0, sizeof m.strides);
+    m.offset = 0;
+    m.dtype = 0;
     m.device = nin > 0 ? in[0]->device : c.attrs->device;
     if (em_op_table[op].infer(&c, &m) != EM_OK) return NULL;
     if (ctx->hook.fn) return ctx->hook.fn(ctx->hook.ud, &c, &m);

@@ -606,6 +606,60 @@ static em_status run_kernel(const tr_graph *g, const em_meta *metas, const jit_p
     return s;
 }
 
+/* The node a non-kernel step runs (its attributes and sizes those of sp
+ * when given). */
+static const tr_node *step_node(const tr_graph *g, const cpu_spec *sp, const sc_step *step) {
+    return sp ? &sp->nodes[step->node] : &g->nodes[step->node];
+}
+
+/* The last step that reads or writes each node's value; graph outputs get
+ * nsteps (never freed).  run_plan frees an intermediate after its last
+ * step, as eager code's scopes do: holding every value until the end made
+ * a whole-model graph (lazy mode makes those) take several times eager
+ * mode's memory, and the fresh pages (page faults, zeroing) cost more than
+ * fusion saved (MiniLM under EMBER_JIT=1). */
+static int *last_steps(const cpu_state *st, const tr_graph *g, const cpu_spec *sp) {
+    int *last = em_malloc(sizeof(int) * ((size_t)g->nnodes + 1));
+    if (!last) return NULL;
+    for (int v = 0; v < g->nnodes; v++) last[v] = -1;
+    for (int i = 0; i < st->plan.nsteps; i++) {
+        const sc_step *step = &st->plan.steps[i];
+        if (step->kind == SC_KERNEL) {
+            const jit_plan_kernel *pk = &st->plan.kernels[step->group];
+            for (int b = 0; b < pk->nbufs; b++) last[pk->bufs[b]] = i;
+            continue;
+        }
+        const tr_node *n = step_node(g, sp, step);
+        for (int k = 0; k < n->nin; k++) last[n->in[k]] = i;
+        last[step->node] = i;
+    }
+    for (int o = 0; o < g->noutputs; o++) last[g->outputs[o]] = st->plan.nsteps;
+    return last;
+}
+
+/* Frees node v's value if step i was its last and run_plan's scope (depth)
+ * made it (inputs and constants belong to others). */
+static void free_if_done(em_tensor **vals, const int *last, int v, int i, int depth) {
+    if (last[v] == i && vals[v] && vals[v]->scope == depth) {
+        em_tensor_discard(vals[v]);
+        vals[v] = NULL;
+    }
+}
+
+/* Frees the values step i used up. */
+static void free_used(const cpu_state *st, const tr_graph *g, const cpu_spec *sp, em_tensor **vals,
+                      const int *last, int i, int depth) {
+    const sc_step *step = &st->plan.steps[i];
+    if (step->kind == SC_KERNEL) {
+        const jit_plan_kernel *pk = &st->plan.kernels[step->group];
+        for (int b = 0; b < pk->nbufs; b++) free_if_done(vals, last, pk->bufs[b], i, depth);
+        return;
+    }
+    const tr_node *n = step_node(g, sp, step);
+    for (int k = 0; k < n->nin; k++) free_if_done(vals, last, n->in[k], i, depth);
+    free_if_done(vals, last, step->node, i, depth);
+}
+
 /* Runs the plan, for the sizes of sp (NULL: static, the graph as
  * recorded): its nodes' metas and attributes, its kernels' size
  * arguments. */
@@ -614,9 +668,13 @@ static em_status run_plan(const cpu_state *st, const tr_graph *g, const cpu_spec
     const em_meta *metas = sp ? sp->metas : NULL;
     int64_t *const *sizes = sp ? sp->sizes : NULL;
     em_tensor **vals = em_calloc((size_t)g->nnodes + 1, sizeof *vals);
-    if (!vals) return em_last_status();
+    int *last = vals ? last_steps(st, g, sp) : NULL;
+    if (!last) {
+        em_free(vals);
+        return em_last_status();
+    }
     em_status s = EM_OK;
-    em_scope_begin();
+    int depth = em_scope_begin();
     for (int i = 0; i < g->nnodes; i++) {
         const tr_node *n = &g->nodes[i];
         if (n->kind == TR_INPUT) vals[i] = in[n->index];
@@ -627,15 +685,16 @@ static em_status run_plan(const cpu_state *st, const tr_graph *g, const cpu_spec
         if (step->kind == SC_KERNEL) {
             s = run_kernel(g, metas, &st->plan.kernels[step->group], st->kernels[step->group],
                            sizes ? sizes[step->group] : NULL, vals);
-            continue;
+        } else {
+            const tr_node *n = step_node(g, sp, step);
+            for (int k = 0; k < n->nin && s == EM_OK; k++)
+                if (!vals[n->in[k]])
+                    s = em_error(EM_ERR_STATE, "cpu backend: input %%%d of %%%d is not computed yet",
+                                 n->in[k], step->node);
+            if (s == EM_OK) vals[step->node] = jit_replay_node(n, vals);
+            if (s == EM_OK && !vals[step->node]) s = em_last_status() ? em_last_status() : EM_ERR_STATE;
         }
-        const tr_node *n = sp ? &sp->nodes[step->node] : &g->nodes[step->node];
-        for (int k = 0; k < n->nin && s == EM_OK; k++)
-            if (!vals[n->in[k]])
-                s = em_error(EM_ERR_STATE, "cpu backend: input %%%d of %%%d is not computed yet",
-                             n->in[k], step->node);
-        if (s == EM_OK) vals[step->node] = jit_replay_node(n, vals);
-        if (s == EM_OK && !vals[step->node]) s = em_last_status() ? em_last_status() : EM_ERR_STATE;
+        if (s == EM_OK) free_used(st, g, sp, vals, last, i, depth);
     }
     for (int i = 0; i < g->noutputs; i++) {
         em_tensor *v = vals[g->outputs[i]];
@@ -643,6 +702,7 @@ static em_status run_plan(const cpu_state *st, const tr_graph *g, const cpu_spec
         out[i] = s == EM_OK ? em_keep(v) : NULL;
     }
     em_scope_end();
+    em_free(last);
     em_free(vals);
     return s;
 }

@@ -31,13 +31,42 @@ em_tensor *jit_replay_node(const tr_node *n, em_tensor **vals) {
     return t;
 }
 
+/* The last node that reads each node's value; outputs get nnodes (never
+ * freed).  As in the cpu backend's run_plan, replay frees each
+ * intermediate after its last reader, as eager code's scopes would. */
+static int *last_readers(const tr_graph *g) {
+    int *last = em_malloc(sizeof(int) * ((size_t)g->nnodes + 1));
+    if (!last) return NULL;
+    for (int v = 0; v < g->nnodes; v++) last[v] = v;
+    for (int i = 0; i < g->nnodes; i++)
+        for (int k = 0; g->nodes[i].kind == TR_CALL && k < g->nodes[i].nin; k++) last[g->nodes[i].in[k]] = i;
+    for (int o = 0; o < g->noutputs; o++) last[g->outputs[o]] = g->nnodes;
+    return last;
+}
+
+/* Frees the values node i used up that this run's scope (depth) made. */
+static void free_used(const tr_graph *g, em_tensor **vals, const int *last, int i, int depth) {
+    const tr_node *n = &g->nodes[i];
+    for (int k = -1; n->kind == TR_CALL && k < n->nin; k++) {
+        int v = k < 0 ? i : n->in[k];
+        if (last[v] == i && vals[v] && vals[v]->scope == depth) {
+            em_tensor_discard(vals[v]);
+            vals[v] = NULL;
+        }
+    }
+}
+
 static em_status replay_run(void *state, const tr_graph *g, em_tensor *const *in,
                             em_tensor **out) {
     (void)state;
     em_tensor **vals = em_calloc((size_t)(g->nnodes ? g->nnodes : 1), sizeof *vals);
-    if (!vals) return em_last_status();
+    int *last = vals ? last_readers(g) : NULL;
+    if (!last) {
+        em_free(vals);
+        return em_last_status();
+    }
     em_status s = EM_OK;
-    em_scope_begin();
+    int depth = em_scope_begin();
     for (int i = 0; i < g->nnodes && s == EM_OK; i++) {
         const tr_node *n = &g->nodes[i];
         switch (n->kind) {
@@ -46,9 +75,11 @@ static em_status replay_run(void *state, const tr_graph *g, em_tensor *const *in
         case TR_CALL: vals[i] = jit_replay_node(n, vals); break;
         }
         if (!vals[i]) s = em_last_status() != EM_OK ? em_last_status() : EM_ERR_STATE;
+        else free_used(g, vals, last, i, depth);
     }
     for (int i = 0; i < g->noutputs; i++) out[i] = s == EM_OK ? em_keep(vals[g->outputs[i]]) : NULL;
     em_scope_end();
+    em_free(last);
     em_free(vals);
     return s;
 }

@@ -7,12 +7,13 @@
  *
  * A tensor is computed (em_force) when its values are needed: a host read
  * (em_copy_to_host, em_item, em_print), an op that must run eagerly, em_sync,
- * or a DAG grown deeper than LZ_MAX_DEPTH ops.  Forcing t cuts the DAG below
- * t into a graph (leaves become inputs), looks the graph up in the
- * thread's entry table by a 128-bit key over every op, attribute, meta and
- * output (the structural key), compiles it with its device's backend (cpu
- * or cuda, through the auto backend) on a miss
- * (through the same kernel and plan caches em_compile uses), runs it, and
+ * or a DAG grown deeper than LZ_MAX_DEPTH ops.  Forcing t walks the DAG
+ * below t (leaves become inputs), looks it up in the thread's entry table
+ * (a hash index) by a 128-bit key over every op, attribute, meta and
+ * output (the structural key) written during the walk, builds the graph
+ * and compiles it with its device's backend (cpu or cuda, through the
+ * auto backend) only on a miss (through the same kernel and plan caches
+ * em_compile uses), runs it, and
  * gives t and every node someone else still holds their storage.  Nodes
  * only the graph needed stay pending: if read later they are recomputed
  * (ops are deterministic: random ops carry their Philox seed and offset).
@@ -34,7 +35,7 @@
 #define LZ_TABLE_MIN 64
 
 typedef struct lz_entry {
-    kc_key key;          /* graph_keys' */
+    kc_key key;          /* cut_keys' */
     tr_graph *graph;
     void *state;         /* the backend's; NULL: run op by op (replay) */
     const jit_backend *backend;
@@ -52,7 +53,7 @@ typedef struct lz_dyn {
 } lz_dyn;
 
 typedef struct lz_structure {
-    kc_key key;          /* graph_keys' shape-free key */
+    kc_key key;          /* cut_keys' shape-free key */
     int entries;
     bool logged;
     int first;           /* its first entry (the sizes first seen), or -1 */
@@ -61,14 +62,23 @@ typedef struct lz_structure {
 } lz_structure;
 
 typedef struct lz_state {
-    atomic_int refs;     /* the thread, and each live thunk */
+    atomic_int refs;     /* the thread, each compile job, and the live thunks as
+                            a group (one reference while nthunks > 0) */
+    int64_t ops_deferred; /* under pending_lock (stats.ops_deferred is not kept) */
+    int nthunks;         /* live thunks (under pending_lock): counting them here instead
+                            of an atomic reference each saves ~10 ns an op */
     int depth;           /* em_lazy_begin nesting on the thread */
     em_dispatch_hook prev;
-    pthread_mutex_t lock; /* the tables and the pending list */
+    pthread_mutex_t lock; /* the tables (held across a compile) */
+    pthread_spinlock_t pending_lock; /* pending and nthunks: held for a few pointer
+                            writes, by the recording thread or one releasing a
+                            thunk; a mutex cost ~100 instructions an op */
     lz_entry *entries;
     int nentries, capentries;
+    struct lz_index { int *slots; int cap; } entry_index; /* key -> entry */
     lz_structure *structs;
     int nstructs, capstructs;
+    struct lz_index struct_index; /* shape-free key -> structure */
     int limit;           /* entries per structure before running eagerly */
     bool dynamic;        /* EMBER_DYNAMIC is not 0: a structure seen at a second
                             size gets a dynamic entry */
@@ -85,11 +95,15 @@ typedef struct lz_thunk {
     em_tensor *self;     /* the tensor this thunk computes (not a reference) */
     struct lz_thunk *prev, *next; /* in st->pending */
     em_op op;
-    em_op_attrs attrs;
     int depth;           /* pending ops on the longest path down from this one */
     int nin;
+    const em_op_attrs *attrs; /* a copy after in[] in this block, or, for an op that
+                                 reads no attribute, a shared zero (saves copying
+                                 200 bytes per op) */
     em_tensor *in[];     /* one reference each */
 } lz_thunk;
+
+static const em_op_attrs no_attrs;
 
 static pthread_key_t state_key;
 static pthread_once_t state_once = PTHREAD_ONCE_INIT;
@@ -121,9 +135,12 @@ static void state_release(lz_state *st) {
     }
     em_free(st->entries);
     em_free(st->structs);
+    em_free(st->entry_index.slots);
+    em_free(st->struct_index.slots);
     kc_close(st->env.cache);
     jit_log_close(&st->log);
     pthread_mutex_destroy(&st->lock);
+    pthread_spin_destroy(&st->pending_lock);
     em_free(st);
     em_set_allocator(saved);
 }
@@ -143,7 +160,9 @@ static lz_state *state_get(bool create) {
     st->dynamic = jit_env_dynamic(&st->log) >= 0;
     st->env.log = &st->log;
     st->env.cache = kc_open(NULL, 0);
-    if (pthread_mutex_init(&st->lock, NULL) != 0 || pthread_setspecific(state_key, st) != 0) {
+    bool spin = pthread_spin_init(&st->pending_lock, PTHREAD_PROCESS_PRIVATE) == 0;
+    if (!spin || pthread_mutex_init(&st->lock, NULL) != 0 || pthread_setspecific(state_key, st) != 0) {
+        if (spin) pthread_spin_destroy(&st->pending_lock);
         kc_close(st->env.cache);
         jit_log_close(&st->log);
         em_free(st);
@@ -167,30 +186,85 @@ static void thunk_free(void *p) {
     lz_thunk *k = p;
     if (!k) return;
     lz_state *st = k->st;
-    pthread_mutex_lock(&st->lock);
+    pthread_spin_lock(&st->pending_lock);
     pending_unlink(k);
-    pthread_mutex_unlock(&st->lock);
+    bool last = --st->nthunks == 0;
+    pthread_spin_unlock(&st->pending_lock);
     for (int i = 0; i < k->nin; i++) em_release(k->in[i]);
     k->nin = 0;
-    state_release(st);
+    /* the group's reference: a thunk made meanwhile took a new one (0 -> 1
+     * under the lock), so this one is still ours to drop */
+    if (last) state_release(st);
 }
 
 static lz_thunk *thunk_of(const em_tensor *t) {
     return t && !t->storage && t->ext_free == thunk_free ? t->ext : NULL;
 }
 
-/* ---- building the graph below a tensor ---- */
+/* ---- the cut: the pending DAG below some tensors ---- */
+
+/* A flush walks the DAG once, numbering its nodes as the graph would
+ * (inputs of a node first) and writing the key material as it goes; the
+ * tr_graph itself is built only when the table has no entry for the key
+ * (a miss), so a hit costs one walk and one hash. */
+typedef struct bytes {
+    uint8_t *p;
+    size_t n, cap;
+    bool heap;           /* p was allocated (else it is the cut's inline buffer) */
+    bool failed;         /* an append could not allocate */
+} bytes;
+
+#define CUT_INLINE 64    /* nodes a cut holds before it allocates (tiny graphs never do) */
+#define BYTES_INLINE 2048
 
 typedef struct cut {
-    tr_graph *g;
     em_tensor **keys;   /* tensor -> node, open addressing on the pointer */
     int *vals;
-    int cap;
+    int cap;            /* of the map; the node arrays hold cap / 2 */
+    int nnodes;
     em_tensor **nodes;  /* node -> tensor */
     int *internal;      /* node -> references from thunks of the cut */
     em_tensor **inputs; /* the leaves, by input number */
     int ninputs;
+    int *outs;          /* the graph's outputs, by node */
+    int nout;
+    bytes shape_free;   /* key material: ops, attributes, dtypes, ranks, edges, outputs */
+    bytes sizes;        /* key material: each node's sizes, strides and offset */
+    tr_graph *g;        /* built on a miss (cut_graph) */
+    /* the first storage of the above, so that a small flush allocates
+     * nothing for its walk */
+    struct {
+        em_tensor *keys[2 * CUT_INLINE];
+        int vals[2 * CUT_INLINE];
+        em_tensor *nodes[CUT_INLINE], *inputs[CUT_INLINE];
+        int internal[CUT_INLINE];
+        uint8_t shape_free[BYTES_INLINE], sizes[BYTES_INLINE];
+    } first;
 } cut;
+
+static void bytes_grow(bytes *b, size_t n) {
+    size_t cap = 2 * b->cap;
+    while (cap < b->n + n) cap *= 2;
+    uint8_t *p = em_malloc(cap);
+    if (!p) {
+        b->failed = true;
+        return;
+    }
+    memcpy(p, b->p, b->n);
+    if (b->heap) em_free(b->p);
+    b->p = p;
+    b->cap = cap;
+    b->heap = true;
+}
+
+static inline void bytes_put(bytes *b, const void *data, size_t n) {
+    if (b->n + n > b->cap) bytes_grow(b, n);
+    if (b->failed) return;
+    memcpy(b->p + b->n, data, n);
+    b->n += n;
+}
+
+static inline void bytes_u64(bytes *b, uint64_t v) { bytes_put(b, &v, sizeof v); }
 
 static size_t slot(const cut *c, const em_tensor *t) {
     uint64_t h = (uint64_t)(uintptr_t)t * 0x9E3779B97F4A7C15ull;
@@ -204,26 +278,32 @@ static int cut_find(const cut *c, const em_tensor *t, size_t *at) {
     return c->keys[i] ? c->vals[i] : -1;
 }
 
-static bool grow(void **p, size_t old, size_t size) {
-    void *n = em_calloc(size, 1);
-    if (!n) return false;
-    if (*p) memcpy(n, *p, old);
-    em_free(*p);
-    *p = n;
-    return true;
+/* A copy of the n bytes at p in a new block of size bytes (zeroed past n);
+ * the old one is freed if it was allocated. */
+static void *regrow(void *p, size_t n, size_t size, bool heap) {
+    void *q = em_calloc(size, 1);
+    if (q && n) memcpy(q, p, n);
+    if (q && heap) em_free(p);
+    return q;
 }
 
 /* Room for one more node: the map at most half full. */
 static bool cut_reserve(cut *c) {
-    if (2 * (c->g->nnodes + 1) <= c->cap) return true;
-    int cap = 2 * c->cap;
+    if (2 * (c->nnodes + 1) <= c->cap) return true;
+    int cap = 2 * c->cap, half = c->cap / 2;
+    bool heap = c->keys != c->first.keys;
     em_tensor **keys = em_calloc((size_t)cap, sizeof *keys);
     int *vals = em_malloc(sizeof(int) * (size_t)cap);
-    size_t po = sizeof(void *) * (size_t)c->cap, pn = sizeof(void *) * (size_t)cap;
-    bool ok = keys && vals && grow((void **)&c->nodes, po, pn) &&
-              grow((void **)&c->internal, sizeof(int) * (size_t)c->cap, sizeof(int) * (size_t)cap) &&
-              grow((void **)&c->inputs, po, pn);
-    if (!ok) {
+    em_tensor **nodes = NULL, **inputs = NULL;
+    int *internal = NULL;
+    size_t po = sizeof(void *) * (size_t)half, pn = sizeof(void *) * (size_t)c->cap;
+    if (keys && vals && (nodes = regrow(c->nodes, po, pn, heap)) &&
+        (internal = regrow(c->internal, sizeof(int) * (size_t)half, sizeof(int) * (size_t)c->cap, heap)) &&
+        (inputs = regrow(c->inputs, po, pn, heap))) {
+        c->nodes = nodes, c->internal = internal, c->inputs = inputs;
+    } else { /* the arrays that moved are in place; the rest stay */
+        if (nodes) c->nodes = nodes;
+        if (internal) c->internal = internal;
         em_free(keys);
         em_free(vals);
         return false;
@@ -240,9 +320,61 @@ static bool cut_reserve(cut *c) {
         keys[at] = ok_keys[i];
         vals[at] = ov[i];
     }
-    em_free(ok_keys);
-    em_free(ov);
+    if (heap) {
+        em_free(ok_keys);
+        em_free(ov);
+    }
     return true;
+}
+
+/* Writes the attributes op reads (its attrs column), canonically. */
+static void put_attrs(bytes *b, em_op op, const em_op_attrs *a) {
+    unsigned mask = em_op_table[op].attrs;
+    if (mask & A_SIZES) {
+        bytes_u64(b, (uint64_t)a->ndim);
+        bytes_put(b, a->sizes, sizeof(int64_t) * (size_t)a->ndim);
+    }
+    if (mask & A_DIMS) {
+        bytes_u64(b, (uint64_t)a->ndims);
+        bytes_put(b, a->dims, sizeof(int) * (size_t)a->ndims);
+    }
+    if (mask & A_DIM) bytes_u64(b, (uint64_t)a->dim);
+    if (mask & A_RANGE) {
+        int64_t r[3] = {a->start, a->end, a->step};
+        bytes_put(b, r, sizeof r);
+    }
+    if (mask & A_VALUE) bytes_put(b, &a->value, sizeof a->value);
+    if (mask & A_ARANGE) {
+        double r[2] = {a->fstart, a->fstep};
+        bytes_put(b, r, sizeof r);
+    }
+    if (mask & A_CORRECTION) bytes_u64(b, (uint64_t)a->correction);
+    if (mask & A_KEEPDIM) bytes_u64(b, a->keepdim);
+    if (mask & A_DTYPE) bytes_u64(b, a->dtype);
+    if (mask & A_DEVICE) bytes_u64(b, (uint64_t)a->device.type << 32 | (uint32_t)a->device.index);
+    if (mask & A_RNG) {
+        uint64_t r[2] = {a->seed, a->offset};
+        bytes_put(b, r, sizeof r);
+    }
+}
+
+/* Node n (tensor t, its input nodes ins) as key material: everything the
+ * compiled code depends on.  The shape-free part is the structure, for the
+ * per-structure recompile limit. */
+static void put_node(cut *c, const em_tensor *t, const lz_thunk *k, const int *ins) {
+    /* word by word: a 32-byte array copied with vector loads right after
+     * its scalar stores stalled on store forwarding (a third of the walk) */
+    bytes_u64(&c->shape_free, k ? 1u + (uint64_t)k->op : 0);
+    bytes_u64(&c->shape_free, k ? (uint64_t)k->nin : 0);
+    bytes_u64(&c->shape_free, (uint64_t)t->dtype << 32 | (uint32_t)t->device.type);
+    bytes_u64(&c->shape_free, (uint64_t)(uint32_t)t->device.index << 32 | (uint32_t)t->ndim);
+    if (k) {
+        bytes_put(&c->shape_free, ins, sizeof(int) * (size_t)k->nin);
+        put_attrs(&c->shape_free, k->op, k->attrs);
+    }
+    bytes_put(&c->sizes, t->sizes, sizeof(int64_t) * (size_t)t->ndim);
+    bytes_put(&c->sizes, t->strides, sizeof(int64_t) * (size_t)t->ndim);
+    bytes_u64(&c->sizes, (uint64_t)t->offset);
 }
 
 /* The node of t, adding t's DAG below it first.  The recursion is bounded
@@ -252,36 +384,37 @@ static int cut_add(cut *c, em_tensor *t) {
     int n = cut_find(c, t, &at);
     if (n >= 0) return n;
     lz_thunk *k = thunk_of(t);
-    em_meta m;
-    tr_meta_of(t, &m);
-    if (!k) {
-        n = tr_add_input(c->g, NULL, &m);
-        if (n >= 0) c->inputs[c->ninputs++] = t;
-    } else {
-        int in[EM_MAX_DIMS * 8 + 8], *ins = k->nin <= (int)(sizeof in / sizeof in[0]) ? in : em_malloc(sizeof(int) * (size_t)k->nin);
-        if (!ins) return -1;
-        for (int i = 0; i < k->nin && (i == 0 || ins[i - 1] >= 0); i++) ins[i] = cut_add(c, k->in[i]);
-        bool ok = k->nin == 0 || ins[k->nin - 1] >= 0;
-        for (int i = 0; ok && i < k->nin; i++) ok = ins[i] >= 0;
-        n = ok ? tr_add_call(c->g, k->op, k->nin, ins, &k->attrs, &m) : -1;
-        for (int i = 0; n >= 0 && i < k->nin; i++) c->internal[ins[i]]++;
-        if (ins != in) em_free(ins);
+    int in[16], *ins = !k || k->nin <= 16 ? in : em_malloc(sizeof(int) * (size_t)k->nin);
+    if (!ins) return -1;
+    bool ok = true;
+    for (int i = 0; k && ok && i < k->nin; i++) ok = (ins[i] = cut_add(c, k->in[i])) >= 0;
+    ok = ok && cut_reserve(c);
+    if (ok) {
+        n = c->nnodes++;
+        for (int i = 0; k && i < k->nin; i++) c->internal[ins[i]]++;
+        if (!k) c->inputs[c->ninputs++] = t;
+        put_node(c, t, k, ins);
+        (void)cut_find(c, t, &at); /* the recursion may have grown the map */
+        c->keys[at] = t;
+        c->vals[at] = n;
+        c->nodes[n] = t;
     }
-    if (n < 0 || !cut_reserve(c)) return -1;
-    (void)cut_find(c, t, &at); /* the recursion may have grown the map */
-    c->keys[at] = t;
-    c->vals[at] = n;
-    c->nodes[n] = t;
-    return n;
+    if (ins != in) em_free(ins);
+    return ok ? n : -1;
 }
 
 static void cut_free(cut *c) {
     tr_graph_free(c->g);
-    em_free(c->keys);
-    em_free(c->vals);
-    em_free(c->nodes);
-    em_free(c->internal);
-    em_free(c->inputs);
+    if (c->keys != c->first.keys) {
+        em_free(c->keys);
+        em_free(c->vals);
+    }
+    if (c->nodes != c->first.nodes) em_free(c->nodes);
+    if (c->internal != c->first.internal) em_free(c->internal);
+    if (c->inputs != c->first.inputs) em_free(c->inputs);
+    em_free(c->outs);
+    if (c->shape_free.heap) em_free(c->shape_free.p);
+    if (c->sizes.heap) em_free(c->sizes.p);
 }
 
 /* Whether a value is cheap to compute again inside a later kernel. */
@@ -293,143 +426,175 @@ static bool recomputable(em_op op) {
     }
 }
 
-/* The graph computing roots[0..nroots); its outputs are the roots and
- * every pending node held by someone besides the cut's own thunks and its
- * scope. */
-static bool cut_build(cut *c, em_tensor *const *roots, int nroots) {
-    memset(c, 0, sizeof *c);
-    c->cap = 64;
-    c->g = tr_graph_new();
-    c->keys = em_calloc((size_t)c->cap, sizeof *c->keys);
-    c->vals = em_malloc(sizeof(int) * (size_t)c->cap);
-    c->nodes = em_calloc((size_t)c->cap, sizeof *c->nodes);
-    c->internal = em_calloc((size_t)c->cap, sizeof *c->internal);
-    c->inputs = em_calloc((size_t)c->cap, sizeof *c->inputs);
-    if (!c->g || !c->keys || !c->vals || !c->nodes || !c->internal || !c->inputs) return false;
-    for (int r = 0; r < nroots; r++)
-        if (cut_add(c, roots[r]) < 0) return false;
-    int *outs = em_malloc(sizeof(int) * (size_t)(c->g->nnodes + 1)), nout = 0;
-    bool *root = em_calloc((size_t)c->g->nnodes + 1, sizeof *root);
-    if (!outs || !root) {
-        em_free(outs);
+/* The cut's outputs: the roots and every pending node held by someone
+ * besides the cut's own thunks and its scope. */
+static bool cut_outputs(cut *c, em_tensor *const *roots, int nroots) {
+    c->outs = em_malloc(sizeof(int) * (size_t)(c->nnodes + 1));
+    bool *root = em_calloc((size_t)c->nnodes + 1, sizeof *root);
+    if (!c->outs || !root) {
         em_free(root);
         return false;
     }
     for (int r = 0; r < nroots; r++) {
         size_t at;
         int n = cut_find(c, roots[r], &at);
-        if (!root[n]) outs[nout++] = n;
+        if (!root[n]) c->outs[c->nout++] = n;
         root[n] = true;
     }
-    for (int i = 0; i < c->g->nnodes; i++) {
+    for (int i = 0; i < c->nnodes; i++) {
         em_tensor *u = c->nodes[i];
-        if (root[i] || c->g->nodes[i].kind != TR_CALL) continue;
+        lz_thunk *k = thunk_of(u);
+        if (root[i] || !k) continue;
         int refs = atomic_load(&u->refcount) - c->internal[i];
         /* held outside the cut: computed now.  Held only by its scope, it
          * may still be read (by a later cut): a cheap pointwise value is
          * then recomputed, but a matmul, reduction or gather is kept, as
          * eager mode computes each value once. */
-        if (refs - (u->scope ? 1 : 0) > 0 || (refs > 0 && !recomputable(c->g->nodes[i].op)))
-            outs[nout++] = i;
+        if (refs - (u->scope ? 1 : 0) > 0 || (refs > 0 && !recomputable(k->op)))
+            c->outs[c->nout++] = i;
     }
     em_free(root);
-    em_status s = tr_set_outputs(c->g, nout, outs);
-    em_free(outs);
-    return s == EM_OK;
+    bytes_u64(&c->shape_free, (uint64_t)c->nout);
+    bytes_put(&c->shape_free, c->outs, sizeof(int) * (size_t)c->nout);
+    return true;
+}
+
+/* Walks the DAG below roots[0..nroots): nodes, inputs, outputs and the key
+ * material; no graph yet. */
+static bool cut_build(cut *c, em_tensor *const *roots, int nroots) {
+    /* only the map needs zeroing: the rest is written before it is read */
+    memset(c, 0, offsetof(cut, first));
+    memset(c->first.keys, 0, sizeof c->first.keys);
+    memset(c->first.internal, 0, sizeof c->first.internal);
+    c->cap = 2 * CUT_INLINE;
+    c->keys = c->first.keys;
+    c->vals = c->first.vals;
+    c->nodes = c->first.nodes;
+    c->internal = c->first.internal;
+    c->inputs = c->first.inputs;
+    c->shape_free = (bytes){c->first.shape_free, 0, BYTES_INLINE, false, false};
+    c->sizes = (bytes){c->first.sizes, 0, BYTES_INLINE, false, false};
+    for (int r = 0; r < nroots; r++)
+        if (cut_add(c, roots[r]) < 0) return false;
+    if (!cut_outputs(c, roots, nroots)) return false;
+    if (c->shape_free.failed || c->sizes.failed)
+        return em_error(EM_ERR_NOMEM, "lazy mode: out of memory keying a graph"), false;
+    return true;
+}
+
+/* The cut's two keys: *key over all its material, *shape_free without the
+ * sizes, strides and offsets (the structure). */
+static void cut_keys(const cut *c, kc_key *key, kc_key *shape_free) {
+    kc_hasher h;
+    kc_hasher_reset(&h);
+    kc_hasher_update(&h, c->shape_free.p, c->shape_free.n);
+    if (shape_free) *shape_free = kc_hasher_digest(&h);
+    kc_hasher_update(&h, c->sizes.p, c->sizes.n);
+    *key = kc_hasher_digest(&h);
+}
+
+/* The cut as a graph (c->g), for a miss: node i of the graph is node i of
+ * the walk. */
+static em_status cut_graph(cut *c) {
+    if (c->g) return EM_OK;
+    c->g = tr_graph_new();
+    if (!c->g) return em_last_status();
+    for (int i = 0; i < c->nnodes; i++) {
+        em_tensor *t = c->nodes[i];
+        lz_thunk *k = thunk_of(t);
+        em_meta m;
+        tr_meta_of(t, &m);
+        int in[16], *ins = !k || k->nin <= 16 ? in : em_malloc(sizeof(int) * (size_t)k->nin);
+        if (!ins) return em_last_status();
+        for (int j = 0; k && j < k->nin; j++) {
+            size_t at;
+            ins[j] = cut_find(c, k->in[j], &at);
+        }
+        int n = k ? tr_add_call(c->g, k->op, k->nin, ins, k->attrs, &m) : tr_add_input(c->g, NULL, &m);
+        if (ins != in) em_free(ins);
+        if (n != i) return em_last_status();
+    }
+    return tr_set_outputs(c->g, c->nout, c->outs);
 }
 
 /* ---- the entry table ---- */
 
-/* Feeds the attributes op reads (its attrs column), canonically. */
-static void hash_attrs(kc_hasher *h, const tr_node *n) {
-    const em_op_attrs *a = &n->attrs;
-    unsigned mask = em_op_table[n->op].attrs;
-    if (mask & A_SIZES) {
-        kc_hasher_update_u64(h, (uint64_t)a->ndim);
-        kc_hasher_update(h, a->sizes, sizeof(int64_t) * (size_t)a->ndim);
-    }
-    if (mask & A_DIMS) {
-        kc_hasher_update_u64(h, (uint64_t)a->ndims);
-        kc_hasher_update(h, a->dims, sizeof(int) * (size_t)a->ndims);
-    }
-    if (mask & A_DIM) kc_hasher_update_u64(h, (uint64_t)a->dim);
-    if (mask & A_RANGE) {
-        int64_t r[3] = {a->start, a->end, a->step};
-        kc_hasher_update(h, r, sizeof r);
-    }
-    if (mask & A_VALUE) kc_hasher_update(h, &a->value, sizeof a->value);
-    if (mask & A_ARANGE) {
-        double r[2] = {a->fstart, a->fstep};
-        kc_hasher_update(h, r, sizeof r);
-    }
-    if (mask & A_CORRECTION) kc_hasher_update_u64(h, (uint64_t)a->correction);
-    if (mask & A_KEEPDIM) kc_hasher_update_u64(h, a->keepdim);
-    if (mask & A_DTYPE) kc_hasher_update_u64(h, a->dtype);
-    if (mask & A_DEVICE) kc_hasher_update_u64(h, (uint64_t)a->device.type << 32 | (uint32_t)a->device.index);
-    if (mask & A_RNG) {
-        uint64_t r[2] = {a->seed, a->offset};
-        kc_hasher_update(h, r, sizeof r);
-    }
+/* Open addressing (linear probing) over an array of records that start
+ * with their kc_key: a slot holds a record's index, or -1.  The key is a
+ * uniform hash already, so its first bytes choose the slot. */
+typedef struct lz_index lz_index; /* slots: a power of two of them, or none */
+
+_Static_assert(offsetof(lz_entry, key) == 0, "lz_index reads an entry's key at its start");
+_Static_assert(offsetof(lz_structure, key) == 0, "lz_index reads a structure's key at its start");
+
+static const kc_key *record_key(const void *recs, size_t size, int i) {
+    return (const kc_key *)((const char *)recs + size * (size_t)i);
 }
 
-/* Two keys of a graph in one pass: *key over everything the compiled code
- * depends on (ops, attributes, inputs' and results' metas, outputs), and
- * *shape_free the same without the metas' sizes, strides and offsets: the
- * structure, for the per-structure recompile limit. */
-static void graph_keys(const tr_graph *g, kc_key *key, kc_key *shape_free) {
-    kc_hasher h, s;
-    kc_hasher_reset(&h);
-    kc_hasher_reset(&s);
-    for (int i = 0; i < g->nnodes; i++) {
-        const tr_node *n = &g->nodes[i];
-        uint64_t head[4] = {(uint64_t)n->kind, (uint64_t)n->op, (uint64_t)n->nin,
-                            (uint64_t)n->meta.dtype << 40 | (uint64_t)n->meta.device.type << 32 |
-                                (uint32_t)n->meta.device.index};
-        uint64_t rank = (uint64_t)n->meta.ndim;
-        kc_hasher *both[2] = {&h, &s};
-        for (int k = 0; k < 2; k++) {
-            kc_hasher_update(both[k], head, sizeof head);
-            kc_hasher_update_u64(both[k], rank);
-            if (n->kind == TR_CALL) {
-                kc_hasher_update(both[k], n->in, sizeof(int) * (size_t)n->nin);
-                hash_attrs(both[k], n);
-            }
-        }
-        kc_hasher_update(&h, n->meta.sizes, sizeof(int64_t) * (size_t)n->meta.ndim);
-        kc_hasher_update(&h, n->meta.strides, sizeof(int64_t) * (size_t)n->meta.ndim);
-        kc_hasher_update_u64(&h, (uint64_t)n->meta.offset);
+/* The slot holding key, or the empty slot where it would go. */
+static int index_probe(const lz_index *ix, const void *recs, size_t size, const kc_key *key) {
+    uint64_t h;
+    memcpy(&h, key->bytes, sizeof h);
+    int i = (int)(h & (uint64_t)(ix->cap - 1));
+    while (ix->slots[i] >= 0 && !kc_key_equal(record_key(recs, size, ix->slots[i]), key))
+        i = (i + 1) & (ix->cap - 1);
+    return i;
+}
+
+/* The index of the record with key, or -1. */
+static int index_find(const lz_index *ix, const void *recs, size_t size, const kc_key *key) {
+    return ix->cap ? ix->slots[index_probe(ix, recs, size, key)] : -1;
+}
+
+/* Adds record n (its key already in recs[n]); the index stays at most half
+ * full. */
+static bool index_add(lz_index *ix, const void *recs, size_t size, int n) {
+    if (2 * (n + 1) > ix->cap) {
+        int cap = ix->cap ? 2 * ix->cap : 2 * LZ_TABLE_MIN;
+        while (2 * (n + 1) > cap) cap *= 2;
+        int *slots = em_malloc(sizeof(int) * (size_t)cap);
+        if (!slots) return false;
+        em_free(ix->slots);
+        ix->slots = slots;
+        ix->cap = cap;
+        memset(slots, 0xff, sizeof(int) * (size_t)cap); /* every slot -1 */
+        for (int i = 0; i < n; i++) ix->slots[index_probe(ix, recs, size, record_key(recs, size, i))] = i;
     }
-    kc_hasher_update(&h, g->outputs, sizeof(int) * (size_t)g->noutputs);
-    kc_hasher_update(&s, g->outputs, sizeof(int) * (size_t)g->noutputs);
-    *key = kc_hasher_digest(&h);
-    *shape_free = kc_hasher_digest(&s);
+    ix->slots[index_probe(ix, recs, size, record_key(recs, size, n))] = n;
+    return true;
+}
+
+/* Room for one more record in *recs (n of *cap used). */
+static bool reserve(void **recs, size_t size, int n, int *cap, int min) {
+    if (n < *cap) return true;
+    int nc = *cap ? 2 * *cap : min;
+    void *p = em_malloc(size * (size_t)nc);
+    if (!p) return false;
+    if (n) memcpy(p, *recs, size * (size_t)n);
+    em_free(*recs);
+    *recs = p;
+    *cap = nc;
+    return true;
 }
 
 static lz_structure *structure_of(lz_state *st, const kc_key *sk) {
-    kc_key k = *sk;
-    for (int i = 0; i < st->nstructs; i++)
-        if (kc_key_equal(&st->structs[i].key, &k)) return &st->structs[i];
-    if (st->nstructs == st->capstructs) {
-        int cap = st->capstructs ? 2 * st->capstructs : 16;
-        lz_structure *n = em_malloc(sizeof *n * (size_t)cap);
-        if (!n) return NULL;
-        if (st->nstructs) memcpy(n, st->structs, sizeof *n * (size_t)st->nstructs);
-        em_free(st->structs);
-        st->structs = n;
-        st->capstructs = cap;
-    }
-    lz_structure *s = &st->structs[st->nstructs++];
+    int i = index_find(&st->struct_index, st->structs, sizeof *st->structs, sk);
+    if (i >= 0) return &st->structs[i];
+    if (!reserve((void **)&st->structs, sizeof *st->structs, st->nstructs, &st->capstructs, 16))
+        return NULL;
+    lz_structure *s = &st->structs[st->nstructs];
     memset(s, 0, sizeof *s);
-    s->key = k;
+    s->key = *sk;
     s->first = -1;
+    if (!index_add(&st->struct_index, st->structs, sizeof *st->structs, st->nstructs)) return NULL;
+    st->nstructs++;
     return s;
 }
 
 /* By the graph's 128-bit key alone, as the kernel cache trusts its keys. */
 static lz_entry *entry_find(lz_state *st, const kc_key *key) {
-    for (int i = 0; i < st->nentries; i++)
-        if (kc_key_equal(&st->entries[i].key, key)) return &st->entries[i];
-    return NULL;
+    int i = index_find(&st->entry_index, st->entries, sizeof *st->entries, key);
+    return i >= 0 ? &st->entries[i] : NULL;
 }
 
 /* Compiles g with *b; on failure *b becomes the replay backend (op by
@@ -516,20 +681,14 @@ static bool start_compile(lz_state *st, int index) {
 /* A new entry for graph g (taken): compiled (in a thread with
  * EMBER_ASYNC_COMPILE=1), or, past the structure's limit, run op by op. */
 static lz_entry *entry_add(lz_state *st, tr_graph *g, const kc_key *key, const kc_key *sk) {
-    if (st->nentries == st->capentries) {
-        int cap = st->capentries ? 2 * st->capentries : LZ_TABLE_MIN;
-        lz_entry *n = em_malloc(sizeof *n * (size_t)cap);
-        if (!n) return NULL;
-        if (st->nentries) memcpy(n, st->entries, sizeof *n * (size_t)st->nentries);
-        em_free(st->entries);
-        st->entries = n;
-        st->capentries = cap;
-    }
+    if (!reserve((void **)&st->entries, sizeof *st->entries, st->nentries, &st->capentries, LZ_TABLE_MIN))
+        return NULL;
     lz_structure *sg = structure_of(st, sk);
     if (!sg) return NULL;
     lz_entry *e = &st->entries[st->nentries];
     memset(e, 0, sizeof *e);
     e->key = *key;
+    if (!index_add(&st->entry_index, st->entries, sizeof *st->entries, st->nentries)) return NULL;
     e->graph = g;
     e->backend = jit_backend_for_graph(jit_backend_find(NULL), g);
     if (sg->entries >= st->limit) {
@@ -635,13 +794,17 @@ static lz_dyn *dyn_make(lz_state *st, lz_structure *sg, cut *c) {
  * gets one new tensor per output of the cut, in its order. */
 static em_status run_outputs(lz_state *st, cut *c, em_tensor **vals) {
     kc_key key, sk;
-    graph_keys(c->g, &key, &sk);
+    cut_keys(c, &key, &sk);
     pthread_mutex_lock(&st->lock);
     lz_entry *e = entry_find(st, &key);
     lz_structure *sg = e ? NULL : structure_of(st, &sk);
     void *spec = NULL;
+    if (!e && !sg) {
+        pthread_mutex_unlock(&st->lock);
+        return em_last_status();
+    }
     if (sg && st->dynamic && !sg->dyn && !sg->dyn_refused && sg->first >= 0 &&
-        sg->entries < st->limit) {
+        sg->entries < st->limit && cut_graph(c) == EM_OK) {
         int64_t before = st->env.compiled, loaded = st->env.loaded;
         sg->dyn = dyn_make(st, sg, c);
         sg->dyn_refused = !sg->dyn;
@@ -665,7 +828,7 @@ static em_status run_outputs(lz_state *st, cut *c, em_tensor **vals) {
     if (e) {
         st->stats.graph_hits++;
     } else {
-        e = entry_add(st, c->g, &key, &sk);
+        e = cut_graph(c) == EM_OK ? entry_add(st, c->g, &key, &sk) : NULL;
         if (!e) {
             pthread_mutex_unlock(&st->lock);
             return em_last_status();
@@ -689,10 +852,10 @@ static em_status force_all(lz_state *st, em_tensor *const *roots, int nroots) {
     cut c;
     em_status s = cut_build(&c, roots, nroots) ? EM_OK : em_last_status();
     /* remember the outputs' tensors before the graph moves to the table */
-    int nout = s == EM_OK ? c.g->noutputs : 0;
+    int nout = s == EM_OK ? c.nout : 0;
     em_tensor **who = s == EM_OK ? em_malloc(sizeof *who * (size_t)(nout + 1)) : NULL;
     if (s == EM_OK && !who) s = em_last_status();
-    for (int i = 0; i < nout && who; i++) who[i] = em_retain(c.nodes[c.g->outputs[i]]);
+    for (int i = 0; i < nout && who; i++) who[i] = em_retain(c.nodes[c.outs[i]]);
     em_tensor **vals = s == EM_OK ? em_calloc((size_t)nout + 1, sizeof *vals) : NULL;
     if (s == EM_OK && !vals) s = em_last_status();
     /* the run's results belong to this scope (em_keep moves a backend's
@@ -757,29 +920,38 @@ static em_tensor *lazy_op(void *ud, const em_op_call *c, const em_meta *m) {
         em_contiguous_strides(tm.ndim, tm.sizes, tm.strides);
         tm.offset = 0;
     }
+    /* one block: the tensor, the thunk, its inputs, the attributes if any */
+    bool has_attrs = em_op_table[c->op].attrs != 0;
+    size_t head = sizeof(lz_thunk) + sizeof(em_tensor *) * (size_t)c->nin;
     void *ext;
-    em_tensor *t = em_tensor_meta_only_ext(&tm, sizeof(lz_thunk) + sizeof(em_tensor *) * (size_t)c->nin, &ext);
+    em_tensor *t = em_tensor_meta_only_ext(&tm, head + (has_attrs ? sizeof(em_op_attrs) : 0), &ext);
     if (!t) return NULL;
     lz_thunk *k = ext;
-    memset(k, 0, sizeof *k);
     k->st = st;
     k->self = t;
+    k->prev = NULL;
     k->op = c->op;
-    k->attrs = *c->attrs;
     k->nin = c->nin;
     k->depth = 1;
+    if (has_attrs) {
+        em_op_attrs *a = (em_op_attrs *)((char *)ext + head);
+        *a = *c->attrs;
+        k->attrs = a;
+    } else {
+        k->attrs = &no_attrs;
+    }
     for (int i = 0; i < c->nin; i++) {
         k->in[i] = em_retain(c->in[i]);
         lz_thunk *ki = thunk_of(c->in[i]);
         if (ki && ki->depth + 1 > k->depth) k->depth = ki->depth + 1;
     }
-    atomic_fetch_add(&st->refs, 1);
-    pthread_mutex_lock(&st->lock);
+    pthread_spin_lock(&st->pending_lock);
+    if (st->nthunks++ == 0) atomic_fetch_add(&st->refs, 1);
     k->next = st->pending;
     if (st->pending) st->pending->prev = k;
     st->pending = k;
-    st->stats.ops_deferred++;
-    pthread_mutex_unlock(&st->lock);
+    st->ops_deferred++;
+    pthread_spin_unlock(&st->pending_lock);
     t->ext = k;
     t->ext_free = thunk_free;
     t->ext_force = thunk_force;
@@ -805,15 +977,16 @@ em_status em_lazy_begin(void) {
 em_status em_sync(void) {
     lz_state *st = state_get(false);
     if (!st) return EM_OK;
-    /* every live pending tensor, in one graph */
-    pthread_mutex_lock(&st->lock);
-    int n = 0;
-    for (lz_thunk *k = st->pending; k; k = k->next) n++;
-    em_tensor **roots = em_malloc(sizeof *roots * (size_t)(n + 1));
-    n = 0;
-    for (lz_thunk *k = st->pending; roots && k; k = k->next) roots[n++] = em_retain(k->self);
-    pthread_mutex_unlock(&st->lock);
+    /* every live pending tensor, in one graph (allocated outside the spin
+     * lock; another thread may release thunks meanwhile, never add one) */
+    pthread_spin_lock(&st->pending_lock);
+    int cap = st->nthunks, n = 0;
+    pthread_spin_unlock(&st->pending_lock);
+    em_tensor **roots = em_malloc(sizeof *roots * (size_t)(cap + 1));
     if (!roots) return em_last_status();
+    pthread_spin_lock(&st->pending_lock);
+    for (lz_thunk *k = st->pending; k && n < cap; k = k->next) roots[n++] = em_retain(k->self);
+    pthread_spin_unlock(&st->pending_lock);
     em_dispatch_hook saved = em_set_dispatch_hook((em_dispatch_hook){0});
     em_status s = n ? force_all(st, roots, n) : EM_OK;
     em_set_dispatch_hook(saved);
@@ -850,6 +1023,9 @@ em_status em_lazy_get_stats(em_lazy_stats *out) {
     pthread_mutex_lock(&st->lock);
     *out = st->stats;
     pthread_mutex_unlock(&st->lock);
+    pthread_spin_lock(&st->pending_lock);
+    out->ops_deferred = st->ops_deferred;
+    pthread_spin_unlock(&st->pending_lock);
     return EM_OK;
 }
 
