@@ -340,21 +340,28 @@ START_TEST(kernels_compile_in_workers_or_in_process) {
     em_tensor *x = tu_random(50, 2, TU_SIZES(9, 9), EM_F32, 1);
     const char *saved = getenv("EMBER_JIT_WORKER");
     char *keep = saved ? strdup(saved) : NULL;
-    /* the build's worker (as make check sets it), a failing one, none */
-    const char *workers[3] = {keep ? keep : "0", "/bin/false", "0"};
-    for (int w = 0; w < 3; w++) {
+    /* the build's worker (as make check sets it), with and without the
+     * disk cache; a failing one; none */
+    const char *workers[4] = {keep ? keep : "0", keep ? keep : "0", "/bin/false", "0"};
+    for (int w = 0; w < 4; w++) {
         char dir[] = "/tmp/ember-worker-cache-XXXXXX";
         ck_assert_ptr_nonnull(mkdtemp(dir));
         setenv("EMBER_CACHE_DIR", dir, 1);
+        setenv("EMBER_CACHE", w == 1 ? "0" : "1", 1);
         setenv("EMBER_JIT_WORKER", workers[w], 1);
+        char **env_before = environ;
         int k = check_fn(three_kernels, 1, &x, 1e-5, 1e-5);
         ck_assert_int_ge(k, 2);
+        /* with a worker, libgccjit's driver (which calls putenv) ran in the
+         * worker: this process's environment array did not move */
+        if (keep && w < 2) ck_assert_ptr_eq(environ, env_before);
         char cmd[128];
         snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
         ck_assert_int_eq(system(cmd), 0);
     }
     if (keep) setenv("EMBER_JIT_WORKER", keep, 1);
     else unsetenv("EMBER_JIT_WORKER");
+    unsetenv("EMBER_CACHE");
     free(keep);
 }
 END_TEST

@@ -170,55 +170,58 @@ static em_status compile_here(jit_env *env, const k_kernel *k, const kc_key *key
     return jit_cpu_compile(k, out);
 }
 
-/* Gets every kernel: from the cache, else compiled.  With several misses,
- * worker processes take a share each while this process compiles its own
- * (libgccjit compiles one kernel at a time per process). */
+/* A kernel a worker wrote to path: into the cache and loaded from there,
+ * or (no cache) loaded from path itself. */
+static em_status take_worker_output(jit_env *env, const k_kernel *k, const kc_key *key,
+                                    const char *path, jit_cpu_kernel **out) {
+    if (env->cache) return store_and_load(env, key, k->name, path, out);
+    return jit_cpu_load_so(path, k->name, out);
+}
+
+/* Gets every kernel: from the cache, else compiled in worker processes
+ * (ember-jit-worker), one per thread at most, which share the misses
+ * round robin.  Not in this process, where it can be avoided: libgccjit's
+ * embedded driver calls putenv while it makes a shared object, which
+ * moves the environ array under any other thread's getenv (the program's
+ * own, Check's, libc's): test_async crashed so.  Only when no worker can
+ * run (EMBER_JIT_WORKER=0, none installed) or one fails does this process
+ * compile itself. */
 static em_status get_kernels(jit_env *env, k_kernel **ks, const kc_key *keys, int n,
                              jit_cpu_kernel **out) {
-    int *mine = em_malloc(sizeof(int) * (size_t)(n + 1)), *theirs = em_malloc(sizeof(int) * (size_t)(n + 1));
+    int *miss = em_malloc(sizeof(int) * (size_t)(n + 1));
     k_kernel **wk = em_calloc((size_t)n + 1, sizeof *wk);
     char **paths = em_calloc((size_t)n + 1, sizeof *paths);
     bool *ok = em_calloc((size_t)n + 1, sizeof *ok);
-    em_status s = mine && theirs && wk && paths && ok ? EM_OK : em_last_status();
-    int nmine = 0, ntheirs = 0, nmiss = 0;
-    int share = env->cache ? em_num_threads() : 1; /* this process and the workers */
+    em_status s = miss && wk && paths && ok ? EM_OK : em_last_status();
+    int nmiss = 0;
     for (int i = 0; s == EM_OK && i < n; i++) {
         if (!ks[i]) continue; /* a dead group */
         if (env->cache) lookup(env, ks[i], &keys[i], &out[i]);
-        if (out[i]) continue;
-        if (nmiss++ % share == 0) mine[nmine++] = i;
-        else theirs[ntheirs++] = i;
+        if (!out[i]) miss[nmiss++] = i;
     }
     int m = 0;
-    while (m < ntheirs && (paths[m] = em_malloc(4096)) && temp_path(paths[m], 4096)) {
-        wk[m] = ks[theirs[m]];
+    while (s == EM_OK && m < nmiss && (paths[m] = em_malloc(4096)) && temp_path(paths[m], 4096)) {
+        wk[m] = ks[miss[m]];
         m++;
     }
     jit_workers *workers =
-        s == EM_OK && m == ntheirs ? jit_workers_start(wk, (const char *const *)paths, m, share - 1) : NULL;
-    if (!workers) { /* no workers: compile their share here too */
-        for (int t = 0; t < ntheirs; t++) mine[nmine++] = theirs[t];
-        ntheirs = 0;
-    }
-    for (int j = 0; j < nmine && s == EM_OK; j++)
-        s = compile_here(env, ks[mine[j]], &keys[mine[j]], &out[mine[j]]);
+        m > 0 && m == nmiss ? jit_workers_start(wk, (const char *const *)paths, m, em_num_threads()) : NULL;
     if (workers) jit_workers_finish(workers, ok);
-    for (int t = 0; t < ntheirs && s == EM_OK; t++) {
-        int i = theirs[t];
-        if (ok[t]) {
-            env->compiled++;
-            if (store_and_load(env, &keys[i], ks[i]->name, paths[t], &out[i]) == EM_OK) continue;
+    for (int t = 0; t < nmiss && s == EM_OK; t++) {
+        int i = miss[t];
+        env->compiled++;
+        if (workers && ok[t]) {
+            if (take_worker_output(env, ks[i], &keys[i], paths[t], &out[i]) == EM_OK) continue;
             em_clear_error();
-            env->compiled--;
         }
-        s = compile_here(env, ks[i], &keys[i], &out[i]); /* the worker failed */
+        env->compiled--;
+        s = compile_here(env, ks[i], &keys[i], &out[i]); /* no worker, or it failed */
     }
     for (int t = 0; t < m; t++) {
         unlink(paths[t]); /* already moved into the cache when stored */
         em_free(paths[t]);
     }
-    em_free(mine);
-    em_free(theirs);
+    em_free(miss);
     em_free(wk);
     em_free(paths);
     em_free(ok);
