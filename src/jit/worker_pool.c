@@ -64,14 +64,19 @@ k_kernel *jit_worker_read(FILE *f, char *path, size_t pathlen) {
     return k;
 }
 
+/* EMBER_JIT_WORKER, else the installed worker, else the one in the build
+ * tree (programs run uninstalled, such as the demo, compile in workers
+ * too: docs/env.md says why that matters). */
 static const char *worker_program(char *buf, size_t n) {
     const char *e = em_getenv("EMBER_JIT_WORKER", buf, n);
     if (e) return *e && strcmp(e, "0") ? e : NULL;
 #ifdef EMBER_WORKER_PATH
-    return access(EMBER_WORKER_PATH, X_OK) == 0 ? EMBER_WORKER_PATH : NULL;
-#else
-    return NULL;
+    if (access(EMBER_WORKER_PATH, X_OK) == 0) return EMBER_WORKER_PATH;
 #endif
+#ifdef EMBER_BUILD_WORKER_PATH
+    if (access(EMBER_BUILD_WORKER_PATH, X_OK) == 0) return EMBER_BUILD_WORKER_PATH;
+#endif
+    return NULL;
 }
 
 /* Starts a worker compiling items first, first + step, ... < n; its pid,
