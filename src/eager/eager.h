@@ -251,6 +251,11 @@ void em_contiguous_strides(int ndim, const int64_t *sizes, int64_t *strides);
 /* Normalizes dim against ndim (negative from the end); false if out of range. */
 bool em_norm_dim(int dim, int ndim, int *out);
 bool em_same_device(em_device a, em_device b);
+/* A new reference to t unless its last one is being released right now
+ * (refcount 0: NULL).  For lists that find tensors by something other
+ * than a reference (lazy mode's pending list), whose entry lives until
+ * the dying tensor's ext_free unlinks it under the list's lock. */
+em_tensor *em_retain_live(em_tensor *t);
 /* The environment (env.c): libgccjit's driver calls putenv while it
  * compiles, which may move the array getenv walks.  em_getenv copies
  * NAME's value into buf and returns buf (NULL: unset, or not shorter than

@@ -215,6 +215,13 @@ em_tensor *em_retain(em_tensor *t) {
     return t;
 }
 
+em_tensor *em_retain_live(em_tensor *t) {
+    int n = t ? atomic_load(&t->refcount) : 0;
+    while (n > 0)
+        if (atomic_compare_exchange_weak(&t->refcount, &n, n + 1)) return t;
+    return NULL;
+}
+
 void em_release(em_tensor *t) {
     if (!t) return;
     /* The last reference of a scope-owned tensor belongs to the scope:

@@ -985,7 +985,10 @@ em_status em_sync(void) {
     em_tensor **roots = em_malloc(sizeof *roots * (size_t)(cap + 1));
     if (!roots) return em_last_status();
     pthread_spin_lock(&st->pending_lock);
-    for (lz_thunk *k = st->pending; k && n < cap; k = k->next) roots[n++] = em_retain(k->self);
+    /* a tensor another thread is freeing (refcount 0, not yet unlinked:
+     * thunk_free waits for this lock) is skipped, not revived */
+    for (lz_thunk *k = st->pending; k && n < cap; k = k->next)
+        if ((roots[n] = em_retain_live(k->self))) n++;
     pthread_spin_unlock(&st->pending_lock);
     em_dispatch_hook saved = em_set_dispatch_hook((em_dispatch_hook){0});
     em_status s = n ? force_all(st, roots, n) : EM_OK;
