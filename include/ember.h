@@ -323,6 +323,14 @@ typedef struct em_compile_options {
      * eagerly (the replay backend); -1: compile in the call; 0:
      * EMBER_ASYNC_COMPILE (default: in the call). */
     int async_compile;
+    /* How a call that makes a new entry runs fn.  1: its ops are recorded
+     * without being computed (lazy mode's recording), the graph is
+     * compiled, and the call's outputs come from the compiled entry (or,
+     * for graphs with random draws, made once while recording, from lazy
+     * mode); -1: fn runs eagerly while it is recorded; 0 (default): 1 when
+     * an input is on a CUDA device, where an eager run compiles a kernel
+     * for each distinct op, else -1.  With async_compile, always -1. */
+    int lazy_trace;
 } em_compile_options;
 
 typedef struct em_compile_stats {

@@ -402,6 +402,93 @@ START_TEST(graph_break_runs_as_segments_from_then_on) {
 }
 END_TEST
 
+/* ---- lazy traces (lazy_trace = 1; the default on CUDA inputs) ---- */
+
+static int64_t deferred_ops(void) {
+    em_lazy_stats ls;
+    ck_assert_int_eq(em_lazy_get_stats(&ls), EM_OK);
+    return ls.ops_deferred;
+}
+
+/* The first call records softmax's ops without computing them, compiles,
+ * and gives the compiled entry's values; lazy_trace = -1 runs fn eagerly. */
+START_TEST(lazy_trace_records_then_runs_the_entry) {
+    em_tensor *x = tu_random(21, 2, TU_SIZES(5, 33), EM_F32, 3), *y, *ref;
+    ck_assert_int_eq(softmax_fn(NULL, &x, NULL, &ref), EM_OK);
+    double *r = tu_values(ref);
+    for (int mode = -1; mode <= 1; mode += 2) {
+        em_compile_options o = opts1("softmax", 1, 0);
+        o.lazy_trace = mode;
+        em_compiled *f = em_compile(softmax_fn, NULL, &o);
+        int64_t before = deferred_ops();
+        em_lazy_stats l0, l1;
+        ck_assert_int_eq(em_lazy_get_stats(&l0), EM_OK);
+        for (int call = 0; call < 2; call++) {
+            ck_assert_int_eq(em_call(f, &x, NULL, &y), EM_OK);
+            ck_assert_ptr_nonnull(y->storage); /* computed before em_call returns */
+            tu_check_close(y, r, 2, TU_SIZES(5, 33), 1e-6, 1e-7);
+        }
+        ck_assert_int_eq(em_lazy_get_stats(&l1), EM_OK);
+        if (mode > 0) {
+            ck_assert_int_ge(deferred_ops() - before, 4); /* amax, sub, exp, sum, div */
+            ck_assert_int_eq(l1.flushes, l0.flushes);     /* the entry computed them */
+        } else {
+            ck_assert_int_eq(deferred_ops(), before);
+        }
+        em_compile_stats st;
+        em_compiled_stats(f, &st);
+        ck_assert_int_eq(st.traces, 1);
+        ck_assert_int_eq(st.hits, 1);
+        ck_assert_int_gt(st.kernels, 0);
+        em_compiled_free(f);
+    }
+    free(r);
+}
+END_TEST
+
+/* Random draws are made once, while recording: the first call's outputs
+ * then come from lazy mode (the entry would draw again), and every call
+ * draws what eager code draws. */
+START_TEST(lazy_trace_draws_random_values_once) {
+    em_generator *ge = em_generator_new(78), *gc = em_generator_new(78);
+    em_compile_options o = {.ninputs = 1, .noutputs = 2, .name = "noisy", .lazy_trace = 1};
+    em_compiled *f = em_compile(noisy_fn, gc, &o);
+    em_tensor *x = tu_random(17, 2, TU_SIZES(3, 4), EM_F32, 1);
+    for (int call = 0; call < 3; call++) {
+        em_tensor *e[2], *c[2];
+        ck_assert_int_eq(noisy_fn(ge, &x, NULL, e), EM_OK);
+        ck_assert_int_eq(em_call(f, &x, NULL, c), EM_OK);
+        check_identical(e[0], c[0]);
+        check_identical(e[1], c[1]);
+        ck_assert_int_eq(em_generator_offset(ge), em_generator_offset(gc));
+    }
+    em_compiled_free(f);
+    em_generator_free(ge);
+    em_generator_free(gc);
+}
+END_TEST
+
+/* A read while recording lazily computes what it reads (lazy mode), and
+ * the call's outputs are computed before it returns. */
+START_TEST(lazy_trace_with_a_graph_break) {
+    em_compile_options o = opts1("breaking", 1, 0);
+    o.lazy_trace = 1;
+    em_compiled *f = em_compile(breaking_fn, NULL, &o);
+    const double v[3] = {1, -2, 3}, ref[3] = {2 - 6, -4 - 6, 6 - 6};
+    em_tensor *x = tu_tensor(v, 1, TU_SIZES(3), EM_F32), *y;
+    for (int i = 0; i < 3; i++) {
+        ck_assert_int_eq(em_call(f, &x, NULL, &y), EM_OK);
+        ck_assert_ptr_nonnull(y->storage);
+        tu_check_close(y, ref, 1, TU_SIZES(3), 0, 0);
+    }
+    em_compile_stats st;
+    em_compiled_stats(f, &st);
+    ck_assert(st.broken);
+    ck_assert_int_eq(st.entries, 0);
+    em_compiled_free(f);
+}
+END_TEST
+
 /* ---- logging ---- */
 
 static char *read_file(const char *path) {
@@ -495,6 +582,10 @@ START_TEST(bad_options_and_calls) {
     ck_assert_ptr_null(em_compile(softmax_fn, NULL, &bad));
     ck_assert_msg(strstr(em_last_error(), "unknown backend 'triton' (available: auto, cpu, cuda, replay)"), "%s",
                   em_last_error());
+    bad = o;
+    bad.lazy_trace = 2;
+    ck_assert_ptr_null(em_compile(softmax_fn, NULL, &bad));
+    ck_assert_msg(strstr(em_last_error(), "lazy_trace (2)"), "%s", em_last_error());
     bad = o;
     bad.recompile_limit = -1;
     ck_assert_ptr_null(em_compile(softmax_fn, NULL, &bad));
@@ -658,6 +749,9 @@ static Suite *suite(void) {
     tcase_add_test(tc, replay_matches_eager_bitwise);
     tcase_add_test(tc, random_ops_advance_the_generator_like_eager);
     tcase_add_test(tc, graph_break_runs_as_segments_from_then_on);
+    tcase_add_test(tc, lazy_trace_records_then_runs_the_entry);
+    tcase_add_test(tc, lazy_trace_draws_random_values_once);
+    tcase_add_test(tc, lazy_trace_with_a_graph_break);
     suite_add_tcase(s, tc);
     tc = tcase_create("runtime");
     tcase_add_checked_fixture(tc, tu_setup, tu_teardown);

@@ -53,6 +53,7 @@ struct em_compiled {
     bool record_failed;   /* a record could not be written (logged once) */
     int dynamic;          /* -1 off, 0 automatic, 1 forced (em_compile_options.dynamic) */
     bool async;           /* compile new entries in background threads */
+    int lazy_trace;       /* em_compile_options.lazy_trace */
 };
 
 /* A background compile (async): what the thread needs, owned by it. */
@@ -100,9 +101,10 @@ static em_status check_options(em_fn fn, const em_compile_options *o) {
                 return em_error(EM_ERR_ARG, "em_compile: input name '%s' is repeated",
                                 o->input_names[i]);
     }
-    if (o->dynamic < -1 || o->dynamic > 1 || o->async_compile < -1 || o->async_compile > 1)
-        return em_error(EM_ERR_ARG, "em_compile: dynamic (%d) and async_compile (%d) are -1, 0 or 1",
-                        o->dynamic, o->async_compile);
+    if (o->dynamic < -1 || o->dynamic > 1 || o->async_compile < -1 || o->async_compile > 1 ||
+        o->lazy_trace < -1 || o->lazy_trace > 1)
+        return em_error(EM_ERR_ARG, "em_compile: dynamic (%d), async_compile (%d) and lazy_trace (%d) "
+                        "are -1, 0 or 1", o->dynamic, o->async_compile, o->lazy_trace);
     if (o->nwatch < 0 || (o->nwatch > 0 && !o->watch))
         return em_error(EM_ERR_ARG, "em_compile: %d watched slots but no array", o->nwatch);
     for (int i = 0; i < o->nwatch; i++)
@@ -155,6 +157,7 @@ em_compiled *em_compile(em_fn fn, void *ctx, const em_compile_options *opts) {
     f->limit = opts->recompile_limit ? opts->recompile_limit : jit_env_recompile_limit(&f->log);
     f->dynamic = opts->dynamic ? opts->dynamic : jit_env_dynamic(&f->log);
     f->async = opts->async_compile ? opts->async_compile > 0 : jit_env_flag("EMBER_ASYNC_COMPILE");
+    f->lazy_trace = opts->lazy_trace;
     f->env.log = &f->log;
     f->verify = jit_env_flag("EMBER_VERIFY");
     if (f->backend != &jit_replay_backend) f->env.cache = kc_open(NULL, 0);
@@ -469,11 +472,63 @@ fail:
     return NULL;
 }
 
+/* Whether fn's trace records its ops without computing them (through lazy
+ * mode's hook): as lazy_trace says, by default when an input is on a GPU.
+ * An eager trace there compiles one NVRTC kernel for each distinct op it
+ * meets (tens of milliseconds each) before the graph's fused kernels;
+ * recorded lazily, the first call compiles only the fused ones.  Not with
+ * async compile, whose first call must not wait for a compile. */
+static bool trace_lazily(const em_compiled *f, em_tensor *const *in) {
+    if (f->async || f->lazy_trace < 0) return false;
+    if (f->lazy_trace > 0) return true;
+    for (int i = 0; i < f->ninputs; i++)
+        if (in[i]->device.type == EM_CUDA) return true;
+    return false;
+}
+
+static em_status run_entry(em_compiled *f, jit_entry *e, bool ready, bool follows, void *spec,
+                           em_tensor *const *in, const double *scalars, em_tensor **out);
+
+static bool has_random(const tr_graph *g) {
+    for (int i = 0; i < g->nnodes; i++)
+        if (g->nodes[i].kind == TR_CALL &&
+            (g->nodes[i].op == EM_OP_RAND || g->nodes[i].op == EM_OP_RANDN))
+            return true;
+    return false;
+}
+
+/* After a lazy trace: the first call's outputs from the new entry e, in
+ * place of the pending ones in out (never computed then).  Left pending,
+ * for lazy mode to compute when read, where e would not give them exactly
+ * as an eager run: random draws (made once already, while tracing) or a
+ * dynamic entry. */
+static void outputs_from_entry(em_compiled *f, jit_entry *e, em_tensor *const *in,
+                               const double *scalars, em_tensor **out) {
+    if (!e->ready || e->dynamic || has_random(e->graph)) return;
+    em_tensor *res[MAX_ARGS];
+    if (run_entry(f, e, true, e->follows, NULL, in, scalars, res) != EM_OK) {
+        em_clear_error(); /* the pending outputs still hold the values' recipe */
+        return;
+    }
+    for (int i = 0; i < f->noutputs; i++) out[i] = res[i];
+}
+
+/* Computes the outputs a lazy trace left pending: em_call returns values,
+ * and an error shows at the call. */
+static em_status realize_outputs(const em_compiled *f, em_tensor **out) {
+    em_status s = EM_OK;
+    for (int i = 0; i < f->noutputs && s == EM_OK; i++)
+        if (out[i] && !out[i]->storage) s = em_realize(out[i]);
+    return s;
+}
+
 /* Runs fn while recording; on success adds an entry.  Holds f's lock. */
 static em_status trace(em_compiled *f, em_tensor *const *in, const double *scalars,
                        em_tensor **out, const uint32_t *dyn, const jit_entry *prev) {
     em_scope_begin();
-    tr_recorder *r = tr_record_begin(f->ninputs, in, (const char *const *)f->input_names);
+    bool lazily = trace_lazily(f, in);
+    tr_recorder *r = tr_record_begin_with(f->ninputs, in, (const char *const *)f->input_names,
+                                          lazily ? jit_lazy_runner() : (em_dispatch_hook){0});
     if (!r) {
         em_scope_end();
         return em_last_status();
@@ -486,12 +541,13 @@ static em_status trace(em_compiled *f, em_tensor *const *in, const double *scala
     char why[256];
     tr_graph *g = tr_record_end(r, f->noutputs, out, why, sizeof why);
     if (!g && why[0]) {
-        /* the function ran eagerly to the end: its results are valid */
+        /* the function ran to the end (eagerly, or lazily: its outputs
+         * are computed below): its results are valid */
         f->stats.broken = true;
         f->stats.eager++;
         jit_logf(&f->log, JIT_LOG_BREAKS, "graph break in %s: %s; %s runs as compiled "
                  "segments around its reads from now on (lazy mode)", f->name, why, f->name);
-        return finish_outputs(f, EM_OK, out);
+        return finish_outputs(f, lazily ? realize_outputs(f, out) : EM_OK, out);
     }
     jit_entry *e = g ? make_entry(f, g, in, scalars, dyn, prev) : NULL;
     if (!e) return finish_outputs(f, em_last_status() ? em_last_status() : EM_ERR_STATE, out);
@@ -502,7 +558,8 @@ static em_status trace(em_compiled *f, em_tensor *const *in, const double *scala
     f->stats.entries = f->nentries;
     log_entry(f, e);
     record_entry(f, e);
-    return finish_outputs(f, EM_OK, out);
+    if (lazily) outputs_from_entry(f, e, in, scalars, out);
+    return finish_outputs(f, lazily ? realize_outputs(f, out) : EM_OK, out);
 }
 
 /* Whether entry e's guards fail on this call only because of sizes (same

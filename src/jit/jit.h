@@ -168,6 +168,10 @@ bool jit_env_flag(const char *name);
 /* ---- lazy mode (lazy.c) ---- */
 /* Whether h is lazy mode's hook (not a recorder's). */
 bool jit_lazy_hook(const em_dispatch_hook *h);
+/* This thread's lazy-mode hook, whether or not lazy mode is on (fn NULL
+ * when its state cannot be made): a recorder that runs ops through it
+ * records without computing. */
+em_dispatch_hook jit_lazy_runner(void);
 
 /* ---- logging (EMBER_LOG, EMBER_LOG_FILE) ---- */
 enum {

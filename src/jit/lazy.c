@@ -964,6 +964,15 @@ static em_tensor *lazy_op(void *ud, const em_op_call *c, const em_meta *m) {
 
 bool jit_lazy_hook(const em_dispatch_hook *h) { return h && h->fn == lazy_op; }
 
+em_dispatch_hook jit_lazy_runner(void) {
+    lz_state *st = state_get(true);
+    if (!st) {
+        em_clear_error();
+        return (em_dispatch_hook){0};
+    }
+    return (em_dispatch_hook){lazy_op, st, NULL};
+}
+
 /* ---- public API ---- */
 
 em_status em_lazy_begin(void) {

@@ -14,6 +14,7 @@
 struct tr_recorder {
     tr_graph *g;
     em_dispatch_hook prev;   /* restored at the end */
+    em_dispatch_hook run;    /* runs each op (fn NULL: eagerly) */
     /* tensor -> node: open addressing on the pointer.  Every key holds a
      * reference, so no tensor of the trace can die and have its address
      * reused by another while recording. */
@@ -91,7 +92,7 @@ static em_tensor *record_op(void *ud, const em_op_call *c, const em_meta *m) {
     tr_recorder *r = ud;
     /* Kernels may call ops themselves: those are not the program's. */
     em_dispatch_hook self = em_set_dispatch_hook((em_dispatch_hook){0});
-    em_tensor *t = em_dispatch_eager(c, m);
+    em_tensor *t = r->run.fn ? r->run.fn(r->run.ud, c, m) : em_dispatch_eager(c, m);
     em_set_dispatch_hook(self);
     if (!t || r->broken) return t;
     int stack[8], *in = c->nin <= 8 ? stack : em_malloc(sizeof(int) * (size_t)c->nin);
@@ -123,9 +124,15 @@ static void record_read(void *ud, const em_tensor *t, const char *what) {
 }
 
 tr_recorder *tr_record_begin(int ninputs, em_tensor *const *inputs, const char *const *names) {
+    return tr_record_begin_with(ninputs, inputs, names, (em_dispatch_hook){0});
+}
+
+tr_recorder *tr_record_begin_with(int ninputs, em_tensor *const *inputs, const char *const *names,
+                                  em_dispatch_hook run) {
     tr_recorder *r = em_malloc(sizeof *r);
     if (!r) return NULL;
     memset(r, 0, sizeof *r);
+    r->run = run;
     r->cap = 64;
     r->keys = em_calloc((size_t)r->cap, sizeof *r->keys);
     r->vals = em_malloc(sizeof *r->vals * (size_t)r->cap);

@@ -122,6 +122,10 @@ typedef struct tr_recorder tr_recorder;
 /* Starts recording on this thread: ops run eagerly and append nodes.
  * inputs are the function's declared inputs (names may be NULL). */
 tr_recorder *tr_record_begin(int ninputs, em_tensor *const *inputs, const char *const *names);
+/* The same, but ops run through run (its fn and ud) instead of eagerly:
+ * a lazy mode's hook makes the trace record ops without computing them. */
+tr_recorder *tr_record_begin_with(int ninputs, em_tensor *const *inputs, const char *const *names,
+                                  em_dispatch_hook run);
 /* Stops recording.  Returns the graph whose outputs are outs, or NULL:
  * on a graph break (the reason is copied to why) or on error. */
 tr_graph *tr_record_end(tr_recorder *r, int nout, em_tensor *const *outs, char *why,
