@@ -26,6 +26,7 @@
 
 #include "cuda_lib.h"
 #include "eager.h"
+#include "workloads.h"
 
 #ifdef EMBER_HAVE_CUDA
 
@@ -115,51 +116,13 @@ static em_tensor *randn(em_generator *g, int nd, const int64_t *sz, double scale
 }
 
 /* ---- workloads ---- */
-static int64_t C_norm; /* layer_norm's and softmax's row length */
-static int64_t B_, T_, E_, NH_;
-
-static em_status pointwise(void *c, em_tensor *const *in, const double *s, em_tensor **out) {
-    (void)c, (void)s;
-    out[0] = em_add(em_mul_scalar(em_tanh(em_add(em_mul(in[0], in[1]), in[2])), 0.5), in[0]);
-    return out[0] ? EM_OK : em_last_status();
-}
-
-static em_status softmax(void *c, em_tensor *const *in, const double *s, em_tensor **out) {
-    (void)c, (void)s;
-    out[0] = em_softmax(in[0], -1);
-    return out[0] ? EM_OK : em_last_status();
-}
-
-static em_status layernorm(void *c, em_tensor *const *in, const double *s, em_tensor **out) {
-    (void)c, (void)s;
-    out[0] = em_layer_norm(in[0], 1, in[1], in[2], 1e-5);
-    return out[0] ? EM_OK : em_last_status();
-}
-
-static em_status mlp(void *c, em_tensor *const *in, const double *s, em_tensor **out) {
-    (void)c, (void)s;
-    out[0] = em_add(em_matmul(em_gelu_tanh(em_add(em_matmul(in[0], in[1]), in[2])), in[3]), in[4]);
-    return out[0] ? EM_OK : em_last_status();
-}
-
-/* [B, T, E] -> [B, NH, T, hd] */
-static em_tensor *heads(em_tensor *x) {
-    return em_transpose(em_reshape(x, 4, (int64_t[]){B_, T_, NH_, E_ / NH_}), 1, 2);
-}
+/* The GPU sizes of WORKLOADS.md's attention_block (the other workloads'
+ * sizes are in setup) */
+enum { B_ = 16, T_ = 1024, E_ = 768, NH_ = 12 };
 
 static em_status block(void *c, em_tensor *const *in, const double *s, em_tensor **out) {
     (void)c, (void)s;
-    em_tensor *x = in[0], *mask = in[13];
-    em_tensor *h = em_layer_norm(x, 1, in[1], in[2], 1e-5);
-    em_tensor *qkv = em_add(em_matmul(h, in[3]), in[4]);
-    em_tensor *q = heads(em_slice(qkv, 2, 0, E_, 1)), *k = heads(em_slice(qkv, 2, E_, 2 * E_, 1)),
-              *v = heads(em_slice(qkv, 2, 2 * E_, 3 * E_, 1));
-    em_tensor *att = em_add(em_mul_scalar(em_matmul(q, em_transpose(k, 2, 3)), 1.0 / sqrt((double)(E_ / NH_))), mask);
-    att = em_softmax(att, -1);
-    em_tensor *y = em_reshape(em_transpose(em_matmul(att, v), 1, 2), 3, (int64_t[]){B_, T_, E_});
-    x = em_add(x, em_add(em_matmul(y, in[5]), in[6]));
-    h = em_layer_norm(x, 1, in[7], in[8], 1e-5);
-    out[0] = em_add(x, em_add(em_matmul(em_gelu_tanh(em_add(em_matmul(h, in[9]), in[10])), in[11]), in[12]));
+    out[0] = wl_attention_block(in, NH_);
     return out[0] ? EM_OK : em_last_status();
 }
 
@@ -169,14 +132,6 @@ static em_status sum_all(void *c, em_tensor *const *in, const double *s, em_tens
     (void)c, (void)s;
     out[0] = em_sum(in[0], 0, NULL, false);
     return out[0] ? EM_OK : em_last_status();
-}
-
-static em_status tiny_chain(void *c, em_tensor *const *in, const double *s, em_tensor **out) {
-    (void)c, (void)s;
-    em_tensor *x = in[0];
-    for (int i = 0; i < 5; i++) x = em_sub_scalar(em_relu(em_add_scalar(em_mul(x, in[1]), 1.0)), 0.5);
-    out[0] = x;
-    return x ? EM_OK : em_last_status();
 }
 
 typedef struct workload {
@@ -204,22 +159,21 @@ static void setup(workload *w, em_generator *g) {
     const char *n = w->name;
     if (!strcmp(n, "pointwise")) {
         int64_t N = (int64_t)1 << 26;
-        w->fn = pointwise;
+        w->fn = wl_pointwise_fn;
         w->nin = 3;
         for (int i = 0; i < 3; i++) w->in[i] = randn(g, 1, &N, 1);
         w->bytes = 4.0 * 4 * N;
     } else if (!strcmp(n, "softmax") || !strcmp(n, "layernorm")) {
         int64_t sz[2] = {32768, 4096};
-        C_norm = sz[1];
         bool ln = n[0] == 'l';
-        w->fn = ln ? layernorm : softmax;
+        w->fn = ln ? wl_layernorm_fn : wl_softmax_fn;
         w->nin = ln ? 3 : 1;
         w->in[0] = randn(g, 2, sz, 1);
         if (ln) w->in[1] = randn(g, 1, sz + 1, 1), w->in[2] = randn(g, 1, sz + 1, 1);
         w->bytes = 2.0 * 4 * sz[0] * sz[1];
     } else if (!strcmp(n, "mlp")) {
         int64_t M = 8192, K = 2048, H = 8192;
-        w->fn = mlp;
+        w->fn = wl_mlp_fn;
         w->nin = 5;
         w->in[0] = randn(g, 2, (int64_t[]){M, K}, 1);
         w->in[1] = randn(g, 2, (int64_t[]){K, H}, 1 / sqrt((double)K));
@@ -228,7 +182,6 @@ static void setup(workload *w, em_generator *g) {
         w->in[4] = randn(g, 1, &K, 1);
         w->flops = 2.0 * M * K * H * 2;
     } else if (!strcmp(n, "attention_block")) {
-        B_ = 16, T_ = 1024, E_ = 768, NH_ = 12;
         int64_t E = E_, E3 = 3 * E_, E4 = 4 * E_;
         double s = 1 / sqrt((double)E);
         w->fn = block;
@@ -257,7 +210,7 @@ static void setup(workload *w, em_generator *g) {
         w->bytes = 4.0 * N;
     } else {
         int64_t n16 = 16;
-        w->fn = tiny_chain;
+        w->fn = wl_tiny_chain_fn;
         w->nin = 2;
         w->in[0] = randn(g, 1, &n16, 1), w->in[1] = randn(g, 1, &n16, 1);
     }

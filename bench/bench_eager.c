@@ -24,6 +24,8 @@
 
 #include <cblas.h>
 
+#include "workloads.h"
+
 static double now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -59,60 +61,26 @@ static em_tensor *rnd(int ndim, const int64_t *sizes, double scale) {
 
 typedef struct workload {
     const char *name;
-    em_tensor *in[13];
+    em_tensor *in[14];
     double bytes, flops;
-    em_tensor *(*run)(em_tensor **in);
+    em_tensor *(*run)(em_tensor *const *in); /* workloads.h */
 } workload;
-
-static em_tensor *pointwise(em_tensor **in) {
-    return em_add(em_mul_scalar(em_tanh(em_add(em_mul(in[0], in[1]), in[2])), 0.5), in[0]);
-}
-static em_tensor *softmax(em_tensor **in) { return em_softmax(in[0], -1); }
-static em_tensor *layernorm(em_tensor **in) { return em_layer_norm(in[0], 1, in[1], in[2], 1e-5); }
-static em_tensor *mlp(em_tensor **in) {
-    em_tensor *h = em_gelu_tanh(em_add(em_matmul(in[0], in[1]), in[2]));
-    return em_add(em_matmul(h, in[3]), in[4]);
-}
 
 enum { B = 1, T = 128, E = 256, NH = 4, HD = E / NH };
 
-static em_tensor *heads(em_tensor *qkv, int which) {
-    em_tensor *t = em_slice(qkv, -1, which * E, (which + 1) * E, 1);
-    return em_transpose(em_reshape(t, 4, (int64_t[]){B, T, NH, HD}), 1, 2);
-}
-
-static em_tensor *attention_block(em_tensor **in) {
-    em_tensor *x = in[0], *mask = in[12];
-    em_tensor *h = em_layer_norm(x, 1, in[1], in[2], 1e-5);
-    em_tensor *qkv = em_add(em_matmul(h, in[3]), in[4]);
-    em_tensor *q = heads(qkv, 0), *k = heads(qkv, 1), *v = heads(qkv, 2);
-    em_tensor *att = em_mul_scalar(em_matmul(q, em_transpose(k, -2, -1)), 1.0 / sqrt(HD));
-    att = em_softmax(em_add(att, mask), -1);
-    em_tensor *y = em_reshape(em_transpose(em_matmul(att, v), 1, 2), 3, (int64_t[]){B, T, E});
-    x = em_add(x, em_add(em_matmul(y, in[5]), in[6]));
-    h = em_layer_norm(x, 1, in[7], in[8], 1e-5);
-    /* w1, b1, w2, b2 are in[9..11] and the last bias reuses in[6]'s shape (E) */
-    em_tensor *m = em_gelu_tanh(em_add(em_matmul(h, in[9]), in[10]));
-    return em_add(x, em_add(em_matmul(m, in[11]), in[6]));
-}
-
-static em_tensor *tiny_chain(em_tensor **in) {
-    em_tensor *x = in[0];
-    for (int i = 0; i < 5; i++) x = em_sub_scalar(em_relu(em_add_scalar(em_mul(x, in[1]), 1.0)), 0.5);
-    return x;
-}
+static em_tensor *attention_block(em_tensor *const *in) { return wl_attention_block(in, NH); }
 
 /* em_compile's view of a workload: its tensors are the inputs */
 static em_status run_workload(void *ctx, em_tensor *const *in, const double *s, em_tensor **out) {
     (void)s;
     const workload *w = ctx;
-    out[0] = w->run((em_tensor **)in);
+    out[0] = w->run(in);
     return out[0] ? EM_OK : em_last_status();
 }
 
 static int ninputs(const workload *w) {
     int n = 0;
-    while (n < 13 && w->in[n]) n++;
+    while (n < 14 && w->in[n]) n++;
     return n;
 }
 
@@ -228,17 +196,17 @@ int main(int argc, char **argv) {
                                em_scalar(0, EM_F32, em_cpu()));
     double blk_flops = 2.0 * B * T * (E * 3.0 * E + E * E + 8.0 * E * E) + 4.0 * B * NH * T * T * HD;
     workload w[] = {
-        {"pointwise", {RND(1, N), RND(1, N), RND(1, N)}, 4.0 * 4 * N, 0, pointwise},
-        {"softmax", {RND(1, R, C)}, 2.0 * 4 * R * C, 0, softmax},
-        {"layernorm", {RND(1, R, C), RND(1, C), RND(1, C)}, 2.0 * 4 * R * C, 0, layernorm},
+        {"pointwise", {RND(1, N), RND(1, N), RND(1, N)}, 4.0 * 4 * N, 0, wl_pointwise},
+        {"softmax", {RND(1, R, C)}, 2.0 * 4 * R * C, 0, wl_softmax},
+        {"layernorm", {RND(1, R, C), RND(1, C), RND(1, C)}, 2.0 * 4 * R * C, 0, wl_layernorm},
         {"mlp", {RND(1, M, K), RND(1 / sqrt(K), K, H), RND(1, H), RND(1 / sqrt(H), H, K), RND(1, K)},
-         0, 2.0 * M * K * H * 2, mlp},
+         0, 2.0 * M * K * H * 2, wl_mlp},
         {"attention_block",
          {RND(1, B, T, E), RND(1, E), RND(1, E), RND(1 / sqrt(E), E, 3 * E), RND(1, 3 * E),
           RND(1 / sqrt(E), E, E), RND(1, E), RND(1, E), RND(1, E), RND(1 / sqrt(E), E, 4 * E),
-          RND(1, 4 * E), RND(1 / sqrt(4 * E), 4 * E, E), mask},
+          RND(1, 4 * E), RND(1 / sqrt(4 * E), 4 * E, E), RND(1, E), mask},
          0, blk_flops, attention_block},
-        {"tiny_chain", {RND(1, 16), RND(1, 16)}, 0, 0, tiny_chain},
+        {"tiny_chain", {RND(1, 16), RND(1, 16)}, 0, 0, wl_tiny_chain},
     };
     int nw = sizeof w / sizeof w[0];
     if (first >= 0 && first < nw) { /* the child of a warm first-call measurement */

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "testutil.h"
+#include "../bench/workloads.h"
 
 #define GPU em_cuda(0)
 static const em_device CPU = {EM_CPU, 0};
@@ -319,12 +320,6 @@ END_TEST
 
 /* ---- compiled functions ---- */
 
-static em_status mlp_fn(void *c, em_tensor *const *in, const double *s, em_tensor **out) {
-    (void)c, (void)s;
-    out[0] = em_add(em_matmul(em_gelu_tanh(em_add(em_matmul(in[0], in[1]), in[2])), in[3]), in[4]);
-    return out[0] ? EM_OK : em_last_status();
-}
-
 static em_status block_fn(void *c, em_tensor *const *in, const double *s, em_tensor **out) {
     (void)c, (void)s;
     em_tensor *h = em_layer_norm(in[0], 1, in[1], in[2], 1e-5);
@@ -367,8 +362,8 @@ START_TEST(compiled_graphs) {
                         tu_random(27, 1, TU_SIZES(64), EM_F32, 1),
                         tu_random(28, 2, TU_SIZES(64, 32), EM_F32, 0.2),
                         tu_random(29, 1, TU_SIZES(32), EM_F32, 1)};
-    check_compiled(mlp_fn, 5, in, 1, NULL, 1e-4);   /* auto: CUDA inputs -> cuda */
-    check_compiled(mlp_fn, 5, in, 1, "cuda", 1e-4);
+    check_compiled(wl_mlp_fn, 5, in, 1, NULL, 1e-4);   /* auto: CUDA inputs -> cuda */
+    check_compiled(wl_mlp_fn, 5, in, 1, "cuda", 1e-4);
     em_tensor *bin[3] = {tu_random(30, 2, TU_SIZES(24, 48), EM_F32, 1),
                          tu_random(31, 1, TU_SIZES(48), EM_F32, 1),
                          tu_random(32, 1, TU_SIZES(48), EM_F32, 1)};
@@ -387,9 +382,9 @@ START_TEST(cuda_backend_on_cpu_inputs) {
                         tu_random(29, 1, TU_SIZES(8), EM_F32, 1)};
     em_tensor *out[1];
     em_compile_options o = {.ninputs = 5, .noutputs = 1, .backend = "cuda"};
-    em_compiled *f = em_compile(mlp_fn, NULL, &o);
+    em_compiled *f = em_compile(wl_mlp_fn, NULL, &o);
     em_tensor *ref[1];
-    ck_assert_int_eq(mlp_fn(NULL, in, NULL, ref), EM_OK);
+    ck_assert_int_eq(wl_mlp_fn(NULL, in, NULL, ref), EM_OK);
     for (int rep = 0; rep < 2; rep++) {
         ck_assert_msg(em_call(f, in, NULL, out) == EM_OK, "%s", em_last_error());
         ck_assert_int_eq(em_device_of(out[0]).type, EM_CPU);
@@ -469,7 +464,7 @@ static int cache_child(void) {
     }
     em_tensor *out[1];
     em_compile_options o = {.ninputs = 5, .noutputs = 1};
-    em_compiled *f = em_compile(mlp_fn, NULL, &o);
+    em_compiled *f = em_compile(wl_mlp_fn, NULL, &o);
     if (!f || em_call(f, in, NULL, out) != EM_OK) {
         printf("error %s\n", em_last_error());
         return 1;

@@ -12,25 +12,9 @@
 #include "testutil.h"
 #include "trace.h"
 
+#include "../bench/workloads.h"
+
 typedef em_status (*fn_t)(void *, em_tensor *const *, const double *, em_tensor **);
-
-static em_status pointwise(void *c, em_tensor *const *in, const double *s, em_tensor **out) {
-    (void)c, (void)s;
-    out[0] = em_add(em_mul_scalar(em_tanh(em_add(em_mul(in[0], in[1]), in[2])), 0.5), in[0]);
-    return out[0] ? EM_OK : em_last_status();
-}
-
-static em_status softmax(void *c, em_tensor *const *in, const double *s, em_tensor **out) {
-    (void)c, (void)s;
-    out[0] = em_softmax(in[0], -1);
-    return out[0] ? EM_OK : em_last_status();
-}
-
-static em_status layernorm(void *c, em_tensor *const *in, const double *s, em_tensor **out) {
-    (void)c, (void)s;
-    out[0] = em_layer_norm(in[0], 1, in[1], in[2], 1e-5);
-    return out[0] ? EM_OK : em_last_status();
-}
 
 /* Every unary op, then every binary op and comparison, in one graph. */
 static em_status everything(void *c, em_tensor *const *in, const double *s, em_tensor **out) {
@@ -122,18 +106,18 @@ START_TEST(pointwise_is_flat) {
     int64_t n = 1000;
     em_tensor *in[3] = {tu_random(1, 1, &n, EM_F32, 1), tu_random(2, 1, &n, EM_F32, 1),
                         tu_random(3, 1, &n, EM_F32, 1)};
-    ck_assert_uint_eq(compile_all(pointwise, 3, in, 1, "__restrict__"), 1u << CU_FLAT);
-    ck_assert_uint_eq(compile_all(pointwise, 3, in, 1, "tanhf("), 1u << CU_FLAT);
+    ck_assert_uint_eq(compile_all(wl_pointwise_fn, 3, in, 1, "__restrict__"), 1u << CU_FLAT);
+    ck_assert_uint_eq(compile_all(wl_pointwise_fn, 3, in, 1, "tanhf("), 1u << CU_FLAT);
 }
 END_TEST
 
 START_TEST(softmax_is_rows) {
     em_tensor *in[1] = {tu_random(1, 2, TU_SIZES(8, 300), EM_F32, 1)};
-    ck_assert_uint_eq(compile_all(softmax, 1, in, 1, "em_block_reduce(a"), 1u << CU_ROWS);
+    ck_assert_uint_eq(compile_all(wl_softmax_fn, 1, in, 1, "em_block_reduce(a"), 1u << CU_ROWS);
     /* the second read of x comes from registers, the stash stays in them */
-    ck_assert_uint_eq(compile_all(softmax, 1, in, 1, "= rc0[it"), 1u << CU_ROWS);
+    ck_assert_uint_eq(compile_all(wl_softmax_fn, 1, in, 1, "= rc0[it"), 1u << CU_ROWS);
     em_tensor *in64[1] = {tu_random(1, 3, TU_SIZES(2, 3, 5), EM_F64, 1)};
-    ck_assert_uint_eq(compile_all(softmax, 1, in64, 1, "double"), 1u << CU_ROWS);
+    ck_assert_uint_eq(compile_all(wl_softmax_fn, 1, in64, 1, "double"), 1u << CU_ROWS);
 }
 END_TEST
 
@@ -141,7 +125,7 @@ START_TEST(layernorm_compiles) {
     em_tensor *in[3] = {tu_random(1, 2, TU_SIZES(4, 64), EM_F32, 1),
                         tu_random(2, 1, TU_SIZES(64), EM_F32, 1),
                         tu_random(3, 1, TU_SIZES(64), EM_F32, 1)};
-    ck_assert(compile_all(layernorm, 3, in, 1, NULL) & (1u << CU_ROWS));
+    ck_assert(compile_all(wl_layernorm_fn, 3, in, 1, NULL) & (1u << CU_ROWS));
 }
 END_TEST
 
@@ -372,7 +356,7 @@ START_TEST(no_gpu_is_an_error) {
     ck_assert_msg(strstr(e, "libcuda.so.1") || strstr(e, "no such device") || strstr(e, "CUDA driver"),
                   "unclear error: %s", e);
     em_compile_options o = {.ninputs = 3, .noutputs = 1, .backend = "cuda"};
-    em_compiled *f = em_compile(pointwise, NULL, &o);
+    em_compiled *f = em_compile(wl_pointwise_fn, NULL, &o);
     ck_assert_ptr_nonnull(f); /* the backend exists in every build */
     em_compiled_free(f);
 }
