@@ -9,8 +9,10 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <poll.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -46,15 +48,34 @@ static const char USAGE[] =
     "Exit status: 0 success, 1 a command failed (or found bad entries), 2 usage.\n";
 
 typedef struct tool {
-    const char *dir;
+    const char *dir;  /* --dir or EMBER_CACHE_DIR; NULL: the library's default */
+    bool dir_from_env;
     bool json;
     kc_cache *cache;
 } tool;
 
-static int usage_error(const char *fmt, const char *arg) {
+/* A command line, checked whole before the cache is opened: a usage error
+ * never touches a directory. */
+typedef struct command {
+    const char *name;
+    bool remove;          /* verify --remove */
+    bool by_size;         /* prune: --max-size (else --older-than) */
+    uint64_t max_size;    /* prune --max-size */
+    int64_t age;          /* prune --older-than, seconds */
+    const char *file;     /* export, import */
+    int jobs;             /* warmup -j; 0: one per core */
+    char **files;         /* warmup */
+    int nfiles;
+} command;
+
+static int usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static int usage_error(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
     fprintf(stderr, "ember-cache: ");
-    fprintf(stderr, fmt, arg);
+    vfprintf(stderr, fmt, ap);
     fprintf(stderr, "\n(ember-cache --help lists the commands)\n");
+    va_end(ap);
     return 2;
 }
 
@@ -63,21 +84,33 @@ static int fail(const char *what) {
     return 1;
 }
 
+/* Whether the cache opened where it was asked to: a command (clear,
+ * prune, import) must act on that directory and never on another one the
+ * library fell back to. */
+static bool opened_where_asked(const tool *t) {
+    if (!t->dir) return true; /* the library's default is what was asked */
+    char *want = realpath(t->dir, NULL);
+    bool same = want && !strcmp(want, kc_dir(t->cache));
+    if (!same)
+        fprintf(stderr, "ember-cache: the cache opened at %s, not at %s%s: stopping\n",
+                kc_dir(t->cache), t->dir, t->dir_from_env ? " (EMBER_CACHE_DIR)" : "");
+    free(want);
+    return same;
+}
+
 /* Opens the cache; the trust checks say why a directory is refused. */
 static bool open_cache(tool *t) {
-    char why[600] = "";
     kc_options o = {.dir = t->dir};
     t->cache = kc_open_with(&o);
     if (!t->cache) return fail("cannot open the cache") == 0;
     if (!kc_on_disk(t->cache)) {
         const char *off = getenv("EMBER_CACHE");
-        snprintf(why, sizeof why, "%s", off && !strcmp(off, "0")
-                 ? "EMBER_CACHE=0 turns the disk cache off"
-                 : "the cache directory is not usable (see the message above)");
-        fprintf(stderr, "ember-cache: %s\n", why);
+        fprintf(stderr, "ember-cache: %s\n", off && !strcmp(off, "0")
+                ? "EMBER_CACHE=0 turns the disk cache off"
+                : "the cache directory is not usable (see the message above)");
         return false;
     }
-    return true;
+    return opened_where_asked(t);
 }
 
 /* The versions this machine's artifacts are made for: a bundle must carry
@@ -118,27 +151,79 @@ static const char *human_age(int64_t seconds, char *buf, size_t n) {
     return buf;
 }
 
+/* Digits only (no sign, no spaces: strtol's leniency would take " 5" and
+ * "+5"), at most max; false on anything else. */
+static bool parse_count(const char *s, int64_t max, int64_t *out) {
+    int64_t v = 0;
+    if (!*s) return false;
+    for (; *s; s++) {
+        if (*s < '0' || *s > '9' || v > (max - (*s - '0')) / 10) return false;
+        v = v * 10 + (*s - '0');
+    }
+    *out = v;
+    return true;
+}
+
 /* "90s", "30m", "12h", "7d", "2w", or plain seconds. */
 static bool parse_age(const char *s, int64_t *out) {
-    char *end;
-    errno = 0;
-    long long v = strtoll(s, &end, 10);
-    if (errno || end == s || v < 0) return false;
+    size_t n = strlen(s);
     int64_t mul = 1;
-    if (*end) {
-        if (end[1]) return false;
-        switch (*end) {
-        case 's': mul = 1; break;
-        case 'm': mul = 60; break;
-        case 'h': mul = 3600; break;
-        case 'd': mul = 86400; break;
-        case 'w': mul = 604800; break;
-        default: return false;
-        }
+    char num[32];
+    if (n == 0 || n >= sizeof num) return false;
+    memcpy(num, s, n + 1);
+    switch (num[n - 1]) {
+    case 's': mul = 1; break;
+    case 'm': mul = 60; break;
+    case 'h': mul = 3600; break;
+    case 'd': mul = 86400; break;
+    case 'w': mul = 604800; break;
+    default: mul = 0; break;
     }
-    if (v > INT64_MAX / mul) return false;
-    *out = (int64_t)v * mul;
-    return true;
+    if (mul) num[n - 1] = '\0';
+    else mul = 1;
+    return parse_count(num, INT64_MAX / mul, out) && (*out *= mul, true);
+}
+
+/* ---- JSON ---- */
+
+/* The length of the UTF-8 sequence at p (1-4), or 0 when it is not one
+ * (overlong, a surrogate, past U+10FFFF, a stray continuation byte). */
+static int utf8_len(const unsigned char *p) {
+    unsigned c = p[0];
+    int n = c < 0x80 ? 1 : (c & 0xe0) == 0xc0 ? 2 : (c & 0xf0) == 0xe0 ? 3 : (c & 0xf8) == 0xf0 ? 4 : 0;
+    if (n <= 1) return n;
+    unsigned cp = c & (0x7f >> n);
+    for (int i = 1; i < n; i++) {
+        if ((p[i] & 0xc0) != 0x80) return 0; /* also stops at the NUL */
+        cp = cp << 6 | (p[i] & 0x3f);
+    }
+    static const unsigned least[5] = {0, 0, 0x80, 0x800, 0x10000};
+    if (cp < least[n] || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return 0;
+    return n;
+}
+
+/* Writes s as a JSON string, the one way every --json output writes text:
+ * '"', '\\' and control characters escaped; JSON text is UTF-8, so a byte
+ * that is not part of a UTF-8 character (a path may hold any) becomes
+ * U+FFFD. */
+static void json_str(const char *s) {
+    putchar('"');
+    for (const unsigned char *p = (const unsigned char *)s; *p;) {
+        int n = utf8_len(p);
+        if (*p == '"' || *p == '\\') printf("\\%c", *p);
+        else if (*p == '\n') fputs("\\n", stdout);
+        else if (*p == '\t') fputs("\\t", stdout);
+        else if (*p < 0x20 || *p == 0x7f) printf("\\u%04x", *p);
+        else if (n == 0) fputs("\\ufffd", stdout);
+        else fwrite(p, 1, (size_t)n, stdout);
+        p += n ? n : 1;
+    }
+    putchar('"');
+}
+
+/* ,"name": (the comma unless first) */
+static void json_key(bool first, const char *name) {
+    printf("%s\"%s\":", first ? "" : ",", name);
 }
 
 static const char *backend_of(const char *kind) {
@@ -162,10 +247,12 @@ static int cmd_ls(tool *t) {
         char hex[KC_KEY_HEX_SIZE], sz[32], age[32], used[32];
         kc_key_hex(&e->key, hex);
         if (t->json) {
-            printf("%s\n {\"key\":\"%s\",\"kind\":\"%s\",\"backend\":\"%s\",\"size\":%" PRIu64
-                   ",\"disk_bytes\":%" PRIu64 ",\"created\":%" PRId64 ",\"last_use\":%" PRId64
-                   ",\"complete\":%s}",
-                   i ? "," : "", hex, e->kind, backend_of(e->kind), e->size, e->disk_bytes,
+            printf("%s\n {", i ? "," : "");
+            json_key(true, "key"), json_str(hex);
+            json_key(false, "kind"), json_str(e->kind);
+            json_key(false, "backend"), json_str(backend_of(e->kind));
+            printf(",\"size\":%" PRIu64 ",\"disk_bytes\":%" PRIu64 ",\"created\":%" PRId64
+                   ",\"last_use\":%" PRId64 ",\"complete\":%s}", e->size, e->disk_bytes,
                    e->created, e->last_use, e->has_header ? "true" : "false");
         } else {
             printf("%-32s  %-5s  %-7s  %9s  %6s  %7s%s\n", hex, e->kind, backend_of(e->kind),
@@ -209,11 +296,15 @@ static int cmd_stats(tool *t) {
     }
     char sz[32];
     if (t->json) {
-        printf("{\"dir\":\"%s\",\"entries\":%zu,\"bytes\":%" PRIu64 ",\"incomplete\":%" PRIu64
-               ",\"hits\":null,\"kinds\":{", kc_dir(t->cache), n, total, incomplete);
-        for (int k = 0; k < nk; k++)
-            printf("%s\"%s\":{\"entries\":%" PRIu64 ",\"bytes\":%" PRIu64 "}", k ? "," : "",
-                   kinds[k].kind, kinds[k].n, kinds[k].bytes);
+        printf("{");
+        json_key(true, "dir"), json_str(kc_dir(t->cache));
+        printf(",\"entries\":%zu,\"bytes\":%" PRIu64 ",\"incomplete\":%" PRIu64
+               ",\"hits\":null,\"kinds\":{", n, total, incomplete);
+        for (int k = 0; k < nk; k++) {
+            printf("%s", k ? "," : "");
+            json_str(kinds[k].kind);
+            printf(":{\"entries\":%" PRIu64 ",\"bytes\":%" PRIu64 "}", kinds[k].n, kinds[k].bytes);
+        }
         printf("}}\n");
     } else {
         printf("cache %s: %zu entries, %s\n", kc_dir(t->cache), n, human_size(total, sz, sizeof sz));
@@ -242,12 +333,15 @@ static int cmd_verify(tool *t, bool remove) {
         kc_key_hex(&es[i].key, hex);
         bool gone = remove && kc_remove(t->cache, &es[i].key, es[i].kind) == EM_OK;
         removed += gone;
-        if (t->json)
-            printf("%s{\"key\":\"%s\",\"kind\":\"%s\",\"problem\":\"%s\",\"removed\":%s}",
-                   bad ? "," : "", hex, es[i].kind,
-                   r == KC_READ_REFUSED ? "untrusted" : r == KC_READ_NOMEM ? "out of memory" : "corrupt",
-                   gone ? "true" : "false");
-        else
+        if (t->json) {
+            printf("%s{", bad ? "," : "");
+            json_key(true, "key"), json_str(hex);
+            json_key(false, "kind"), json_str(es[i].kind);
+            json_key(false, "problem");
+            json_str(r == KC_READ_REFUSED ? "untrusted" : r == KC_READ_NOMEM ? "out of memory" : "corrupt");
+            json_key(false, "why"), json_str(why[0] ? why : "unreadable");
+            printf(",\"removed\":%s}", gone ? "true" : "false");
+        } else
             printf("bad: %s.%s: %s%s\n", hex, es[i].kind, why[0] ? why : "unreadable",
                    gone ? " (removed)" : "");
         bad++;
@@ -267,26 +361,19 @@ static int print_removed(tool *t, const char *what, uint64_t removed) {
     return 0;
 }
 
-static int cmd_prune(tool *t, int argc, char **argv) {
-    if (argc != 2) return usage_error("prune takes --max-size SIZE or --older-than AGE%s", "");
+static int cmd_prune(tool *t, const command *c) {
     uint64_t removed = 0;
-    if (!strcmp(argv[0], "--max-size")) {
-        uint64_t max;
-        if (kc_parse_size(argv[1], &max) != EM_OK) return usage_error("bad size '%s'", argv[1]);
+    if (c->by_size) {
         kc_entry_info *es;
         size_t before = 0, after = 0;
         if (kc_list(t->cache, &es, &before) != EM_OK) return fail("prune");
         em_free(es);
-        if (kc_prune(t->cache, max) != EM_OK) return fail("prune");
+        if (kc_prune(t->cache, c->max_size) != EM_OK) return fail("prune");
         if (kc_list(t->cache, &es, &after) != EM_OK) return fail("prune");
         em_free(es);
         removed = before > after ? before - after : 0;
-    } else if (!strcmp(argv[0], "--older-than")) {
-        int64_t age;
-        if (!parse_age(argv[1], &age)) return usage_error("bad age '%s' (e.g. 90s, 30m, 12h, 7d, 2w)", argv[1]);
-        if (kc_prune_older(t->cache, age, &removed) != EM_OK) return fail("prune");
-    } else {
-        return usage_error("prune: unknown option '%s'", argv[0]);
+    } else if (kc_prune_older(t->cache, c->age, &removed) != EM_OK) {
+        return fail("prune");
     }
     return print_removed(t, "prune", removed);
 }
@@ -305,9 +392,11 @@ static int cmd_export(tool *t, const char *path) {
     int nt = machine_tags(tags, ptrs);
     uint64_t done, skipped;
     if (kc_export(t->cache, path, ptrs, nt, &done, &skipped) != EM_OK) return fail("export");
-    if (t->json)
-        printf("{\"file\":\"%s\",\"exported\":%" PRIu64 ",\"skipped\":%" PRIu64 "}\n", path, done, skipped);
-    else
+    if (t->json) {
+        printf("{");
+        json_key(true, "file"), json_str(path);
+        printf(",\"exported\":%" PRIu64 ",\"skipped\":%" PRIu64 "}\n", done, skipped);
+    } else
         printf("export: %" PRIu64 " entries to %s%s\n", done, path,
                skipped ? " (bad entries skipped: ember-cache verify)" : "");
     return 0;
@@ -319,8 +408,11 @@ static int cmd_import(tool *t, const char *path) {
     int nt = machine_tags(tags, ptrs);
     uint64_t done;
     if (kc_import(t->cache, path, ptrs, nt, &done) != EM_OK) return fail("import");
-    if (t->json) printf("{\"file\":\"%s\",\"imported\":%" PRIu64 "}\n", path, done);
-    else printf("import: %" PRIu64 " entries from %s\n", done, path);
+    if (t->json) {
+        printf("{");
+        json_key(true, "file"), json_str(path);
+        printf(",\"imported\":%" PRIu64 "}\n", done);
+    } else printf("import: %" PRIu64 " entries from %s\n", done, path);
     return 0;
 }
 
@@ -479,17 +571,9 @@ static int run_workers(const tool *t, warm_set *w, int nw) {
     return 0;
 }
 
-static int cmd_warmup(tool *t, int argc, char **argv) {
-    int jobs = 0;
-    if (argc >= 2 && !strcmp(argv[0], "-j")) {
-        char *end;
-        long v = strtol(argv[1], &end, 10);
-        if (*end || v < 1 || v > 64) return usage_error("-j takes a count from 1 to 64, not '%s'", argv[1]);
-        jobs = (int)v;
-        argc -= 2;
-        argv += 2;
-    }
-    if (argc < 1) return usage_error("warmup needs at least one recorded file%s", "");
+static int cmd_warmup(tool *t, const command *c) {
+    int jobs = c->jobs, argc = c->nfiles;
+    char **argv = c->files;
     warm_set w = {0};
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
@@ -519,56 +603,167 @@ static int cmd_warmup(tool *t, int argc, char **argv) {
     return rc;
 }
 
-/* ---- main ---- */
+/* ---- the command line ---- */
 
-static int dispatch(tool *t, const char *cmd, int argc, char **argv) {
-    if (!strcmp(cmd, "ls") && argc == 0) return cmd_ls(t);
-    if (!strcmp(cmd, "stats") && argc == 0) return cmd_stats(t);
-    if (!strcmp(cmd, "verify") && argc == 0) return cmd_verify(t, false);
-    if (!strcmp(cmd, "verify") && argc == 1 && !strcmp(argv[0], "--remove")) return cmd_verify(t, true);
-    if (!strcmp(cmd, "prune")) return cmd_prune(t, argc, argv);
-    if (!strcmp(cmd, "clear") && argc == 0) return cmd_clear(t);
-    if (!strcmp(cmd, "export") && argc == 1) return cmd_export(t, argv[0]);
-    if (!strcmp(cmd, "import") && argc == 1) return cmd_import(t, argv[0]);
-    if (!strcmp(cmd, "warmup")) return cmd_warmup(t, argc, argv);
-    return usage_error("unknown command or wrong arguments: '%s'", cmd);
+static int no_args(const char *cmd, int argc, char **argv) {
+    if (argc == 0) return 0;
+    return usage_error("%s takes no arguments, got '%s'", cmd, argv[0]);
+}
+
+static int parse_verify(command *c, int argc, char **argv) {
+    for (int i = 0; i < argc; i++) {
+        if (strcmp(argv[i], "--remove") != 0)
+            return usage_error("verify: unknown argument '%s' (verify [--remove])", argv[i]);
+        c->remove = true;
+    }
+    return 0;
+}
+
+static int parse_prune(command *c, int argc, char **argv) {
+    const char *opt = argc ? argv[0] : "";
+    c->by_size = !strcmp(opt, "--max-size");
+    if (!c->by_size && strcmp(opt, "--older-than") != 0)
+        return argc ? usage_error("prune: unknown argument '%s' (--max-size SIZE or --older-than AGE)", opt)
+                    : usage_error("prune takes --max-size SIZE or --older-than AGE");
+    if (argc < 2) return usage_error("prune %s needs a value", opt);
+    if (argc > 2) return usage_error("prune takes one of --max-size SIZE and --older-than AGE; "
+                                     "extra argument '%s'", argv[2]);
+    if (c->by_size && !kc_size_from_str(argv[1], &c->max_size))
+        return usage_error("bad size '%s' (bytes, or a number with K, M, G or T: 500M, 2G)", argv[1]);
+    if (!c->by_size && !parse_age(argv[1], &c->age))
+        return usage_error("bad age '%s' (e.g. 90s, 30m, 12h, 7d, 2w)", argv[1]);
+    return 0;
+}
+
+/* export FILE, import FILE */
+static int parse_file(command *c, int argc, char **argv) {
+    if (argc == 0) return usage_error("%s needs a bundle FILE", c->name);
+    if (argc > 1) return usage_error("%s takes one FILE; extra argument '%s'", c->name, argv[1]);
+    if (!argv[0][0]) return usage_error("%s: the file name is empty", c->name);
+    c->file = argv[0];
+    return 0;
+}
+
+/* warmup [-j N] FILE...: -j N, -jN, anywhere; "--" ends the options. */
+static int parse_warmup(command *c, int argc, char **argv) {
+    c->files = argv;
+    bool options = true;
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i], *v = NULL;
+        if (options && !strcmp(a, "--")) {
+            options = false;
+        } else if (options && !strncmp(a, "-j", 2)) {
+            if (!(v = a[2] ? a + 2 : i + 1 < argc ? argv[++i] : NULL))
+                return usage_error("warmup: -j needs a count from 1 to 64");
+            int64_t n;
+            if (!parse_count(v, 64, &n) || n < 1)
+                return usage_error("warmup: -j takes a count from 1 to 64, not '%s'", v);
+            c->jobs = (int)n;
+        } else if (options && a[0] == '-' && a[1]) {
+            return usage_error("warmup: unknown option '%s'", a);
+        } else if (!a[0]) {
+            return usage_error("warmup: an empty file name");
+        } else {
+            c->files[c->nfiles++] = argv[i]; /* in place: files never outrun i */
+        }
+    }
+    if (c->nfiles == 0) return usage_error("warmup needs at least one recorded file");
+    return 0;
+}
+
+/* Checks the command and its arguments into c: 0, or 2 after a message. */
+static int parse_command(command *c, int argc, char **argv) {
+    c->name = argv[0];
+    argc--, argv++;
+    if (!strcmp(c->name, "ls") || !strcmp(c->name, "stats") || !strcmp(c->name, "clear"))
+        return no_args(c->name, argc, argv);
+    if (!strcmp(c->name, "verify")) return parse_verify(c, argc, argv);
+    if (!strcmp(c->name, "prune")) return parse_prune(c, argc, argv);
+    if (!strcmp(c->name, "export") || !strcmp(c->name, "import")) return parse_file(c, argc, argv);
+    if (!strcmp(c->name, "warmup")) return parse_warmup(c, argc, argv);
+    return usage_error("unknown command '%s'", c->name);
+}
+
+/* A cache directory as given (--dir, or EMBER_CACHE_DIR): NULL when it is
+ * usable, else why not.  An empty one would mean "the default" to kc_open:
+ * for a command like clear, another directory than the one named. */
+static const char *bad_dir(const char *d) {
+    if (!d[0]) return "is empty";
+    if (strlen(d) >= PATH_MAX) return "is longer than the longest path (PATH_MAX)";
+    return NULL;
+}
+
+/* The global options, anywhere on the line; the rest goes to args.
+ * -1 to go on, else the exit status. */
+static int parse_globals(tool *t, int argc, char **argv, char **args, int *n) {
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *dir = NULL;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h") || (*n == 0 && !strcmp(a, "help"))) {
+            fputs(USAGE, stdout);
+            return 0;
+        } else if (!strcmp(a, "--json")) {
+            t->json = true;
+        } else if (!strcmp(a, "--dir") || !strncmp(a, "--dir=", 6)) {
+            if (!(dir = a[5] ? a + 6 : i + 1 < argc ? argv[++i] : NULL))
+                return usage_error("--dir needs a directory");
+            if (t->dir) return usage_error("--dir given twice ('%s' and '%s')", t->dir, dir);
+            const char *why = bad_dir(dir);
+            if (why) return usage_error("--dir '%s' %s", dir, why);
+            if (dir[0] == '-')
+                return usage_error("--dir needs a directory, not the option '%s' (./%s names a "
+                                   "directory of that name)", dir, dir);
+            t->dir = dir;
+        } else if (*n == 0 && a[0] == '-') {
+            return usage_error("unknown option '%s'", a);
+        } else {
+            args[(*n)++] = argv[i];
+        }
+    }
+    if (*n == 0) return usage_error("no command given");
+    return -1;
+}
+
+/* Without --dir, a set EMBER_CACHE_DIR is used as if given (kc_open reads
+ * it too): so that the checks above and opened_where_asked apply to it. */
+static int dir_from_env(tool *t) {
+    const char *env = getenv("EMBER_CACHE_DIR");
+    if (t->dir || !env || !env[0]) return 0;
+    const char *why = bad_dir(env);
+    if (why) {
+        fprintf(stderr, "ember-cache: EMBER_CACHE_DIR %s: not using it (nor any other directory)\n", why);
+        return 1;
+    }
+    t->dir = env;
+    t->dir_from_env = true;
+    return 0;
+}
+
+static int run(tool *t, const command *c) {
+    const char *n = c->name;
+    if (!strcmp(n, "ls")) return cmd_ls(t);
+    if (!strcmp(n, "stats")) return cmd_stats(t);
+    if (!strcmp(n, "verify")) return cmd_verify(t, c->remove);
+    if (!strcmp(n, "prune")) return cmd_prune(t, c);
+    if (!strcmp(n, "clear")) return cmd_clear(t);
+    if (!strcmp(n, "export")) return cmd_export(t, c->file);
+    if (!strcmp(n, "import")) return cmd_import(t, c->file);
+    return cmd_warmup(t, c);
 }
 
 int main(int argc, char **argv) {
     tool t = {0};
-    /* --json, --dir and --help may come anywhere; the rest is the command */
+    command c = {0};
     char **args = calloc((size_t)argc + 1, sizeof *args);
     int n = 0;
     if (!args) return 1;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h") || !strcmp(argv[i], "help")) {
-            fputs(USAGE, stdout);
-            free(args);
-            return 0;
-        } else if (!strcmp(argv[i], "--json")) {
-            t.json = true;
-        } else if (!strcmp(argv[i], "--dir")) {
-            if (i + 1 == argc) {
-                free(args);
-                return usage_error("--dir needs a directory%s", "");
-            }
-            t.dir = argv[++i];
-        } else {
-            args[n++] = argv[i];
-        }
+    int rc = parse_globals(&t, argc, argv, args, &n);
+    if (rc < 0) rc = parse_command(&c, n, args);
+    if (rc == 0 && c.name) rc = dir_from_env(&t);
+    if (rc == 0 && c.name) {
+        signal(SIGPIPE, SIG_IGN);
+        rc = open_cache(&t) ? run(&t, &c) : 1;
+        kc_close(t.cache);
     }
-    if (n == 0 || args[0][0] == '-') {
-        int rc = n ? usage_error("unknown option '%s'", args[0]) : usage_error("no command given%s", "");
-        free(args);
-        return rc;
-    }
-    signal(SIGPIPE, SIG_IGN);
-    if (!open_cache(&t)) {
-        free(args);
-        return 1;
-    }
-    int rc = dispatch(&t, args[0], n - 1, args + 1);
     free(args);
-    kc_close(t.cache);
     return rc;
 }

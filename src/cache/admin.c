@@ -15,6 +15,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#define XXH_STATIC_LINKING_ONLY /* XXH3_state_t on the stack: streaming checksums */
+#include <xxhash.h>
+
 static const char *root_of(kc_cache *c, const char *fn) {
     const char *root = c && kc_on_disk(c) ? kc_dir(c) : NULL;
     if (!c) em_error(EM_ERR_NULL, "%s: the cache is NULL", fn);
@@ -205,8 +208,14 @@ done:
     return s;
 }
 
-/* Reads one line (without its newline) into buf; false at EOF or when the
- * line is too long. */
+/* An entry larger than this is refused without reading it, whatever the
+ * cache's size limit: compiled kernels and plans are kilobytes to a few
+ * megabytes, so 256 MiB bounds what one forged size can cost (time, disk)
+ * with room to spare. */
+#define KC_BUNDLE_ENTRY_MAX ((uint64_t)256 << 20)
+
+/* Reads one line (without its newline) into buf; false at EOF, when the
+ * line is too long or when it holds a NUL byte. */
 static bool read_line(FILE *f, char *buf, size_t n) {
     if (!fgets(buf, (int)n, f)) return false;
     size_t len = strlen(buf);
@@ -215,88 +224,258 @@ static bool read_line(FILE *f, char *buf, size_t n) {
     return true;
 }
 
-/* Whether the bundle's tag "name=value" is one of ours; *why otherwise. */
-static bool tag_matches(const char *tag, const char *const *tags, int ntags, char *why,
-                        size_t nwhy) {
+/* Opens the bundle at path.  O_NONBLOCK so that a FIFO or a device never
+ * blocks the open; only a regular file is read (a FIFO would block the
+ * first read instead, and sizes are checked against the file's length). */
+static FILE *open_bundle(const char *path, uint64_t *size) {
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+    if (fd < 0) {
+        em_error(EM_ERR_IO, "kc_import: cannot open %s: %s", path, strerror(errno));
+        return NULL;
+    }
+    struct stat st;
+    int fl = -1;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        em_error(EM_ERR_ARG, "kc_import: %s is not a regular file", path);
+    } else if ((fl = fcntl(fd, F_GETFL)) < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) < 0) {
+        em_error(EM_ERR_IO, "kc_import: cannot read %s: %s", path, strerror(errno));
+        fl = -1;
+    }
+    FILE *f = fl >= 0 ? fdopen(fd, "rb") : NULL;
+    if (!f) {
+        if (fl >= 0) em_error(EM_ERR_NOMEM, "kc_import: out of memory");
+        close(fd);
+        return NULL;
+    }
+    *size = (uint64_t)st.st_size;
+    return f;
+}
+
+/* Which of this machine's tags the bundle's "name=value" is: its index, or
+ * -1 with *why set (malformed, another value, a name we lack). */
+static int tag_match(const char *tag, const char *const *tags, int ntags, char *why,
+                     size_t nwhy) {
     const char *eq = strchr(tag, '=');
-    if (!eq) {
+    if (!eq || eq == tag) {
         snprintf(why, nwhy, "malformed tag '%s'", tag);
-        return false;
+        return -1;
     }
     size_t nlen = (size_t)(eq - tag) + 1;
     for (int i = 0; i < ntags; i++) {
         if (strncmp(tags[i], tag, nlen) != 0) continue;
-        if (!strcmp(tags[i], tag)) return true;
+        if (!strcmp(tags[i], tag)) return i;
         snprintf(why, nwhy, "the bundle was made for %s, but this machine has %s", tag, tags[i]);
-        return false;
+        return -1;
     }
     snprintf(why, nwhy, "the bundle was made for %s, which this machine does not have", tag);
-    return false;
+    return -1;
 }
 
+/* Reads the tag lines and leaves f at the first line after them.  Every
+ * tag must be one of this machine's, and every one of this machine's must
+ * be there: a bundle without a tag says nothing about what its artifacts
+ * were made for, so it is refused like a wrong one. */
+static em_status check_tags(FILE *f, const char *path, const char *const *tags, int ntags) {
+    char line[512], why[700];
+    uint64_t seen = 0; /* bit i: tags[i] was found */
+    long pos = ftell(f);
+    while (read_line(f, line, sizeof line) && !strncmp(line, "tag ", 4)) {
+        int i = tag_match(line + 4, tags, ntags, why, sizeof why);
+        if (i < 0) return em_error(EM_ERR_ARG, "kc_import: refusing %s: %s", path, why);
+        seen |= (uint64_t)1 << i;
+        pos = ftell(f);
+    }
+    for (int i = 0; i < ntags; i++) {
+        if (seen & ((uint64_t)1 << i)) continue;
+        const char *eq = strchr(tags[i], '=');
+        int nlen = eq ? (int)(eq - tags[i]) : (int)strlen(tags[i]);
+        return em_error(EM_ERR_ARG, "kc_import: refusing %s: the bundle has no %.*s tag (this "
+                        "machine has %s)", path, nlen, tags[i], tags[i]);
+    }
+    if (pos < 0 || fseek(f, pos, SEEK_SET) != 0)
+        return em_error(EM_ERR_IO, "kc_import: cannot read %s: %s", path, strerror(errno));
+    return EM_OK;
+}
+
+/* One entry line, parsed. */
+typedef struct bundle_entry {
+    kc_key key;
+    char kind[KC_KIND_MAX + 1];
+    uint64_t size;
+    kc_key sum; /* the payload's XXH3-128, as 16 bytes like a key */
+    char hex[KC_KEY_HEX_SIZE];
+} bundle_entry;
+
+/* Reads n characters of [^ ] ending at a space or the end into out. */
+static const char *token(const char *p, char *out, size_t cap) {
+    size_t n = strcspn(p, " ");
+    if (n == 0 || n >= cap) return NULL;
+    memcpy(out, p, n);
+    out[n] = '\0';
+    return p + n;
+}
+
+/* Parses exactly "entry <32 hex> <kind> <decimal size> <32 hex>", as
+ * write_entry writes it: no signs, no extra spaces, nothing after. */
+static bool parse_entry_line(const char *line, bundle_entry *e) {
+    char sumhex[KC_KEY_HEX_SIZE], digits[24];
+    const char *p = line;
+    if (strncmp(p, "entry ", 6) != 0) return false;
+    if (!(p = token(p + 6, e->hex, sizeof e->hex)) || *p++ != ' ' ||
+        !(p = token(p, e->kind, sizeof e->kind)) || *p++ != ' ' ||
+        !(p = token(p, digits, sizeof digits)) || *p++ != ' ' ||
+        !(p = token(p, sumhex, sizeof sumhex)) || *p != '\0')
+        return false;
+    e->size = 0;
+    for (const char *d = digits; *d; d++) {
+        if (*d < '0' || *d > '9' || e->size > (UINT64_MAX - (uint64_t)(*d - '0')) / 10)
+            return false;
+        e->size = e->size * 10 + (uint64_t)(*d - '0');
+    }
+    return kc_key_from_hex(e->hex, &e->key) && kc_kind_valid(e->kind) &&
+           kc_key_from_hex(sumhex, &e->sum);
+}
+
+/* The most bytes one entry may have: the cache's size limit when it has
+ * one, and KC_BUNDLE_ENTRY_MAX. */
+static uint64_t entry_limit(kc_cache *c) {
+    uint64_t lim = kc_max_size(c);
+    return lim && lim < KC_BUNDLE_ENTRY_MAX ? lim : KC_BUNDLE_ENTRY_MAX;
+}
+
+/* A temporary file in the entry's fan-out directory, named as every
+ * writer's (.tmp-*: a crashed import's is removed by the next prune), so
+ * that kc_put_file renames it into place.  The fan-out directory is
+ * checked by kc_put_file. */
+static int entry_tmp(const char *root, const bundle_entry *e, char **tmp) {
+    char *dir = kc_strfmt("%s/v1/%.2s", root, e->hex);
+    *tmp = dir ? kc_strfmt("%s/.tmp-XXXXXX", dir) : NULL;
+    int fd = -1;
+    if (*tmp && (mkdir(dir, 0700) == 0 || errno == EEXIST)) fd = mkostemp(*tmp, O_CLOEXEC);
+    if (*tmp && fd < 0)
+        em_error(EM_ERR_IO, "kc_import: cannot create a file in %s: %s", dir, strerror(errno));
+    em_free(dir);
+    if (fd < 0) {
+        em_free(*tmp);
+        *tmp = NULL;
+    }
+    return fd;
+}
+
+static bool write_all(int fd, const unsigned char *p, size_t n) {
+    while (n > 0) {
+        ssize_t w = write(fd, p, n);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) return false;
+        p += w;
+        n -= (size_t)w;
+    }
+    return true;
+}
+
+/* Copies e->size bytes and the newline after them from f to fd, hashing
+ * them on the way: never more than one buffer in memory. */
+static em_status copy_entry(FILE *f, int fd, const bundle_entry *e, const char *path) {
+    XXH3_state_t st;
+    XXH3_128bits_reset(&st);
+    unsigned char buf[65536];
+    for (uint64_t left = e->size; left > 0;) {
+        size_t want = left < sizeof buf ? (size_t)left : sizeof buf;
+        if (fread(buf, 1, want, f) != want)
+            return em_error(EM_ERR_ARG, "kc_import: %s: truncated entry %s.%s", path, e->hex, e->kind);
+        XXH3_128bits_update(&st, buf, want);
+        if (!write_all(fd, buf, want))
+            return em_error(EM_ERR_IO, "kc_import: cannot write the entry %s.%s: %s", e->hex,
+                            e->kind, strerror(errno));
+        left -= want;
+    }
+    if (fgetc(f) != '\n')
+        return em_error(EM_ERR_ARG, "kc_import: %s: truncated entry %s.%s", path, e->hex, e->kind);
+    XXH128_canonical_t sum;
+    XXH128_canonicalFromHash(&sum, XXH3_128bits_digest(&st));
+    if (memcmp(sum.digest, e->sum.bytes, sizeof e->sum.bytes) != 0)
+        return em_error(EM_ERR_ARG, "kc_import: %s: entry %s.%s fails its checksum", path, e->hex,
+                        e->kind);
+    return EM_OK;
+}
+
+/* Imports the entry of line: its size is checked before anything is read
+ * (remaining: the bytes left in the file), its bytes streamed to a
+ * temporary file that becomes the entry only when the checksum matches. */
 static em_status import_entry(kc_cache *c, FILE *f, const char *line, const char *path,
                               uint64_t remaining) {
-    char hex[40], kind[32], sumhex[40];
-    uint64_t size;
-    kc_key k, sk;
-    if (sscanf(line, "entry %39s %31s %" SCNu64 " %39s", hex, kind, &size, sumhex) != 4 ||
-        !kc_key_from_hex(hex, &k) || !kc_kind_valid(kind) || !kc_key_from_hex(sumhex, &sk))
+    bundle_entry e;
+    if (!parse_entry_line(line, &e))
         return em_error(EM_ERR_ARG, "kc_import: %s: malformed entry line", path);
-    if (size > remaining)
-        return em_error(EM_ERR_ARG, "kc_import: %s: an entry of %" PRIu64 " bytes runs past the end "
-                        "(truncated bundle)", path, size);
-    void *data = em_malloc(size ? size : 1);
-    if (!data) return em_last_status();
-    em_status s = EM_OK;
-    kc_sum sum;
-    if (fread(data, 1, size, f) != size || fgetc(f) != '\n') {
-        s = em_error(EM_ERR_ARG, "kc_import: %s: truncated entry %s.%s", path, hex, kind);
-    } else if ((sum = kc_checksum(data, size)), memcmp(sum.bytes, sk.bytes, 16) != 0) {
-        s = em_error(EM_ERR_ARG, "kc_import: %s: entry %s.%s fails its checksum", path, hex, kind);
-    } else {
-        s = kc_put(c, &k, kind, data, size);
-    }
-    em_free(data);
+    if (e.size >= remaining) /* the payload and its newline */
+        return em_error(EM_ERR_ARG, "kc_import: %s: entry %s.%s of %" PRIu64 " bytes runs past "
+                        "the end of the file (truncated bundle)", path, e.hex, e.kind, e.size);
+    uint64_t limit = entry_limit(c);
+    if (e.size > limit)
+        return em_error(EM_ERR_ARG, "kc_import: %s: entry %s.%s of %" PRIu64 " bytes is over the "
+                        "limit of %" PRIu64 " bytes an entry may have", path, e.hex, e.kind,
+                        e.size, limit);
+    char *tmp;
+    int fd = entry_tmp(kc_dir(c), &e, &tmp);
+    if (fd < 0) return em_last_status();
+    em_status s = copy_entry(f, fd, &e, path);
+    if (close(fd) != 0 && s == EM_OK)
+        s = em_error(EM_ERR_IO, "kc_import: cannot write %s: %s", tmp, strerror(errno));
+    if (s == EM_OK) s = kc_put_file(c, &e.key, e.kind, tmp);
+    if (s != EM_OK) (void)unlink(tmp); /* kc_put_file moved it on success */
+    em_free(tmp);
     return s;
+}
+
+/* Parses exactly "end <decimal>". */
+static bool parse_end(const char *line, uint64_t *count) {
+    if (strncmp(line, "end ", 4) != 0 || !line[4]) return false;
+    *count = 0;
+    for (const char *d = line + 4; *d; d++) {
+        if (*d < '0' || *d > '9' || *count > (UINT64_MAX - 9) / 10) return false;
+        *count = *count * 10 + (uint64_t)(*d - '0');
+    }
+    return true;
+}
+
+/* The entries up to the end line, which must count them and be the last
+ * bytes of the file. */
+static em_status import_entries(kc_cache *c, FILE *f, const char *path, uint64_t total,
+                                uint64_t *imported) {
+    char line[512];
+    while (read_line(f, line, sizeof line)) {
+        uint64_t count;
+        if (parse_end(line, &count)) {
+            if (count == *imported && fgetc(f) == EOF) return EM_OK;
+            break;
+        }
+        long at = ftell(f);
+        uint64_t left = at >= 0 && (uint64_t)at <= total ? total - (uint64_t)at : 0;
+        em_status s = import_entry(c, f, line, path, left);
+        if (s != EM_OK) return s;
+        (*imported)++;
+    }
+    return em_error(EM_ERR_ARG, "kc_import: %s is truncated or malformed after %" PRIu64
+                    " entries (they were imported)", path, *imported);
 }
 
 em_status kc_import(kc_cache *c, const char *path, const char *const *tags, int ntags,
                     uint64_t *imported) {
-    if (!path) return em_error(EM_ERR_NULL, "kc_import: path is NULL");
+    if (!path || !imported || (ntags && !tags))
+        return em_error(EM_ERR_NULL, "kc_import: path, tags or imported is NULL");
     *imported = 0;
+    if (ntags < 0 || ntags > 64)
+        return em_error(EM_ERR_ARG, "kc_import: %d tags (at most 64)", ntags);
     if (!root_of(c, "kc_import")) return em_last_status();
-    FILE *f = fopen(path, "rb");
-    if (!f) return em_error(EM_ERR_IO, "kc_import: cannot open %s: %s", path, strerror(errno));
-    struct stat st;
-    uint64_t total = fstat(fileno(f), &st) == 0 ? (uint64_t)st.st_size : 0;
-    char line[512], why[600];
-    em_status s = EM_OK;
-    if (!read_line(f, line, sizeof line) || strcmp(line, "ember-bundle 1") != 0) {
-        fclose(f);
-        return em_error(EM_ERR_ARG, "kc_import: %s is not an Ember cache bundle (format 1)", path);
-    }
-    /* every tag first: a mismatched bundle imports nothing */
-    long pos = ftell(f);
-    while (s == EM_OK && read_line(f, line, sizeof line) && !strncmp(line, "tag ", 4)) {
-        if (!tag_matches(line + 4, tags, ntags, why, sizeof why))
-            s = em_error(EM_ERR_ARG, "kc_import: refusing %s: %s", path, why);
-        pos = ftell(f);
-    }
-    if (s == EM_OK) fseek(f, pos, SEEK_SET);
-    bool ended = false;
-    while (s == EM_OK && read_line(f, line, sizeof line)) {
-        uint64_t count;
-        if (sscanf(line, "end %" SCNu64, &count) == 1) {
-            ended = count == *imported;
-            break;
-        }
-        long at = ftell(f);
-        s = import_entry(c, f, line, path, at < 0 ? 0 : total - (uint64_t)at);
-        if (s == EM_OK) (*imported)++;
-    }
-    if (s == EM_OK && !ended)
-        s = em_error(EM_ERR_ARG, "kc_import: %s is truncated or malformed after %" PRIu64
-                     " entries (they were imported)", path, *imported);
+    uint64_t total = 0;
+    FILE *f = open_bundle(path, &total);
+    if (!f) return em_last_status();
+    char line[512];
+    em_status s;
+    if (!read_line(f, line, sizeof line) || strcmp(line, "ember-bundle 1") != 0)
+        s = em_error(EM_ERR_ARG, "kc_import: %s is not an Ember cache bundle (format 1)", path);
+    else if ((s = check_tags(f, path, tags, ntags)) == EM_OK)
+        s = import_entries(c, f, path, total, imported);
     fclose(f);
     return s;
 }

@@ -279,6 +279,9 @@ bool kc_on_disk(kc_cache *c) {
 
 const char *kc_dir(const kc_cache *c) { return c ? c->dir : NULL; }
 
+/* Set once by kc_open: read without the lock. */
+uint64_t kc_max_size(const kc_cache *c) { return c ? c->max_size : 0; }
+
 /* ---- shared steps of the calls ---- */
 
 static em_status check_args(const char *fn, kc_cache *c, const kc_key *k, const char *kind) {

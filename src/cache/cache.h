@@ -236,6 +236,11 @@ typedef struct kc_sum {
     uint8_t bytes[16];
 } kc_sum;
 
+/* ---- cache.c ---- */
+/* The size limit the cache prunes to (kc_options.max_size or
+ * EMBER_CACHE_MAX_SIZE); 0: none. */
+uint64_t kc_max_size(const kc_cache *c);
+
 /* ---- hash.c ---- */
 kc_sum kc_checksum(const void *data, size_t n);
 /* A streaming checksum over a file descriptor from its current offset:
