@@ -223,9 +223,13 @@ em_status kc_clear(kc_cache *c, uint64_t *removed);
  * headed by tags ("name=value": the versions the artifacts need). */
 em_status kc_export(kc_cache *c, const char *path, const char *const *tags, int ntags,
                     uint64_t *exported, uint64_t *skipped);
-/* Imports a bundle.  Each of its tags must equal one of tags (this
- * machine's): otherwise nothing is imported and the error says which
- * version differs.  Entries are checksummed before they are stored. */
+/* Imports a bundle: a regular file (a FIFO or device is refused, never
+ * waited on).  Its tags must be exactly tags (this machine's: every one
+ * present, each equal): otherwise nothing is imported and the error says
+ * which version differs or is missing.  Each entry's size is checked
+ * before it is read (within the file, at most the cache's size limit and
+ * 256 MiB); its bytes are streamed through the checksum into a temporary
+ * file that becomes the entry only when the checksum matches. */
 em_status kc_import(kc_cache *c, const char *path, const char *const *tags, int ntags,
                     uint64_t *imported);
 
