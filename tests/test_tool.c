@@ -361,6 +361,10 @@ START_TEST(import_of_a_fifo_returns_at_once) {
     ck_assert_msg(strstr(o.text, "not a regular file"), "%s", o.text);
     TOOL(&o, pl.home, NULL, 10, "--dir", dir, "import", pl.root); /* a directory */
     ck_assert_msg(o.status == 1 && strstr(o.text, "not a regular file"), "%s", o.text);
+    /* a warmup list that is a FIFO: the same */
+    TOOL(&o, pl.home, NULL, 10, "--dir", dir, "warmup", fifo);
+    ck_assert_msg(!o.timed_out, "warmup of a FIFO still blocked after 10 s");
+    ck_assert_msg(o.status == 1 && strstr(o.text, "not a regular file"), "%d: %s", o.status, o.text);
     place_remove(&pl);
 }
 END_TEST

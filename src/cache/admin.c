@@ -422,6 +422,11 @@ static em_status import_entry(kc_cache *c, FILE *f, const char *line, const char
     if (close(fd) != 0 && s == EM_OK)
         s = em_error(EM_ERR_IO, "kc_import: cannot write %s: %s", tmp, strerror(errno));
     if (s == EM_OK) s = kc_put_file(c, &e.key, e.kind, tmp);
+    /* A disk that fails turns the cache memory-only and kc_put_file still
+     * succeeds: for an import, whose point is the disk, that is a failure. */
+    if (s == EM_OK && !kc_on_disk(c))
+        s = em_error(EM_ERR_IO, "kc_import: the cache directory failed while storing entry "
+                     "%s.%s (see the message above)", e.hex, e.kind);
     if (s != EM_OK) (void)unlink(tmp); /* kc_put_file moved it on success */
     em_free(tmp);
     return s;

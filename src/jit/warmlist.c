@@ -85,7 +85,9 @@ em_status jit_record_append(const char *path, const char *name, const char *back
 /* ---- reading ---- */
 
 static char *read_text(const char *path, size_t *n) {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* O_NONBLOCK: a FIFO without a writer is refused below instead of
+     * blocking the open (reads of a regular file ignore the flag). */
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
     if (fd < 0) {
         em_error(EM_ERR_IO, "cannot open %s: %s", path, strerror(errno));
         return NULL;
