@@ -306,7 +306,8 @@ typedef struct bundle_entry {
     char hex[KC_KEY_HEX_SIZE];
 } bundle_entry;
 
-/* Reads n characters of [^ ] ending at a space or the end into out. */
+/* Copies the word at p (up to a space or the end; 1 to cap - 1 bytes) into
+ * out; returns where it ends, or NULL. */
 static const char *token(const char *p, char *out, size_t cap) {
     size_t n = strcspn(p, " ");
     if (n == 0 || n >= cap) return NULL;
