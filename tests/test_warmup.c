@@ -224,10 +224,15 @@ START_TEST(plan_parser_rejects_what_does_not_fit_the_graph) {
     tr_graph *g = tr_parse("graph(%x: f32[4]{1}) {\n  %1 = exp(%x) : f32[4]{1}\n  return (%1)\n}\n", NULL, 0);
     ck_assert_ptr_nonnull(g);
     const char *key = "0123456789abcdef0123456789abcdef";
+    const char *gkey = "fedcba9876543210fedcba9876543210";
+    kc_key gk, other;
+    ck_assert(kc_key_from_hex(gkey, &gk));
+    ck_assert(kc_key_from_hex(key, &other));
     char good[256], text[256];
-    snprintf(good, sizeof good, "ember-plan 1\nsteps 1\nk 0\nkernels 1\nkernel %s 2 1 0 1\n", key);
+    snprintf(good, sizeof good, "ember-plan 2\ngraph %s\nsteps 1\nk 0\nkernels 1\nkernel %s 2 1 0 1\n",
+             gkey, key);
     jit_plan p;
-    ck_assert(jit_plan_parse(good, strlen(good), g, &p));
+    ck_assert(jit_plan_parse(good, strlen(good), g, &gk, &p));
     ck_assert_int_eq(p.nkernels, 1);
     ck_assert_int_eq(p.kernels[0].bufs[1], 1);
     size_t n;
@@ -235,21 +240,24 @@ START_TEST(plan_parser_rejects_what_does_not_fit_the_graph) {
     ck_assert_str_eq(again, good);
     em_free(again);
     jit_plan_clear(&p);
+    /* the same text looked up under another key: filed under the wrong key */
+    ck_assert(!jit_plan_parse(good, strlen(good), g, &other, &p));
     const char *bad[] = {
-        "ember-plan 2\nsteps 1\nk 0\nkernels 1\nkernel %s 2 1 0 1\n",  /* version */
-        "ember-plan 1\nsteps 1\nk 1\nkernels 1\nkernel %s 2 1 0 1\n",  /* no kernel 1 */
-        "ember-plan 1\nsteps 1\ne 0\nkernels 1\nkernel %s 2 1 0 1\n",  /* node 0 is an input */
-        "ember-plan 1\nsteps 1\nk 0\nkernels 1\nkernel %s 2 1 0 7\n",  /* node 7 */
-        "ember-plan 1\nsteps 1\nk 0\nkernels 1\nkernel %s 2 1 1 0\n",  /* result is the input */
-        "ember-plan 1\nsteps 1\nk 0\nkernels 1\nkernel %s 2 3 0 1\n",  /* nouts > nbufs */
-        "ember-plan 1\nsteps 1\nk 0\nkernels 1\nkernel %s 0 0\n",      /* runs a dead kernel */
-        "ember-plan 1\nsteps 1\nk 0\nkernels 1\nkernel %s 2 1 0 1\nx", /* trailing */
-        "ember-plan 1\nsteps 1\nk 0\nkernels 1\nkernel %s 2 1 0",      /* truncated */
-        "ember-plan 1\nsteps -1\n",
+        "ember-plan 1\ngraph %s\nsteps 1\nk 0\nkernels 1\nkernel %s 2 1 0 1\n",  /* version */
+        "ember-plan 2\nsteps 1\nk 0\nkernels 1\nkernel %s 2 1 0 1\n%s",         /* no key */
+        "ember-plan 2\ngraph %s\nsteps 1\nk 1\nkernels 1\nkernel %s 2 1 0 1\n",  /* no kernel 1 */
+        "ember-plan 2\ngraph %s\nsteps 1\ne 0\nkernels 1\nkernel %s 2 1 0 1\n",  /* node 0 is an input */
+        "ember-plan 2\ngraph %s\nsteps 1\nk 0\nkernels 1\nkernel %s 2 1 0 7\n",  /* node 7 */
+        "ember-plan 2\ngraph %s\nsteps 1\nk 0\nkernels 1\nkernel %s 2 1 1 0\n",  /* result is the input */
+        "ember-plan 2\ngraph %s\nsteps 1\nk 0\nkernels 1\nkernel %s 2 3 0 1\n",  /* nouts > nbufs */
+        "ember-plan 2\ngraph %s\nsteps 1\nk 0\nkernels 1\nkernel %s 0 0\n",      /* runs a dead kernel */
+        "ember-plan 2\ngraph %s\nsteps 1\nk 0\nkernels 1\nkernel %s 2 1 0 1\nx", /* trailing */
+        "ember-plan 2\ngraph %s\nsteps 1\nk 0\nkernels 1\nkernel %s 2 1 0",      /* truncated */
+        "ember-plan 2\ngraph %s\nsteps -1\n%s",
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        snprintf(text, sizeof text, bad[i], key);
-        ck_assert_msg(!jit_plan_parse(text, strlen(text), g, &p), "accepted bad plan %zu", i);
+        snprintf(text, sizeof text, bad[i], gkey, key);
+        ck_assert_msg(!jit_plan_parse(text, strlen(text), g, &gk, &p), "accepted bad plan %zu", i);
     }
     tr_graph_free(g);
 }
