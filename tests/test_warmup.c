@@ -488,6 +488,232 @@ START_TEST(cli_help_errors_and_trust) {
 }
 END_TEST
 
+
+/* ---- regressions of issue 21, item 3: entries filed under the wrong key ---- */
+
+/* The payload files of kind under dir (paths[i]: 300 bytes each). */
+static int list_kind(const char *dir, const char *kind, char paths[][300], int max) {
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "ls %s/v1/*/*.%s 2>/dev/null", dir, kind);
+    FILE *p = popen(cmd, "r");
+    ck_assert_ptr_nonnull(p);
+    int n = 0;
+    while (n < max && fgets(paths[n], 300, p)) {
+        paths[n][strcspn(paths[n], "\n")] = '\0';
+        n++;
+    }
+    pclose(p);
+    return n;
+}
+
+static char *slurp(const char *path, size_t *n) {
+    FILE *f = fopen(path, "rb");
+    ck_assert_msg(f != NULL, "%s: %s", path, strerror(errno));
+    char *buf = malloc(1 << 22);
+    *n = fread(buf, 1, 1 << 22, f);
+    fclose(f);
+    return buf;
+}
+
+static void spit(const char *path, const void *data, size_t n) {
+    FILE *f = fopen(path, "wb");
+    ck_assert_msg(f != NULL, "%s: %s", path, strerror(errno));
+    ck_assert_uint_eq(fwrite(data, 1, n, f), n);
+    ck_assert_int_eq(fclose(f), 0);
+    ck_assert_int_eq(chmod(path, 0600), 0);
+}
+
+/* Writes payload path's bytes and a header that fits them exactly, under
+ * the key and kind its file name says: what someone re-forging headers
+ * would leave, which the header checks alone cannot tell from the real
+ * thing. */
+static void put_forged(const char *path, const void *data, size_t n) {
+    spit(path, data, n);
+    const char *base = strrchr(path, '/') + 1, *dot = strchr(base, '.');
+    char hex[KC_KEY_HEX_SIZE], meta[320], text[KC_META_MAX];
+    snprintf(hex, sizeof hex, "%.32s", base);
+    kc_meta m = {.version = KC_FORMAT_VERSION, .size = n, .created = 1764547200};
+    ck_assert(kc_key_from_hex(hex, &m.key));
+    snprintf(m.kind, sizeof m.kind, "%s", dot + 1);
+    m.sum = kc_checksum(data, n);
+    snprintf(meta, sizeof meta, "%s.meta", path);
+    spit(meta, text, kc_meta_format(&m, text));
+}
+
+/* Swaps the payloads of a and b, re-forging both headers. */
+static void swap_forged(const char *a, const char *b) {
+    size_t na, nb;
+    char *da = slurp(a, &na), *db = slurp(b, &nb);
+    put_forged(a, db, nb);
+    put_forged(b, da, na);
+    free(da);
+    free(db);
+}
+
+/* Every pair of plans swapped (one pair per run): each run's values are
+ * right, the two swapped plans are misses (their graphs come from the
+ * kernel cache: nothing compiles) and are replaced. */
+START_TEST(swapped_plans_are_misses_and_replaced) {
+    dirs d;
+    make_dirs(&d);
+    record(&d);
+    char plans[8][300];
+    int n = list_kind(d.a, "plan", plans, 8);
+    ck_assert_int_eq(n, 4);
+    for (int i = 0; i < n; i++) {
+        for (int j = i + 1; j < n; j++) {
+            swap_forged(plans[i], plans[j]);
+            run_result r = run_in_child(d.a, NULL);
+            ck_assert_msg(r.values_ok, "plans %d and %d swapped: wrong values", i, j);
+            ck_assert_int_eq(r.graphs_loaded, 2);
+            ck_assert_int_eq(r.compiled, 0);
+        }
+    }
+    run_result r = run_in_child(d.a, NULL);
+    ck_assert(r.values_ok);
+    ck_assert_int_eq(r.graphs_loaded, 4);
+    remove_dirs(&d);
+}
+END_TEST
+
+/* The plan text of path with its steps cut to keep (-1: all) and every
+ * kernel buffer number moved by shift. */
+static void damage_plan(const char *path, int keep, int shift) {
+    size_t n;
+    char *text = slurp(path, &n), *out = malloc(2 * n + 64), *save = NULL;
+    text[n] = '\0';
+    size_t at = 0;
+    int step = 0;
+    for (char *line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+        int count;
+        if (sscanf(line, "steps %d", &count) == 1) {
+            at += (size_t)sprintf(out + at, "steps %d\n", keep < 0 || keep > count ? count : keep);
+        } else if ((line[0] == 'k' || line[0] == 'e') && line[1] == ' ') {
+            if (keep < 0 || step < keep) at += (size_t)sprintf(out + at, "%s\n", line);
+            step++;
+        } else if (!strncmp(line, "kernel ", 7) && shift) {
+            char key[40];
+            int nb, no, off;
+            ck_assert_int_eq(sscanf(line, "kernel %39s %d %d%n", key, &nb, &no, &off), 3);
+            at += (size_t)sprintf(out + at, "kernel %s %d %d", key, nb, no);
+            char *p = line + off;
+            for (int b = 0; b < nb; b++) {
+                long v = strtol(p, &p, 10);
+                at += (size_t)sprintf(out + at, " %ld", v + shift > 0 ? v + shift : v);
+            }
+            out[at++] = '\n';
+        } else {
+            at += (size_t)sprintf(out + at, "%s\n", line);
+        }
+    }
+    put_forged(path, out, at);
+    free(text);
+    free(out);
+}
+
+/* A plan with no steps, a step dropped or its buffers shifted (under a
+ * header that fits it) is a miss, never "output 0 was not computed". */
+START_TEST(damaged_plans_are_misses) {
+    dirs d;
+    make_dirs(&d);
+    record(&d);
+    char plans[8][300];
+    int n = list_kind(d.a, "plan", plans, 8);
+    ck_assert_int_eq(n, 4);
+    const int damage[][2] = {{0, 0}, {1, 0}, {-1, 1}, {-1, -1}};
+    for (int v = 0; v < 4; v++) {
+        for (int i = 0; i < n; i++) damage_plan(plans[i], damage[v][0], damage[v][1]);
+        run_result r = run_in_child(d.a, NULL);
+        ck_assert_msg(r.values_ok, "damage %d: wrong values", v);
+        ck_assert_int_eq(r.compiled, 0);
+    }
+    remove_dirs(&d);
+}
+END_TEST
+
+/* Every pair of kernels swapped (under re-forged headers): a shared object
+ * filed under another kernel's key carries its own key, so loading it is a
+ * miss: the values stay right, the kernels compile again and replace the
+ * entries. */
+START_TEST(swapped_kernels_are_misses_and_replaced) {
+    dirs d;
+    make_dirs(&d);
+    record(&d);
+    char sos[16][300];
+    int n = list_kind(d.a, "so", sos, 16);
+    ck_assert_int_ge(n, 2);
+    for (int i = 0; i < n; i++) {
+        for (int j = i + 1; j < n; j++) {
+            swap_forged(sos[i], sos[j]);
+            run_result r = run_in_child(d.a, NULL);
+            ck_assert_msg(r.values_ok, "kernels %d and %d swapped: wrong values", i, j);
+            ck_assert_int_eq(r.compiled, 2);
+        }
+    }
+    run_result r = run_in_child(d.a, NULL);
+    ck_assert(r.values_ok);
+    ck_assert_int_eq(r.compiled, 0);
+    ck_assert_int_eq(r.graphs_loaded, 4);
+    remove_dirs(&d);
+}
+END_TEST
+
+/* A payload and a header that became directories: the run's values are
+ * right and the entries are replaced (the next run compiles nothing);
+ * verify --remove removes such entries for real. */
+START_TEST(directories_at_entry_names_are_replaced_and_removable) {
+    dirs d;
+    make_dirs(&d);
+    record(&d);
+    char sos[16][300], cmd[1400], out[8192];
+    int n = list_kind(d.a, "so", sos, 16);
+    ck_assert_int_ge(n, 2);
+    snprintf(cmd, sizeof cmd, "rm %s && mkdir -p %s/x && rm %s.meta && mkdir %s.meta", sos[0],
+             sos[0], sos[1], sos[1]);
+    ck_assert_int_eq(system(cmd), 0);
+    run_result r = run_in_child(d.a, NULL);
+    ck_assert(r.values_ok);
+    r = run_in_child(d.a, NULL);
+    ck_assert(r.values_ok);
+    ck_assert_int_eq(r.compiled, 0);
+    ck_assert_int_eq(r.graphs_loaded, 4);
+    /* again, for the tool */
+    ck_assert_int_eq(system(cmd), 0);
+    ck_assert_int_eq(tool(out, sizeof out, "--dir %s verify", d.a), 1);
+    ck_assert_msg(strstr(out, " 2 bad"), "%s", out);
+    ck_assert_int_eq(tool(out, sizeof out, "--dir %s verify --remove", d.a), 0);
+    ck_assert_msg(strstr(out, "all removed"), "%s", out);
+    struct stat st;
+    snprintf(cmd, sizeof cmd, "%s.meta", sos[1]);
+    ck_assert_msg(lstat(sos[0], &st) != 0, "%s is still there", sos[0]);
+    ck_assert_msg(lstat(cmd, &st) != 0, "%s is still there", cmd);
+    ck_assert_int_eq(tool(out, sizeof out, "--dir %s verify", d.a), 0);
+    ck_assert_msg(strstr(out, " 0 bad"), "%s", out);
+    remove_dirs(&d);
+}
+END_TEST
+
+/* Item 4: a fan-out directory others can write holds someone else's
+ * shared objects (here: every kernel rotated under re-forged headers);
+ * nothing is loaded from it, the values are right. */
+START_TEST(world_writable_fan_out_dirs_load_nothing) {
+    dirs d;
+    make_dirs(&d);
+    record(&d);
+    char sos[16][300], cmd[400];
+    int n = list_kind(d.a, "so", sos, 16);
+    ck_assert_int_ge(n, 2);
+    for (int i = 0; i + 1 < n; i++) swap_forged(sos[i], sos[i + 1]);
+    snprintf(cmd, sizeof cmd, "chmod 0777 %s/v1/*", d.a);
+    ck_assert_int_eq(system(cmd), 0);
+    run_result r = run_in_child(d.a, NULL);
+    ck_assert(r.values_ok);
+    ck_assert_int_eq(r.loaded, 0);
+    ck_assert_int_eq(r.graphs_loaded, 0);
+    remove_dirs(&d);
+}
+END_TEST
+
 int main(void) {
     /* The tool and the processes it warms for must generate for one target:
      * under valgrind this process's CPU (as valgrind shows it) lacks the
@@ -502,6 +728,11 @@ int main(void) {
         {"verify_and_prune_on_damaged_entries", verify_and_prune_on_damaged_entries},
         {"two_concurrent_warmups_of_one_cache", two_concurrent_warmups_of_one_cache},
         {"cli_help_errors_and_trust", cli_help_errors_and_trust},
+        {"swapped_plans_are_misses_and_replaced", swapped_plans_are_misses_and_replaced},
+        {"damaged_plans_are_misses", damaged_plans_are_misses},
+        {"swapped_kernels_are_misses_and_replaced", swapped_kernels_are_misses_and_replaced},
+        {"directories_at_entry_names_are_replaced_and_removable", directories_at_entry_names_are_replaced_and_removable},
+        {"world_writable_fan_out_dirs_load_nothing", world_writable_fan_out_dirs_load_nothing},
     };
     return tu_run(tu_suite("warmup", tests, sizeof tests / sizeof tests[0], 600));
 }
