@@ -115,6 +115,9 @@ static run_result run_in_child(const char *dir, const char *list) {
         for (int rows = R; rows <= R + 1; rows++) {
             em_tensor *x = tu_random(11 + (uint64_t)rows, 2, TU_SIZES(rows, C), EM_F32, 2), *y, *z;
             double *xv = tu_values(x);
+            /* the first call of an entry runs eagerly (capture): the
+             * second runs the compiled or loaded plan, which is checked */
+            if (em_call(fs, &x, NULL, &y) != EM_OK || em_call(fl, &x, NULL, &z) != EM_OK) _exit(3);
             if (em_call(fs, &x, NULL, &y) != EM_OK || em_call(fl, &x, NULL, &z) != EM_OK) _exit(3);
             double *yv = tu_values(y), *zv = tu_values(z);
             for (int i = 0; i < rows; i++) {
@@ -577,8 +580,8 @@ START_TEST(swapped_plans_are_misses_and_replaced) {
 END_TEST
 
 /* The plan text of path with its steps cut to keep (-1: all) and every
- * kernel buffer number moved by shift. */
-static void damage_plan(const char *path, int keep, int shift) {
+ * kernel buffer number moved by shift; whether that changed it. */
+static bool damage_plan(const char *path, int keep, int shift) {
     size_t n;
     char *text = slurp(path, &n), *out = malloc(2 * n + 64), *save = NULL;
     text[n] = '\0';
@@ -606,13 +609,20 @@ static void damage_plan(const char *path, int keep, int shift) {
             at += (size_t)sprintf(out + at, "%s\n", line);
         }
     }
+    size_t n2;
+    char *orig = slurp(path, &n2);
+    bool changed = n2 != at || memcmp(orig, out, at) != 0;
+    free(orig);
     put_forged(path, out, at);
     free(text);
     free(out);
+    return changed;
 }
 
 /* A plan with no steps, a step dropped or its buffers shifted (under a
- * header that fits it) is a miss, never "output 0 was not computed". */
+ * header that fits it) is a miss that is compiled again and replaced,
+ * never a plan hit that fails at run time ("output 0 was not computed",
+ * which em_call then papers over by running the graph eagerly). */
 START_TEST(damaged_plans_are_misses) {
     dirs d;
     make_dirs(&d);
@@ -622,9 +632,13 @@ START_TEST(damaged_plans_are_misses) {
     ck_assert_int_eq(n, 4);
     const int damage[][2] = {{0, 0}, {1, 0}, {-1, 1}, {-1, -1}};
     for (int v = 0; v < 4; v++) {
-        for (int i = 0; i < n; i++) damage_plan(plans[i], damage[v][0], damage[v][1]);
+        int changed = 0;
+        for (int i = 0; i < n; i++) changed += damage_plan(plans[i], damage[v][0], damage[v][1]);
+        ck_assert_int_gt(changed, 0);
         run_result r = run_in_child(d.a, NULL);
         ck_assert_msg(r.values_ok, "damage %d: wrong values", v);
+        ck_assert_msg(r.graphs_loaded == n - changed, "damage %d: %d of %d damaged plans used", v,
+                      (int)r.graphs_loaded - (n - changed), changed);
         ck_assert_int_eq(r.compiled, 0);
     }
     remove_dirs(&d);
@@ -714,6 +728,114 @@ START_TEST(world_writable_fan_out_dirs_load_nothing) {
 }
 END_TEST
 
+
+/* Two graphs of the same shapes whose plans and kernels differ only in
+ * what they compute: a swap between them cannot be told by sizes, only by
+ * the key each entry carries. */
+static em_status exp2_fn(void *ctx, em_tensor *const *in, const double *s, em_tensor **out) {
+    (void)ctx;
+    (void)s;
+    out[0] = em_mul_scalar(em_exp(in[0]), 2);
+    return out[0] ? EM_OK : em_last_status();
+}
+
+static em_status tanh1_fn(void *ctx, em_tensor *const *in, const double *s, em_tensor **out) {
+    (void)ctx;
+    (void)s;
+    out[0] = em_add_scalar(em_tanh(in[0]), 1);
+    return out[0] ? EM_OK : em_last_status();
+}
+
+/* Whether f's result on x matches ref(x) (float64) everywhere. */
+/* Twice: a first call runs the function eagerly to capture its graph, the
+ * second runs what was compiled (or loaded). */
+static bool pointwise_ok(em_compiled *f, em_tensor *x, double (*ref)(double)) {
+    bool ok = true;
+    for (int rep = 0; rep < 2 && ok; rep++) {
+        em_tensor *y;
+        if (em_call(f, &x, NULL, &y) != EM_OK) return false;
+        double *xv = tu_values(x), *yv = tu_values(y);
+        for (int i = 0; i < R * C; i++)
+            ok = ok && fabs(yv[i] - ref(xv[i])) <= 1e-5 * (1 + fabs(ref(xv[i])));
+        free(xv);
+        free(yv);
+    }
+    return ok;
+}
+
+static double exp2_ref(double v) { return 2 * exp(v); }
+static double tanh1_ref(double v) { return tanh(v) + 1; }
+
+/* In a new process on cache dir: both functions called, values checked. */
+static run_result run_pointwise_child(const char *dir) {
+    int p[2];
+    ck_assert_int_eq(pipe(p), 0);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        close(p[0]);
+        setenv("EMBER_CACHE_DIR", dir, 1);
+        unsetenv("EMBER_RECORD");
+        run_result r = {.values_ok = true};
+        em_compile_options o = {.ninputs = 1, .noutputs = 1, .dynamic = -1};
+        em_compiled *fs[2] = {em_compile(exp2_fn, NULL, &o), em_compile(tanh1_fn, NULL, &o)};
+        double (*refs[2])(double) = {exp2_ref, tanh1_ref};
+        em_tensor *x = tu_random(5, 2, TU_SIZES(R, C), EM_F32, 1);
+        for (int i = 0; i < 2; i++) {
+            r.values_ok = r.values_ok && pointwise_ok(fs[i], x, refs[i]);
+            em_compile_stats st;
+            em_compiled_stats(fs[i], &st);
+            r.compiled += st.kernels_compiled;
+            r.loaded += st.kernels_loaded;
+            r.graphs_loaded += st.graphs_loaded;
+            em_compiled_free(fs[i]);
+        }
+        ssize_t wr = write(p[1], &r, sizeof r);
+        _exit(wr == (ssize_t)sizeof r ? 0 : 4);
+    }
+    close(p[1]);
+    run_result r;
+    memset(&r, 0, sizeof r);
+    ck_assert_int_eq(read(p[0], &r, sizeof r), (ssize_t)sizeof r);
+    close(p[0]);
+    int status;
+    waitpid(pid, &status, 0);
+    ck_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    return r;
+}
+
+/* 2 exp(x) and tanh(x) + 1 on the same shape: their plans swapped, then
+ * their kernels swapped (under re-forged headers).  Each swap is a miss:
+ * the values stay those of the float64 references, and the entries are
+ * replaced. */
+START_TEST(swapped_entries_of_same_shaped_graphs_are_misses) {
+    dirs d;
+    make_dirs(&d);
+    run_result r = run_pointwise_child(d.a);
+    ck_assert(r.values_ok);
+    ck_assert_int_eq(r.compiled, 2);
+    char plans[4][300], sos[4][300];
+    ck_assert_int_eq(list_kind(d.a, "plan", plans, 4), 2);
+    ck_assert_int_eq(list_kind(d.a, "so", sos, 4), 2);
+    swap_forged(plans[0], plans[1]);
+    r = run_pointwise_child(d.a);
+    ck_assert_msg(r.values_ok, "swapped plans: wrong values");
+    ck_assert_int_eq(r.graphs_loaded, 0);
+    ck_assert_int_eq(r.compiled, 0);
+    r = run_pointwise_child(d.a);
+    ck_assert_int_eq(r.graphs_loaded, 2);
+    swap_forged(sos[0], sos[1]);
+    r = run_pointwise_child(d.a);
+    ck_assert_msg(r.values_ok, "swapped kernels: wrong values");
+    ck_assert_int_eq(r.compiled, 2);
+    r = run_pointwise_child(d.a);
+    ck_assert(r.values_ok);
+    ck_assert_int_eq(r.compiled, 0);
+    ck_assert_int_eq(r.graphs_loaded, 2);
+    remove_dirs(&d);
+}
+END_TEST
+
 int main(void) {
     /* The tool and the processes it warms for must generate for one target:
      * under valgrind this process's CPU (as valgrind shows it) lacks the
@@ -733,6 +855,7 @@ int main(void) {
         {"swapped_kernels_are_misses_and_replaced", swapped_kernels_are_misses_and_replaced},
         {"directories_at_entry_names_are_replaced_and_removable", directories_at_entry_names_are_replaced_and_removable},
         {"world_writable_fan_out_dirs_load_nothing", world_writable_fan_out_dirs_load_nothing},
+        {"swapped_entries_of_same_shaped_graphs_are_misses", swapped_entries_of_same_shaped_graphs_are_misses},
     };
     return tu_run(tu_suite("warmup", tests, sizeof tests / sizeof tests[0], 600));
 }
