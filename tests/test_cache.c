@@ -1164,7 +1164,7 @@ START_TEST(directory_at_an_entry_name_is_replaced) {
         ck_assert_int_eq(kc_put(c, &k, "so", payload, sizeof payload), EM_OK);
         kc_close(c);
         const char *p = entry_path(&k, "so", meta);
-        char sub[600], file[700];
+        char sub[1100], file[1200];
         snprintf(sub, sizeof sub, "%s/sub", p);
         snprintf(file, sizeof file, "%s/junk", sub);
         ck_assert_int_eq(unlink(p), 0);
