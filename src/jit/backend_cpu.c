@@ -11,6 +11,8 @@
 #include "plan.h"
 #include "worker.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -172,7 +174,12 @@ static em_status compile_here(jit_env *env, const k_kernel *k, const kc_key *key
 static em_status take_worker_output(jit_env *env, const k_kernel *k, const kc_key *key,
                                     const char *path, jit_cpu_kernel **out) {
     if (env->cache) return store_and_load(env, key, k->name, path, out);
-    return jit_cpu_load_so(path, k->name, out);
+    /* no cache: loaded where the worker wrote it, still checked for key */
+    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0) return em_error(EM_ERR_STATE, "cpu backend: cannot open %s: %s", path, strerror(errno));
+    em_status s = jit_cpu_load_fd(fd, k->name, key, out);
+    close(fd);
+    return s;
 }
 
 /* Gets every kernel: from the cache, else compiled in worker processes
