@@ -209,38 +209,43 @@ typedef enum dir_found {
     DIR_NOMEM   /* out of memory: worth trying again later */
 } dir_found;
 
-/* Reads variable name into buf; DIR_BAD with why when it is set but too
- * long to be a path, so that it is reported rather than skipped for the
- * next location (the rule: a configured location that cannot be used
- * never silently becomes another one). */
-static dir_found read_var(const char *name, char *buf, const char **v, char *why, size_t nwhy) {
+/* Reads variable name into buf (*v NULL when unset); false with why when it
+ * is set but too long to be a path, so that it is reported rather than
+ * skipped for the next location (the rule: a configured location that
+ * cannot be used never silently becomes another one). */
+static bool read_var(const char *name, char *buf, const char **v, char *why, size_t nwhy) {
     *v = em_getenv(name, buf, EM_ENV_MAX);
-    if (*v || !env_present(name)) return DIR_FOUND;
+    if (*v || !env_present(name)) return true;
     snprintf(why, nwhy, "cannot use %s: longer than the %d bytes a path may have", name,
              EM_ENV_MAX - 1);
-    return DIR_BAD;
+    return false;
 }
+
+/* Where the cache lives when kc_open is given no directory, first set
+ * first: a variable and what to append to its value. */
+static const struct {
+    const char *var, *suffix;
+    bool absolute; /* a relative value is ignored (the XDG spec says so) */
+} LOCATIONS[] = {
+    {"EMBER_CACHE_DIR", "", false},
+    {"XDG_CACHE_HOME", "/ember", true},
+    {"HOME", "/.cache/ember", false},
+};
 
 /* The directory to use (em_malloc'd) in *out: dir, else the environment's. */
 static dir_found resolve_dir(const char *dir, char **out, char *why, size_t nwhy) {
     *out = NULL;
-    char *buf = dir && *dir ? NULL : em_malloc(EM_ENV_MAX);
-    const char *v = NULL;
+    if (dir && *dir) return (*out = kc_strfmt("%s", dir)) ? DIR_FOUND : DIR_NOMEM;
+    char *buf = em_malloc(EM_ENV_MAX);
+    if (!buf) return DIR_NOMEM;
     dir_found r = DIR_NONE;
-    if (dir && *dir) *out = kc_strfmt("%s", dir);
-    else if (!buf) r = DIR_NOMEM;
-    else if ((r = read_var("EMBER_CACHE_DIR", buf, &v, why, nwhy)) == DIR_FOUND && v && *v)
-        *out = kc_strfmt("%s", v);
-    else if (r == DIR_FOUND && (r = read_var("XDG_CACHE_HOME", buf, &v, why, nwhy)) == DIR_FOUND &&
-             v && v[0] == '/') /* the XDG spec ignores a relative one */
-        *out = kc_strfmt("%s/ember", v);
-    else if (r == DIR_FOUND && (r = read_var("HOME", buf, &v, why, nwhy)) == DIR_FOUND && v && *v)
-        *out = kc_strfmt("%s/.cache/ember", v);
-    else if (r == DIR_FOUND)
-        r = DIR_NONE;
+    for (size_t i = 0; i < sizeof LOCATIONS / sizeof LOCATIONS[0] && r == DIR_NONE; i++) {
+        const char *v;
+        if (!read_var(LOCATIONS[i].var, buf, &v, why, nwhy)) r = DIR_BAD;
+        else if (v && (LOCATIONS[i].absolute ? v[0] == '/' : v[0] != '\0'))
+            r = (*out = kc_strfmt("%s%s", v, LOCATIONS[i].suffix)) ? DIR_FOUND : DIR_NOMEM;
+    }
     em_free(buf);
-    if (*out) return DIR_FOUND;
-    if (r == DIR_FOUND) r = DIR_NOMEM; /* a location was found, its copy failed */
     return r;
 }
 
