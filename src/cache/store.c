@@ -98,10 +98,15 @@ static kc_read entry_dirs(const char *root, const kc_key *k, char *why, size_t n
     char *fan = kc_strfmt("%s/v1/%.2s", root, hex);
     kc_read r = KC_READ_OK;
     struct stat st;
-    if (!v1 || !fan) r = KC_READ_NOMEM;
-    else if (lstat(fan, &st) != 0 && errno == ENOENT && lstat(v1, &st) == 0) r = KC_READ_ABSENT;
-    else if (!trusted_dir(root, why, nwhy) || !trusted_dir(v1, why, nwhy) ||
-             !trusted_dir(fan, why, nwhy)) r = KC_READ_REFUSED;
+    if (!v1 || !fan) {
+        set_why(why, nwhy, "out of memory");
+        r = KC_READ_NOMEM;
+    } else if (lstat(fan, &st) != 0 && errno == ENOENT) {
+        r = KC_READ_ABSENT; /* nothing there to trust or load */
+    } else if (!trusted_dir(root, why, nwhy) || !trusted_dir(v1, why, nwhy) ||
+             !trusted_dir(fan, why, nwhy)) {
+        r = KC_READ_REFUSED;
+    }
     em_free(v1);
     em_free(fan);
     return r;
