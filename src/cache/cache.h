@@ -16,9 +16,10 @@
  *   <dir>/v1/<first 2 hex digits of key>/<32 hex key>.<kind>        payload
  *   <dir>/v1/<first 2 hex digits of key>/<32 hex key>.<kind>.meta   header
  *
- * The payload file holds exactly the artifact's bytes, so a verified "so"
- * payload is dlopen'ed where it lies.  The header is a sidecar text file,
- * byte for byte as kc_meta_format writes it:
+ * The payload file holds exactly the artifact's bytes; code is loaded from
+ * a sealed memory copy of the verified bytes (kc_get_fd), never from the
+ * directory by name.  The header is a sidecar text file, byte for byte as
+ * kc_meta_format writes it:
  *
  *   ember-cache 1
  *   key <32 hex: the entry's key>
@@ -30,9 +31,11 @@
  * A read verifies the header (exact text, version, key, kind), the payload's
  * length and its checksum; anything else (unreadable, truncated, foreign,
  * another kind) is a miss counted as corrupt, never wrong bytes.  Writes go
- * to a mkstemp file in the entry's directory, are fsync'ed and renamed over
- * the final name, payload first then header: concurrent writers of one key
- * each leave complete files and the last rename wins.  The header's mtime is
+ * to mkstemp files in the entry's directory, both written and fsync'ed
+ * before either is renamed over its final name, payload first then header:
+ * a failed write (full disk) leaves no part of the entry, concurrent
+ * writers of one key each leave complete files and the last rename wins;
+ * a directory planted at an entry's name is removed by the next put.  The header's mtime is
  * the entry's last use (set on put and on each disk hit): kc_prune evicts
  * the least recently used entries first.
  *
@@ -40,6 +43,8 @@
  * group or others, or owned by another user, is refused with a message: a
  * refused directory (or one that cannot be created or written) leaves the
  * cache memory-only; a refused entry is a miss, replaced by the next put.
+ * v1/ and the fan-out directories are checked on every read and write
+ * (also: not symbolic links); one that fails is a miss, never a load.
  *
  * Environment (read by kc_open): EMBER_CACHE_DIR (used when no directory is
  * given; default $XDG_CACHE_HOME/ember, else $HOME/.cache/ember),
@@ -144,7 +149,8 @@ const char *kc_dir(const kc_cache *c);
  * its length.  Miss: EM_OK, *data NULL, *n 0.  Any other status is an error
  * in the arguments (EM_ERR_NULL, EM_ERR_ARG) or EM_ERR_NOMEM. */
 em_status kc_get(kc_cache *c, const kc_key *key, const char *kind, void **data, size_t *n);
-/* As kc_get, for use in place: on a hit *path is the absolute path of a file
+/* As kc_get, for use in place (not for loading code: the file can change
+ * after the call; use kc_get_fd): on a hit *path is the absolute path of a file
  * holding exactly the verified payload (em_malloc'd, the caller em_free's
  * it), on a miss NULL.  The file stays valid until a prune evicts it (or,
  * memory-only, until kc_close). */
