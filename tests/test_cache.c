@@ -13,6 +13,8 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
+#include <signal.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -369,7 +371,10 @@ START_TEST(put_get_file_round_trip) {
     ck_assert_str_eq(path, entry_path(&kb, "so", false));
     em_free(path);
     kc_counters s = stats(c);
-    ck_assert_uint_eq(s.hits_mem, 3);
+    /* the bytes of a file on disk are read again from disk, through the
+     * directory checks: a disk hit */
+    ck_assert_uint_eq(s.hits_mem, 2);
+    ck_assert_uint_eq(s.hits_disk, 1);
     ck_assert_uint_eq(s.writes, 2);
     ck_assert_uint_eq(s.bytes_written, sizeof body + 100);
     /* errors: no such file, not a regular file; the caller's file stays */
@@ -1078,6 +1083,277 @@ START_TEST(bad_arguments) {
 }
 END_TEST
 
+
+/* ---- regressions of issue 21 ---- */
+
+/* The fan-out directory of k (tmp/cache/v1/<2 hex>). */
+static const char *fan_path(const kc_key *k) {
+    static char buf[512];
+    char hex[KC_KEY_HEX_SIZE];
+    kc_key_hex(k, hex);
+    snprintf(buf, sizeof buf, "%s/v1/%.2s", cachedir, hex);
+    return buf;
+}
+
+/* Item 4: a fan-out directory others can write (or a link in its place)
+ * is refused like the top directory: a miss with a reason, never a hit. */
+START_TEST(untrusted_fan_out_dir_refused) {
+    kc_key k = make_entry();
+    for (int how = 0; how < 2; how++) {
+        char moved[600];
+        snprintf(moved, sizeof moved, "%s/elsewhere", tmp);
+        if (how == 0) {
+            ck_assert_int_eq(chmod(fan_path(&k), 0777), 0);
+        } else { /* the fan-out directory becomes a link to a directory elsewhere */
+            ck_assert_int_eq(chmod(fan_path(&k), 0700), 0);
+            ck_assert_int_eq(rename(fan_path(&k), moved), 0);
+            ck_assert_int_eq(symlink(moved, fan_path(&k)), 0);
+        }
+        logbuf l;
+        kc_cache *c = open_logged(cachedir, &l);
+        ck_assert(kc_on_disk(c));
+        expect_miss(c, &k, "ptx");
+        char *path = (char *)1;
+        ck_assert_int_eq(kc_get_file(c, &k, "ptx", &path), EM_OK);
+        ck_assert_ptr_null(path);
+        int fd = 7;
+        ck_assert_int_eq(kc_get_fd(c, &k, "ptx", &fd), EM_OK);
+        ck_assert_int_eq(fd, -1);
+        kc_counters s = stats(c);
+        ck_assert_uint_eq(s.hits_disk + s.hits_mem, 0);
+        ck_assert_uint_eq(s.refused, 3);
+        ck_assert_msg(strstr(l.text, how == 0 ? "writable by group or others" : "symbolic link"),
+                      "%s", l.text);
+        kc_close(c);
+    }
+}
+END_TEST
+
+/* Item 4: kc_get_fd gives a sealed memory file of the verified bytes,
+ * which nothing done to the directory afterwards changes. */
+START_TEST(get_fd_is_a_sealed_copy_of_the_verified_bytes) {
+    kc_key k = make_entry();
+    kc_cache *c = kc_open(cachedir, 0);
+    int fd = -1;
+    ck_assert_int_eq(kc_get_fd(c, &k, "ptx", &fd), EM_OK);
+    ck_assert_int_ge(fd, 0);
+    int seals = fcntl(fd, F_GET_SEALS);
+    ck_assert_int_eq(seals & (F_SEAL_WRITE | F_SEAL_GROW | F_SEAL_SHRINK | F_SEAL_SEAL),
+                     F_SEAL_WRITE | F_SEAL_GROW | F_SEAL_SHRINK | F_SEAL_SEAL);
+    write_bytes(entry_path(&k, "ptx", false), "swapped after the check", 23);
+    char buf[256];
+    ck_assert_int_eq(pread(fd, buf, sizeof buf, 0), (ssize_t)sizeof payload);
+    ck_assert_int_eq(memcmp(buf, payload, sizeof payload), 0);
+    ck_assert_int_lt(write(fd, "x", 1), 0); /* sealed */
+    close(fd);
+    /* the replaced payload is now a corrupt miss */
+    kc_close(c);
+    c = kc_open(cachedir, 0);
+    ck_assert_int_eq(kc_get_fd(c, &k, "ptx", &fd), EM_OK);
+    ck_assert_int_eq(fd, -1);
+    kc_close(c);
+}
+END_TEST
+
+/* Item 3: a payload or header that became a directory (with files in it)
+ * is a miss, and the next put replaces it: the disk tier stays in use. */
+START_TEST(directory_at_an_entry_name_is_replaced) {
+    for (int meta = 0; meta < 2; meta++) {
+        kc_key k = key_of(meta ? "header dir" : "payload dir");
+        kc_cache *c = kc_open(cachedir, 0);
+        ck_assert_int_eq(kc_put(c, &k, "so", payload, sizeof payload), EM_OK);
+        kc_close(c);
+        const char *p = entry_path(&k, "so", meta);
+        char sub[1100], file[1200];
+        snprintf(sub, sizeof sub, "%s/sub", p);
+        snprintf(file, sizeof file, "%s/junk", sub);
+        ck_assert_int_eq(unlink(p), 0);
+        ck_assert_int_eq(mkdir(p, 0700), 0);
+        ck_assert_int_eq(mkdir(sub, 0700), 0);
+        write_bytes(file, "junk", 4);
+        c = kc_open(cachedir, 0);
+        expect_miss(c, &k, "so");
+        ck_assert_int_eq(kc_put(c, &k, "so", payload, sizeof payload), EM_OK);
+        ck_assert_msg(kc_on_disk(c), "the put fell back to memory");
+        ck_assert_uint_eq(stats(c).writes, 1);
+        kc_close(c);
+        struct stat st;
+        ck_assert_int_eq(lstat(p, &st), 0);
+        ck_assert(S_ISREG(st.st_mode));
+        c = kc_open(cachedir, 0);
+        expect_hit(c, &k, "so", payload, sizeof payload);
+        ck_assert_uint_eq(stats(c).hits_disk, 1);
+        kc_close(c);
+    }
+}
+END_TEST
+
+/* Item 3: verify sees an entry whose payload or header is a directory, and
+ * remove takes it away (or says it could not). */
+START_TEST(verify_and_remove_see_directories) {
+    kc_key k[2] = {key_of("payload dir"), key_of("header dir")};
+    kc_cache *c = kc_open(cachedir, 0);
+    for (int i = 0; i < 2; i++) {
+        ck_assert_int_eq(kc_put(c, &k[i], "so", payload, sizeof payload), EM_OK);
+        const char *p = entry_path(&k[i], "so", i == 1);
+        ck_assert_int_eq(unlink(p), 0);
+        ck_assert_int_eq(mkdir(p, 0700), 0);
+    }
+    kc_entry_info *es;
+    size_t n;
+    ck_assert_int_eq(kc_list(c, &es, &n), EM_OK);
+    ck_assert_uint_eq(n, 2);
+    char why[512];
+    for (size_t i = 0; i < n; i++) {
+        ck_assert_int_eq(kc_verify(c, &es[i], why, sizeof why), KC_READ_CORRUPT);
+        ck_assert_msg(strstr(why, "not a regular file"), "%s", why);
+        ck_assert_int_eq(kc_remove(c, &es[i].key, es[i].kind), EM_OK);
+    }
+    em_free(es);
+    for (int i = 0; i < 2; i++) {
+        ck_assert(!exists(entry_path(&k[i], "so", false)));
+        ck_assert(!exists(entry_path(&k[i], "so", true)));
+    }
+    ck_assert_int_eq(kc_list(c, &es, &n), EM_OK);
+    ck_assert_uint_eq(n, 0);
+    em_free(es);
+    kc_close(c);
+}
+END_TEST
+
+/* Item 7: a write that fails for space (RLIMIT_FSIZE makes write() fail
+ * with EFBIG, as a full disk does with ENOSPC) leaves no payload without
+ * its header and no temporary file; the entry is still served from memory. */
+START_TEST(full_disk_leaves_no_half_written_entry) {
+    for (int as_file = 0; as_file < 2; as_file++) {
+        logbuf l;
+        kc_cache *c = open_logged(cachedir, &l);
+        kc_key k = key_of(as_file ? "full disk file" : "full disk bytes");
+        char src[256];
+        snprintf(src, sizeof src, "%s/kernel.so", tmp);
+        if (as_file) write_bytes(src, "0123456789", 10);
+        struct rlimit old, lim;
+        ck_assert_int_eq(getrlimit(RLIMIT_FSIZE, &old), 0);
+        lim = old;
+        lim.rlim_cur = 100; /* the 10-byte payload fits, its ~130-byte header does not */
+        /* no ck_assert while the limit holds: Check's own message file
+         * would hit it too */
+        signal(SIGXFSZ, SIG_IGN);
+        int set = setrlimit(RLIMIT_FSIZE, &lim);
+        em_status s = as_file ? kc_put_file(c, &k, "so", src) : kc_put(c, &k, "so", "0123456789", 10);
+        int reset = setrlimit(RLIMIT_FSIZE, &old);
+        signal(SIGXFSZ, SIG_DFL);
+        ck_assert_int_eq(set, 0);
+        ck_assert_int_eq(reset, 0);
+        ck_assert_int_eq(s, EM_OK);
+        ck_assert_msg(strstr(l.text, "File too large"), "%s", l.text);
+        ck_assert_msg(!exists(entry_path(&k, "so", false)), "a payload without its header");
+        ck_assert(!exists(entry_path(&k, "so", true)));
+        ck_assert_int_eq(count_files(cachedir), 0); /* no temporaries either */
+        expect_hit(c, &k, "so", "0123456789", 10);
+        kc_close(c);
+    }
+}
+END_TEST
+
+/* Item 5: an EMBER_CACHE_DIR too long to be a path is reported and never
+ * becomes another location ($HOME/.cache/ember). */
+START_TEST(unusable_cache_dir_variable_is_reported_not_replaced) {
+    char home[128];
+    snprintf(home, sizeof home, "%s/home", tmp);
+    ck_assert_int_eq(mkdir(home, 0700), 0);
+    setenv("HOME", home, 1);
+    unsetenv("XDG_CACHE_HOME");
+    size_t len = 5000;
+    char *dir = malloc(len + 1);
+    memset(dir, 'd', len);
+    dir[0] = '/';
+    dir[len] = '\0';
+    setenv("EMBER_CACHE_DIR", dir, 1);
+    logbuf l;
+    kc_cache *c = open_logged(NULL, &l);
+    ck_assert(!kc_on_disk(c));
+    ck_assert_msg(strstr(l.text, "EMBER_CACHE_DIR") && strstr(l.text, "memory only"), "%s", l.text);
+    kc_key k = key_of("x");
+    ck_assert_int_eq(kc_put(c, &k, "ptx", payload, sizeof payload), EM_OK);
+    kc_close(c);
+    ck_assert_int_eq(count_files(home), 0);
+    char def[256];
+    snprintf(def, sizeof def, "%s/.cache", home);
+    ck_assert(!exists(def));
+    unsetenv("EMBER_CACHE_DIR");
+    free(dir);
+}
+END_TEST
+
+/* ---- allocation hook: fail the Nth allocation ---- */
+
+typedef struct counting {
+    int allocs, fail_at;
+} counting;
+
+static void *count_alloc(void *ud, size_t size, size_t align) {
+    counting *c = ud;
+    if (++c->allocs == c->fail_at) return NULL;
+    void *p = NULL;
+    return posix_memalign(&p, align < sizeof(void *) ? sizeof(void *) : align, size ? size : 1) ? NULL : p;
+}
+
+static void count_free(void *ud, void *p) {
+    (void)ud;
+    free(p);
+}
+
+/* Item 15: an allocation failure while the cache locates its directory
+ * is reported as what it is (not "no cache directory", not an empty
+ * reason), and a later call finds the directory. */
+START_TEST(out_of_memory_locating_the_dir_is_reported_and_retried) {
+    setenv("EMBER_CACHE_DIR", cachedir, 1);
+    setenv("HOME", tmp, 1);
+    bool completed = false;
+    for (int n = 1; n < 200 && !completed; n++) {
+        counting cnt = {0, n};
+        em_allocator a = {count_alloc, count_free, &cnt};
+        logbuf l;
+        memset(&l, 0, sizeof l);
+        kc_options o = {.log = log_to, .log_ud = &l};
+        em_set_allocator(&a);
+        kc_cache *c = kc_open_with(&o);
+        em_set_allocator(NULL);
+        completed = cnt.fail_at > cnt.allocs;
+        cnt.fail_at = 0; /* the cache keeps allocating through a: no more failures */
+        if (!c) {
+            ck_assert_int_eq(em_last_status(), EM_ERR_NOMEM);
+            continue;
+        }
+        ck_assert_msg(!strstr(l.text, "no cache directory"), "fail at %d: %s", n, l.text);
+        ck_assert_msg(!strstr(l.text, "cache: : "), "fail at %d: %s", n, l.text);
+        kc_key k = key_of("retry");
+        ck_assert_int_eq(kc_put(c, &k, "ptx", payload, sizeof payload), EM_OK);
+        ck_assert_msg(kc_on_disk(c), "fail at %d: still memory-only: %s", n, l.text);
+        kc_close(c);
+    }
+    ck_assert(completed);
+    unsetenv("EMBER_CACHE_DIR");
+}
+END_TEST
+
+/* Item 17: a garbage EMBER_CACHE_MAX_SIZE, however long, is reported. */
+START_TEST(garbage_max_size_is_reported) {
+    char v[300];
+    memset(v, 'x', sizeof v - 1);
+    v[sizeof v - 1] = '\0';
+    const char *values[] = {"lots", "12Q", v};
+    for (int i = 0; i < 3; i++) {
+        setenv("EMBER_CACHE_MAX_SIZE", values[i], 1);
+        logbuf l;
+        kc_cache *c = open_logged(cachedir, &l);
+        ck_assert_msg(strstr(l.text, "ignoring EMBER_CACHE_MAX_SIZE"), "value %d: '%s'", i, l.text);
+        kc_close(c);
+    }
+}
+END_TEST
+
 static Suite *suite(void) {
     Suite *s = suite_create("cache");
     TCase *keys = tcase_create("keys");
@@ -1111,6 +1387,14 @@ static Suite *suite(void) {
     tcase_add_test(tc, prune_removes_debris);
     tcase_add_test(tc, size_limit_from_environment);
     tcase_add_test(tc, bad_arguments);
+    tcase_add_test(tc, untrusted_fan_out_dir_refused);
+    tcase_add_test(tc, get_fd_is_a_sealed_copy_of_the_verified_bytes);
+    tcase_add_test(tc, directory_at_an_entry_name_is_replaced);
+    tcase_add_test(tc, verify_and_remove_see_directories);
+    tcase_add_test(tc, full_disk_leaves_no_half_written_entry);
+    tcase_add_test(tc, unusable_cache_dir_variable_is_reported_not_replaced);
+    tcase_add_test(tc, out_of_memory_locating_the_dir_is_reported_and_retried);
+    tcase_add_test(tc, garbage_max_size_is_reported);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -7,12 +7,16 @@
  * child cannot use it), and Check forks a process per test: main probes
  * the device in a child of its own, and the cross-process cache test runs
  * this program again (--cache-child) for each "process". */
+#include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "testutil.h"
 #include "../bench/workloads.h"
+#include "cache.h"
 
 #define GPU em_cuda(0)
 static const em_device CPU = {EM_CPU, 0};
@@ -510,9 +514,115 @@ START_TEST(second_process_compiles_nothing) {
 }
 END_TEST
 
+
+/* ---- a cubin filed under another kernel's key (issue 21, item 3) ---- */
+
+/* The child: exp and tanh of the same tensor on cuda:0 (two eager
+ * kernels of one signature), checked against float64; prints "ok". */
+static int swap_child(void) {
+    em_scope_begin();
+    enum { N = 1000 };
+    float v[N], ha[N], hb[N];
+    for (int i = 0; i < N; i++) v[i] = (float)(i % 41) / 20.0f - 1.0f;
+    em_tensor *x = em_from_data(v, EM_F32, 1, (const int64_t[]){N}, GPU);
+    em_tensor *a = em_exp(x), *b = em_tanh(x);
+    if (!a || !b || em_copy_to_host(a, ha, sizeof ha) != EM_OK ||
+        em_copy_to_host(b, hb, sizeof hb) != EM_OK) {
+        printf("error %s\n", em_last_error());
+        return 1;
+    }
+    for (int i = 0; i < N; i++) {
+        double ea = exp((double)v[i]), eb = tanh((double)v[i]);
+        if (fabs(ha[i] - ea) > 1e-5 * (1 + fabs(ea)) || fabs(hb[i] - eb) > 1e-5) {
+            printf("wrong values at %d: exp %g (want %g), tanh %g (want %g)\n", i, ha[i], ea, hb[i], eb);
+            return 1;
+        }
+    }
+    printf("ok\n");
+    em_scope_end();
+    return 0;
+}
+
+static void run_swap_child(void) {
+    char cmd[4200], all[2048] = "";
+    snprintf(cmd, sizeof cmd, "'%s' --swap-child 2>&1", self_path);
+    FILE *p = popen(cmd, "r");
+    ck_assert_ptr_nonnull(p);
+    size_t n = fread(all, 1, sizeof all - 1, p);
+    all[n] = '\0';
+    int status = pclose(p);
+    ck_assert_msg(status == 0 && strstr(all, "ok\n"), "child (status %d) said: %s", status, all);
+}
+
+static char *slurp(const char *path, size_t *n) {
+    FILE *f = fopen(path, "rb");
+    ck_assert_ptr_nonnull(f);
+    char *buf = malloc(1 << 22);
+    *n = fread(buf, 1, 1 << 22, f);
+    fclose(f);
+    return buf;
+}
+
+/* Writes path's payload and a header that fits it (re-forged). */
+static void put_forged(const char *path, const void *data, size_t n) {
+    FILE *f = fopen(path, "wb");
+    ck_assert_ptr_nonnull(f);
+    ck_assert_uint_eq(fwrite(data, 1, n, f), n);
+    fclose(f);
+    const char *base = strrchr(path, '/') + 1, *dot = strchr(base, '.');
+    char hex[KC_KEY_HEX_SIZE], meta[4200], text[KC_META_MAX];
+    snprintf(hex, sizeof hex, "%.32s", base);
+    kc_meta m = {.version = KC_FORMAT_VERSION, .size = n, .created = 1764547200};
+    ck_assert(kc_key_from_hex(hex, &m.key));
+    snprintf(m.kind, sizeof m.kind, "%s", dot + 1);
+    m.sum = kc_checksum(data, n);
+    snprintf(meta, sizeof meta, "%s.meta", path);
+    f = fopen(meta, "wb");
+    ck_assert_ptr_nonnull(f);
+    size_t tn = kc_meta_format(&m, text);
+    ck_assert_uint_eq(fwrite(text, 1, tn, f), tn);
+    fclose(f);
+    chmod(path, 0600);
+    chmod(meta, 0600);
+}
+
+/* Every pair of cached cubins swapped under re-forged headers: each image
+ * carries its own key (a __constant__ read back with cuModuleGetGlobal),
+ * so a swapped one is a miss, compiled again, and the values stay right. */
+START_TEST(swapped_cubins_are_misses) {
+    char dir[] = "/tmp/ember-cuda-swap-XXXXXX";
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    setenv("EMBER_CACHE_DIR", dir, 1);
+    run_swap_child();
+    char cmd[300], paths[16][300];
+    snprintf(cmd, sizeof cmd, "ls %s/v1/*/*.cubin %s/v1/*/*.ptx 2>/dev/null", dir, dir);
+    FILE *p = popen(cmd, "r");
+    ck_assert_ptr_nonnull(p);
+    int n = 0;
+    while (n < 16 && fgets(paths[n], 300, p)) paths[n][strcspn(paths[n], "\n")] = '\0', n++;
+    pclose(p);
+    ck_assert_int_ge(n, 2);
+    for (int i = 0; i < n; i++) {
+        for (int j = i + 1; j < n; j++) {
+            size_t na, nb;
+            char *a = slurp(paths[i], &na), *b = slurp(paths[j], &nb);
+            put_forged(paths[i], b, nb);
+            put_forged(paths[j], a, na);
+            free(a);
+            free(b);
+            run_swap_child();
+        }
+    }
+    char rm[200];
+    snprintf(rm, sizeof rm, "rm -rf '%s'", dir);
+    ck_assert_int_eq(system(rm), 0);
+}
+END_TEST
+
 int main(int argc, char **argv) {
     self_path = argv[0];
     if (argc > 1 && !strcmp(argv[1], "--cache-child")) return cache_child();
+    if (argc > 1 && !strcmp(argv[1], "--swap-child")) return swap_child();
     char why[512];
     if (!tu_probe_gpu(why, sizeof why)) {
         printf("SKIP: no CUDA device: %s\n", why[0] ? why : "(unknown)");
@@ -534,6 +644,7 @@ int main(int argc, char **argv) {
         {"cuda_backend_on_cpu_inputs", cuda_backend_on_cpu_inputs},
         {"lazy_mode_on_the_gpu", lazy_mode_on_the_gpu},
         {"second_process_compiles_nothing", second_process_compiles_nothing},
+        {"swapped_cubins_are_misses", swapped_cubins_are_misses},
     };
     return tu_run(tu_suite("cuda", tests, sizeof tests / sizeof tests[0], 120));
 }

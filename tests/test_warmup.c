@@ -115,6 +115,9 @@ static run_result run_in_child(const char *dir, const char *list) {
         for (int rows = R; rows <= R + 1; rows++) {
             em_tensor *x = tu_random(11 + (uint64_t)rows, 2, TU_SIZES(rows, C), EM_F32, 2), *y, *z;
             double *xv = tu_values(x);
+            /* the first call of an entry runs eagerly (capture): the
+             * second runs the compiled or loaded plan, which is checked */
+            if (em_call(fs, &x, NULL, &y) != EM_OK || em_call(fl, &x, NULL, &z) != EM_OK) _exit(3);
             if (em_call(fs, &x, NULL, &y) != EM_OK || em_call(fl, &x, NULL, &z) != EM_OK) _exit(3);
             double *yv = tu_values(y), *zv = tu_values(z);
             for (int i = 0; i < rows; i++) {
@@ -224,10 +227,15 @@ START_TEST(plan_parser_rejects_what_does_not_fit_the_graph) {
     tr_graph *g = tr_parse("graph(%x: f32[4]{1}) {\n  %1 = exp(%x) : f32[4]{1}\n  return (%1)\n}\n", NULL, 0);
     ck_assert_ptr_nonnull(g);
     const char *key = "0123456789abcdef0123456789abcdef";
+    const char *gkey = "fedcba9876543210fedcba9876543210";
+    kc_key gk, other;
+    ck_assert(kc_key_from_hex(gkey, &gk));
+    ck_assert(kc_key_from_hex(key, &other));
     char good[256], text[256];
-    snprintf(good, sizeof good, "ember-plan 1\nsteps 1\nk 0\nkernels 1\nkernel %s 2 1 0 1\n", key);
+    snprintf(good, sizeof good, "ember-plan 2\ngraph %s\nsteps 1\nk 0\nkernels 1\nkernel %s 2 1 0 1\n",
+             gkey, key);
     jit_plan p;
-    ck_assert(jit_plan_parse(good, strlen(good), g, &p));
+    ck_assert(jit_plan_parse(good, strlen(good), g, &gk, &p));
     ck_assert_int_eq(p.nkernels, 1);
     ck_assert_int_eq(p.kernels[0].bufs[1], 1);
     size_t n;
@@ -235,21 +243,24 @@ START_TEST(plan_parser_rejects_what_does_not_fit_the_graph) {
     ck_assert_str_eq(again, good);
     em_free(again);
     jit_plan_clear(&p);
+    /* the same text looked up under another key: filed under the wrong key */
+    ck_assert(!jit_plan_parse(good, strlen(good), g, &other, &p));
     const char *bad[] = {
-        "ember-plan 2\nsteps 1\nk 0\nkernels 1\nkernel %s 2 1 0 1\n",  /* version */
-        "ember-plan 1\nsteps 1\nk 1\nkernels 1\nkernel %s 2 1 0 1\n",  /* no kernel 1 */
-        "ember-plan 1\nsteps 1\ne 0\nkernels 1\nkernel %s 2 1 0 1\n",  /* node 0 is an input */
-        "ember-plan 1\nsteps 1\nk 0\nkernels 1\nkernel %s 2 1 0 7\n",  /* node 7 */
-        "ember-plan 1\nsteps 1\nk 0\nkernels 1\nkernel %s 2 1 1 0\n",  /* result is the input */
-        "ember-plan 1\nsteps 1\nk 0\nkernels 1\nkernel %s 2 3 0 1\n",  /* nouts > nbufs */
-        "ember-plan 1\nsteps 1\nk 0\nkernels 1\nkernel %s 0 0\n",      /* runs a dead kernel */
-        "ember-plan 1\nsteps 1\nk 0\nkernels 1\nkernel %s 2 1 0 1\nx", /* trailing */
-        "ember-plan 1\nsteps 1\nk 0\nkernels 1\nkernel %s 2 1 0",      /* truncated */
-        "ember-plan 1\nsteps -1\n",
+        "ember-plan 1\ngraph %s\nsteps 1\nk 0\nkernels 1\nkernel %s 2 1 0 1\n",  /* version */
+        "ember-plan 2\nsteps 1\nk 0\nkernels 1\nkernel %s 2 1 0 1\n%s",         /* no key */
+        "ember-plan 2\ngraph %s\nsteps 1\nk 1\nkernels 1\nkernel %s 2 1 0 1\n",  /* no kernel 1 */
+        "ember-plan 2\ngraph %s\nsteps 1\ne 0\nkernels 1\nkernel %s 2 1 0 1\n",  /* node 0 is an input */
+        "ember-plan 2\ngraph %s\nsteps 1\nk 0\nkernels 1\nkernel %s 2 1 0 7\n",  /* node 7 */
+        "ember-plan 2\ngraph %s\nsteps 1\nk 0\nkernels 1\nkernel %s 2 1 1 0\n",  /* result is the input */
+        "ember-plan 2\ngraph %s\nsteps 1\nk 0\nkernels 1\nkernel %s 2 3 0 1\n",  /* nouts > nbufs */
+        "ember-plan 2\ngraph %s\nsteps 1\nk 0\nkernels 1\nkernel %s 0 0\n",      /* runs a dead kernel */
+        "ember-plan 2\ngraph %s\nsteps 1\nk 0\nkernels 1\nkernel %s 2 1 0 1\nx", /* trailing */
+        "ember-plan 2\ngraph %s\nsteps 1\nk 0\nkernels 1\nkernel %s 2 1 0",      /* truncated */
+        "ember-plan 2\ngraph %s\nsteps -1\n%s",
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        snprintf(text, sizeof text, bad[i], key);
-        ck_assert_msg(!jit_plan_parse(text, strlen(text), g, &p), "accepted bad plan %zu", i);
+        snprintf(text, sizeof text, bad[i], gkey, key);
+        ck_assert_msg(!jit_plan_parse(text, strlen(text), g, &gk, &p), "accepted bad plan %zu", i);
     }
     tr_graph_free(g);
 }
@@ -480,6 +491,351 @@ START_TEST(cli_help_errors_and_trust) {
 }
 END_TEST
 
+
+/* ---- regressions of issue 21, item 3: entries filed under the wrong key ---- */
+
+/* The payload files of kind under dir (paths[i]: 300 bytes each). */
+static int list_kind(const char *dir, const char *kind, char paths[][300], int max) {
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "ls %s/v1/*/*.%s 2>/dev/null", dir, kind);
+    FILE *p = popen(cmd, "r");
+    ck_assert_ptr_nonnull(p);
+    int n = 0;
+    while (n < max && fgets(paths[n], 300, p)) {
+        paths[n][strcspn(paths[n], "\n")] = '\0';
+        n++;
+    }
+    pclose(p);
+    return n;
+}
+
+static char *slurp(const char *path, size_t *n) {
+    FILE *f = fopen(path, "rb");
+    ck_assert_msg(f != NULL, "%s: %s", path, strerror(errno));
+    char *buf = malloc(1 << 22);
+    *n = fread(buf, 1, 1 << 22, f);
+    fclose(f);
+    return buf;
+}
+
+static void spit(const char *path, const void *data, size_t n) {
+    FILE *f = fopen(path, "wb");
+    ck_assert_msg(f != NULL, "%s: %s", path, strerror(errno));
+    ck_assert_uint_eq(fwrite(data, 1, n, f), n);
+    ck_assert_int_eq(fclose(f), 0);
+    ck_assert_int_eq(chmod(path, 0600), 0);
+}
+
+/* Writes payload path's bytes and a header that fits them exactly, under
+ * the key and kind its file name says: what someone re-forging headers
+ * would leave, which the header checks alone cannot tell from the real
+ * thing. */
+static void put_forged(const char *path, const void *data, size_t n) {
+    spit(path, data, n);
+    const char *base = strrchr(path, '/') + 1, *dot = strchr(base, '.');
+    char hex[KC_KEY_HEX_SIZE], meta[320], text[KC_META_MAX];
+    snprintf(hex, sizeof hex, "%.32s", base);
+    kc_meta m = {.version = KC_FORMAT_VERSION, .size = n, .created = 1764547200};
+    ck_assert(kc_key_from_hex(hex, &m.key));
+    snprintf(m.kind, sizeof m.kind, "%s", dot + 1);
+    m.sum = kc_checksum(data, n);
+    snprintf(meta, sizeof meta, "%s.meta", path);
+    spit(meta, text, kc_meta_format(&m, text));
+}
+
+/* Swaps the payloads of a and b, re-forging both headers. */
+static void swap_forged(const char *a, const char *b) {
+    size_t na, nb;
+    char *da = slurp(a, &na), *db = slurp(b, &nb);
+    put_forged(a, db, nb);
+    put_forged(b, da, na);
+    free(da);
+    free(db);
+}
+
+/* Every pair of plans swapped (one pair per run): each run's values are
+ * right, the two swapped plans are misses (their graphs come from the
+ * kernel cache: nothing compiles) and are replaced. */
+START_TEST(swapped_plans_are_misses_and_replaced) {
+    dirs d;
+    make_dirs(&d);
+    record(&d);
+    char plans[8][300];
+    int n = list_kind(d.a, "plan", plans, 8);
+    ck_assert_int_eq(n, 4);
+    for (int i = 0; i < n; i++) {
+        for (int j = i + 1; j < n; j++) {
+            swap_forged(plans[i], plans[j]);
+            run_result r = run_in_child(d.a, NULL);
+            ck_assert_msg(r.values_ok, "plans %d and %d swapped: wrong values", i, j);
+            ck_assert_int_eq(r.graphs_loaded, 2);
+            ck_assert_int_eq(r.compiled, 0);
+        }
+    }
+    run_result r = run_in_child(d.a, NULL);
+    ck_assert(r.values_ok);
+    ck_assert_int_eq(r.graphs_loaded, 4);
+    remove_dirs(&d);
+}
+END_TEST
+
+/* The plan text of path with its steps cut to keep (-1: all) and every
+ * kernel buffer number moved by shift; whether that changed it. */
+static bool damage_plan(const char *path, int keep, int shift) {
+    size_t n;
+    char *text = slurp(path, &n), *out = malloc(2 * n + 64), *save = NULL;
+    text[n] = '\0';
+    size_t at = 0;
+    int step = 0;
+    for (char *line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+        int count;
+        if (sscanf(line, "steps %d", &count) == 1) {
+            at += (size_t)sprintf(out + at, "steps %d\n", keep < 0 || keep > count ? count : keep);
+        } else if ((line[0] == 'k' || line[0] == 'e') && line[1] == ' ') {
+            if (keep < 0 || step < keep) at += (size_t)sprintf(out + at, "%s\n", line);
+            step++;
+        } else if (!strncmp(line, "kernel ", 7) && shift) {
+            char key[40];
+            int nb, no, off;
+            ck_assert_int_eq(sscanf(line, "kernel %39s %d %d%n", key, &nb, &no, &off), 3);
+            at += (size_t)sprintf(out + at, "kernel %s %d %d", key, nb, no);
+            char *p = line + off;
+            for (int b = 0; b < nb; b++) {
+                long v = strtol(p, &p, 10);
+                at += (size_t)sprintf(out + at, " %ld", v + shift > 0 ? v + shift : v);
+            }
+            out[at++] = '\n';
+        } else {
+            at += (size_t)sprintf(out + at, "%s\n", line);
+        }
+    }
+    size_t n2;
+    char *orig = slurp(path, &n2);
+    bool changed = n2 != at || memcmp(orig, out, at) != 0;
+    free(orig);
+    put_forged(path, out, at);
+    free(text);
+    free(out);
+    return changed;
+}
+
+/* A plan with no steps, a step dropped or its buffers shifted (under a
+ * header that fits it) is a miss that is compiled again and replaced,
+ * never a plan hit that fails at run time ("output 0 was not computed",
+ * which em_call then papers over by running the graph eagerly). */
+START_TEST(damaged_plans_are_misses) {
+    dirs d;
+    make_dirs(&d);
+    record(&d);
+    char plans[8][300];
+    int n = list_kind(d.a, "plan", plans, 8);
+    ck_assert_int_eq(n, 4);
+    const int damage[][2] = {{0, 0}, {1, 0}, {-1, 1}, {-1, -1}};
+    for (int v = 0; v < 4; v++) {
+        int changed = 0;
+        for (int i = 0; i < n; i++) changed += damage_plan(plans[i], damage[v][0], damage[v][1]);
+        ck_assert_int_gt(changed, 0);
+        run_result r = run_in_child(d.a, NULL);
+        ck_assert_msg(r.values_ok, "damage %d: wrong values", v);
+        ck_assert_msg(r.graphs_loaded == n - changed, "damage %d: %d of %d damaged plans used", v,
+                      (int)r.graphs_loaded - (n - changed), changed);
+        ck_assert_int_eq(r.compiled, 0);
+    }
+    remove_dirs(&d);
+}
+END_TEST
+
+/* Every pair of kernels swapped (under re-forged headers): a shared object
+ * filed under another kernel's key carries its own key, so loading it is a
+ * miss: the values stay right, the kernels compile again and replace the
+ * entries. */
+START_TEST(swapped_kernels_are_misses_and_replaced) {
+    dirs d;
+    make_dirs(&d);
+    record(&d);
+    char sos[16][300];
+    int n = list_kind(d.a, "so", sos, 16);
+    ck_assert_int_ge(n, 2);
+    for (int i = 0; i < n; i++) {
+        for (int j = i + 1; j < n; j++) {
+            swap_forged(sos[i], sos[j]);
+            run_result r = run_in_child(d.a, NULL);
+            ck_assert_msg(r.values_ok, "kernels %d and %d swapped: wrong values", i, j);
+            ck_assert_int_eq(r.compiled, 2);
+        }
+    }
+    run_result r = run_in_child(d.a, NULL);
+    ck_assert(r.values_ok);
+    ck_assert_int_eq(r.compiled, 0);
+    ck_assert_int_eq(r.graphs_loaded, 4);
+    remove_dirs(&d);
+}
+END_TEST
+
+/* A payload and a header that became directories: the run's values are
+ * right and the entries are replaced (the next run compiles nothing);
+ * verify --remove removes such entries for real. */
+START_TEST(directories_at_entry_names_are_replaced_and_removable) {
+    dirs d;
+    make_dirs(&d);
+    record(&d);
+    char sos[16][300], cmd[1400], out[8192];
+    int n = list_kind(d.a, "so", sos, 16);
+    ck_assert_int_ge(n, 2);
+    snprintf(cmd, sizeof cmd, "rm %s && mkdir -p %s/x && rm %s.meta && mkdir %s.meta", sos[0],
+             sos[0], sos[1], sos[1]);
+    ck_assert_int_eq(system(cmd), 0);
+    run_result r = run_in_child(d.a, NULL);
+    ck_assert(r.values_ok);
+    r = run_in_child(d.a, NULL);
+    ck_assert(r.values_ok);
+    ck_assert_int_eq(r.compiled, 0);
+    ck_assert_int_eq(r.graphs_loaded, 4);
+    /* again, for the tool */
+    ck_assert_int_eq(system(cmd), 0);
+    ck_assert_int_eq(tool(out, sizeof out, "--dir %s verify", d.a), 1);
+    ck_assert_msg(strstr(out, " 2 bad"), "%s", out);
+    ck_assert_int_eq(tool(out, sizeof out, "--dir %s verify --remove", d.a), 0);
+    ck_assert_msg(strstr(out, "all removed"), "%s", out);
+    struct stat st;
+    snprintf(cmd, sizeof cmd, "%s.meta", sos[1]);
+    ck_assert_msg(lstat(sos[0], &st) != 0, "%s is still there", sos[0]);
+    ck_assert_msg(lstat(cmd, &st) != 0, "%s is still there", cmd);
+    ck_assert_int_eq(tool(out, sizeof out, "--dir %s verify", d.a), 0);
+    ck_assert_msg(strstr(out, " 0 bad"), "%s", out);
+    remove_dirs(&d);
+}
+END_TEST
+
+/* Item 4: a fan-out directory others can write holds someone else's
+ * shared objects (here: every kernel rotated under re-forged headers);
+ * nothing is loaded from it, the values are right. */
+START_TEST(world_writable_fan_out_dirs_load_nothing) {
+    dirs d;
+    make_dirs(&d);
+    record(&d);
+    char sos[16][300], cmd[400];
+    int n = list_kind(d.a, "so", sos, 16);
+    ck_assert_int_ge(n, 2);
+    for (int i = 0; i + 1 < n; i++) swap_forged(sos[i], sos[i + 1]);
+    snprintf(cmd, sizeof cmd, "chmod 0777 %s/v1/*", d.a);
+    ck_assert_int_eq(system(cmd), 0);
+    run_result r = run_in_child(d.a, NULL);
+    ck_assert(r.values_ok);
+    ck_assert_int_eq(r.loaded, 0);
+    ck_assert_int_eq(r.graphs_loaded, 0);
+    remove_dirs(&d);
+}
+END_TEST
+
+
+/* Two graphs of the same shapes whose plans and kernels differ only in
+ * what they compute: a swap between them cannot be told by sizes, only by
+ * the key each entry carries. */
+static em_status exp2_fn(void *ctx, em_tensor *const *in, const double *s, em_tensor **out) {
+    (void)ctx;
+    (void)s;
+    out[0] = em_mul_scalar(em_exp(in[0]), 2);
+    return out[0] ? EM_OK : em_last_status();
+}
+
+static em_status tanh1_fn(void *ctx, em_tensor *const *in, const double *s, em_tensor **out) {
+    (void)ctx;
+    (void)s;
+    out[0] = em_add_scalar(em_tanh(in[0]), 1);
+    return out[0] ? EM_OK : em_last_status();
+}
+
+/* Whether f's result on x matches ref(x) (float64) everywhere. */
+/* Twice: a first call runs the function eagerly to capture its graph, the
+ * second runs what was compiled (or loaded). */
+static bool pointwise_ok(em_compiled *f, em_tensor *x, double (*ref)(double)) {
+    bool ok = true;
+    for (int rep = 0; rep < 2 && ok; rep++) {
+        em_tensor *y;
+        if (em_call(f, &x, NULL, &y) != EM_OK) return false;
+        double *xv = tu_values(x), *yv = tu_values(y);
+        for (int i = 0; i < R * C; i++)
+            ok = ok && fabs(yv[i] - ref(xv[i])) <= 1e-5 * (1 + fabs(ref(xv[i])));
+        free(xv);
+        free(yv);
+    }
+    return ok;
+}
+
+static double exp2_ref(double v) { return 2 * exp(v); }
+static double tanh1_ref(double v) { return tanh(v) + 1; }
+
+/* In a new process on cache dir: both functions called, values checked. */
+static run_result run_pointwise_child(const char *dir) {
+    int p[2];
+    ck_assert_int_eq(pipe(p), 0);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        close(p[0]);
+        setenv("EMBER_CACHE_DIR", dir, 1);
+        unsetenv("EMBER_RECORD");
+        run_result r = {.values_ok = true};
+        em_compile_options o = {.ninputs = 1, .noutputs = 1, .dynamic = -1};
+        em_compiled *fs[2] = {em_compile(exp2_fn, NULL, &o), em_compile(tanh1_fn, NULL, &o)};
+        double (*refs[2])(double) = {exp2_ref, tanh1_ref};
+        em_tensor *x = tu_random(5, 2, TU_SIZES(R, C), EM_F32, 1);
+        for (int i = 0; i < 2; i++) {
+            r.values_ok = r.values_ok && pointwise_ok(fs[i], x, refs[i]);
+            em_compile_stats st;
+            em_compiled_stats(fs[i], &st);
+            r.compiled += st.kernels_compiled;
+            r.loaded += st.kernels_loaded;
+            r.graphs_loaded += st.graphs_loaded;
+            em_compiled_free(fs[i]);
+        }
+        ssize_t wr = write(p[1], &r, sizeof r);
+        _exit(wr == (ssize_t)sizeof r ? 0 : 4);
+    }
+    close(p[1]);
+    run_result r;
+    memset(&r, 0, sizeof r);
+    ck_assert_int_eq(read(p[0], &r, sizeof r), (ssize_t)sizeof r);
+    close(p[0]);
+    int status;
+    waitpid(pid, &status, 0);
+    ck_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    return r;
+}
+
+/* 2 exp(x) and tanh(x) + 1 on the same shape: their plans swapped, then
+ * their kernels swapped (under re-forged headers).  Each swap is a miss:
+ * the values stay those of the float64 references, and the entries are
+ * replaced. */
+START_TEST(swapped_entries_of_same_shaped_graphs_are_misses) {
+    dirs d;
+    make_dirs(&d);
+    run_result r = run_pointwise_child(d.a);
+    ck_assert(r.values_ok);
+    ck_assert_int_eq(r.compiled, 2);
+    char plans[4][300], sos[4][300];
+    ck_assert_int_eq(list_kind(d.a, "plan", plans, 4), 2);
+    ck_assert_int_eq(list_kind(d.a, "so", sos, 4), 2);
+    swap_forged(plans[0], plans[1]);
+    r = run_pointwise_child(d.a);
+    ck_assert_msg(r.values_ok, "swapped plans: wrong values");
+    ck_assert_int_eq(r.graphs_loaded, 0);
+    ck_assert_int_eq(r.compiled, 0);
+    r = run_pointwise_child(d.a);
+    ck_assert_int_eq(r.graphs_loaded, 2);
+    swap_forged(sos[0], sos[1]);
+    r = run_pointwise_child(d.a);
+    ck_assert_msg(r.values_ok, "swapped kernels: wrong values");
+    ck_assert_int_eq(r.compiled, 2);
+    r = run_pointwise_child(d.a);
+    ck_assert(r.values_ok);
+    ck_assert_int_eq(r.compiled, 0);
+    ck_assert_int_eq(r.graphs_loaded, 2);
+    remove_dirs(&d);
+}
+END_TEST
+
 int main(void) {
     /* The tool and the processes it warms for must generate for one target:
      * under valgrind this process's CPU (as valgrind shows it) lacks the
@@ -494,6 +850,12 @@ int main(void) {
         {"verify_and_prune_on_damaged_entries", verify_and_prune_on_damaged_entries},
         {"two_concurrent_warmups_of_one_cache", two_concurrent_warmups_of_one_cache},
         {"cli_help_errors_and_trust", cli_help_errors_and_trust},
+        {"swapped_plans_are_misses_and_replaced", swapped_plans_are_misses_and_replaced},
+        {"damaged_plans_are_misses", damaged_plans_are_misses},
+        {"swapped_kernels_are_misses_and_replaced", swapped_kernels_are_misses_and_replaced},
+        {"directories_at_entry_names_are_replaced_and_removable", directories_at_entry_names_are_replaced_and_removable},
+        {"world_writable_fan_out_dirs_load_nothing", world_writable_fan_out_dirs_load_nothing},
+        {"swapped_entries_of_same_shaped_graphs_are_misses", swapped_entries_of_same_shaped_graphs_are_misses},
     };
     return tu_run(tu_suite("warmup", tests, sizeof tests / sizeof tests[0], 600));
 }

@@ -111,7 +111,10 @@ em_status kc_remove(kc_cache *c, const kc_key *k, const char *kind) {
     kc_item it = {.meta = kc_store_path(root, k, kind, true),
                   .payload = kc_store_path(root, k, kind, false)};
     em_status s = it.meta && it.payload ? EM_OK : em_last_status();
-    if (s == EM_OK) kc_item_remove(&it);
+    /* Honest: an entry that stays (a directory that cannot go, no
+     * permission) is an error, so "all removed" means removed. */
+    if (s == EM_OK && !kc_item_remove(&it))
+        s = em_error(EM_ERR_IO, "kc_remove: cannot remove %s: %s", it.payload, strerror(errno));
     em_free(it.meta);
     em_free(it.payload);
     return s;
@@ -126,8 +129,7 @@ static em_status remove_before(kc_cache *c, const char *fn, int64_t cutoff, uint
     if (s != EM_OK) return s;
     for (size_t i = 0; i < l.n; i++) {
         if (cutoff != INT64_MAX && l.items[i].t.tv_sec >= cutoff) continue;
-        kc_item_remove(&l.items[i]);
-        if (removed) (*removed)++;
+        if (kc_item_remove(&l.items[i]) && removed) (*removed)++;
     }
     kc_items_free(&l);
     return EM_OK;

@@ -37,7 +37,9 @@ enum {
     W_REFUSED = 1 << 3,  /* an entry failed the trust checks */
     W_SIZE = 1 << 4,     /* EMBER_CACHE_MAX_SIZE unreadable */
     W_PRUNE = 1 << 5,    /* pruning failed */
-    W_SESSION = 1 << 6   /* no session directory for a memory-only file */
+    W_SESSION = 1 << 6,  /* no session directory for a memory-only file */
+    W_NOMEM = 1 << 7,    /* out of memory locating the directory (retried) */
+    W_LOAD = 1 << 8      /* no memory file to load code from */
 };
 
 struct kc_cache {
@@ -48,6 +50,9 @@ struct kc_cache {
     char *session;             /* memory-only files (mkdtemp); made on first need */
     kc_log_fn log;
     void *log_ud;
+    char *want;                /* the directory kc_open was given (a copy), or NULL */
+    bool retry;                /* the directory could not be located for want of
+                                  memory: the next call tries again */
     unsigned warned;           /* W_* already printed */
     uint64_t max_size;         /* prune to this after puts; 0: no limit */
     int64_t disk_bytes;        /* the disk tier's size as of the last prune plus
@@ -187,35 +192,109 @@ static bool env_off(const char *v) {
                  !strcasecmp(v, "false"));
 }
 
-/* The directory to use (em_malloc'd), or NULL when none is configured. */
-static char *resolve_dir(const char *dir) {
-    if (dir && *dir) return kc_strfmt("%s", dir);
-    char buf[EM_ENV_MAX];
-    const char *v = em_getenv("EMBER_CACHE_DIR", buf, sizeof buf);
-    if (v && *v) return kc_strfmt("%s", v);
-    v = em_getenv("XDG_CACHE_HOME", buf, sizeof buf);
-    if (v && v[0] == '/') return kc_strfmt("%s/ember", v); /* the XDG spec ignores relative */
-    v = em_getenv("HOME", buf, sizeof buf);
-    if (v && *v) return kc_strfmt("%s/.cache/ember", v);
-    return NULL;
+/* Whether variable name is set at all (em_getenv cannot tell an unset
+ * variable from one too long for its buffer). */
+static bool env_present(const char *name) {
+    em_env_lock(false);
+    bool set = getenv(name) != NULL;
+    em_env_unlock();
+    return set;
 }
 
-static void open_disk(kc_cache *c, const char *dir) {
-    char *d = resolve_dir(dir);
-    if (!d) {
-        warn(c, W_DIR, "no cache directory (set EMBER_CACHE_DIR or HOME): keeping compiled "
-             "kernels in memory only");
-        return;
+/* How locating the cache directory went. */
+typedef enum dir_found {
+    DIR_FOUND,  /* *out holds it */
+    DIR_NONE,   /* nothing configured: no EMBER_CACHE_DIR, XDG_CACHE_HOME or HOME */
+    DIR_BAD,    /* a configured location that cannot be used: why says which */
+    DIR_NOMEM   /* out of memory: worth trying again later */
+} dir_found;
+
+/* Reads variable name into buf (*v NULL when unset); false with why when it
+ * is set but too long to be a path, so that it is reported rather than
+ * skipped for the next location (the rule: a configured location that
+ * cannot be used never silently becomes another one). */
+static bool read_var(const char *name, char *buf, const char **v, char *why, size_t nwhy) {
+    *v = em_getenv(name, buf, EM_ENV_MAX);
+    if (*v || !env_present(name)) return true;
+    snprintf(why, nwhy, "cannot use %s: longer than the %d bytes a path may have", name,
+             EM_ENV_MAX - 1);
+    return false;
+}
+
+/* Where the cache lives when kc_open is given no directory, first set
+ * first: a variable and what to append to its value. */
+static const struct {
+    const char *var, *suffix;
+    bool absolute; /* a relative value is ignored (the XDG spec says so) */
+} LOCATIONS[] = {
+    {"EMBER_CACHE_DIR", "", false},
+    {"XDG_CACHE_HOME", "/ember", true},
+    {"HOME", "/.cache/ember", false},
+};
+
+/* The directory to use (em_malloc'd) in *out: dir, else the environment's. */
+static dir_found resolve_dir(const char *dir, char **out, char *why, size_t nwhy) {
+    *out = NULL;
+    if (dir && *dir) return (*out = kc_strfmt("%s", dir)) ? DIR_FOUND : DIR_NOMEM;
+    char *buf = em_malloc(EM_ENV_MAX);
+    if (!buf) return DIR_NOMEM;
+    dir_found r = DIR_NONE;
+    for (size_t i = 0; i < sizeof LOCATIONS / sizeof LOCATIONS[0] && r == DIR_NONE; i++) {
+        const char *v;
+        if (!read_var(LOCATIONS[i].var, buf, &v, why, nwhy)) r = DIR_BAD;
+        else if (v && (LOCATIONS[i].absolute ? v[0] == '/' : v[0] != '\0'))
+            r = (*out = kc_strfmt("%s%s", v, LOCATIONS[i].suffix)) ? DIR_FOUND : DIR_NOMEM;
     }
+    em_free(buf);
+    return r;
+}
+
+/* Locates and opens the disk tier.  Out of memory is not a verdict on the
+ * directory: it is reported and retried on a later call (c->retry). */
+static void open_disk(kc_cache *c) {
     char why[1024] = "";
-    char *root = NULL;
-    if (kc_store_open(d, &root, why, sizeof why)) {
+    char *d = NULL, *root = NULL;
+    dir_found f = resolve_dir(c->want, &d, why, sizeof why);
+    c->retry = false;
+    if (f == DIR_FOUND && kc_store_open(d, &root, why, sizeof why)) {
         c->dir = own_strdup(c, root);
         c->disk = c->dir != NULL;
+        if (!c->disk) f = DIR_NOMEM;
+    } else if (f == DIR_FOUND) {
+        f = !strcmp(why, "out of memory") ? DIR_NOMEM : DIR_BAD;
     }
-    if (!c->disk) warn(c, W_DIR, "%s: keeping compiled kernels in memory only", why);
+    if (f == DIR_NOMEM) {
+        c->retry = true;
+        em_clear_error();
+        warn(c, W_NOMEM, "out of memory locating the cache directory: keeping compiled kernels "
+             "in memory until a later call finds it");
+    } else if (f == DIR_NONE) {
+        warn(c, W_DIR, "no cache directory (set EMBER_CACHE_DIR or HOME): keeping compiled "
+             "kernels in memory only");
+    } else if (!c->disk) {
+        warn(c, W_DIR, "%s: keeping compiled kernels in memory only", why);
+    }
     em_free(root);
     em_free(d);
+}
+
+/* Called by every lookup and put: a disk tier that could not be had for
+ * want of memory is tried again. */
+static void retry_disk(kc_cache *c) {
+    if (c->retry && !c->disk) open_disk(c);
+}
+
+/* EMBER_CACHE_MAX_SIZE into c->max_size; a value that is not a size (or
+ * too long to read) is reported, never silently ignored. */
+static void read_max_size(kc_cache *c) {
+    char buf[128];
+    const char *v = em_getenv("EMBER_CACHE_MAX_SIZE", buf, sizeof buf);
+    if (!v && env_present("EMBER_CACHE_MAX_SIZE"))
+        warn(c, W_SIZE, "ignoring EMBER_CACHE_MAX_SIZE: its value is too long to be a size "
+             "(expected bytes, or a number with K, M, G or T: \"500M\"); no size limit");
+    else if (v && *v && !kc_size_from_str(v, &c->max_size))
+        warn(c, W_SIZE, "ignoring EMBER_CACHE_MAX_SIZE='%s': expected bytes, or a number with "
+             "K, M, G or T (\"500M\"); no size limit", v);
 }
 
 kc_cache *kc_open_with(const kc_options *o) {
@@ -238,12 +317,17 @@ kc_cache *kc_open_with(const kc_options *o) {
         return NULL;
     }
     c->max_size = o->max_size;
-    char lbuf[64], cbuf[64];
-    const char *limit = em_getenv("EMBER_CACHE_MAX_SIZE", lbuf, sizeof lbuf);
-    if (!c->max_size && limit && *limit && !kc_size_from_str(limit, &c->max_size))
-        warn(c, W_SIZE, "ignoring EMBER_CACHE_MAX_SIZE='%s': expected bytes, or a number with "
-             "K, M, G or T (\"500M\")", limit);
-    if (!(o->flags & KC_MEMORY_ONLY) && !env_off(em_getenv("EMBER_CACHE", cbuf, sizeof cbuf))) open_disk(c, o->dir);
+    if (!c->max_size) read_max_size(c);
+    char cbuf[64];
+    if (o->flags & KC_MEMORY_ONLY || env_off(em_getenv("EMBER_CACHE", cbuf, sizeof cbuf)))
+        return c;
+    /* kept for a retry: the caller's string need not outlive kc_open */
+    if (o->dir && *o->dir && !(c->want = own_strdup(c, o->dir))) {
+        kc_close(c);
+        em_error(EM_ERR_NOMEM, "kc_open: out of memory");
+        return NULL;
+    }
+    open_disk(c);
     return c;
 }
 
@@ -265,6 +349,7 @@ void kc_close(kc_cache *c) {
     if (c->session) (void)rmdir(c->session);
     own_free(c, c->session);
     own_free(c, c->dir);
+    own_free(c, c->want);
     pthread_mutex_destroy(&c->lock);
     em_free_with(c->alloc, c);
 }
@@ -368,6 +453,7 @@ static char *entry_name(const kc_key *k, const char *kind) {
 
 static em_status get_locked(kc_cache *c, const kc_key *k, const char *kind, void **data,
                             size_t *n) {
+    retry_disk(c);
     kc_entry *e = table_find(c, k, kind);
     if (e && e->data) {
         void *p = em_malloc(e->size ? (size_t)e->size : 1);
@@ -378,9 +464,10 @@ static em_status get_locked(kc_cache *c, const kc_key *k, const char *kind, void
         c->st.hits_mem++;
         return EM_OK;
     }
-    if (e && e->path) {
-        /* A file entry (kc_put_file): its bytes, checked against the
-         * checksum it was verified with. */
+    if (e && e->path && e->in_session) {
+        /* A memory-only file entry (kc_put_file): its bytes, checked
+         * against the checksum it was verified with.  A file on disk is
+         * read below, through the directory checks. */
         char why[1024] = "";
         void *p = NULL;
         kc_read r = kc_file_read(e->path, e->size, &e->sum, &p, why, sizeof why);
@@ -433,6 +520,7 @@ em_status kc_get(kc_cache *c, const kc_key *key, const char *kind, void **data, 
 }
 
 static em_status get_file_locked(kc_cache *c, const kc_key *k, const char *kind, char **path) {
+    retry_disk(c);
     kc_entry *e = table_find(c, k, kind);
     if (e && e->path) {
         /* A lookup; the stat notices an eviction by another process. */
@@ -498,6 +586,78 @@ em_status kc_get_file(kc_cache *c, const kc_key *key, const char *kind, char **p
     return s;
 }
 
+/* ---- get into a memory file (code is loaded from those) ---- */
+
+static bool write_all(int fd, const void *data, size_t n) {
+    const char *p = data;
+    while (n > 0) {
+        ssize_t w = write(fd, p, n);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) return false;
+        p += w;
+        n -= (size_t)w;
+    }
+    return true;
+}
+
+/* Copies the verified payload of (k, kind) into fd: from the memory
+ * table's bytes, else from disk (directories, header, payload checked and
+ * checksummed on the very descriptor the bytes are copied from), else
+ * (memory-only) from the session file, checked against its checksum. */
+static kc_read fill_fd(kc_cache *c, const kc_key *k, const char *kind, int fd, char *why,
+                       size_t nwhy) {
+    kc_entry *e = table_find(c, k, kind);
+    if (e && e->data) {
+        if (!write_all(fd, e->data, (size_t)e->size)) {
+            snprintf(why, nwhy, "cannot fill a memory file: %s", strerror(errno));
+            return KC_READ_CORRUPT;
+        }
+        c->st.hits_mem++;
+        return KC_READ_OK;
+    }
+    kc_read r = KC_READ_ABSENT;
+    kc_meta m;
+    if (c->disk) r = kc_store_read_to(c->dir, k, kind, fd, &m, why, nwhy);
+    else if (e && e->path && e->in_session)
+        r = kc_file_read_to(e->path, e->size, &e->sum, fd, why, nwhy);
+    if (r == KC_READ_OK && c->disk) {
+        c->st.hits_disk++;
+        if ((e = table_add(c, k, kind))) entry_describe(c, e, m.size, &m.sum);
+    } else if (r == KC_READ_OK) {
+        c->st.hits_mem++;
+    }
+    return r;
+}
+
+static em_status get_fd_locked(kc_cache *c, const kc_key *k, const char *kind, int *out) {
+    retry_disk(c);
+    char why[1024] = "";
+    int fd = kc_memfd_new(kind, why, sizeof why);
+    kc_read r = fd >= 0 ? fill_fd(c, k, kind, fd, why, sizeof why) : KC_READ_ABSENT;
+    if (r == KC_READ_OK && !kc_memfd_seal(fd, why, sizeof why)) r = KC_READ_ABSENT;
+    if (r == KC_READ_OK) {
+        *out = fd;
+        return EM_OK;
+    }
+    if (fd >= 0) close(fd);
+    if (r == KC_READ_NOMEM) return em_error(EM_ERR_NOMEM, "kc_get_fd: out of memory");
+    if (why[0] && r == KC_READ_ABSENT) warn(c, W_LOAD, "%s: loading nothing from the cache", why);
+    note_bad_read(c, r, why);
+    c->st.misses++;
+    return EM_OK;
+}
+
+em_status kc_get_fd(kc_cache *c, const kc_key *key, const char *kind, int *fd) {
+    if (!fd) return em_error(EM_ERR_NULL, "kc_get_fd: fd is NULL");
+    *fd = -1;
+    em_status s = check_args("kc_get_fd", c, key, kind);
+    if (s != EM_OK) return s;
+    pthread_mutex_lock(&c->lock);
+    s = get_fd_locked(c, key, kind, fd);
+    pthread_mutex_unlock(&c->lock);
+    return s;
+}
+
 /* ---- put ---- */
 
 static kc_meta meta_of(const kc_key *k, const char *kind, uint64_t size, const kc_sum *sum) {
@@ -514,6 +674,7 @@ static kc_meta meta_of(const kc_key *k, const char *kind, uint64_t size, const k
 
 static em_status put_locked(kc_cache *c, const kc_key *k, const char *kind, const void *data,
                             size_t n) {
+    retry_disk(c);
     kc_sum sum = kc_checksum(data, n);
     kc_entry *e = table_add(c, k, kind);
     void *copy = own_alloc(c, n);
@@ -555,6 +716,7 @@ em_status kc_put(kc_cache *c, const kc_key *key, const char *kind, const void *d
 
 static em_status put_file_locked(kc_cache *c, const kc_key *k, const char *kind, int fd,
                                  const char *src, uint64_t size, const kc_sum *sum) {
+    retry_disk(c);
     kc_entry *e = table_add(c, k, kind);
     char *name = entry_name(k, kind);
     if (!e || !name) {

@@ -16,9 +16,10 @@
  *   <dir>/v1/<first 2 hex digits of key>/<32 hex key>.<kind>        payload
  *   <dir>/v1/<first 2 hex digits of key>/<32 hex key>.<kind>.meta   header
  *
- * The payload file holds exactly the artifact's bytes, so a verified "so"
- * payload is dlopen'ed where it lies.  The header is a sidecar text file,
- * byte for byte as kc_meta_format writes it:
+ * The payload file holds exactly the artifact's bytes; code is loaded from
+ * a sealed memory copy of the verified bytes (kc_get_fd), never from the
+ * directory by name.  The header is a sidecar text file, byte for byte as
+ * kc_meta_format writes it:
  *
  *   ember-cache 1
  *   key <32 hex: the entry's key>
@@ -30,9 +31,11 @@
  * A read verifies the header (exact text, version, key, kind), the payload's
  * length and its checksum; anything else (unreadable, truncated, foreign,
  * another kind) is a miss counted as corrupt, never wrong bytes.  Writes go
- * to a mkstemp file in the entry's directory, are fsync'ed and renamed over
- * the final name, payload first then header: concurrent writers of one key
- * each leave complete files and the last rename wins.  The header's mtime is
+ * to mkstemp files in the entry's directory, both written and fsync'ed
+ * before either is renamed over its final name, payload first then header:
+ * a failed write (full disk) leaves no part of the entry, concurrent
+ * writers of one key each leave complete files and the last rename wins;
+ * a directory planted at an entry's name is removed by the next put.  The header's mtime is
  * the entry's last use (set on put and on each disk hit): kc_prune evicts
  * the least recently used entries first.
  *
@@ -40,6 +43,8 @@
  * group or others, or owned by another user, is refused with a message: a
  * refused directory (or one that cannot be created or written) leaves the
  * cache memory-only; a refused entry is a miss, replaced by the next put.
+ * v1/ and the fan-out directories are checked on every read and write
+ * (also: not symbolic links); one that fails is a miss, never a load.
  *
  * Environment (read by kc_open): EMBER_CACHE_DIR (used when no directory is
  * given; default $XDG_CACHE_HOME/ember, else $HOME/.cache/ember),
@@ -144,11 +149,20 @@ const char *kc_dir(const kc_cache *c);
  * its length.  Miss: EM_OK, *data NULL, *n 0.  Any other status is an error
  * in the arguments (EM_ERR_NULL, EM_ERR_ARG) or EM_ERR_NOMEM. */
 em_status kc_get(kc_cache *c, const kc_key *key, const char *kind, void **data, size_t *n);
-/* As kc_get, for use in place: on a hit *path is the absolute path of a file
+/* As kc_get, for use in place (not for loading code: the file can change
+ * after the call; use kc_get_fd): on a hit *path is the absolute path of a file
  * holding exactly the verified payload (em_malloc'd, the caller em_free's
  * it), on a miss NULL.  The file stays valid until a prune evicts it (or,
  * memory-only, until kc_close). */
 em_status kc_get_file(kc_cache *c, const kc_key *key, const char *kind, char **path);
+/* As kc_get_file, for loading code: on a hit *fd is a sealed memory file
+ * (memfd_create, F_SEAL_WRITE|GROW|SHRINK|SEAL) holding exactly the bytes
+ * that were verified, copied from the one descriptor they were read and
+ * checksummed through, so nothing done to the cache directory after the
+ * check can change what is loaded (dlopen "/proc/self/fd/N"); the caller
+ * closes it.  Miss: EM_OK, *fd -1 (also when no memory file can be made,
+ * with a warning).  Errors as kc_get. */
+em_status kc_get_fd(kc_cache *c, const kc_key *key, const char *kind, int *fd);
 /* Stores n bytes under (key, kind), replacing any entry (a corrupt one
  * too).  When the disk fails the bytes still go to memory (EM_OK). */
 em_status kc_put(kc_cache *c, const kc_key *key, const char *kind, const void *data,
@@ -250,6 +264,10 @@ kc_sum kc_checksum(const void *data, size_t n);
 /* A streaming checksum over a file descriptor from its current offset:
  * false on a read error; *n gets the bytes read. */
 bool kc_checksum_fd(int fd, kc_sum *sum, uint64_t *n);
+/* kc_checksum_fd that also writes every byte it reads to out (-1: none):
+ * the bytes checksummed are exactly the bytes copied.  false on a read or
+ * write error. */
+bool kc_checksum_copy(int fd, int out, kc_sum *sum, uint64_t *n);
 /* kc_parse_size without setting an error. */
 bool kc_size_from_str(const char *s, uint64_t *out);
 
@@ -289,6 +307,17 @@ kc_read kc_store_read(const char *root, const kc_key *k, const char *kind, void 
  * size and sum; with data, also returns its bytes (em_malloc). */
 kc_read kc_file_read(const char *path, uint64_t size, const kc_sum *sum, void **data,
                      char *why, size_t nwhy);
+/* kc_store_read that copies the payload into sink (a file descriptor)
+ * while checksumming it, instead of returning it. */
+kc_read kc_store_read_to(const char *root, const kc_key *k, const char *kind, int sink,
+                         kc_meta *m, char *why, size_t nwhy);
+/* kc_file_read into sink, as kc_store_read_to. */
+kc_read kc_file_read_to(const char *path, uint64_t size, const kc_sum *sum, int sink,
+                        char *why, size_t nwhy);
+/* A new memory file for a payload (memfd_create); -1 with why set. */
+int kc_memfd_new(const char *name, char *why, size_t nwhy);
+/* Seals a memory file against any change and rewinds it. */
+bool kc_memfd_seal(int fd, char *why, size_t nwhy);
 /* Writes an entry atomically from bytes.  false with the reason in why. */
 bool kc_store_write(const char *root, const kc_meta *m, const void *data, char *why,
                     size_t nwhy);
@@ -324,8 +353,12 @@ typedef struct kc_items {
 /* Lists the entries under root (removing stale temporaries on the way). */
 bool kc_store_scan(const char *root, kc_items *l, char *why, size_t nwhy);
 void kc_items_free(kc_items *l);
-/* Removes an entry's files, header first. */
-void kc_item_remove(const kc_item *it);
+/* Removes an entry's files, header first (a file or directory planted at
+ * either name goes too); false with errno set when something stays. */
+bool kc_item_remove(const kc_item *it);
+/* Removes path: a file, a link, or a directory tree (not following links,
+ * at most 16 levels deep).  true when nothing is left at path. */
+bool kc_remove_path(const char *path);
 
 /* An evicted entry, as kc_store_prune reports it to forget. */
 typedef void (*kc_forget_fn)(void *ud, const kc_key *k, const char *kind);

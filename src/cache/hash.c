@@ -100,7 +100,21 @@ static kc_sum sum_of(XXH128_hash_t d) {
 
 kc_sum kc_checksum(const void *data, size_t n) { return sum_of(XXH3_128bits(data, n)); }
 
-bool kc_checksum_fd(int fd, kc_sum *sum, uint64_t *n) {
+bool kc_checksum_fd(int fd, kc_sum *sum, uint64_t *n) { return kc_checksum_copy(fd, -1, sum, n); }
+
+/* Writes all of n bytes to out. */
+static bool put_all(int out, const unsigned char *p, size_t n) {
+    while (n > 0) {
+        ssize_t w = write(out, p, n);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) return false;
+        p += w;
+        n -= (size_t)w;
+    }
+    return true;
+}
+
+bool kc_checksum_copy(int fd, int out, kc_sum *sum, uint64_t *n) {
     XXH3_state_t st;
     XXH3_128bits_reset(&st);
     unsigned char buf[16384];
@@ -111,6 +125,7 @@ bool kc_checksum_fd(int fd, kc_sum *sum, uint64_t *n) {
         if (r < 0) return false;
         if (r == 0) break;
         XXH3_128bits_update(&st, buf, (size_t)r);
+        if (out >= 0 && !put_all(out, buf, (size_t)r)) return false;
         total += (uint64_t)r;
     }
     *sum = sum_of(XXH3_128bits_digest(&st));

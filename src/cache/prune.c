@@ -66,11 +66,15 @@ static bool scan_fan(const char *dir, prune_list *l) {
         const char *name = de->d_name;
         size_t len = strlen(name);
         struct stat st, pst;
-        if (fstatat(dfd, name, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode)) continue;
+        if (!strcmp(name, ".") || !strcmp(name, "..")) continue;
+        if (fstatat(dfd, name, &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
         if (!strncmp(name, ".tmp-", 5)) {
-            if (now - st.st_mtime > KC_STALE_TMP_SECONDS) (void)unlinkat(dfd, name, 0);
+            if (S_ISREG(st.st_mode) && now - st.st_mtime > KC_STALE_TMP_SECONDS)
+                (void)unlinkat(dfd, name, 0);
             continue;
         }
+        /* Whatever has an entry's name is listed, a directory or link too:
+         * verify must see it (as bad) and remove must be able to take it. */
         bool is_meta = len > 5 && !strcmp(name + len - 5, ".meta");
         size_t plen = is_meta ? len - 5 : len;
         prune_item it;
@@ -148,7 +152,7 @@ bool kc_store_prune(const char *root, uint64_t max_bytes, const kc_key *keep,
     for (size_t i = 0; i < l.n && l.total > max_bytes; i++) {
         prune_item *it = &l.items[i];
         if (keep && kc_key_equal(&it->key, keep) && !strcmp(it->kind, keep_kind)) continue;
-        kc_item_remove(it);
+        if (!kc_item_remove(it)) continue; /* still there: still counted */
         l.total -= it->size;
         (*evicted)++;
         if (forget) forget(ud, &it->key, it->kind);
@@ -158,8 +162,43 @@ bool kc_store_prune(const char *root, uint64_t max_bytes, const kc_key *keep,
     return true;
 }
 
-void kc_item_remove(const kc_item *it) {
+/* Removes the tree under the open directory dfd (depth levels left). */
+static bool remove_tree_at(int dfd, int depth) {
+    DIR *d = fdopendir(dfd);
+    if (!d) {
+        close(dfd);
+        return false;
+    }
+    bool ok = true;
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        const char *n = de->d_name;
+        if (!strcmp(n, ".") || !strcmp(n, "..")) continue;
+        if (unlinkat(dirfd(d), n, 0) == 0 || errno == ENOENT) continue;
+        if (errno != EISDIR && errno != EPERM) {
+            ok = false;
+            continue;
+        }
+        int sub = depth > 0 ? openat(dirfd(d), n, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC) : -1;
+        if (sub < 0 || !remove_tree_at(sub, depth - 1) || unlinkat(dirfd(d), n, AT_REMOVEDIR) != 0)
+            ok = false;
+    }
+    closedir(d);
+    return ok;
+}
+
+bool kc_remove_path(const char *path) {
+    if (unlink(path) == 0 || errno == ENOENT) return true;
+    if (errno != EISDIR && errno != EPERM) return false;
+    int dfd = open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (dfd < 0) return false;
+    /* A directory at an entry's name is damage: the tree goes with it. */
+    if (!remove_tree_at(dfd, 16)) return false;
+    return rmdir(path) == 0 || errno == ENOENT;
+}
+
+bool kc_item_remove(const kc_item *it) {
     /* Header first: without it the entry is a plain miss. */
-    if (it->meta) (void)unlink(it->meta);
-    (void)unlink(it->payload);
+    bool ok = !it->meta || kc_remove_path(it->meta);
+    return kc_remove_path(it->payload) && ok;
 }

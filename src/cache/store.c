@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -68,17 +69,47 @@ static bool trusted(const struct stat *st, const char *what, const char *path, c
     return true;
 }
 
+/* lstat: a directory of the layout that is a symbolic link could point
+ * anywhere, so it is refused like an untrusted one. */
 static bool trusted_dir(const char *path, char *why, size_t nwhy) {
     struct stat st;
-    if (stat(path, &st) != 0) {
+    if (lstat(path, &st) != 0) {
         set_why(why, nwhy, "cannot use cache directory %s: %s", path, strerror(errno));
         return false;
     }
     if (!S_ISDIR(st.st_mode)) {
-        set_why(why, nwhy, "cannot use cache directory %s: not a directory", path);
+        set_why(why, nwhy, "cannot use cache directory %s: not a directory%s", path,
+                S_ISLNK(st.st_mode) ? " (a symbolic link)" : "");
         return false;
     }
     return trusted(&st, "cache directory", path, why, nwhy);
+}
+
+/* Checks every directory from root down to the fan-out directory of k
+ * (root, v1, the fan-out one), in that order: each is ours and writable
+ * only by us, so once it passes nobody else can change what lies in it,
+ * and the entry files opened next are the ones the checks covered.
+ * KC_READ_ABSENT when the fan-out directory does not exist (a plain
+ * miss), KC_READ_REFUSED with why otherwise. */
+static kc_read entry_dirs(const char *root, const kc_key *k, char *why, size_t nwhy) {
+    char hex[KC_KEY_HEX_SIZE];
+    kc_key_hex(k, hex);
+    char *v1 = kc_strfmt("%s/v1", root);
+    char *fan = kc_strfmt("%s/v1/%.2s", root, hex);
+    kc_read r = KC_READ_OK;
+    struct stat st;
+    if (!v1 || !fan) {
+        set_why(why, nwhy, "out of memory");
+        r = KC_READ_NOMEM;
+    } else if (lstat(fan, &st) != 0 && errno == ENOENT) {
+        r = KC_READ_ABSENT; /* nothing there to trust or load */
+    } else if (!trusted_dir(root, why, nwhy) || !trusted_dir(v1, why, nwhy) ||
+             !trusted_dir(fan, why, nwhy)) {
+        r = KC_READ_REFUSED;
+    }
+    em_free(v1);
+    em_free(fan);
+    return r;
 }
 
 /* mkdir with mode 0700 exactly (the umask could narrow it); an existing
@@ -150,7 +181,8 @@ char *kc_store_path(const char *root, const kc_key *k, const char *kind, bool me
     return kc_strfmt("%s/v1/%.2s/%s.%s%s", root, hex, hex, kind, meta ? ".meta" : "");
 }
 
-/* The fan-out directory of k, created if needed and checked. */
+/* The fan-out directory of k, created if needed and checked, with every
+ * directory above it up to root. */
 static char *fan_dir(const char *root, const kc_key *k, char *why, size_t nwhy) {
     char hex[KC_KEY_HEX_SIZE];
     kc_key_hex(k, hex);
@@ -159,7 +191,8 @@ static char *fan_dir(const char *root, const kc_key *k, char *why, size_t nwhy) 
     bool ok = v1 && d;
     if (!ok) set_why(why, nwhy, "out of memory");
     /* v1 is made again in case someone removed it since kc_open. */
-    if (ok) ok = make_dir(v1, why, nwhy) && make_dir(d, why, nwhy) && trusted_dir(d, why, nwhy);
+    if (ok) ok = make_dir(v1, why, nwhy) && make_dir(d, why, nwhy) &&
+                 entry_dirs(root, k, why, nwhy) == KC_READ_OK;
     em_free(v1);
     if (!ok) {
         em_free(d);
@@ -255,8 +288,34 @@ static int open_entry(const char *path, struct stat *st, kc_read *res, char *why
     return -1;
 }
 
-kc_read kc_file_read(const char *path, uint64_t size, const kc_sum *sum, void **data,
-                            char *why, size_t nwhy) {
+/* Reads the payload of size bytes from fd whole into a new buffer (*data)
+ * or through sink (-1: nowhere), checksumming what was read into *got. */
+static kc_read payload_read(int fd, const char *path, uint64_t size, void **data, int sink,
+                            kc_sum *got, char *why, size_t nwhy) {
+    uint64_t n = 0;
+    errno = 0;
+    if (!data) {
+        if (kc_checksum_copy(fd, sink, got, &n) && n == size) return KC_READ_OK;
+        set_why(why, nwhy, "cannot read cache entry %s: %s", path,
+                errno ? strerror(errno) : "its size changed while reading");
+        return KC_READ_CORRUPT;
+    }
+    char *buf = em_malloc(size ? (size_t)size : 1);
+    if (!buf) return KC_READ_NOMEM;
+    if (read_full(fd, buf, (size_t)size) != (ssize_t)size) {
+        set_why(why, nwhy, "cannot read cache entry %s: %s", path,
+                errno ? strerror(errno) : "short read");
+        em_free(buf);
+        return KC_READ_CORRUPT;
+    }
+    *got = kc_checksum(buf, (size_t)size);
+    *data = buf;
+    return KC_READ_OK;
+}
+
+/* kc_file_read's work: data (a buffer) or sink (a descriptor) or neither. */
+static kc_read file_read(const char *path, uint64_t size, const kc_sum *sum, void **data,
+                         int sink, char *why, size_t nwhy) {
     struct stat st;
     kc_read res = KC_READ_OK;
     int fd = open_entry(path, &st, &res, why, nwhy);
@@ -272,28 +331,8 @@ kc_read kc_file_read(const char *path, uint64_t size, const kc_sum *sum, void **
         set_why(why, nwhy, "cache entry %s: %lld bytes, its header says %" PRIu64
                 " (truncated or replaced)", path, (long long)st.st_size, size);
         res = KC_READ_CORRUPT;
-    } else if (data) {
-        errno = 0;
-        char *buf = em_malloc(size ? (size_t)size : 1);
-        if (!buf) {
-            res = KC_READ_NOMEM;
-        } else if (read_full(fd, buf, (size_t)size) != (ssize_t)size) {
-            set_why(why, nwhy, "cannot read cache entry %s: %s", path,
-                    errno ? strerror(errno) : "short read");
-            res = KC_READ_CORRUPT;
-            em_free(buf);
-        } else {
-            got = kc_checksum(buf, (size_t)size);
-            *data = buf;
-        }
     } else {
-        uint64_t n = 0;
-        errno = 0;
-        if (!kc_checksum_fd(fd, &got, &n) || n != size) {
-            set_why(why, nwhy, "cannot read cache entry %s: %s", path,
-                    errno ? strerror(errno) : "short read");
-            res = KC_READ_CORRUPT;
-        }
+        res = payload_read(fd, path, size, data, sink, &got, why, nwhy);
     }
     if (res == KC_READ_OK && memcmp(got.bytes, sum->bytes, sizeof got.bytes) != 0) {
         set_why(why, nwhy, "cache entry %s: checksum mismatch", path);
@@ -307,41 +346,89 @@ kc_read kc_file_read(const char *path, uint64_t size, const kc_sum *sum, void **
     return res;
 }
 
-kc_read kc_store_read(const char *root, const kc_key *k, const char *kind, void **data,
-                      kc_meta *m, char *why, size_t nwhy) {
-    if (data) *data = NULL;
-    char *mpath = kc_store_path(root, k, kind, true);
-    char *ppath = kc_store_path(root, k, kind, false);
-    kc_read res = KC_READ_OK;
-    int fd = -1;
-    if (!mpath || !ppath) {
-        res = KC_READ_NOMEM;
-        goto done;
-    }
-    struct stat st;
-    fd = open_entry(mpath, &st, &res, why, nwhy);
-    if (fd < 0) goto done;
+kc_read kc_file_read(const char *path, uint64_t size, const kc_sum *sum, void **data,
+                     char *why, size_t nwhy) {
+    return file_read(path, size, sum, data, -1, why, nwhy);
+}
+
+kc_read kc_file_read_to(const char *path, uint64_t size, const kc_sum *sum, int sink,
+                        char *why, size_t nwhy) {
+    return file_read(path, size, sum, NULL, sink, why, nwhy);
+}
+
+/* Reads and checks an entry's header (fd open on it) for (k, kind). */
+static kc_read header_read(int fd, const char *mpath, const kc_key *k, const char *kind,
+                           kc_meta *m, char *why, size_t nwhy) {
     char text[KC_META_MAX];
     ssize_t n = read_full(fd, text, sizeof text);
     if (n < 0 || !kc_meta_parse(text, (size_t)n, m) || m->version != KC_FORMAT_VERSION) {
         set_why(why, nwhy, "cache entry %s: not an Ember cache header of format %u", mpath,
                 KC_FORMAT_VERSION);
-        res = KC_READ_CORRUPT;
-        goto done;
+        return KC_READ_CORRUPT;
     }
     if (!kc_key_equal(&m->key, k) || strcmp(m->kind, kind) != 0) {
         set_why(why, nwhy, "cache entry %s: the header of another entry", mpath);
-        res = KC_READ_CORRUPT;
-        goto done;
+        return KC_READ_CORRUPT;
     }
-    res = kc_file_read(ppath, m->size, &m->sum, data, why, nwhy);
+    return KC_READ_OK;
+}
+
+/* The directories, then the header, then the payload (into data, sink or
+ * nowhere): the order the trust model needs (docs/cache.md, Trust). */
+static kc_read store_read(const char *root, const kc_key *k, const char *kind, void **data,
+                          int sink, kc_meta *m, char *why, size_t nwhy) {
+    if (data) *data = NULL;
+    kc_read res = entry_dirs(root, k, why, nwhy);
+    if (res != KC_READ_OK) return res;
+    char *mpath = kc_store_path(root, k, kind, true);
+    char *ppath = kc_store_path(root, k, kind, false);
+    int fd = -1;
+    struct stat st;
+    if (!mpath || !ppath) res = KC_READ_NOMEM;
+    else fd = open_entry(mpath, &st, &res, why, nwhy);
+    if (fd >= 0) res = header_read(fd, mpath, k, kind, m, why, nwhy);
+    if (fd >= 0 && res == KC_READ_OK) res = file_read(ppath, m->size, &m->sum, data, sink, why, nwhy);
     /* The header's mtime is the entry's last use, for kc_prune. */
-    if (res == KC_READ_OK) (void)futimens(fd, NULL);
-done:
+    if (fd >= 0 && res == KC_READ_OK) (void)futimens(fd, NULL);
     if (fd >= 0) close(fd);
     em_free(mpath);
     em_free(ppath);
     return res;
+}
+
+kc_read kc_store_read(const char *root, const kc_key *k, const char *kind, void **data,
+                      kc_meta *m, char *why, size_t nwhy) {
+    return store_read(root, k, kind, data, -1, m, why, nwhy);
+}
+
+kc_read kc_store_read_to(const char *root, const kc_key *k, const char *kind, int sink,
+                         kc_meta *m, char *why, size_t nwhy) {
+    return store_read(root, k, kind, NULL, sink, m, why, nwhy);
+}
+
+/* ---- memory files: what code is loaded from ---- */
+
+int kc_memfd_new(const char *name, char *why, size_t nwhy) {
+    unsigned flags = MFD_CLOEXEC | MFD_ALLOW_SEALING;
+#ifdef MFD_EXEC
+    /* kernels with vm.memfd_noexec set want executable memory files asked
+     * for; older kernels reject the flag (EINVAL) */
+    int fd = memfd_create(name, flags | MFD_EXEC);
+    if (fd < 0 && errno == EINVAL) fd = memfd_create(name, flags);
+#else
+    int fd = memfd_create(name, flags);
+#endif
+    if (fd < 0) set_why(why, nwhy, "cannot make a memory file to load from: %s", strerror(errno));
+    return fd;
+}
+
+bool kc_memfd_seal(int fd, char *why, size_t nwhy) {
+    int seals = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL;
+    if (fcntl(fd, F_ADD_SEALS, seals) != 0 || lseek(fd, 0, SEEK_SET) != 0) {
+        set_why(why, nwhy, "cannot seal a memory file: %s", strerror(errno));
+        return false;
+    }
+    return true;
 }
 
 /* ---- writing ---- */
@@ -374,10 +461,9 @@ static int make_tmp(const char *dir, char **tmp, char *why, size_t nwhy) {
     return fd;
 }
 
-/* fsync and close fd (holding tmp), then rename tmp to dir/name; removes tmp
- * on failure.  ok says whether the caller's writes succeeded. */
-static bool commit_tmp(int fd, char *tmp, const char *dir, const char *name, bool ok,
-                       char *why, size_t nwhy) {
+/* fsync and close fd (holding tmp); removes tmp on failure.  ok says
+ * whether the caller's writes succeeded. */
+static bool finish_tmp(int fd, const char *tmp, bool ok, char *why, size_t nwhy) {
     if (!ok) set_why(why, nwhy, "cannot write %s: %s", tmp, strerror(errno));
     if (ok && fsync(fd) != 0) {
         set_why(why, nwhy, "cannot sync %s: %s", tmp, strerror(errno));
@@ -387,17 +473,34 @@ static bool commit_tmp(int fd, char *tmp, const char *dir, const char *name, boo
         set_why(why, nwhy, "cannot write %s: %s", tmp, strerror(errno));
         ok = false;
     }
-    char *dst = ok ? kc_strfmt("%s/%s", dir, name) : NULL;
-    if (ok && !dst) {
+    if (!ok) (void)unlink(tmp);
+    return ok;
+}
+
+/* Renames tmp over dir/name.  Something that is not a file at that name
+ * (a directory left by damage) cannot be renamed over: it is removed and
+ * the rename tried again, so a damaged entry is replaced like any other. */
+static bool rename_over(const char *tmp, const char *dir, const char *name, char *why,
+                        size_t nwhy) {
+    char *dst = kc_strfmt("%s/%s", dir, name);
+    if (!dst) {
         set_why(why, nwhy, "out of memory");
-        ok = false;
+        return false;
     }
-    if (ok && rename(tmp, dst) != 0) {
-        set_why(why, nwhy, "cannot rename %s to %s: %s", tmp, dst, strerror(errno));
-        ok = false;
-    }
-    if (!ok) unlink(tmp);
+    bool ok = rename(tmp, dst) == 0;
+    if (!ok && (errno == EISDIR || errno == ENOTEMPTY || errno == EEXIST) && kc_remove_path(dst))
+        ok = rename(tmp, dst) == 0;
+    if (!ok) set_why(why, nwhy, "cannot rename %s to %s: %s", tmp, dst, strerror(errno));
     em_free(dst);
+    return ok;
+}
+
+/* fsync and close fd (holding tmp), then rename tmp to dir/name; removes tmp
+ * on failure.  Frees tmp. */
+static bool commit_tmp(int fd, char *tmp, const char *dir, const char *name, bool ok,
+                       char *why, size_t nwhy) {
+    ok = finish_tmp(fd, tmp, ok, why, nwhy) && rename_over(tmp, dir, name, why, nwhy);
+    if (!ok) (void)unlink(tmp);
     em_free(tmp);
     return ok;
 }
@@ -423,65 +526,97 @@ static bool copy_fd(int fd, int out) {
     }
 }
 
-bool kc_move_file(int fd, const char *src, const char *dir, const char *name, char *why,
-                  size_t nwhy) {
+/* Puts the content of fd (the file at src) into a new temporary file in
+ * dir, *tmp its path: src itself renamed there when it can be (one link,
+ * same file system), else a copy (src is then removed).  Nothing is at
+ * the entry's name yet. */
+static bool tmp_from_file(int fd, const char *src, const char *dir, char **tmp, char *why,
+                          size_t nwhy) {
+    int out = make_tmp(dir, tmp, why, nwhy);
+    if (out < 0) return false;
     struct stat st;
     /* Entries are 0600 whatever the producer's umask made; a file with other
      * links could still be changed through them, so it is copied. */
     bool can_rename = fstat(fd, &st) == 0 && st.st_nlink == 1 && fchmod(fd, 0600) == 0 &&
                       fsync(fd) == 0;
-    if (can_rename) {
-        char *dst = kc_strfmt("%s/%s", dir, name);
-        if (!dst) {
-            set_why(why, nwhy, "out of memory");
-            return false;
-        }
-        bool moved = rename(src, dst) == 0;
-        em_free(dst);
-        if (moved) return true;
+    if (can_rename && rename(src, *tmp) == 0) {
+        close(out);
+        return true;
     }
     /* Another file system (EXDEV), or src gone already (a failed earlier
      * move): copy from the open descriptor. */
-    char *tmp;
-    int out = make_tmp(dir, &tmp, why, nwhy);
-    if (out < 0) return false;
-    if (!commit_tmp(out, tmp, dir, name, copy_fd(fd, out), why, nwhy)) return false;
+    if (!finish_tmp(out, *tmp, copy_fd(fd, out), why, nwhy)) {
+        em_free(*tmp);
+        *tmp = NULL;
+        return false;
+    }
     (void)unlink(src);
     return true;
 }
 
-static bool write_meta(const char *dir, const kc_meta *m, char *why, size_t nwhy) {
-    char text[KC_META_MAX];
-    size_t n = kc_meta_format(m, text);
-    char hex[KC_KEY_HEX_SIZE];
-    kc_key_hex(&m->key, hex);
-    char *name = kc_strfmt("%s.%s.meta", hex, m->kind);
-    if (!name) {
-        set_why(why, nwhy, "out of memory");
-        return false;
-    }
-    bool ok = kc_write_file(dir, name, text, n, why, nwhy);
-    em_free(name);
+bool kc_move_file(int fd, const char *src, const char *dir, const char *name, char *why,
+                  size_t nwhy) {
+    char *tmp;
+    if (!tmp_from_file(fd, src, dir, &tmp, why, nwhy)) return false;
+    bool ok = rename_over(tmp, dir, name, why, nwhy);
+    if (!ok) (void)unlink(tmp);
+    em_free(tmp);
     return ok;
 }
 
-/* The payload first, then the header: a reader that sees the new header
- * sees the new payload. */
+/* Writes n bytes to a new temporary file in dir, synced: its path in *tmp. */
+static bool tmp_from_bytes(const char *dir, const void *data, size_t n, char **tmp, char *why,
+                           size_t nwhy) {
+    int fd = make_tmp(dir, tmp, why, nwhy);
+    if (fd < 0) return false;
+    if (finish_tmp(fd, *tmp, write_full(fd, data, n), why, nwhy)) return true;
+    em_free(*tmp);
+    *tmp = NULL;
+    return false;
+}
+
+/* Both files are written to temporaries and synced before either is
+ * renamed into place, payload first, then header: a full disk (ENOSPC,
+ * EFBIG) fails while writing a temporary, which is removed, and leaves
+ * the entry as it was; it never leaves a new payload without its header.
+ * A reader that sees the new header sees the new payload. */
 static bool store_entry(const char *root, const kc_meta *m, const void *data, int fd,
                         const char *src, char *why, size_t nwhy) {
     char *dir = fan_dir(root, &m->key, why, nwhy);
     if (!dir) return false;
-    char hex[KC_KEY_HEX_SIZE];
+    char hex[KC_KEY_HEX_SIZE], text[KC_META_MAX];
     kc_key_hex(&m->key, hex);
+    size_t tn = kc_meta_format(m, text);
     char *name = kc_strfmt("%s.%s", hex, m->kind);
-    bool ok = name != NULL;
+    char *mname = kc_strfmt("%s.%s.meta", hex, m->kind);
+    char *ptmp = NULL, *mtmp = NULL;
+    bool ok = name && mname;
     if (!ok) set_why(why, nwhy, "out of memory");
-    if (ok && src) ok = kc_move_file(fd, src, dir, name, why, nwhy);
-    else if (ok) ok = kc_write_file(dir, name, data, (size_t)m->size, why, nwhy);
-    if (ok) ok = write_meta(dir, m, why, nwhy);
+    if (ok) ok = src ? tmp_from_file(fd, src, dir, &ptmp, why, nwhy)
+                     : tmp_from_bytes(dir, data, (size_t)m->size, &ptmp, why, nwhy);
+    if (ok) ok = tmp_from_bytes(dir, text, tn, &mtmp, why, nwhy);
+    bool placed = ok && rename_over(ptmp, dir, name, why, nwhy);
+    if (placed) {
+        em_free(ptmp); /* renamed: the name may be another writer's by now */
+        ptmp = NULL;
+        if (rename_over(mtmp, dir, mname, why, nwhy)) {
+            em_free(mtmp);
+            mtmp = NULL;
+        } else {
+            char *p = kc_strfmt("%s/%s", dir, name);
+            if (p) (void)unlink(p); /* no payload without its header */
+            em_free(p);
+            placed = false;
+        }
+    }
+    if (ptmp) (void)unlink(ptmp);
+    if (mtmp) (void)unlink(mtmp);
+    em_free(ptmp);
+    em_free(mtmp);
     em_free(name);
+    em_free(mname);
     em_free(dir);
-    return ok;
+    return placed;
 }
 
 bool kc_store_write(const char *root, const kc_meta *m, const void *data, char *why,

@@ -11,6 +11,8 @@
 #include "plan.h"
 #include "worker.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -86,22 +88,7 @@ static void state_free(cpu_state *st) {
 
 /* The cache key of kernel k: everything that determines the shared
  * object (the cache adds its own format version). */
-static bool kernel_key(const k_kernel *k, kc_key *key) {
-    char *text = NULL;
-    size_t len = 0;
-    FILE *f = open_memstream(&text, &len);
-    if (!f) return false;
-    kir_print(k, f);
-    fclose(f);
-    kc_hasher h;
-    kc_hasher_reset(&h);
-    kc_hasher_update_str(&h, "ember cpu kernel");
-    kc_hasher_update_str(&h, jit_cpu_target());
-    kc_hasher_update_str(&h, text);
-    *key = kc_hasher_digest(&h);
-    free(text);
-    return true;
-}
+static bool kernel_key(const k_kernel *k, kc_key *key) { return jit_cpu_kernel_key(k, key); }
 
 static void log_kernel(const jit_env *env, const k_kernel *k) {
     if (!env->log || !(env->log->flags & JIT_LOG_CODE)) return;
@@ -120,39 +107,51 @@ static bool temp_path(char *buf, size_t n) {
     return true;
 }
 
+/* Loads the kernel filed under key: the cache's verified bytes, in a
+ * sealed memory file, whose embedded key must be key.  EM_OK with *out
+ * NULL on a miss (absent, bad, or another key's object). */
+static em_status load_cached(jit_env *env, const kc_key *key, const char *name,
+                             jit_cpu_kernel **out) {
+    int fd = -1;
+    *out = NULL;
+    em_status s = kc_get_fd(env->cache, key, "so", &fd);
+    if (s != EM_OK || fd < 0) return s;
+    s = jit_cpu_load_fd(fd, name, key, out);
+    close(fd);
+    if (s == EM_OK) return EM_OK;
+    jit_logf(env->log, JIT_LOG_CACHE, "cache entry unusable, a miss: %s", em_last_error());
+    em_clear_error();
+    *out = NULL;
+    return EM_OK;
+}
+
 /* Stores the shared object at tmp under key and loads it from the cache. */
 static em_status store_and_load(jit_env *env, const kc_key *key, const char *name,
                                 const char *tmp, jit_cpu_kernel **out) {
-    char *path = NULL, hex[KC_KEY_HEX_SIZE];
+    char hex[KC_KEY_HEX_SIZE];
     em_status s = kc_put_file(env->cache, key, "so", tmp);
-    if (s == EM_OK) s = kc_get_file(env->cache, key, "so", &path);
-    if (s == EM_OK && path) {
-        s = jit_cpu_load_so(path, name, out);
-        em_free(path);
+    if (s == EM_OK) s = load_cached(env, key, name, out);
+    if (s == EM_OK && *out) {
         kc_key_hex(key, hex);
-        if (s == EM_OK) jit_logf(env->log, JIT_LOG_CACHE, "cache write: kernel %s (%s)", name, hex);
-        return s;
+        jit_logf(env->log, JIT_LOG_CACHE, "cache write: kernel %s (%s)", name, hex);
+        return EM_OK;
     }
     unlink(tmp);
-    return s == EM_OK ? EM_ERR_STATE : s;
+    return s == EM_OK ? em_error(EM_ERR_STATE, "cpu backend: kernel %s not loadable from the "
+                                 "cache after its write", name) : s;
 }
 
 /* The kernel from the cache: *out set on a hit, NULL on a miss. */
 static void lookup(jit_env *env, const k_kernel *k, const kc_key *key, jit_cpu_kernel **out) {
-    char hex[KC_KEY_HEX_SIZE], *path = NULL;
+    char hex[KC_KEY_HEX_SIZE];
     *out = NULL;
     kc_key_hex(key, hex);
-    if (kc_get_file(env->cache, key, "so", &path) == EM_OK && path) {
-        em_status s = jit_cpu_load_so(path, k->name, out);
-        em_free(path);
-        if (s == EM_OK) {
-            env->loaded++;
-            jit_logf(env->log, JIT_LOG_CACHE, "cache hit: kernel %s (%s)", k->name, hex);
-            return;
-        }
-        *out = NULL;
-        em_clear_error();
+    if (load_cached(env, key, k->name, out) == EM_OK && *out) {
+        env->loaded++;
+        jit_logf(env->log, JIT_LOG_CACHE, "cache hit: kernel %s (%s)", k->name, hex);
+        return;
     }
+    em_clear_error();
     jit_logf(env->log, JIT_LOG_CACHE, "cache miss: kernel %s (%s): compiling", k->name, hex);
 }
 
@@ -175,7 +174,12 @@ static em_status compile_here(jit_env *env, const k_kernel *k, const kc_key *key
 static em_status take_worker_output(jit_env *env, const k_kernel *k, const kc_key *key,
                                     const char *path, jit_cpu_kernel **out) {
     if (env->cache) return store_and_load(env, key, k->name, path, out);
-    return jit_cpu_load_so(path, k->name, out);
+    /* no cache: loaded where the worker wrote it, still checked for key */
+    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0) return em_error(EM_ERR_STATE, "cpu backend: cannot open %s: %s", path, strerror(errno));
+    em_status s = jit_cpu_load_fd(fd, k->name, key, out);
+    close(fd);
+    return s;
 }
 
 /* Gets every kernel: from the cache, else compiled in worker processes
@@ -290,6 +294,37 @@ static void kernel_name(int i, char *buf, size_t n) {
     snprintf(buf, n, "%s", JIT_KERNEL_NAME);
 }
 
+static bool same_steps(const sc_schedule *a, const jit_plan *p);
+static k_kernel *lower_like(const sc_schedule *sched, int gi, const jit_plan_kernel *pk, int *bufs);
+
+/* Whether kernel gi of p is what build() makes of group gi of sched: the
+ * same buffers (nodes, order, results) and the same kernel key, which
+ * hashes the kernel's IR and so its every buffer's dtype, extents and
+ * strides. */
+static bool kernel_fits(const sc_schedule *sched, int gi, const jit_plan_kernel *pk, int *bufs) {
+    if (!group_has_step(sched, gi)) return pk->nbufs == 0;
+    k_kernel *k = lower_like(sched, gi, pk, bufs);
+    kc_key key;
+    bool ok = k && kernel_key(k, &key) && kc_key_equal(&key, &pk->key);
+    kir_free(k);
+    return ok;
+}
+
+/* Whether p is the plan build() would make for g.  A plan read from disk
+ * is checked, not trusted: one filed under another graph's key, or with
+ * steps dropped or buffers shifted, would run the wrong kernels on the
+ * wrong buffers.  Scheduling and lowering cost microseconds; what a plan
+ * hit saves is the code generation.  Nothing has run yet. */
+static bool plan_fits(const tr_graph *g, const jit_plan *p) {
+    sc_schedule *sched = sc_build(g);
+    int *bufs = em_malloc(sizeof(int) * ((size_t)g->nnodes + 1));
+    bool ok = sched && bufs && same_steps(sched, p);
+    for (int gi = 0; ok && gi < p->nkernels; gi++) ok = kernel_fits(sched, gi, &p->kernels[gi], bufs);
+    sc_free(sched);
+    em_free(bufs);
+    return ok;
+}
+
 /* Loads g's plan and every kernel it names from the cache; false (st
  * empty) on any miss. */
 static bool load_plan(jit_env *env, const tr_graph *g, const kc_key *gkey, cpu_state *st) {
@@ -302,16 +337,15 @@ static bool load_plan(jit_env *env, const tr_graph *g, const kc_key *gkey, cpu_s
         jit_logf(env->log, JIT_LOG_CACHE, "cache miss: graph plan (%s)", hex);
         return false;
     }
-    bool ok = jit_plan_parse(text, n, g, &st->plan);
+    bool ok = jit_plan_parse(text, n, g, gkey, &st->plan) && plan_fits(g, &st->plan);
     em_free(text);
     if (ok) ok = (st->kernels = em_calloc((size_t)st->plan.nkernels + 1, sizeof *st->kernels)) != NULL;
     for (int i = 0; ok && i < st->plan.nkernels; i++) {
         if (st->plan.kernels[i].nbufs == 0) continue; /* a dead group */
-        char *path = NULL, name[32];
+        char name[32];
         kernel_name(i, name, sizeof name);
-        ok = kc_get_file(env->cache, &st->plan.kernels[i].key, "so", &path) == EM_OK && path &&
-             jit_cpu_load_so(path, name, &st->kernels[i]) == EM_OK;
-        em_free(path);
+        ok = load_cached(env, &st->plan.kernels[i].key, name, &st->kernels[i]) == EM_OK &&
+             st->kernels[i];
     }
     if (!ok) {
         jit_logf(env->log, JIT_LOG_CACHE, "graph plan %s unusable (bad or kernels missing): compiling", hex);
@@ -325,8 +359,9 @@ static bool load_plan(jit_env *env, const tr_graph *g, const kc_key *gkey, cpu_s
     return true;
 }
 
-static void store_plan(jit_env *env, const kc_key *gkey, const jit_plan *p) {
+static void store_plan(jit_env *env, const kc_key *gkey, jit_plan *p) {
     size_t n;
+    p->key = *gkey; /* the plan carries the key it is filed under */
     char *text = jit_plan_format(p, &n);
     if (text && kc_put(env->cache, gkey, "plan", text, n) == EM_OK) {
         char hex[KC_KEY_HEX_SIZE];

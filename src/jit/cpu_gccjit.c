@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "cpu_gccjit_impl.h"
 
@@ -171,8 +172,46 @@ static void plan_name(const char *name, char *out, size_t n) {
     snprintf(out, n, "%s" CG_PLAN_SUFFIX, name);
 }
 
-/* Checks k and populates a new context with its two functions. */
-static em_status gen(const k_kernel *k, gcc_jit_context **out) {
+#define KEY_SUFFIX "__key"
+
+static void key_name(const char *name, char *out, size_t n) {
+    snprintf(out, n, "%s" KEY_SUFFIX, name);
+}
+
+/* const unsigned char NAME__key[16] = {the key's bytes}, exported: what a
+ * loader compares with the key it looked the object up by. */
+static void emit_key(gcc_jit_context *ctx, const char *name, const kc_key *key) {
+    char kname[CG_MAX_NAME + sizeof KEY_SUFFIX];
+    key_name(name, kname, sizeof kname);
+    gcc_jit_type *u8 = gcc_jit_type_get_const(gcc_jit_context_get_type(ctx, GCC_JIT_TYPE_UNSIGNED_CHAR));
+    gcc_jit_type *arr = gcc_jit_context_new_array_type(ctx, NULL, u8, (int)sizeof key->bytes);
+    gcc_jit_lvalue *g = gcc_jit_context_new_global(ctx, NULL, GCC_JIT_GLOBAL_EXPORTED, arr, kname);
+    if (g) gcc_jit_global_set_initializer(g, key->bytes, sizeof key->bytes);
+}
+
+bool jit_cpu_kernel_key(const k_kernel *k, kc_key *key) {
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    if (!f) return false;
+    kir_print(k, f);
+    if (fclose(f) != 0 || !text) {
+        free(text);
+        return false;
+    }
+    kc_hasher h;
+    kc_hasher_reset(&h);
+    kc_hasher_update_str(&h, "ember cpu kernel");
+    kc_hasher_update_str(&h, jit_cpu_target());
+    kc_hasher_update_str(&h, text);
+    *key = kc_hasher_digest(&h);
+    free(text);
+    return true;
+}
+
+/* Checks k and populates a new context with its two functions (and, with
+ * key, the NAME__key symbol). */
+static em_status gen(const k_kernel *k, const kc_key *key, gcc_jit_context **out) {
     *out = NULL;
     em_status s = check_kernel(k);
     if (s != EM_OK) return s;
@@ -180,6 +219,7 @@ static em_status gen(const k_kernel *k, gcc_jit_context **out) {
     if (!ctx) return em_error(EM_ERR_NOMEM, "jit_cpu: gcc_jit_context_acquire failed");
     bool uses_libm = false;
     s = cg_emit_kernel(ctx, k, &uses_libm);
+    if (s == EM_OK && key) emit_key(ctx, k->name, key);
     if (s == EM_OK && uses_libm) gcc_jit_context_add_driver_option(ctx, "-lm");
     if (s == EM_OK && gcc_jit_context_get_first_error(ctx))
         s = gccjit_error(ctx, "code generation", k->name);
@@ -207,7 +247,7 @@ em_status jit_cpu_compile(const k_kernel *k, jit_cpu_kernel **out) {
     if (!out) return em_error_null("jit_cpu_compile", "out");
     *out = NULL;
     gcc_jit_context *ctx;
-    em_status s = gen(k, &ctx);
+    em_status s = gen(k, NULL, &ctx);
     if (s != EM_OK) return s;
     em_env_lock(true); /* the driver calls putenv (env.c) */
     gcc_jit_result *res = gcc_jit_context_compile(ctx);
@@ -232,8 +272,11 @@ em_status jit_cpu_compile(const k_kernel *k, jit_cpu_kernel **out) {
 
 em_status jit_cpu_write_so(const k_kernel *k, const char *path) {
     if (!path) return em_error_null("jit_cpu_write_so", "path");
+    kc_key key;
+    if (k && !jit_cpu_kernel_key(k, &key))
+        return em_error(EM_ERR_NOMEM, "jit_cpu_write_so: out of memory");
     gcc_jit_context *ctx;
-    em_status s = gen(k, &ctx);
+    em_status s = gen(k, k ? &key : NULL, &ctx);
     if (s != EM_OK) return s;
     em_env_lock(true); /* the driver calls putenv (env.c) */
     gcc_jit_context_compile_to_file(ctx, GCC_JIT_OUTPUT_KIND_DYNAMIC_LIBRARY, path);
@@ -271,6 +314,56 @@ em_status jit_cpu_load_so(const char *path, const char *name, jit_cpu_kernel **o
         s = make_kernel(fn, plan, NULL, dl, out);
     if (s != EM_OK) dlclose(dl);
     return s;
+}
+
+/* "/proc/self/fd/N" for fd, made unique to the open file.  glibc's dlopen
+ * returns an already loaded object whose name equals the one asked for,
+ * and fd numbers are reused as soon as they are closed: two different
+ * memory files both opened as "/proc/self/fd/5" would give the first
+ * one's code.  So the name also spells the file's inode number (pinned
+ * while an object mapped from it is loaded), as no-op "." components
+ * followed by 1 to 10 slashes per decimal digit: a distinct file, a
+ * distinct name.  (The key check after loading would catch a reuse
+ * anyway; this keeps it from turning every load into a miss.) */
+static bool fd_path(int fd, char *buf, size_t n) {
+    struct stat st;
+    if (fstat(fd, &st) != 0) return false;
+    char digits[24];
+    int nd = snprintf(digits, sizeof digits, "%llu", (unsigned long long)st.st_ino);
+    size_t at = (size_t)snprintf(buf, n, "/proc/self/fd/");
+    for (int i = 0; i < nd && at + 12 < n; i++) {
+        buf[at++] = '.';
+        for (int j = 0; j <= digits[i] - '0'; j++) buf[at++] = '/';
+    }
+    return at + 24 < n && snprintf(buf + at, n - at, "%d", fd) > 0;
+}
+
+/* Whether the loaded object dl carries NAME__key equal to key. */
+static bool key_matches(void *dl, const char *name, const kc_key *key) {
+    char kname[CG_MAX_NAME + sizeof KEY_SUFFIX];
+    key_name(name, kname, sizeof kname);
+    const unsigned char *got = dlsym(dl, kname);
+    return got && memcmp(got, key->bytes, sizeof key->bytes) == 0;
+}
+
+em_status jit_cpu_load_fd(int fd, const char *name, const kc_key *key, jit_cpu_kernel **out) {
+    if (!out) return em_error_null("jit_cpu_load_fd", "out");
+    *out = NULL;
+    if (!name || !key) return em_error_null("jit_cpu_load_fd", name ? "key" : "name");
+    if (strlen(name) > CG_MAX_NAME)
+        return em_error(EM_ERR_ARG, "jit_cpu_load_fd: kernel name too long");
+    char path[320];
+    if (fd < 0 || !fd_path(fd, path, sizeof path))
+        return em_error(EM_ERR_ARG, "jit_cpu_load_fd: bad file descriptor %d", fd);
+    em_status s = jit_cpu_load_so(path, name, out);
+    if (s != EM_OK) return s;
+    if (key_matches((*out)->dl, name, key)) return EM_OK;
+    jit_cpu_free(*out);
+    *out = NULL;
+    char hex[KC_KEY_HEX_SIZE];
+    kc_key_hex(key, hex);
+    return em_error(EM_ERR_STATE, "jit_cpu_load_fd: the shared object filed under %s was "
+                    "compiled for another key (or carries none): not loaded", hex);
 }
 
 void jit_cpu_free(jit_cpu_kernel *ck) {

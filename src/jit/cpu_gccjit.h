@@ -8,6 +8,10 @@
  *       K_BUF), sizes[i] size parameter #i.  If the kernel has a parallel
  *       range, only its iterations [begin, end) (clipped to [0, extent))
  *       run; otherwise begin and end are ignored and everything runs.
+ *   const unsigned char NAME__key[16];
+ *       the cache key the object was compiled for (jit_cpu_kernel_key):
+ *       a loader checks it, so that an object filed under another key is
+ *       refused, not run (jit_cpu_load_fd).
  *   int64_t NAME__plan(void *const *bufs, const int64_t *sizes, double *work);
  *       the extent of the parallel range for these arguments, or -1 when
  *       the kernel must run as one call (no parallel range, or code outside
@@ -35,6 +39,7 @@
 #ifndef EMBER_CPU_GCCJIT_H
 #define EMBER_CPU_GCCJIT_H
 
+#include "cache.h"
 #include "kir.h"
 
 typedef struct jit_cpu_kernel jit_cpu_kernel;
@@ -48,10 +53,21 @@ typedef void (*jit_cpu_fn)(void *const *bufs, const int64_t *sizes, int64_t begi
 em_status jit_cpu_compile(const k_kernel *k, jit_cpu_kernel **out);
 /* Runs the whole iteration space, split over threads when it pays. */
 em_status jit_cpu_run(const jit_cpu_kernel *ck, void *const *bufs, const int64_t *sizes);
-/* Compiles k to a shared object at path (for the on-disk cache). */
+/* Compiles k to a shared object at path (for the on-disk cache), with
+ * NAME__key holding jit_cpu_kernel_key(k). */
 em_status jit_cpu_write_so(const k_kernel *k, const char *path);
-/* Loads a shared object written by jit_cpu_write_so for the kernel name. */
+/* Loads a shared object written by jit_cpu_write_so for the kernel name
+ * (no key check: for tests and tools). */
 em_status jit_cpu_load_so(const char *path, const char *name, jit_cpu_kernel **out);
+/* Loads the shared object in the open file fd (a sealed memory file from
+ * kc_get_fd: exactly the verified bytes) and checks that its NAME__key is
+ * key: EM_ERR_STATE when it is missing or another key's (an artifact
+ * filed under the wrong key), which the caller treats as a miss.  fd is
+ * the caller's (it may be closed once this returns). */
+em_status jit_cpu_load_fd(int fd, const char *name, const kc_key *key, jit_cpu_kernel **out);
+/* The cache key of k's shared object: the field "ember cpu kernel",
+ * jit_cpu_target() and k's printed IR. */
+bool jit_cpu_kernel_key(const k_kernel *k, kc_key *key);
 void jit_cpu_free(jit_cpu_kernel *ck);
 /* What the generated code depends on besides the kernel IR: libgccjit's
  * version, the generator's version and the target options (part of every

@@ -8,6 +8,7 @@
 #include "cuda_emit.h"
 
 #include <inttypes.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -797,6 +798,17 @@ void cuda_src_free(cuda_src *s) {
     if (!s) return;
     em_free(s->text);
     s->text = NULL;
+}
+
+char *cuda_text_with_key(const char *text, const char *name, const uint8_t key[16]) {
+    char bytes[16 * 6 + 1];
+    for (int i = 0; i < 16; i++) snprintf(bytes + 6 * i, 7, "0x%02x%s", key[i], i < 15 ? ", " : "");
+    const char *fmt = "%s\nextern \"C\" __constant__ unsigned char %s" CUDA_KEY_SUFFIX
+                      "[16] = {%s};\n";
+    int n = snprintf(NULL, 0, fmt, text, name, bytes);
+    char *out = n < 0 ? NULL : em_malloc((size_t)n + 1);
+    if (out) snprintf(out, (size_t)n + 1, fmt, text, name, bytes);
+    return out;
 }
 
 /* ---- index_select as kernel IR ---- */

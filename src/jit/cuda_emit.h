@@ -58,6 +58,14 @@ typedef struct cuda_src {
  * kir_verify. */
 em_status cuda_emit(const k_kernel *k, cuda_src *out);
 void cuda_src_free(cuda_src *s);
+/* text followed by the definition of
+ *   extern "C" __constant__ unsigned char NAME__key[16] = {key's bytes};
+ * (em_malloc'd, or NULL): the cache key the image is compiled for, which a
+ * loader reads back from the module (cuModuleGetGlobal) and compares with
+ * the key it looked the image up by, so that an image filed under another
+ * kernel's key is refused.  The key is computed from text without it. */
+char *cuda_text_with_key(const char *text, const char *name, const uint8_t key[16]);
+#define CUDA_KEY_SUFFIX "__key"
 
 /* index_select's kernel for eager CUDA ops (cuda_backend.c), built
  * directly in kernel IR: out (contiguous) = x with dim `dim` indexed by

@@ -145,13 +145,36 @@ bool cuda_kernel_table_add(cuda_device *d, const kc_key *key, cuda_kernel *k) {
     return true;
 }
 
-/* Loads a cubin or PTX image as a kernel of the shape src describes. */
-static em_status load_image(const void *img, const cuda_src *src, const k_kernel *k,
-                            cuda_kernel **out) {
+/* Whether module carries NAME__key (cuda_text_with_key) equal to key: an
+ * image filed under another kernel's key (with a header that fits it)
+ * loads and links fine, and would compute the other kernel. */
+static em_status check_key(cuda_device *d, CUmodule module, const char *name, const kc_key *key) {
+    const cu_api *cu = cuda_driver();
+    char sym[96];
+    snprintf(sym, sizeof sym, "%s" CUDA_KEY_SUFFIX, name);
+    CUdeviceptr p = 0;
+    size_t bytes = 0;
+    unsigned char got[16];
+    bool ok = cu->ModuleGetGlobal(&p, &bytes, module, sym) == CUDA_SUCCESS && bytes == sizeof got &&
+              cu->MemcpyDtoHAsync(got, p, sizeof got, d->stream) == CUDA_SUCCESS &&
+              cu->StreamSynchronize(d->stream) == CUDA_SUCCESS &&
+              memcmp(got, key->bytes, sizeof got) == 0;
+    if (ok) return EM_OK;
+    char hex[KC_KEY_HEX_SIZE];
+    kc_key_hex(key, hex);
+    return em_error(EM_ERR_STATE, "cuda: the image filed under %s was compiled for another key "
+                    "(or carries none): not loaded", hex);
+}
+
+/* Loads a cubin or PTX image as a kernel of the shape src describes,
+ * checking that it was compiled for key. */
+static em_status load_image(cuda_device *d, const void *img, const cuda_src *src,
+                            const k_kernel *k, const kc_key *key, cuda_kernel **out) {
     const cu_api *cu = cuda_driver();
     cuda_kernel *ck = calloc(1, sizeof *ck); /* owned by the device, process-long */
     if (!ck) return em_error(EM_ERR_NOMEM, "cuda: out of host memory");
     em_status s = cuda_check(cu->ModuleLoadData(&ck->module, img), "cuModuleLoadData");
+    if (s == EM_OK) s = check_key(d, ck->module, k->name, key);
     if (s == EM_OK) s = cuda_check(cu->ModuleGetFunction(&ck->fn, ck->module, k->name), "cuModuleGetFunction");
     if (s == EM_OK && src->vec4) {
         char v4[80];
@@ -175,18 +198,29 @@ static em_status load_image(const void *img, const cuda_src *src, const k_kernel
 
 /* Compiles src: a cubin for the device, or PTX when NVRTC does not know
  * the device's architecture (a GPU newer than the NVRTC). */
+/* NVRTC on src's text with the key of (src, ptx) embedded. */
+static em_status compile_keyed(const cuda_device *d, const cuda_src *src, const k_kernel *k,
+                               int arch, bool ptx, void **bin, size_t *n) {
+    kc_key key = kernel_key(d, src->text, ptx);
+    char *text = cuda_text_with_key(src->text, k->name, key.bytes);
+    if (!text) return em_last_status();
+    em_status s = cuda_nvrtc_compile(text, k->name, arch, ptx, bin, n);
+    em_free(text);
+    return s;
+}
+
 static em_status compile_for(const cuda_device *d, const cuda_src *src, const k_kernel *k,
                              bool *ptx, void **bin, size_t *n) {
     int arch = d->major * 10 + d->minor;
     *ptx = false;
-    em_status s = cuda_nvrtc_compile(src->text, k->name, arch, false, bin, n);
+    em_status s = compile_keyed(d, src, k, arch, false, bin, n);
     if (s == EM_ERR_UNSUPPORTED) {
         em_clear_error();
         *ptx = true;
-        s = cuda_nvrtc_compile(src->text, k->name, arch, true, bin, n);
+        s = compile_keyed(d, src, k, arch, true, bin, n);
         if (s == EM_ERR_UNSUPPORTED) {
             em_clear_error();
-            s = cuda_nvrtc_compile(src->text, k->name, 90, true, bin, n);
+            s = compile_keyed(d, src, k, 90, true, bin, n);
         }
     }
     return s;
@@ -200,7 +234,7 @@ static em_status fetch_or_compile(cuda_device *d, const cuda_src *src, const k_k
     for (int ptx = 0; cache && ptx < 2 && !bin; ptx++) {
         kc_key key = kernel_key(d, src->text, ptx);
         if (kc_get(cache, &key, ptx ? "ptx" : "cubin", &bin, &n) != EM_OK) bin = NULL;
-        if (bin && load_image(bin, src, k, out) != EM_OK) { /* stale or foreign: rebuild */
+        if (bin && load_image(d, bin, src, k, &key, out) != EM_OK) { /* stale or foreign: rebuild */
             em_clear_error();
             em_free(bin);
             bin = NULL;
@@ -215,11 +249,9 @@ static em_status fetch_or_compile(cuda_device *d, const cuda_src *src, const k_k
     em_status s = compile_for(d, src, k, &ptx, &bin, &n);
     if (s != EM_OK) return s;
     stats->compiled++;
-    if (cache) {
-        kc_key key = kernel_key(d, src->text, ptx);
-        if (kc_put(cache, &key, ptx ? "ptx" : "cubin", bin, n) != EM_OK) em_clear_error();
-    }
-    s = load_image(bin, src, k, out);
+    kc_key key = kernel_key(d, src->text, ptx);
+    if (cache && kc_put(cache, &key, ptx ? "ptx" : "cubin", bin, n) != EM_OK) em_clear_error();
+    s = load_image(d, bin, src, k, &key, out);
     em_free(bin);
     return s;
 }

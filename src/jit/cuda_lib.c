@@ -59,6 +59,7 @@ static void load_driver(void) {
               L(MemFree, cuMemFree) && L(MemcpyHtoDAsync, cuMemcpyHtoDAsync) &&
               L(MemcpyDtoHAsync, cuMemcpyDtoHAsync) && L(MemcpyDtoDAsync, cuMemcpyDtoDAsync) &&
               L(ModuleLoadData, cuModuleLoadData) && L(ModuleGetFunction, cuModuleGetFunction) &&
+              L(ModuleGetGlobal, cuModuleGetGlobal) &&
               L(ModuleUnload, cuModuleUnload) && L(LaunchKernel, cuLaunchKernel) &&
               L(GetErrorString, cuGetErrorString) && L(EventCreate, cuEventCreate) &&
               L(EventRecord, cuEventRecord) && L(EventSynchronize, cuEventSynchronize) &&

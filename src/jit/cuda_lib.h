@@ -49,6 +49,7 @@ typedef struct cu_api {
     __typeof__(&cuMemcpyDtoDAsync) MemcpyDtoDAsync;
     __typeof__(&cuModuleLoadData) ModuleLoadData;
     __typeof__(&cuModuleGetFunction) ModuleGetFunction;
+    __typeof__(&cuModuleGetGlobal) ModuleGetGlobal;
     __typeof__(&cuModuleUnload) ModuleUnload;
     __typeof__(&cuLaunchKernel) LaunchKernel;
     __typeof__(&cuGetErrorString) GetErrorString;

@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define PLAN_VERSION 1
+#define PLAN_VERSION 2 /* 2: the plan names its own key */
 
 bool jit_graph_key(const tr_graph *g, const char *backend, const char *target, kc_key *key) {
     char *text = tr_to_text(g);
@@ -34,7 +34,9 @@ char *jit_plan_format(const jit_plan *p, size_t *n) {
         em_error(EM_ERR_NOMEM, "plan: out of memory");
         return NULL;
     }
-    fprintf(f, "ember-plan %d\nsteps %d\n", PLAN_VERSION, p->nsteps);
+    char gk[KC_KEY_HEX_SIZE];
+    kc_key_hex(&p->key, gk);
+    fprintf(f, "ember-plan %d\ngraph %s\nsteps %d\n", PLAN_VERSION, gk, p->nsteps);
     for (int i = 0; i < p->nsteps; i++)
         fprintf(f, "%c %d\n", p->steps[i].kind == SC_KERNEL ? 'k' : 'e',
                 p->steps[i].kind == SC_KERNEL ? p->steps[i].group : p->steps[i].node);
@@ -93,9 +95,10 @@ static bool number(cursor *c, int lo, int hi, int *out) {
     return true;
 }
 
-static bool key_hex(cursor *c, kc_key *k) {
+/* 32 hex digits and the separator sep. */
+static bool key_hex(cursor *c, kc_key *k, char sep) {
     char hex[KC_KEY_HEX_SIZE];
-    if (c->end - c->p < 33 || c->p[32] != ' ') return false;
+    if (c->end - c->p < 33 || c->p[32] != sep) return false;
     memcpy(hex, c->p, 32);
     hex[32] = '\0';
     c->p += 33;
@@ -124,7 +127,7 @@ static bool parse_steps(cursor *c, const tr_graph *g, jit_plan *p) {
 
 static bool parse_kernel(cursor *c, const tr_graph *g, jit_plan_kernel *k) {
     /* 0 buffers: a dead group, never run */
-    if (!word(c, "kernel") || !key_hex(c, &k->key) || !number(c, 0, g->nnodes, &k->nbufs) ||
+    if (!word(c, "kernel") || !key_hex(c, &k->key, ' ') || !number(c, 0, g->nnodes, &k->nbufs) ||
         !number(c, k->nbufs ? 1 : 0, k->nbufs, &k->nouts))
         return false;
     k->bufs = em_malloc(sizeof(int) * (size_t)k->nbufs + 1);
@@ -137,12 +140,14 @@ static bool parse_kernel(cursor *c, const tr_graph *g, jit_plan_kernel *k) {
     return c->p[-1] == '\n';
 }
 
-bool jit_plan_parse(const char *text, size_t n, const tr_graph *g, jit_plan *out) {
+bool jit_plan_parse(const char *text, size_t n, const tr_graph *g, const kc_key *key,
+                    jit_plan *out) {
     memset(out, 0, sizeof *out);
     cursor c = {text, text + n};
     int version;
     bool ok = word(&c, "ember-plan") && number(&c, PLAN_VERSION, PLAN_VERSION, &version) &&
-              parse_steps(&c, g, out) && word(&c, "kernels") &&
+              word(&c, "graph") && key_hex(&c, &out->key, '\n') &&
+              kc_key_equal(&out->key, key) && parse_steps(&c, g, out) && word(&c, "kernels") &&
               number(&c, 0, g->nnodes, &out->nkernels);
     if (ok) {
         out->kernels = em_calloc((size_t)out->nkernels + 1, sizeof *out->kernels);

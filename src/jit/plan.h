@@ -7,7 +7,8 @@
  * backend's name and its target (compiler, code generator and options
  * versions).  The entry, of kind "plan", is text:
  *
- *   ember-plan 1
+ *   ember-plan 2
+ *   graph <32 hex: the plan's own graph-level key>
  *   steps 3
  *   e 4            run node 4 with its eager op
  *   k 0            run kernel 0
@@ -34,6 +35,7 @@ typedef struct jit_plan_kernel {
 } jit_plan_kernel;
 
 typedef struct jit_plan {
+    kc_key key;      /* the graph-level key it is filed under (in its text) */
     sc_step *steps;  /* in execution order */
     int nsteps;
     jit_plan_kernel *kernels;
@@ -44,9 +46,12 @@ typedef struct jit_plan {
 bool jit_graph_key(const tr_graph *g, const char *backend, const char *target, kc_key *key);
 /* The text of p (em_malloc'd; *n its length), or NULL. */
 char *jit_plan_format(const jit_plan *p, size_t *n);
-/* Parses a plan read for graph g; false (no error set) when the text is not
- * a valid plan of g. */
-bool jit_plan_parse(const char *text, size_t n, const tr_graph *g, jit_plan *out);
+/* Parses a plan read for graph g under key; false (no error set) when the
+ * text is not a valid plan of g, or names another key (an entry filed
+ * under the wrong key).  The backend still checks that the plan is the
+ * one it would make for g before it runs anything. */
+bool jit_plan_parse(const char *text, size_t n, const tr_graph *g, const kc_key *key,
+                    jit_plan *out);
 void jit_plan_clear(jit_plan *p);
 
 #endif
