@@ -206,18 +206,24 @@ static const char plan_graph[] =
     "  return (%5)\n"
     "}\n";
 
+/* The key every corpus plan names on its "graph" line: a plan is read
+ * under the key it was filed by, and one that names another is refused. */
+static const char plan_key[] = "00112233445566778899aabbccddeeff";
+
 static bool run_plan(const unsigned char *data, size_t n) {
     tr_graph *g = tr_parse_placeholders(plan_graph);
     CHECK(g != NULL, "the plan corpus's graph: %s", em_last_error());
+    kc_key key;
+    CHECK(kc_key_from_hex(plan_key, &key), "the plan corpus's key");
     char *text = exact(data, n);
     jit_plan p;
-    bool ok = jit_plan_parse(text, n, g, &p);
+    bool ok = jit_plan_parse(text, n, g, &key, &p);
     if (ok) { /* print -> parse -> print is a fixed point */
         size_t len = 0, len2 = 0;
         char *t1 = jit_plan_format(&p, &len);
         CHECK(t1 != NULL, "jit_plan_format: out of memory");
         jit_plan p2;
-        CHECK(jit_plan_parse(t1, len, g, &p2), "a printed plan does not parse back:\n%s", t1);
+        CHECK(jit_plan_parse(t1, len, g, &key, &p2), "a printed plan does not parse back:\n%s", t1);
         char *t2 = jit_plan_format(&p2, &len2);
         CHECK(t2 && len == len2 && !memcmp(t1, t2, len), "print -> parse -> print of a plan is "
               "not a fixed point:\n%s\n---\n%s", t1, t2 ? t2 : "(null)");
