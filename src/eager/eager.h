@@ -209,8 +209,14 @@ typedef struct em_context {
 
 em_context *em_ctx(void);
 
-/* Records a failure (printf-style message) and returns s. */
+/* Records a failure (printf-style message) and returns s.  The message is
+ * formatted into a temporary first, so the arguments may include
+ * em_last_error() itself. */
 em_status em_error(em_status s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Adds context to the pending error: its message becomes "<fmt...>: <old
+ * message>" and its status is kept and returned (EM_ERR_STATE, saying so,
+ * when no error is pending: a caller that adds context has failed). */
+em_status em_error_context(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* NULL input: keeps a pending error (the one that made the NULL) or sets
  * EM_ERR_NULL naming the function and argument. */
 em_status em_error_null(const char *fn, const char *arg);

@@ -335,7 +335,7 @@ static em_status copy_out(const em_tensor *t, void *buf, size_t nbytes, const ch
     em_dispatch_hook saved = em_begin_host_read(t, fn);
     em_status s = EM_OK;
     if (!t->storage && em_force(t) != EM_OK)
-        s = em_error(em_last_status(), "%s: %s", fn, em_last_error());
+        s = em_error_context("%s", fn);
     if (s == EM_OK && need > 0) {
         em_scope_begin();
         em_tensor *c = em_contiguous(t);

@@ -239,8 +239,7 @@ static em_status check_call(const em_compiled *f, em_tensor *const *in, const do
         /* a deferred input (lazy mode) is computed first, unless the call
          * itself is deferred (run inline under the thread's hook) */
         if (!in[i]->storage && !em_ctx()->hook.fn && em_force(in[i]) != EM_OK)
-            return em_error(em_last_status(), "em_call(%s): input %d (%s): %s", f->name, i,
-                            f->input_names[i], em_last_error());
+            return em_error_context("em_call(%s): input %d (%s)", f->name, i, f->input_names[i]);
     }
     return EM_OK;
 }
