@@ -220,6 +220,24 @@ START_TEST(test_arange_values) {
 }
 END_TEST
 
+/* arange into i32 past its range: the values, exact in i64, convert by
+ * the one rule (saturated), as em_cast of the i64 arange does (issue 21,
+ * item 2: they wrapped). */
+START_TEST(test_arange_saturates_i32) {
+    em_tensor *t = em_arange(0, 5e9, 1e9, EM_I32, em_cpu());
+    ck_assert_msg(t != NULL, "%s", em_last_error());
+    int32_t v[5];
+    ck_assert_int_eq(em_copy_to_host(t, v, sizeof v), EM_OK);
+    const int32_t want[5] = {0, 1000000000, 2000000000, INT32_MAX, INT32_MAX};
+    for (int i = 0; i < 5; i++) ck_assert_int_eq(v[i], want[i]);
+    t = em_arange(-1e9, -5e9, -1e9, EM_I32, em_cpu());
+    ck_assert_int_eq(em_copy_to_host(t, v, 4 * sizeof *v), EM_OK);
+    ck_assert_int_eq(v[1], -2000000000);
+    ck_assert_int_eq(v[2], INT32_MIN);
+    ck_assert_int_eq(v[3], INT32_MIN);
+}
+END_TEST
+
 START_TEST(test_arange_exact_int) {
     /* Integral start and step compute in int64: exact past 2^53. */
     em_tensor *t = em_arange(0x1p53, 0x1p53 + 4, 1, EM_I64, em_cpu());
@@ -569,6 +587,7 @@ static Suite *suite(void) {
     tcase_add_checked_fixture(tc, tu_setup, tu_teardown);
     tcase_add_test(tc, test_arange_values);
     tcase_add_test(tc, test_arange_exact_int);
+    tcase_add_test(tc, test_arange_saturates_i32);
     tcase_add_test(tc, test_arange_errors);
     suite_add_tcase(s, tc);
 

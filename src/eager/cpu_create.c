@@ -118,9 +118,12 @@ static void arange_range(void *vctx, int64_t begin, int64_t end) {
             int64_t *o = (int64_t *)a->data;
             for (int64_t i = begin; i < end; i++) o[i] = (int64_t)(s + (uint64_t)i * d);
         } else {
+            /* an i64 value converted to i32 by the conversion rule: saturated */
             int32_t *o = (int32_t *)a->data;
-            for (int64_t i = begin; i < end; i++)
-                o[i] = (int32_t)(uint32_t)(s + (uint64_t)i * d);
+            for (int64_t i = begin; i < end; i++) {
+                int64_t v = (int64_t)(s + (uint64_t)i * d);
+                o[i] = v > INT32_MAX ? INT32_MAX : v < INT32_MIN ? INT32_MIN : (int32_t)v;
+            }
         }
         return;
     }
