@@ -98,6 +98,54 @@ START_TEST(error_context_of_deferred_failures) {
 }
 END_TEST
 
+/* Shapes whose strides overflow int64 are refused even when they hold no
+ * element (issue 21, item 17: UBSan found signed overflow computing the
+ * strides of such a tensor); size sums of cat are checked too.  Under
+ * make check-asan the old code fails here with a UBSan report. */
+START_TEST(shape_overflow_is_an_error) {
+    const int64_t huge[3] = {0, (int64_t)1 << 40, (int64_t)1 << 40};
+    ck_assert_int_eq(em_shape_numel(3, huge), -1);
+    int64_t st[3];
+    em_contiguous_strides(3, huge, st); /* saturates: no UB for an unchecked shape */
+    ck_assert(st[2] == 1 && st[1] == (int64_t)1 << 40 && st[0] == INT64_MAX);
+    tu_check_fails(em_empty(3, huge, EM_F32, CPU), EM_ERR_OVERFLOW);
+    tu_check_fails(em_zeros(3, huge, EM_I64, CPU), EM_ERR_OVERFLOW);
+    em_tensor *e = em_empty(2, TU_SIZES(0, 4), EM_F32, CPU);
+    tu_check_fails(em_reshape(e, 3, huge), EM_ERR_SHAPE);
+    const int64_t big[2] = {(int64_t)1 << 62, 0}; /* empty, strides fit */
+    em_tensor *b = em_empty(2, big, EM_F32, CPU);
+    ck_assert_ptr_nonnull(b);
+    tu_check_fails(em_cat(3, (em_tensor *[]){b, b, b}, 0), EM_ERR_OVERFLOW);
+    /* the largest valid empty shape still works */
+    const int64_t ok[3] = {0, (int64_t)1 << 31, (int64_t)1 << 31};
+    ck_assert_ptr_nonnull(em_empty(3, ok, EM_F32, CPU));
+}
+END_TEST
+
+/* An em_compile without watched slots (watch NULL, nwatch 0) and a graph
+ * without steps or constants: UBSan reported NULL passed to memcpy and
+ * memcmp with a count of 0 (compile.c, backend_cpu.c, dynamic.c). */
+static em_status twice_fn(void *ctx, em_tensor *const *in, const double *sc, em_tensor **out) {
+    (void)ctx, (void)sc;
+    out[0] = em_add(in[0], in[0]);
+    return out[0] ? EM_OK : em_last_status();
+}
+
+START_TEST(compile_with_empty_arrays) {
+    em_compile_options o = {.ninputs = 1, .noutputs = 1, .backend = "cpu"};
+    em_compiled *f = em_compile(twice_fn, NULL, &o);
+    ck_assert_ptr_nonnull(f);
+    for (int64_t n = 2; n <= 4; n++) { /* a second size makes a dynamic entry */
+        em_tensor *in[1] = {em_ones(1, &n, EM_F32, CPU)}, *out[1];
+        ck_assert_msg(em_call(f, in, NULL, out) == EM_OK, "%s", em_last_error());
+        double v;
+        ck_assert_int_eq(em_item(em_slice(out[0], 0, 0, 1, 1), &v), EM_OK);
+        ck_assert(v == 2.0);
+    }
+    em_compiled_free(f);
+}
+END_TEST
+
 START_TEST(status_names) {
     ck_assert_str_eq(em_status_name(EM_OK), "EM_OK");
     ck_assert_str_eq(em_status_name(EM_ERR_INDEX), "EM_ERR_INDEX");
@@ -569,6 +617,8 @@ static Suite *suite(void) {
     tcase_add_test(tc, status_names);
     tcase_add_test(tc, error_context_prepends_safely);
     tcase_add_test(tc, error_context_of_deferred_failures);
+    tcase_add_test(tc, shape_overflow_is_an_error);
+    tcase_add_test(tc, compile_with_empty_arrays);
     tcase_add_test(tc, creation_errors);
     suite_add_tcase(s, tc);
     tc = tcase_create("tensors");

@@ -276,6 +276,17 @@ const char *em_device_name(em_device d, char *buf, size_t n);
 /* "[2, 3, 4]" into buf. */
 const char *em_shape_str(int ndim, const int64_t *sizes, char *buf, size_t n);
 
+/* ---- Byte copies that accept an empty range ----
+ * memcpy, memcmp and memset take pointers that must be valid even for
+ * n == 0 (C11 7.24.1): an empty array is often NULL here (no steps, no
+ * watched slots, no constants), which UBSan reports.  These skip n == 0. */
+static inline void em_copy_bytes(void *dst, const void *src, size_t n) {
+    if (n) __builtin_memcpy(dst, src, n);
+}
+static inline bool em_same_bytes(const void *a, const void *b, size_t n) {
+    return n == 0 || __builtin_memcmp(a, b, n) == 0;
+}
+
 /* ---- Conversion of values to integer dtypes: Ember's one rule ----
  * A float becomes an integer by truncation toward zero, saturated to the
  * integer's range, with NaN -> 0 (em_cast's documented rule; C leaves an

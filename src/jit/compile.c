@@ -177,7 +177,7 @@ em_compiled *em_compile(em_fn fn, void *ctx, const em_compile_options *opts) {
     }
     if (ok) {
         f->nwatch = opts->nwatch;
-        memcpy(f->watch, opts->watch, sizeof *f->watch * (size_t)opts->nwatch);
+        em_copy_bytes(f->watch, opts->watch, sizeof *f->watch * (size_t)opts->nwatch);
         ok = pthread_mutex_init(&f->lock, NULL) == 0;
     }
     if (!ok) {
