@@ -235,6 +235,15 @@ START_TEST(test_arange_saturates_i32) {
     ck_assert_int_eq(v[1], -2000000000);
     ck_assert_int_eq(v[2], INT32_MIN);
     ck_assert_int_eq(v[3], INT32_MIN);
+    /* and i64 past its range */
+    int64_t w[4];
+    t = em_arange(0, 2e19, 5e18, EM_I64, em_cpu());
+    ck_assert_int_eq(em_copy_to_host(t, w, sizeof w), EM_OK);
+    ck_assert(w[0] == 0 && w[1] == 5000000000000000000 && w[2] == INT64_MAX && w[3] == INT64_MAX);
+    t = em_arange(-5e18, -2.5e19, -5e18, EM_I64, em_cpu());
+    ck_assert_int_eq(em_copy_to_host(t, w, sizeof w), EM_OK);
+    ck_assert(w[0] == -5000000000000000000 && w[1] == INT64_MIN && w[2] == INT64_MIN &&
+              w[3] == INT64_MIN);
 }
 END_TEST
 

@@ -109,19 +109,26 @@ typedef struct arange_ctx {
     int64_t istart, istep;
 } arange_ctx;
 
+/* Element i of an exact arange, start + i * step in exact integers, past
+ * int64's range saturated by the conversion rule (the value is exact, so
+ * only its direction, that of step, matters then). */
+static int64_t arange_exact(const arange_ctx *a, int64_t i) {
+    int64_t v;
+    if (__builtin_mul_overflow(i, a->istep, &v) || __builtin_add_overflow(v, a->istart, &v))
+        return a->istep > 0 ? INT64_MAX : INT64_MIN;
+    return v;
+}
+
 static void arange_range(void *vctx, int64_t begin, int64_t end) {
     const arange_ctx *a = vctx;
     if (a->exact) {
-        /* Wrapping unsigned arithmetic: no UB even for absurd attributes. */
-        uint64_t s = (uint64_t)a->istart, d = (uint64_t)a->istep;
         if (a->dtype == EM_I64) {
             int64_t *o = (int64_t *)a->data;
-            for (int64_t i = begin; i < end; i++) o[i] = (int64_t)(s + (uint64_t)i * d);
-        } else {
-            /* an i64 value converted to i32 by the conversion rule: saturated */
+            for (int64_t i = begin; i < end; i++) o[i] = arange_exact(a, i);
+        } else { /* to i32 by the conversion rule: saturated */
             int32_t *o = (int32_t *)a->data;
             for (int64_t i = begin; i < end; i++) {
-                int64_t v = (int64_t)(s + (uint64_t)i * d);
+                int64_t v = arange_exact(a, i);
                 o[i] = v > INT32_MAX ? INT32_MAX : v < INT32_MIN ? INT32_MIN : (int32_t)v;
             }
         }
