@@ -42,6 +42,110 @@ START_TEST(error_null_names_argument) {
 }
 END_TEST
 
+/* Context added to an error keeps the old message whole (issue 21, item
+ * 13: copy_out formatted em_last_error() into the buffer it read from,
+ * giving "em_copy_to_host: em_copy_to_host: ex 5 is out of range..."). */
+START_TEST(error_context_prepends_safely) {
+    em_error(EM_ERR_INDEX, "index %d is out of range for dim %d of size %d", 5, 1, 3);
+    ck_assert_int_eq(em_error_context("em_copy_to_host"), EM_ERR_INDEX);
+    ck_assert_str_eq(em_last_error(), "em_copy_to_host: index 5 is out of range for dim 1 of size 3");
+    ck_assert_int_eq(em_error_context("outer %d", 2), EM_ERR_INDEX);
+    ck_assert_str_eq(em_last_error(),
+                     "outer 2: em_copy_to_host: index 5 is out of range for dim 1 of size 3");
+    /* em_error itself may be given the pending message */
+    ck_assert_int_eq(em_error(EM_ERR_IO, "again: %s", em_last_error()), EM_ERR_IO);
+    ck_assert_str_eq(em_last_error(),
+                     "again: outer 2: em_copy_to_host: index 5 is out of range for dim 1 of size 3");
+    /* a message that fills the buffer is cut, never overrun */
+    char big[2048];
+    memset(big, 'x', sizeof big - 1);
+    big[sizeof big - 1] = '\0';
+    em_error(EM_ERR_ARG, "%s", big);
+    ck_assert_int_eq(em_error_context("ctx"), EM_ERR_ARG);
+    ck_assert(strncmp(em_last_error(), "ctx: xxx", 8) == 0);
+    /* no pending error: the caller still failed, and says so */
+    em_clear_error();
+    ck_assert_int_eq(em_error_context("step"), EM_ERR_STATE);
+    ck_assert(strncmp(em_last_error(), "step: ", 6) == 0);
+    em_clear_error();
+}
+END_TEST
+
+/* The same through the library: a lazy index_select with a bad index fails
+ * when its value is read (em_copy_to_host) or used by an eager op. */
+START_TEST(error_context_of_deferred_failures) {
+    ck_assert_int_eq(em_lazy_begin(), EM_OK);
+    em_tensor *x = em_ones(2, TU_SIZES(2, 3), EM_F32, CPU);
+    int64_t bad = 5;
+    em_tensor *idx = em_from_data(&bad, EM_I64, 1, TU_SIZES(1), CPU);
+    em_tensor *y = em_index_select(x, 1, idx);
+    ck_assert_ptr_nonnull(y);
+    float buf[2];
+    em_clear_error();
+    ck_assert_int_eq(em_copy_to_host(y, buf, sizeof buf), EM_ERR_INDEX);
+    const char *m = em_last_error();
+    ck_assert_msg(strncmp(m, "em_copy_to_host: ", 17) == 0 && !strstr(m + 1, "em_copy_to_host") &&
+                      strstr(m, "index 5 is out of range for dim 1 of size 3"),
+                  "message: %s", m);
+    em_tensor *z = em_index_select(x, 1, idx);
+    ck_assert_int_eq(em_lazy_end(), EM_OK);
+    em_clear_error();
+    ck_assert_ptr_null(em_exp(z));
+    m = em_last_error();
+    ck_assert_msg(strstr(m, "exp: input 0: ") == m && strstr(m, "index 5 is out of range"),
+                  "message: %s", m);
+    em_clear_error();
+}
+END_TEST
+
+/* Shapes whose strides overflow int64 are refused even when they hold no
+ * element (issue 21, item 17: UBSan found signed overflow computing the
+ * strides of such a tensor); size sums of cat are checked too.  Under
+ * make check-asan the old code fails here with a UBSan report. */
+START_TEST(shape_overflow_is_an_error) {
+    const int64_t huge[3] = {0, (int64_t)1 << 40, (int64_t)1 << 40};
+    ck_assert_int_eq(em_shape_numel(3, huge), -1);
+    int64_t st[3];
+    em_contiguous_strides(3, huge, st); /* saturates: no UB for an unchecked shape */
+    ck_assert(st[2] == 1 && st[1] == (int64_t)1 << 40 && st[0] == INT64_MAX);
+    tu_check_fails(em_empty(3, huge, EM_F32, CPU), EM_ERR_OVERFLOW);
+    tu_check_fails(em_zeros(3, huge, EM_I64, CPU), EM_ERR_OVERFLOW);
+    em_tensor *e = em_empty(2, TU_SIZES(0, 4), EM_F32, CPU);
+    tu_check_fails(em_reshape(e, 3, huge), EM_ERR_SHAPE);
+    const int64_t big[2] = {(int64_t)1 << 62, 0}; /* empty, strides fit */
+    em_tensor *b = em_empty(2, big, EM_F32, CPU);
+    ck_assert_ptr_nonnull(b);
+    tu_check_fails(em_cat(3, (em_tensor *[]){b, b, b}, 0), EM_ERR_OVERFLOW);
+    /* the largest valid empty shape still works */
+    const int64_t ok[3] = {0, (int64_t)1 << 31, (int64_t)1 << 31};
+    ck_assert_ptr_nonnull(em_empty(3, ok, EM_F32, CPU));
+}
+END_TEST
+
+/* An em_compile without watched slots (watch NULL, nwatch 0) and a graph
+ * without steps or constants: UBSan reported NULL passed to memcpy and
+ * memcmp with a count of 0 (compile.c, backend_cpu.c, dynamic.c). */
+static em_status twice_fn(void *ctx, em_tensor *const *in, const double *sc, em_tensor **out) {
+    (void)ctx, (void)sc;
+    out[0] = em_add(in[0], in[0]);
+    return out[0] ? EM_OK : em_last_status();
+}
+
+START_TEST(compile_with_empty_arrays) {
+    em_compile_options o = {.ninputs = 1, .noutputs = 1, .backend = "cpu"};
+    em_compiled *f = em_compile(twice_fn, NULL, &o);
+    ck_assert_ptr_nonnull(f);
+    for (int64_t n = 2; n <= 4; n++) { /* a second size makes a dynamic entry */
+        em_tensor *in[1] = {em_ones(1, &n, EM_F32, CPU)}, *out[1];
+        ck_assert_msg(em_call(f, in, NULL, out) == EM_OK, "%s", em_last_error());
+        double v;
+        ck_assert_int_eq(em_item(em_slice(out[0], 0, 0, 1, 1), &v), EM_OK);
+        ck_assert(v == 2.0);
+    }
+    em_compiled_free(f);
+}
+END_TEST
+
 START_TEST(status_names) {
     ck_assert_str_eq(em_status_name(EM_OK), "EM_OK");
     ck_assert_str_eq(em_status_name(EM_ERR_INDEX), "EM_ERR_INDEX");
@@ -511,6 +615,10 @@ static Suite *suite(void) {
     tcase_add_test(tc, error_chain_keeps_first_error);
     tcase_add_test(tc, error_null_names_argument);
     tcase_add_test(tc, status_names);
+    tcase_add_test(tc, error_context_prepends_safely);
+    tcase_add_test(tc, error_context_of_deferred_failures);
+    tcase_add_test(tc, shape_overflow_is_an_error);
+    tcase_add_test(tc, compile_with_empty_arrays);
     tcase_add_test(tc, creation_errors);
     suite_add_tcase(s, tc);
     tc = tcase_create("tensors");

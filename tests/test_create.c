@@ -220,6 +220,33 @@ START_TEST(test_arange_values) {
 }
 END_TEST
 
+/* arange into i32 past its range: the values, exact in i64, convert by
+ * the one rule (saturated), as em_cast of the i64 arange does (issue 21,
+ * item 2: they wrapped). */
+START_TEST(test_arange_saturates_i32) {
+    em_tensor *t = em_arange(0, 5e9, 1e9, EM_I32, em_cpu());
+    ck_assert_msg(t != NULL, "%s", em_last_error());
+    int32_t v[5];
+    ck_assert_int_eq(em_copy_to_host(t, v, sizeof v), EM_OK);
+    const int32_t want[5] = {0, 1000000000, 2000000000, INT32_MAX, INT32_MAX};
+    for (int i = 0; i < 5; i++) ck_assert_int_eq(v[i], want[i]);
+    t = em_arange(-1e9, -5e9, -1e9, EM_I32, em_cpu());
+    ck_assert_int_eq(em_copy_to_host(t, v, 4 * sizeof *v), EM_OK);
+    ck_assert_int_eq(v[1], -2000000000);
+    ck_assert_int_eq(v[2], INT32_MIN);
+    ck_assert_int_eq(v[3], INT32_MIN);
+    /* and i64 past its range */
+    int64_t w[4];
+    t = em_arange(0, 2e19, 5e18, EM_I64, em_cpu());
+    ck_assert_int_eq(em_copy_to_host(t, w, sizeof w), EM_OK);
+    ck_assert(w[0] == 0 && w[1] == 5000000000000000000 && w[2] == INT64_MAX && w[3] == INT64_MAX);
+    t = em_arange(-5e18, -2.5e19, -5e18, EM_I64, em_cpu());
+    ck_assert_int_eq(em_copy_to_host(t, w, sizeof w), EM_OK);
+    ck_assert(w[0] == -5000000000000000000 && w[1] == INT64_MIN && w[2] == INT64_MIN &&
+              w[3] == INT64_MIN);
+}
+END_TEST
+
 START_TEST(test_arange_exact_int) {
     /* Integral start and step compute in int64: exact past 2^53. */
     em_tensor *t = em_arange(0x1p53, 0x1p53 + 4, 1, EM_I64, em_cpu());
@@ -319,8 +346,12 @@ START_TEST(test_creation_errors) {
     tu_check_fails(em_ones(2, max2, EM_BOOL, cpu), EM_ERR_OVERFLOW);
     tu_check_fails(em_from_data(v, EM_F32, 2, big2, cpu), EM_ERR_OVERFLOW);
     tu_check_fails(em_full(2, big2, 1, EM_I32, cpu), EM_ERR_OVERFLOW);
-    /* A size-0 dim makes any other size harmless. */
-    em_tensor *z = em_empty(3, TU_SIZES(0, (int64_t)1 << 40, (int64_t)1 << 40), EM_F32, cpu);
+    /* A size-0 dim does not make other sizes harmless: the contiguous
+     * strides of [0, 2^40, 2^40] overflow int64 (issue 21, item 17); the
+     * largest shapes whose strides fit still work. */
+    tu_check_fails(em_empty(3, TU_SIZES(0, (int64_t)1 << 40, (int64_t)1 << 40), EM_F32, cpu),
+                   EM_ERR_OVERFLOW);
+    em_tensor *z = em_empty(3, TU_SIZES(0, (int64_t)1 << 40, (int64_t)1 << 22), EM_F32, cpu);
     ck_assert_msg(z && em_numel(z) == 0, "%s", em_last_error());
     for (int d = 0; d < 7; d++) {
         tu_check_fails(em_empty(2, TU_SIZES(3, -2), all_dtypes[d], cpu), EM_ERR_ARG);
@@ -569,6 +600,7 @@ static Suite *suite(void) {
     tcase_add_checked_fixture(tc, tu_setup, tu_teardown);
     tcase_add_test(tc, test_arange_values);
     tcase_add_test(tc, test_arange_exact_int);
+    tcase_add_test(tc, test_arange_saturates_i32);
     tcase_add_test(tc, test_arange_errors);
     suite_add_tcase(s, tc);
 

@@ -137,7 +137,51 @@ START_TEST(every_alu_op) {
         ck_assert(compile_all(everything, 2, in, 1, NULL) != 0);
     }
     em_tensor *x[1] = {tu_random(3, 2, TU_SIZES(5, 9), EM_F32, 10)};
-    ck_assert(compile_all(integers, 1, x, 3, "__double2int_rz") != 0);
+    ck_assert(compile_all(integers, 1, x, 3, "= (int)v") != 0);
+}
+END_TEST
+
+/* Float-to-integer casts (issue 21, item 2): the kernel IR carries the
+ * saturation (kir_convert), so the CUDA text holds the same compares and
+ * selects as the CPU's code, around a plain in-range conversion: no
+ * __double2int_rz of its own. */
+static em_status to_i64(void *c, em_tensor *const *in, const double *s, em_tensor **out) {
+    (void)c, (void)s;
+    out[0] = em_cast(in[0], EM_I64);
+    return out[0] ? EM_OK : em_last_status();
+}
+
+START_TEST(float_to_int_saturates_in_the_ir) {
+    em_tensor *x[1] = {tu_random(3, 2, TU_SIZES(5, 9), EM_F32, 10)};
+    ck_assert(compile_all(integers, 1, x, 3, "__int_as_float(0x4f000000)") != 0);  /* 2^31 */
+    ck_assert(compile_all(integers, 1, x, 3, "__int_as_float(0xcf000000)") != 0);  /* -2^31 */
+    ck_assert(compile_all(integers, 1, x, 3, "((int)0x7fffffffu)") != 0);          /* INT32_MAX */
+    em_tensor *d[1] = {tu_random(4, 1, TU_SIZES(37), EM_F64, 1e19)};
+    ck_assert(compile_all(to_i64, 1, d, 1, "__longlong_as_double(0x43e0000000000000ll)") != 0);
+    ck_assert(compile_all(to_i64, 1, d, 1, "((long long)0x7fffffffffffffffull)") != 0);
+    ck_assert(compile_all(to_i64, 1, d, 1, "= (long long)v") != 0);
+    /* the same steps in the kernel IR itself */
+    k_kernel *k = kir_new("k0");
+    int in = kir_buf(k, EM_F32), out = kir_buf(k, EM_I32);
+    int r = kir_range(k, kir_const_i(k, EM_I64, 5), K_PARALLEL);
+    kir_store(k, out, r, kir_convert(k, kir_load(k, in, r), EM_I32));
+    kir_end(k);
+    ck_assert_int_eq(kir_verify(k), EM_OK);
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    ck_assert_int_eq(kir_print(k, f), EM_OK);
+    fclose(f);
+    ck_assert_msg(strstr(text, "const f32 2147483648") && strstr(text, "lt bool") &&
+                      strstr(text, "max f32") && strstr(text, "cast i32") && strstr(text, "ge bool") &&
+                      strstr(text, "const i32 2147483647"),
+                  "%s", text);
+    free(text);
+    cuda_src src;
+    ck_assert_int_eq(cuda_emit(k, &src), EM_OK);
+    ck_assert(strstr(src.text, "__double2int") == NULL);
+    cuda_src_free(&src);
+    kir_free(k);
 }
 END_TEST
 
@@ -371,6 +415,7 @@ int main(void) {
         {"pointwise_is_flat", pointwise_is_flat}, {"softmax_is_rows", softmax_is_rows},
         {"layernorm_compiles", layernorm_compiles}, {"every_alu_op", every_alu_op},
         {"golden_text", golden_text}, {"errors", errors},
+        {"float_to_int_saturates_in_the_ir", float_to_int_saturates_in_the_ir},
         {"no_gpu_is_an_error", no_gpu_is_an_error}, {"gather_kernel", gather_kernel},
 #ifdef EMBER_HAVE_CUDA
         {"kernel_table", kernel_table},

@@ -64,6 +64,64 @@ START_TEST(softmax_non_contiguous_and_edge_sizes) {
 }
 END_TEST
 
+/* softmax / log_softmax over a dim of size 0: an empty result of the
+ * input's sizes, as torch gives (issue 21, item 18: amax failed), eagerly,
+ * compiled and in lazy mode; a size-0 dim beside the reduced one too. */
+typedef struct sm_case {
+    int dim, log_form;
+} sm_case;
+static em_status sm_fn(void *ctx, em_tensor *const *in, const double *sc, em_tensor **out) {
+    (void)sc;
+    const sm_case *c = ctx;
+    out[0] = c->log_form ? em_log_softmax(in[0], c->dim) : em_softmax(in[0], c->dim);
+    return out[0] ? EM_OK : em_last_status();
+}
+
+static void check_empty_softmax(int mode, em_tensor *x, int dim, int log_form) {
+    sm_case c = {dim, log_form};
+    em_tensor *in[1] = {x}, *out[1] = {NULL};
+    em_clear_error();
+    if (mode == 0) {
+        ck_assert_msg(sm_fn(&c, in, NULL, out) == EM_OK, "eager: %s", em_last_error());
+    } else if (mode == 1) {
+        em_compile_options o = {.ninputs = 1, .noutputs = 1, .name = "sm", .backend = "cpu"};
+        em_compiled *f = em_compile(sm_fn, &c, &o);
+        ck_assert_ptr_nonnull(f);
+        for (int call = 0; call < 2; call++) /* the trace, then the entry */
+            ck_assert_msg(em_call(f, in, NULL, out) == EM_OK, "compiled: %s", em_last_error());
+        em_compiled_free(f);
+    } else {
+        ck_assert_int_eq(em_lazy_begin(), EM_OK);
+        em_status s = sm_fn(&c, in, NULL, out);
+        ck_assert_int_eq(em_lazy_end(), EM_OK);
+        ck_assert_msg(s == EM_OK && em_sync() == EM_OK, "lazy: %s", em_last_error());
+    }
+    ck_assert_int_eq(em_ndim(out[0]), em_ndim(x));
+    for (int i = 0; i < em_ndim(x); i++) ck_assert_int_eq(em_size(out[0], i), em_size(x, i));
+    ck_assert_int_eq(em_numel(out[0]), 0);
+    ck_assert_int_eq(em_dtype_of(out[0]), em_dtype_is_float(em_dtype_of(x)) ? em_dtype_of(x) : EM_F32);
+    float none[1];
+    ck_assert_int_eq(em_copy_to_host(out[0], none, 0), EM_OK);
+}
+
+START_TEST(softmax_over_empty_dims) {
+    int mode = _i;
+    for (int log_form = 0; log_form < 2; log_form++) {
+        check_empty_softmax(mode, em_zeros(2, TU_SIZES(3, 0), EM_F32, CPU), 1, log_form);
+        check_empty_softmax(mode, em_zeros(2, TU_SIZES(3, 0), EM_F32, CPU), -1, log_form);
+        check_empty_softmax(mode, em_zeros(1, TU_SIZES(0), EM_F64, CPU), 0, log_form);
+        check_empty_softmax(mode, em_zeros(3, TU_SIZES(2, 0, 4), EM_F32, CPU), 1, log_form);
+        check_empty_softmax(mode, em_zeros(3, TU_SIZES(2, 0, 4), EM_F32, CPU), 2, log_form);
+        check_empty_softmax(mode, em_zeros(2, TU_SIZES(0, 5), EM_I32, CPU), 0, log_form);
+        /* non-contiguous: a transposed [0, 3] */
+        check_empty_softmax(mode, em_transpose(em_zeros(2, TU_SIZES(3, 0), EM_F32, CPU), 0, 1), 0,
+                            log_form);
+    }
+    /* a non-empty softmax still compiles and runs after the empty ones */
+    if (mode == 1) check_softmax(tu_random(5, 2, TU_SIZES(2, 3), EM_F32, 1), 1, 0, EM_F32);
+}
+END_TEST
+
 START_TEST(softmax_extreme_values) {
     /* large logits must not overflow; -inf entries get probability 0 */
     const double v[8] = {1000, 999, 998, -1000, -INFINITY, 0, 88.5, -INFINITY};
@@ -171,6 +229,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, softmax_extreme_values);
     tcase_add_test(tc, softmax_integer_input_computes_in_f32);
     tcase_add_test(tc, softmax_errors);
+    tcase_add_loop_test(tc, softmax_over_empty_dims, 0, 3);
     suite_add_tcase(s, tc);
     tc = tcase_create("layer_norm");
     tcase_add_checked_fixture(tc, tu_setup, tu_teardown);

@@ -142,7 +142,7 @@ static k_kernel *build_pointwise(void) {
     int lt = kir_alu(k, KA_LT, x, y, -1);
     kir_store(k, o[PW_WHERE], i, kir_alu(k, KA_WHERE, lt, x, kir_alu(k, KA_MUL, y, hundred, -1)));
     kir_store(k, o[PW_GE], i, kir_alu(k, KA_GE, x, y, -1));
-    kir_store(k, o[PW_F2I], i, kir_cast(k, kir_alu(k, KA_MUL, x, hundred, -1), EM_I32));
+    kir_store(k, o[PW_F2I], i, kir_convert(k, kir_alu(k, KA_MUL, x, hundred, -1), EM_I32));
     kir_store(k, o[PW_F2D], i, kir_cast(k, x, EM_F64));
     kir_store(k, o[PW_B2F], i, kir_cast(k, lt, EM_F32));
     kir_store(k, o[PW_IARITH], i, kir_alu(k, KA_ADD, v, kir_alu(k, KA_MUL, v, three, -1), -1));
@@ -150,7 +150,7 @@ static k_kernel *build_pointwise(void) {
     kir_store(k, o[PW_F2B], i, kir_cast(k, x, EM_BOOL));
     kir_store(k, o[PW_I2L], i, kir_alu(k, KA_MUL, kir_cast(k, v, EM_I64), three64, -1));
     int big = kir_const_f(k, EM_F32, 1e18);
-    kir_store(k, o[PW_F2L], i, kir_cast(k, kir_alu(k, KA_MUL, x, big, -1), EM_I64));
+    kir_store(k, o[PW_F2L], i, kir_convert(k, kir_alu(k, KA_MUL, x, big, -1), EM_I64));
     kir_end(k);
     ck_assert_int_eq(kir_verify(k), EM_OK);
     return k;

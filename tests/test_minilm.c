@@ -456,6 +456,45 @@ START_TEST(test_model_load_errors) {
 }
 END_TEST
 
+/* The demo prints sentences cut at 60 characters: whole UTF-8 characters
+ * are kept (issue 21, item 19: `%.60s` cut "é" and CJK characters in
+ * half), and the count is of characters, not bytes. */
+START_TEST(test_utf8_prefix_keeps_whole_characters) {
+    bool more = true;
+    ck_assert_uint_eq(mu_utf8_prefix("", 60, &more), 0);
+    ck_assert(!more);
+    ck_assert_uint_eq(mu_utf8_prefix("abc", 60, &more), 3);
+    ck_assert(!more);
+    ck_assert_uint_eq(mu_utf8_prefix("abc", 2, &more), 2);
+    ck_assert(more);
+    /* 59 ASCII bytes then "é" (2 bytes): 60 characters are 61 bytes */
+    char s[128];
+    memset(s, 'a', 59);
+    strcpy(s + 59, "\xc3\xa9xyz");
+    ck_assert_uint_eq(mu_utf8_prefix(s, 60, &more), 61);
+    ck_assert(more);
+    /* 30 CJK characters (3 bytes each) fit in 60 characters: all 90 bytes */
+    char cjk[128] = "";
+    for (int i = 0; i < 30; i++) strcat(cjk, "\xe4\xb8\xad");
+    ck_assert_uint_eq(mu_utf8_prefix(cjk, 60, &more), 90);
+    ck_assert(!more);
+    /* every prefix ends at a character boundary: never before a continuation byte */
+    const char *mixed = "\xf0\x9f\x98\x80 caf\xc3\xa9 \xe4\xb8\xad\xe6\x96\x87";
+    for (size_t k = 0; k < 12; k++) {
+        size_t n = mu_utf8_prefix(mixed, k, NULL);
+        ck_assert_uint_le(n, strlen(mixed));
+        ck_assert((mixed[n] & 0xC0) != 0x80);
+    }
+    ck_assert_uint_eq(mu_utf8_prefix(mixed, 1, NULL), 4); /* the emoji whole */
+    /* a malformed byte counts as one character and is not run past */
+    ck_assert_uint_eq(mu_utf8_prefix("\xff\xfe" "ab", 3, &more), 3);
+    ck_assert(more);
+    /* a sequence truncated by the end of the string */
+    ck_assert_uint_eq(mu_utf8_prefix("a\xe4\xb8", 5, &more), 3);
+    ck_assert(!more);
+}
+END_TEST
+
 static Suite *files_suite(void) {
     const tu_test tests[] = {
         {"safetensors_reads_tensors", test_safetensors_reads_tensors},
@@ -465,6 +504,7 @@ static Suite *files_suite(void) {
         {"model_load_errors", test_model_load_errors},
         {"parse_device", test_parse_device},
         {"model_load_bad_device", test_model_load_bad_device},
+        {"utf8_prefix_keeps_whole_characters", test_utf8_prefix_keeps_whole_characters},
     };
     return tu_suite("minilm_files", tests, sizeof tests / sizeof tests[0], 60);
 }

@@ -1192,6 +1192,270 @@ START_TEST(test_contiguous_tiled) {
 }
 END_TEST
 
+/* ---- Conversions to integers: one rule in every mode (issue 21, item 2) ----
+ * A float becomes an integer truncated, saturated, NaN -> 0 (bool: v != 0);
+ * an integer tensor's scalar operand that its dtype does not hold exactly
+ * (fractional, NaN, inf, out of range) computes in f32.  Eager, em_compile
+ * (fused kernels from libgccjit) and lazy mode must agree with the
+ * reference below, computed independently of Ember. */
+
+enum { MODE_EAGER, MODE_COMPILED, MODE_LAZY, N_MODES };
+static const char *const mode_names[N_MODES] = {"eager", "compiled", "lazy"};
+
+/* Values that probe the rule: specials, both sides of each boundary. */
+static const double conv_values[] = {
+    NAN, INFINITY, -INFINITY, 1e20, -1e20, 0.0, -0.0, 0.75, -0.75, 1.5, -2.5,
+    2147483647.0, 2147483647.5, 2147483648.0, 2147483649.0, 3e9, 4294967296.0,
+    -2147483648.0, -2147483648.5, -2147483649.0, -3e9,
+    9223372036854774784.0, 9223372036854775808.0, -9223372036854775808.0, -9223372036854777856.0,
+};
+#define N_CONV (int)(sizeof conv_values / sizeof conv_values[0])
+
+/* Plain double arithmetic (valgrind runs long double as double): the
+ * integer bounds compared as the doubles next to them. */
+static int64_t ref_to_int(double v, em_dtype d) {
+    if (d == EM_BOOL) return v != 0; /* NaN != 0 */
+    if (v != v) return 0;
+    double t = trunc(v);
+    if (d == EM_I32) return t > 2147483647.0 ? INT32_MAX : t < -2147483648.0 ? INT32_MIN : (int64_t)t;
+    /* 2^63 is the first double above INT64_MAX */
+    return t >= 9223372036854775808.0 ? INT64_MAX : t < -9223372036854775808.0 ? INT64_MIN : (int64_t)t;
+}
+
+/* Element i of t (any strides) as int64 (integer dtypes) or double. */
+typedef struct conv_val {
+    int64_t i;
+    double f;
+} conv_val;
+static conv_val *read_vals(const em_tensor *t) {
+    int64_t n = em_numel(t);
+    size_t es = em_dtype_size(em_dtype_of(t));
+    unsigned char *raw = malloc((size_t)(n ? n : 1) * es);
+    conv_val *v = calloc((size_t)(n ? n : 1), sizeof *v);
+    ck_assert_int_eq(em_copy_to_host(t, raw, (size_t)n * es), EM_OK);
+    for (int64_t k = 0; k < n; k++) {
+        const unsigned char *p = raw + (size_t)k * es;
+        switch (em_dtype_of(t)) {
+        case EM_I32: { int32_t x; memcpy(&x, p, 4); v[k].i = x; break; }
+        case EM_I64: memcpy(&v[k].i, p, 8); break;
+        case EM_BOOL: v[k].i = p[0]; break;
+        default: v[k].f = decode(p, em_dtype_of(t)); break;
+        }
+    }
+    free(raw);
+    return v;
+}
+
+/* The layouts every check runs on: x is [n] (contiguous) and its values
+ * seen through a transpose, a step-2 slice, a broadcast, size 0, size 1.
+ * vals[k] gets the index (into x's values) of element k of the layout. */
+enum { LAY_CONTIG, LAY_TRANSPOSED, LAY_STRIDED, LAY_BROADCAST, LAY_EMPTY, LAY_ONE, N_LAYOUTS };
+static em_tensor *layout(em_tensor *x, int lay, int *idx) {
+    int64_t n = em_size(x, 0);
+    switch (lay) {
+    case LAY_CONTIG:
+        for (int64_t k = 0; k < n; k++) idx[k] = (int)k;
+        return x;
+    case LAY_TRANSPOSED: { /* [n, 2] view of a [2, n] tensor: x and x again */
+        em_tensor *two = em_cat(2, (em_tensor *[]){em_unsqueeze(x, 0), em_unsqueeze(x, 0)}, 0);
+        for (int64_t k = 0; k < 2 * n; k++) idx[k] = (int)(k / 2);
+        return em_transpose(two, 0, 1);
+    }
+    case LAY_STRIDED: { /* every other element of [x, x] interleaved */
+        em_tensor *two = em_reshape(em_cat(2, (em_tensor *[]){em_unsqueeze(x, 1), em_unsqueeze(x, 1)}, 1),
+                                    1, TU_SIZES(2 * n));
+        for (int64_t k = 0; k < n; k++) idx[k] = (int)k;
+        return em_slice(two, 0, 0, 2 * n, 2);
+    }
+    case LAY_BROADCAST:
+        for (int64_t k = 0; k < 3 * n; k++) idx[k] = (int)(k % n);
+        return em_expand(em_unsqueeze(x, 0), 2, TU_SIZES(3, n));
+    case LAY_EMPTY: return em_slice(x, 0, 0, 0, 1);
+    default: idx[0] = 0; return em_slice(x, 0, 0, 1, 1);
+    }
+}
+
+/* Runs fn in a mode; compiled mode checks that a native kernel ran. */
+static void run_in_mode(int mode, em_fn fn, void *ctx, int nin, em_tensor **in, int nsc,
+                        const double *sc, int nout, em_tensor **out) {
+    if (mode == MODE_EAGER) {
+        ck_assert_msg(fn(ctx, in, sc, out) == EM_OK, "%s", em_last_error());
+    } else if (mode == MODE_LAZY) {
+        ck_assert_int_eq(em_lazy_begin(), EM_OK);
+        em_status s = fn(ctx, in, sc, out);
+        ck_assert_int_eq(em_lazy_end(), EM_OK);
+        ck_assert_msg(s == EM_OK, "%s", em_last_error());
+        ck_assert_int_eq(em_sync(), EM_OK);
+    } else {
+        em_compile_options o = {.ninputs = nin, .nscalars = nsc, .noutputs = nout,
+                                .name = "conv", .backend = "cpu", .recompile_limit = 64};
+        em_compiled *f = em_compile(fn, ctx, &o);
+        ck_assert_ptr_nonnull(f);
+        ck_assert_msg(em_call(f, in, sc, out) == EM_OK, "%s", em_last_error());
+        em_compile_stats st;
+        ck_assert_int_eq(em_compiled_stats(f, &st), EM_OK);
+        ck_assert_msg(st.kernels > 0 && st.eager == 0, "no native kernel ran (%d kernels)", st.kernels);
+        em_compiled_free(f);
+    }
+}
+
+/* out[k] = cast(in[k], dtypes[k % 3]) for every layout k / 3. */
+static const em_dtype int_dtypes[3] = {EM_I32, EM_I64, EM_BOOL};
+static em_status cast_fn(void *ctx, em_tensor *const *in, const double *sc, em_tensor **out) {
+    (void)ctx, (void)sc;
+    for (int k = 0; k < 3 * N_LAYOUTS; k++)
+        if (!(out[k] = em_cast(in[k / 3], int_dtypes[k % 3]))) return em_last_status();
+    return EM_OK;
+}
+
+START_TEST(test_int_conversion_cast) {
+    int mode = _i % N_MODES;
+    em_dtype src = _i / N_MODES ? EM_F64 : EM_F32;
+    em_tensor *x = em_from_data(conv_values, EM_F64, 1, TU_SIZES(N_CONV), em_cpu());
+    x = em_cast(x, src); /* f32: the test reads back what was stored */
+    conv_val *xv = read_vals(x);
+    em_tensor *in[N_LAYOUTS], *out[3 * N_LAYOUTS];
+    int idx[N_LAYOUTS][3 * N_CONV];
+    for (int l = 0; l < N_LAYOUTS; l++) in[l] = layout(x, l, idx[l]);
+    run_in_mode(mode, cast_fn, NULL, N_LAYOUTS, in, 0, NULL, 3 * N_LAYOUTS, out);
+    for (int k = 0; k < 3 * N_LAYOUTS; k++) {
+        int l = k / 3;
+        em_dtype d = int_dtypes[k % 3];
+        ck_assert_int_eq(em_dtype_of(out[k]), d);
+        ck_assert_int_eq(em_numel(out[k]), em_numel(in[l]));
+        conv_val *v = read_vals(out[k]);
+        for (int64_t e = 0; e < em_numel(out[k]); e++) {
+            double s = xv[idx[l][e]].f;
+            int64_t want = ref_to_int(s, d);
+            ck_assert_msg(v[e].i == want, "%s: cast %s %.17g to %s (layout %d, element %lld): %lld, want %lld",
+                          mode_names[mode], em_dtype_name(src), s, em_dtype_name(d), l, (long long)e,
+                          (long long)v[e].i, (long long)want);
+        }
+        free(v);
+    }
+    free(xv);
+}
+END_TEST
+
+/* out[k] = where(c, full(value k), in[0]) for each dtype: the fill value
+ * reaches the kernel as a constant (lower.c). */
+static em_status full_fn(void *ctx, em_tensor *const *in, const double *sc, em_tensor **out) {
+    (void)sc;
+    em_dtype d = *(const em_dtype *)ctx;
+    for (int k = 0; k < N_CONV; k++)
+        if (!(out[k] = em_where(in[0], em_full(1, TU_SIZES(4), conv_values[k], d, em_cpu()), in[1])))
+            return em_last_status();
+    return EM_OK;
+}
+
+START_TEST(test_int_conversion_full) {
+    int mode = _i % N_MODES;
+    em_dtype d = int_dtypes[_i / N_MODES];
+    em_tensor *in[2] = {em_full(1, TU_SIZES(4), 1, EM_BOOL, em_cpu()), em_zeros(1, TU_SIZES(4), d, em_cpu())};
+    em_tensor *out[N_CONV];
+    run_in_mode(mode, full_fn, &d, 2, in, 0, NULL, N_CONV, out);
+    for (int k = 0; k < N_CONV; k++) {
+        ck_assert_int_eq(em_dtype_of(out[k]), d);
+        conv_val *v = read_vals(out[k]);
+        int64_t want = ref_to_int(conv_values[k], d);
+        for (int e = 0; e < 4; e++)
+            ck_assert_msg(v[e].i == want, "%s: full(%.17g, %s): %lld, want %lld", mode_names[mode],
+                          conv_values[k], em_dtype_name(d), (long long)v[e].i, (long long)want);
+        free(v);
+    }
+}
+END_TEST
+
+/* Scalars for the scalar forms: in range, fractional, both sides of the
+ * i32 and i64 boundaries, NaN (5 ops x 12 scalars: one compiled function
+ * of at most 64 outputs). */
+static const double op_scalars[] = {5, 2.5, 3e9, 4294967296.0, 2147483647.0, 2147483648.0,
+                                    -2147483648.0, -2147483649.0, 9223372036854775808.0,
+                                    -9223372036854775808.0, 1e20, NAN};
+#define N_OPS_SC (int)(sizeof op_scalars / sizeof op_scalars[0])
+typedef em_tensor *(*scalar_op_fn)(const em_tensor *, double);
+static const scalar_op_fn scalar_ops[] = {em_add_scalar, em_sub_scalar, em_mul_scalar,
+                                          em_maximum_scalar, em_minimum_scalar};
+#define N_SOPS 5
+
+/* out[o * N + j] = op o (in[0], scalars[j]); the scalars are em_call's. */
+static em_status scalar_fn(void *ctx, em_tensor *const *in, const double *sc, em_tensor **out) {
+    (void)ctx;
+    for (int o = 0; o < N_SOPS; o++)
+        for (int j = 0; j < N_OPS_SC; j++)
+            if (!(out[o * N_OPS_SC + j] = scalar_ops[o](in[0], sc[j]))) return em_last_status();
+    return EM_OK;
+}
+
+/* x OP s by the rule: wrapping arithmetic in x's integer dtype when it
+ * holds s, else f32 arithmetic (the dtype is returned in *dt). */
+static conv_val ref_scalar_op(int op, int64_t x, em_dtype xd, double s, em_dtype *dt) {
+    em_dtype cd = xd == EM_BOOL ? EM_I64 : xd;
+    double lim = cd == EM_I32 ? 2147483648.0 : 9223372036854775808.0;
+    bool holds = isfinite(s) && s == floor(s) && s >= -lim && s < lim;
+    conv_val r = {0, 0};
+    if (!holds) {
+        float a = (float)x, b = (float)s, v;
+        switch (op) {
+        case 0: v = a + b; break;
+        case 1: v = a - b; break;
+        case 2: v = a * b; break;
+        case 3: v = isnan(b) ? b : a > b ? a : b; break;
+        default: v = isnan(b) ? b : a < b ? a : b; break;
+        }
+        *dt = EM_F32;
+        r.f = v;
+        return r;
+    }
+    uint64_t a = (uint64_t)x, b = (uint64_t)(int64_t)s, v;
+    switch (op) {
+    case 0: v = a + b; break;
+    case 1: v = a - b; break;
+    case 2: v = a * b; break;
+    case 3: v = x > (int64_t)s ? a : b; break;
+    default: v = x < (int64_t)s ? a : b; break;
+    }
+    *dt = cd;
+    r.i = cd == EM_I32 ? (int64_t)(int32_t)(uint32_t)v : (int64_t)v;
+    return r;
+}
+
+START_TEST(test_int_conversion_scalar_ops) {
+    /* contiguous, transposed and broadcast inputs (size 0 and 1: the cast test) */
+    static const int lays[3] = {LAY_CONTIG, LAY_TRANSPOSED, LAY_BROADCAST};
+    int mode = _i % N_MODES, lay = lays[(_i / N_MODES) % 3];
+    em_dtype xd = int_dtypes[_i / (N_MODES * 3)];
+    static const double xs[] = {1, -1, 0, 2147483647.0, -2147483648.0, 123456789, -98765};
+    em_tensor *x = em_cast(em_from_data(xs, EM_F64, 1, TU_SIZES(7), em_cpu()), xd);
+    conv_val *xv = read_vals(x);
+    int idx[3 * 7];
+    em_tensor *in[1] = {layout(x, lay, idx)};
+    em_tensor *out[N_SOPS * N_OPS_SC];
+    run_in_mode(mode, scalar_fn, NULL, 1, in, N_OPS_SC, op_scalars, N_SOPS * N_OPS_SC, out);
+    for (int o = 0; o < N_SOPS; o++) {
+        for (int j = 0; j < N_OPS_SC; j++) {
+            em_tensor *r = out[o * N_OPS_SC + j];
+            ck_assert_int_eq(em_numel(r), em_numel(in[0]));
+            conv_val *v = read_vals(r);
+            for (int64_t e = 0; e < em_numel(r); e++) {
+                em_dtype dt;
+                conv_val want = ref_scalar_op(o, xv[idx[e]].i, xd, op_scalars[j], &dt);
+                ck_assert_msg(em_dtype_of(r) == dt, "%s: op %d of %s and %.17g: dtype %s, want %s",
+                              mode_names[mode], o, em_dtype_name(xd), op_scalars[j],
+                              em_dtype_name(em_dtype_of(r)), em_dtype_name(dt));
+                bool same = dt == EM_F32 ? (isnan(want.f) ? isnan(v[e].f) : v[e].f == want.f)
+                                         : v[e].i == want.i;
+                ck_assert_msg(same, "%s: op %d of %s %lld and %.17g (layout %d): %lld / %.9g, want %lld / %.9g",
+                              mode_names[mode], o, em_dtype_name(xd), (long long)xv[idx[e]].i,
+                              op_scalars[j], lay, (long long)v[e].i, v[e].f, (long long)want.i, want.f);
+            }
+            free(v);
+        }
+    }
+    free(xv);
+}
+END_TEST
+
 static Suite *suite(void) {
     Suite *s = suite_create("pointwise");
     TCase *tc = tcase_create("unary");
@@ -1232,6 +1496,14 @@ static Suite *suite(void) {
     tcase_add_test(tc, test_cast_special);
     tcase_add_test(tc, test_contiguous);
     tcase_add_test(tc, test_contiguous_tiled);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("int_conversion");
+    tcase_add_checked_fixture(tc, tu_setup, tu_teardown);
+    tcase_set_timeout(tc, 300);
+    tcase_add_loop_test(tc, test_int_conversion_cast, 0, 2 * N_MODES);
+    tcase_add_loop_test(tc, test_int_conversion_full, 0, 3 * N_MODES);
+    tcase_add_loop_test(tc, test_int_conversion_scalar_ops, 0, 3 * 3 * N_MODES);
     suite_add_tcase(s, tc);
     return s;
 }

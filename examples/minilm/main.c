@@ -194,7 +194,11 @@ static void print_similarity(const sentences *s, const float *emb, int h) {
             for (int k = 0; k < h; k++) dot += (double)emb[(size_t)i * h + k] * emb[(size_t)j * h + k];
             printf(" %6.3f", dot);
         }
-        printf("   %.60s%s\n", s->text[i], strlen(s->text[i]) > 60 ? "..." : "");
+        /* 60 characters, not bytes: a byte count would cut a multi-byte
+         * UTF-8 character in two */
+        bool more;
+        size_t len = mu_utf8_prefix(s->text[i], 60, &more);
+        printf("   %.*s%s\n", (int)len, s->text[i], more ? "..." : "");
     }
 }
 

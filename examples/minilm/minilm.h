@@ -110,6 +110,11 @@ extern const size_t mu_folds_count;
  * (>= 1).  Malformed or overlong sequences and surrogates decode as
  * U+FFFD, one byte at a time. */
 size_t mu_utf8_decode(const unsigned char *s, size_t n, uint32_t *cp);
+/* The byte length of the first maxchars characters of the string s
+ * (characters as mu_utf8_decode counts them: a malformed byte is one), so
+ * that printing that many bytes never cuts a multi-byte character;
+ * *more (may be NULL) says whether characters follow. */
+size_t mu_utf8_prefix(const char *s, size_t maxchars, bool *more);
 /* Encodes cp into out (4 bytes of room); returns the byte count. */
 size_t mu_utf8_encode(uint32_t cp, char *out);
 bool mu_is_control(uint32_t c);    /* removed by BERT's text cleaning */

@@ -8,6 +8,7 @@
 #include "minilm.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 size_t mu_utf8_decode(const unsigned char *s, size_t n, uint32_t *cp) {
     unsigned char c = s[0];
@@ -28,6 +29,15 @@ size_t mu_utf8_decode(const unsigned char *s, size_t n, uint32_t *cp) {
     if (v < min[len] || v > 0x10FFFF || (v >= 0xD800 && v <= 0xDFFF)) return 1;
     *cp = v;
     return len;
+}
+
+size_t mu_utf8_prefix(const char *s, size_t maxchars, bool *more) {
+    const unsigned char *u = (const unsigned char *)s;
+    size_t n = strlen(s), at = 0;
+    uint32_t cp;
+    for (size_t c = 0; c < maxchars && at < n; c++) at += mu_utf8_decode(u + at, n - at, &cp);
+    if (more) *more = at < n;
+    return at;
 }
 
 size_t mu_utf8_encode(uint32_t cp, char *out) {

@@ -137,7 +137,7 @@ bool kc_store_scan(const char *root, kc_items *l, char *why, size_t nwhy) {
     if (d) closedir(d);
     if (!ok && !why[0]) snprintf(why, nwhy, "out of memory listing the cache");
     em_free(v1);
-    if (ok) qsort(l->items, l->n, sizeof *l->items, item_cmp);
+    if (ok && l->n) qsort(l->items, l->n, sizeof *l->items, item_cmp); /* no NULL to qsort (UBSan) */
     else kc_items_free(l);
     return ok;
 }

@@ -16,14 +16,34 @@ em_context *em_ctx(void) { return &tls_ctx; }
 
 /* ---- Errors ---- */
 
+/* Through a temporary: vsnprintf into the buffer an argument points into
+ * (em_last_error()) is undefined and garbled messages. */
+static void set_message(em_context *c, const char *fmt, va_list ap) {
+    char tmp[sizeof c->message];
+    vsnprintf(tmp, sizeof tmp, fmt, ap);
+    memcpy(c->message, tmp, sizeof tmp);
+}
+
 em_status em_error(em_status s, const char *fmt, ...) {
     em_context *c = em_ctx();
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(c->message, sizeof c->message, fmt, ap);
+    set_message(c, fmt, ap);
     va_end(ap);
     c->status = s;
     return s;
+}
+
+em_status em_error_context(const char *fmt, ...) {
+    em_context *c = em_ctx();
+    char prefix[sizeof c->message];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(prefix, sizeof prefix, fmt, ap);
+    va_end(ap);
+    if (c->status == EM_OK)
+        return em_error(EM_ERR_STATE, "%s: failed without reporting why", prefix);
+    return em_error(c->status, "%s: %s", prefix, c->message);
 }
 
 em_status em_error_null(const char *fn, const char *arg) {

@@ -24,30 +24,17 @@ static int64_t out_numel(const em_tensor *out) {
 static bool dtype_ok(em_dtype d) { return (unsigned)d < EM_DTYPE_COUNT; }
 
 /* ---- Conversions from double to each dtype's bits ----
- * Integers truncate toward zero, clamped to their range, NaN -> 0; bool is
- * v != 0 (NaN -> true); f16/bf16 round to nearest even through float. */
-
-static int64_t f64_to_i64(double d) {
-    if (d != d) return 0;
-    if (d >= 9223372036854775808.0) return INT64_MAX;
-    if (d <= -9223372036854775808.0) return INT64_MIN;
-    return (int64_t)d;
-}
-
-static int32_t f64_to_i32(double d) {
-    if (d != d) return 0;
-    if (d >= 2147483647.0) return INT32_MAX;
-    if (d <= -2147483648.0) return INT32_MIN;
-    return (int32_t)d;
-}
+ * Integers by Ember's rule (em_f64_to_int, eager.h: truncated, saturated,
+ * NaN -> 0); bool is v != 0 (NaN -> true); f16/bf16 round to nearest even
+ * through float. */
 
 /* Writes v converted to d into p (em_dtype_size(d) bytes). */
 static void store_f64(void *p, em_dtype d, double v) {
     switch (d) {
     case EM_F32: { float x = (float)v; memcpy(p, &x, 4); break; }
     case EM_F64: memcpy(p, &v, 8); break;
-    case EM_I32: { int32_t x = f64_to_i32(v); memcpy(p, &x, 4); break; }
-    case EM_I64: { int64_t x = f64_to_i64(v); memcpy(p, &x, 8); break; }
+    case EM_I32: { int32_t x = em_f64_to_i32(v); memcpy(p, &x, 4); break; }
+    case EM_I64: { int64_t x = em_f64_to_i64(v); memcpy(p, &x, 8); break; }
     case EM_BOOL: { uint8_t x = v != 0; memcpy(p, &x, 1); break; }
     case EM_F16: { uint16_t x = em_float_to_half((float)v); memcpy(p, &x, 2); break; }
     case EM_BF16: { uint16_t x = em_float_to_bf16((float)v); memcpy(p, &x, 2); break; }
@@ -122,18 +109,28 @@ typedef struct arange_ctx {
     int64_t istart, istep;
 } arange_ctx;
 
+/* Element i of an exact arange, start + i * step in exact integers, past
+ * int64's range saturated by the conversion rule (the value is exact, so
+ * only its direction, that of step, matters then). */
+static int64_t arange_exact(const arange_ctx *a, int64_t i) {
+    int64_t v;
+    if (__builtin_mul_overflow(i, a->istep, &v) || __builtin_add_overflow(v, a->istart, &v))
+        return a->istep > 0 ? INT64_MAX : INT64_MIN;
+    return v;
+}
+
 static void arange_range(void *vctx, int64_t begin, int64_t end) {
     const arange_ctx *a = vctx;
     if (a->exact) {
-        /* Wrapping unsigned arithmetic: no UB even for absurd attributes. */
-        uint64_t s = (uint64_t)a->istart, d = (uint64_t)a->istep;
         if (a->dtype == EM_I64) {
             int64_t *o = (int64_t *)a->data;
-            for (int64_t i = begin; i < end; i++) o[i] = (int64_t)(s + (uint64_t)i * d);
-        } else {
+            for (int64_t i = begin; i < end; i++) o[i] = arange_exact(a, i);
+        } else { /* to i32 by the conversion rule: saturated */
             int32_t *o = (int32_t *)a->data;
-            for (int64_t i = begin; i < end; i++)
-                o[i] = (int32_t)(uint32_t)(s + (uint64_t)i * d);
+            for (int64_t i = begin; i < end; i++) {
+                int64_t v = arange_exact(a, i);
+                o[i] = v > INT32_MAX ? INT32_MAX : v < INT32_MIN ? INT32_MIN : (int32_t)v;
+            }
         }
         return;
     }

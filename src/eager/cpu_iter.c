@@ -176,28 +176,15 @@ int64_t em_load_i64(const void *p, em_dtype d) {
     if (d == EM_I64) return *(const int64_t *)p;
     if (d == EM_I32) return *(const int32_t *)p;
     if (d == EM_BOOL) return *(const uint8_t *)p != 0;
-    double v = em_load_f64(p, d);
-    if (isnan(v)) return 0;
-    if (v >= 0x1p63) return INT64_MAX;
-    if (v < -0x1p63) return INT64_MIN;
-    return (int64_t)v;
-}
-
-static int64_t clamp_to_int(double v, double lo, double hi) {
-    if (isnan(v)) return 0;
-    if (v <= lo) return (int64_t)lo;
-    if (v >= hi) return (int64_t)hi;
-    return (int64_t)v;
+    return em_f64_to_i64(em_load_f64(p, d));
 }
 
 void em_store_f64(void *p, em_dtype d, double v) {
     switch (d) {
     case EM_F32: *(float *)p = (float)v; break;
     case EM_F64: *(double *)p = v; break;
-    case EM_I32: *(int32_t *)p = (int32_t)clamp_to_int(v, INT32_MIN, INT32_MAX); break;
-    case EM_I64: /* 2^63 itself is not an int64: saturate before converting */
-        *(int64_t *)p = isnan(v) ? 0 : v >= 0x1p63 ? INT64_MAX : v <= -0x1p63 ? INT64_MIN : (int64_t)v;
-        break;
+    case EM_I32: *(int32_t *)p = em_f64_to_i32(v); break;
+    case EM_I64: *(int64_t *)p = em_f64_to_i64(v); break;
     case EM_BOOL: *(uint8_t *)p = v != 0; break;
     case EM_F16: *(uint16_t *)p = em_float_to_half((float)v); break;
     case EM_BF16: *(uint16_t *)p = em_float_to_bf16((float)v); break;

@@ -523,22 +523,9 @@ em_status cpu_contiguous(const em_op_call *c, em_tensor *out) {
 
 /* ---- cast: a loop for every (source, destination) pair ----
  * Integer sources (I32, I64, BOOL) go through int64_t, exactly; float
- * sources (F32, F64, F16, BF16) through double.  Float to integer truncates
- * toward zero, clamped to the integer's range, NaN -> 0.  Anything to BOOL
- * is x != 0 (NaN -> true). */
-
-static inline int64_t f64_to_i64(double d) {
-    if (d != d) return 0;
-    if (d >= 9223372036854775808.0) return INT64_MAX;
-    if (d <= -9223372036854775808.0) return INT64_MIN;
-    return (int64_t)d;
-}
-static inline int32_t f64_to_i32(double d) {
-    if (d != d) return 0;
-    if (d >= 2147483647.0) return INT32_MAX;
-    if (d <= -2147483648.0) return INT32_MIN;
-    return (int32_t)d;
-}
+ * sources (F32, F64, F16, BF16) through double.  Float to integer by
+ * Ember's one rule (em_f64_to_int, eager.h: truncated toward zero,
+ * saturated, NaN -> 0).  Anything to BOOL is x != 0 (NaN -> true). */
 
 /* Stores to each destination from int64_t (_i) and from double (_f). */
 static inline float st_f32_i(int64_t v) { return (float)v; }
@@ -550,8 +537,8 @@ static inline uint16_t st_f16_i(int64_t v) { return em_float_to_half((float)v); 
 static inline uint16_t st_bf16_i(int64_t v) { return em_float_to_bf16((float)v); }
 static inline float st_f32_f(double v) { return (float)v; }
 static inline double st_f64_f(double v) { return v; }
-static inline int32_t st_i32_f(double v) { return f64_to_i32(v); }
-static inline int64_t st_i64_f(double v) { return f64_to_i64(v); }
+static inline int32_t st_i32_f(double v) { return em_f64_to_i32(v); }
+static inline int64_t st_i64_f(double v) { return em_f64_to_i64(v); }
 static inline em_bool_t st_b8_f(double v) { return v != 0; }
 static inline uint16_t st_f16_f(double v) { return em_float_to_half((float)v); }
 static inline uint16_t st_bf16_f(double v) { return em_float_to_bf16((float)v); }

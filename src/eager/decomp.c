@@ -24,13 +24,22 @@ static em_tensor *kept(em_tensor *r) {
     return r;
 }
 
+/* x - max(x) along dim.  Over a dim of size 0 there is no max (amax has no
+ * identity to return) and no element to shift: x itself, so that softmax
+ * of an empty dim is an empty tensor, as in torch. */
+static em_tensor *shift_by_max(em_tensor *xf, int dim) {
+    int d;
+    if (!xf || !em_norm_dim(dim, xf->ndim, &d) || (xf->ndim > 0 && xf->sizes[d] == 0)) return xf;
+    return em_sub(xf, em_amax(xf, 1, &dim, true));
+}
+
 /* softmax(x) = exp(x - max) / sum(exp(x - max)); subtracting the max keeps
  * exp from overflowing and does not change the result. */
 em_tensor *em_softmax(const em_tensor *x, int dim) {
     if (!softmax_args("em_softmax", x, dim)) return NULL;
     em_scope_begin();
     em_tensor *xf = em_dtype_is_float(x->dtype) ? (em_tensor *)x : em_cast(x, EM_F32);
-    em_tensor *e = em_exp(em_sub(xf, em_amax(xf, 1, &dim, true)));
+    em_tensor *e = em_exp(shift_by_max(xf, dim));
     return kept(em_div(e, em_sum(e, 1, &dim, true)));
 }
 
@@ -39,7 +48,7 @@ em_tensor *em_log_softmax(const em_tensor *x, int dim) {
     if (!softmax_args("em_log_softmax", x, dim)) return NULL;
     em_scope_begin();
     em_tensor *xf = em_dtype_is_float(x->dtype) ? (em_tensor *)x : em_cast(x, EM_F32);
-    em_tensor *shifted = em_sub(xf, em_amax(xf, 1, &dim, true));
+    em_tensor *shifted = shift_by_max(xf, dim);
     return kept(em_sub(shifted, em_log(em_sum(em_exp(shifted), 1, &dim, true))));
 }
 

@@ -46,7 +46,7 @@ static em_status check_inputs(const em_op_call *c) {
         }
         /* a deferred input is computed now, unless a mode takes the call */
         if (!c->in[i]->storage && !em_ctx()->hook.fn && em_force(c->in[i]) != EM_OK)
-            return em_error(em_last_status(), "%s: input %d: %s", info->name, i, em_last_error());
+            return em_error_context("%s: input %d", info->name, i);
         if (i > 0 && !em_same_device(c->in[i]->device, c->in[0]->device)) {
             char a[32], b[32];
             return em_error(EM_ERR_DEVICE, "%s: input %d is on %s but input 0 is on %s",

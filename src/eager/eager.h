@@ -209,8 +209,14 @@ typedef struct em_context {
 
 em_context *em_ctx(void);
 
-/* Records a failure (printf-style message) and returns s. */
+/* Records a failure (printf-style message) and returns s.  The message is
+ * formatted into a temporary first, so the arguments may include
+ * em_last_error() itself. */
 em_status em_error(em_status s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Adds context to the pending error: its message becomes "<fmt...>: <old
+ * message>" and its status is kept and returned (EM_ERR_STATE, saying so,
+ * when no error is pending: a caller that adds context has failed). */
+em_status em_error_context(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* NULL input: keeps a pending error (the one that made the NULL) or sets
  * EM_ERR_NULL naming the function and argument. */
 em_status em_error_null(const char *fn, const char *arg);
@@ -269,6 +275,49 @@ void em_env_unlock(void);
 const char *em_device_name(em_device d, char *buf, size_t n);
 /* "[2, 3, 4]" into buf. */
 const char *em_shape_str(int ndim, const int64_t *sizes, char *buf, size_t n);
+
+/* ---- Byte copies that accept an empty range ----
+ * memcpy, memcmp and memset take pointers that must be valid even for
+ * n == 0 (C11 7.24.1): an empty array is often NULL here (no steps, no
+ * watched slots, no constants), which UBSan reports.  These skip n == 0. */
+static inline void em_copy_bytes(void *dst, const void *src, size_t n) {
+    if (n) __builtin_memcpy(dst, src, n);
+}
+static inline bool em_same_bytes(const void *a, const void *b, size_t n) {
+    return n == 0 || __builtin_memcmp(a, b, n) == 0;
+}
+
+/* ---- Conversion of values to integer dtypes: Ember's one rule ----
+ * A float becomes an integer by truncation toward zero, saturated to the
+ * integer's range, with NaN -> 0 (em_cast's documented rule; C leaves an
+ * out-of-range conversion undefined, and x86 gives INT_MIN).  Bool is
+ * v != 0 (NaN -> true).  The eager kernels convert with these; the kernel
+ * IR expresses the same steps (kir_convert, src/jit/kir.c), so the CPU and
+ * CUDA generators emit one computation, and lower.c folds constants with
+ * them. */
+static inline int64_t em_f64_to_i64(double v) {
+    if (v != v) return 0;
+    if (v >= 0x1p63) return INT64_MAX; /* 2^63 itself is not an int64 */
+    if (v <= -0x1p63) return INT64_MIN;
+    return (int64_t)v;
+}
+static inline int32_t em_f64_to_i32(double v) {
+    if (v != v) return 0;
+    if (v >= 0x1p31) return INT32_MAX;
+    if (v <= -0x1p31) return INT32_MIN;
+    return (int32_t)v;
+}
+/* v as a value of integer dtype d (i32, i64 or bool), widened to int64. */
+static inline int64_t em_f64_to_int(double v, em_dtype d) {
+    return d == EM_I32 ? em_f64_to_i32(v) : d == EM_BOOL ? (int64_t)(v != 0) : em_f64_to_i64(v);
+}
+/* Whether integer dtype d (i32, i64; bool as i64) holds v exactly: a
+ * scalar operand that it does not hold is applied in f32 instead (ops.c). */
+static inline bool em_int_holds(em_dtype d, double v) {
+    double lim = d == EM_I32 ? 0x1p31 : 0x1p63;
+    /* NaN and +-inf fail the range test; in range, the cast is defined */
+    return v >= -lim && v < lim && v == (double)(int64_t)v;
+}
 
 /* ---- CPU threading ---- */
 typedef void (*em_range_fn)(void *ctx, int64_t begin, int64_t end);

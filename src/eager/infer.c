@@ -433,7 +433,8 @@ em_status infer_cat(const em_op_call *c, em_meta *m) {
             return em_error(EM_ERR_SHAPE, "cat: input %d of sizes %s does not match %s outside dim %d",
                             k, em_shape_str(t->ndim, t->sizes, s1, sizeof s1),
                             em_shape_str(x->ndim, x->sizes, s2, sizeof s2), d);
-        m->sizes[d] += t->sizes[d];
+        if (__builtin_add_overflow(m->sizes[d], t->sizes[d], &m->sizes[d]))
+            return em_error(EM_ERR_OVERFLOW, "cat: the sizes along dim %d overflow", d);
     }
     return check_size(c, m);
 }

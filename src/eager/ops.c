@@ -213,14 +213,16 @@ BINARY(em_gt, GT, PROMOTE_ANY)
 BINARY(em_ge, GE, PROMOTE_ANY)
 
 /* x OP s: the scalar becomes a 0-d tensor of x's dtype (a "wrapped number"
- * in PyTorch's terms, which does not widen x), except that a fractional
- * scalar with an integer x computes in f32, and bool x in i64. */
+ * in PyTorch's terms, which does not widen x); bool x computes in i64.  A
+ * scalar that the integer dtype does not hold exactly (fractional, NaN,
+ * +-inf, or out of its range: 3e9 for i32) computes in f32, as torch
+ * computes an integer tensor with a float scalar: converting it to the
+ * integer dtype would saturate it (1 + 3e9 would wrap to INT32_MIN). */
 static em_tensor *binary_scalar(em_op op, const char *fn, const em_tensor *x, double s,
                                 promote_rule r) {
     if (!x) return null_arg(fn, "x");
-    em_dtype d = x->dtype;
-    if (!em_dtype_is_float(d) && (s != floor(s) || !isfinite(s))) d = EM_F32;
-    else if (d == EM_BOOL) d = EM_I64;
+    em_dtype d = x->dtype == EM_BOOL ? EM_I64 : x->dtype;
+    if (!em_dtype_is_float(d) && !em_int_holds(d, s)) d = EM_F32;
     em_scope_begin();
     return scope_return(binary(op, fn, x, em_scalar(s, d, x->device), r));
 }

@@ -79,21 +79,28 @@ const em_backend *em_backend_for(em_device d) {
 
 /* ---- Shapes ---- */
 
+/* A shape is valid when the product of its sizes, each at least 1, fits
+ * in int64: that bounds the element count and also every contiguous stride
+ * (a size-0 tensor of sizes [0, 2^40, 2^40] holds nothing, but its strides
+ * would overflow, and so would offsets computed from them). */
 int64_t em_shape_numel(int ndim, const int64_t *sizes) {
-    int64_t n = 1;
+    int64_t n = 1, span = 1;
     for (int i = 0; i < ndim; i++) {
         if (sizes[i] < 0) return -1;
-        if (sizes[i] && n > INT64_MAX / sizes[i]) return -1;
-        n *= sizes[i];
+        if (__builtin_mul_overflow(span, sizes[i] > 1 ? sizes[i] : 1, &span)) return -1;
+        n *= sizes[i]; /* n <= span: no overflow */
     }
     return n;
 }
 
+/* Saturates instead of overflowing for a shape em_shape_numel rejects, so
+ * that a caller that has not validated the shape gets no undefined
+ * behaviour (it must still reject the shape). */
 void em_contiguous_strides(int ndim, const int64_t *sizes, int64_t *strides) {
     int64_t s = 1;
     for (int i = ndim - 1; i >= 0; i--) {
         strides[i] = s;
-        s *= sizes[i] > 1 ? sizes[i] : 1;
+        if (__builtin_mul_overflow(s, sizes[i] > 1 ? sizes[i] : 1, &s)) s = INT64_MAX;
     }
 }
 
@@ -335,7 +342,7 @@ static em_status copy_out(const em_tensor *t, void *buf, size_t nbytes, const ch
     em_dispatch_hook saved = em_begin_host_read(t, fn);
     em_status s = EM_OK;
     if (!t->storage && em_force(t) != EM_OK)
-        s = em_error(em_last_status(), "%s: %s", fn, em_last_error());
+        s = em_error_context("%s", fn);
     if (s == EM_OK && need > 0) {
         em_scope_begin();
         em_tensor *c = em_contiguous(t);

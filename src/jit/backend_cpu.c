@@ -260,7 +260,7 @@ static em_status build(const tr_graph *g, jit_env *env, cpu_state *st) {
     if (s == EM_OK) {
         p->nkernels = n;
         p->nsteps = sched->nsteps;
-        memcpy(p->steps, sched->steps, sizeof *p->steps * (size_t)sched->nsteps);
+        em_copy_bytes(p->steps, sched->steps, sizeof *p->steps * (size_t)sched->nsteps);
     }
     for (int gi = 0; gi < n && s == EM_OK; gi++) {
         jit_plan_kernel *pk = &p->kernels[gi];
@@ -500,7 +500,7 @@ static em_status build_dynamic(const tr_graph *g, const jit_dyn *dyn, jit_env *e
     if (s == EM_OK) {
         p->nkernels = n;
         p->nsteps = sa->nsteps;
-        memcpy(p->steps, sa->steps, sizeof *p->steps * (size_t)sa->nsteps);
+        em_copy_bytes(p->steps, sa->steps, sizeof *p->steps * (size_t)sa->nsteps);
         if (!same_steps(sp, p)) {
             snprintf(why, nwhy, "fusion differs at other sizes");
             s = EM_ERR_UNSUPPORTED;

@@ -177,7 +177,7 @@ em_compiled *em_compile(em_fn fn, void *ctx, const em_compile_options *opts) {
     }
     if (ok) {
         f->nwatch = opts->nwatch;
-        memcpy(f->watch, opts->watch, sizeof *f->watch * (size_t)opts->nwatch);
+        em_copy_bytes(f->watch, opts->watch, sizeof *f->watch * (size_t)opts->nwatch);
         ok = pthread_mutex_init(&f->lock, NULL) == 0;
     }
     if (!ok) {
@@ -239,8 +239,7 @@ static em_status check_call(const em_compiled *f, em_tensor *const *in, const do
         /* a deferred input (lazy mode) is computed first, unless the call
          * itself is deferred (run inline under the thread's hook) */
         if (!in[i]->storage && !em_ctx()->hook.fn && em_force(in[i]) != EM_OK)
-            return em_error(em_last_status(), "em_call(%s): input %d (%s): %s", f->name, i,
-                            f->input_names[i], em_last_error());
+            return em_error_context("em_call(%s): input %d (%s)", f->name, i, f->input_names[i]);
     }
     return EM_OK;
 }

@@ -523,28 +523,12 @@ cg_val cg_alu(cg *g, cg_lib *lib, k_alu op, em_dtype d, cg_val a, cg_val b, cg_v
     }
 }
 
-/* Float to i32/i64 as the eager kernels do: through double, truncated,
- * saturated, NaN -> 0. */
-static cg_val float_to_int(cg *g, cg_val v, em_dtype to) {
-    cg_val x = cg_let(g, cg_cast(g, v, g->t->f64));
-    gcc_jit_type *t = cg_dtype(g->t, to);
-    double top = to == EM_I64 ? 9223372036854775808.0 : 2147483647.0;
-    double bot = to == EM_I64 ? -9223372036854775808.0 : -2147483648.0;
-    cg_val hi = cg_let(g, cg_cmp(g, GCC_JIT_COMPARISON_GE, x, cg_f64(g, top)));
-    cg_val lo = cg_let(g, cg_cmp(g, GCC_JIT_COMPARISON_LE, x, cg_f64(g, bot)));
-    cg_val out = cg_or(g, cg_cmp(g, GCC_JIT_COMPARISON_NE, x, x), cg_or(g, hi, lo));
-    cg_val safe = cg_select(g, out, cg_f64(g, 0.0), x);
-    cg_val r = cg_let(g, cg_cast(g, safe, t));
-    r = cg_select(g, hi, cg_int(g, t, to == EM_I64 ? INT64_MAX : INT32_MAX), r);
-    return cg_select(g, lo, cg_int(g, t, to == EM_I64 ? INT64_MIN : INT32_MIN), r);
-}
-
 cg_val cg_convert(cg *g, cg_val v, em_dtype from, em_dtype to) {
     if (from == to) return v;
     if (to == EM_BOOL)
         return cg_cast(g, cg_cmp(g, GCC_JIT_COMPARISON_NE, v, zero_of(g, cg_dtype(g->t, from))),
                        g->t->u8);
-    if (cg_is_float(from) && cg_is_int(to)) return float_to_int(g, v, to);
+    /* float to integer: kir_convert has brought v into the integer's range */
     return cg_cast(g, v, cg_dtype(g->t, to));
 }
 

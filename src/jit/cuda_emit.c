@@ -237,12 +237,12 @@ static void binary(egen *G, k_alu op, em_dtype d, const char *a, const char *b) 
     }
 }
 
+/* A K_CAST.  Float to integer is a plain C conversion, as on the CPU:
+ * kir_convert has already saturated the value into the integer's range. */
 static void cast(egen *G, em_dtype from, em_dtype to, const char *x) {
     FILE *f = G->f;
     if (to == EM_BOOL) fprintf(f, "(%s != 0)", x);
     else if (from == EM_BOOL) fprintf(f, "(%s)(%s ? 1 : 0)", ctype(to), x);
-    else if (is_float(from) && to == EM_I32) fprintf(f, "__double2int_rz((double)%s)", x);
-    else if (is_float(from) && to == EM_I64) fprintf(f, "__double2ll_rz((double)%s)", x);
     else if (to == EM_I32 && from == EM_I64) fprintf(f, "(int)(unsigned)(unsigned long long)%s", x);
     else fprintf(f, "(%s)%s", ctype(to), x);
 }

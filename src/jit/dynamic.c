@@ -202,8 +202,8 @@ static int first_difference(const tr_graph *g, const tr_graph *prev, const jit_d
                             const gd_guards *gs, jit_dyn *dyn) {
     if (g->nnodes != prev->nnodes || g->ninputs != prev->ninputs || g->nconsts != prev->nconsts ||
         g->noutputs != prev->noutputs ||
-        memcmp(g->outputs, prev->outputs, sizeof(int) * (size_t)g->noutputs) ||
-        memcmp(g->consts, prev->consts, sizeof *g->consts * (size_t)g->nconsts))
+        !em_same_bytes(g->outputs, prev->outputs, sizeof(int) * (size_t)g->noutputs) ||
+        !em_same_bytes(g->consts, prev->consts, sizeof *g->consts * (size_t)g->nconsts))
         return g->nnodes;
     for (int i = 0; i < g->nnodes; i++) {
         const tr_node *a = &g->nodes[i], *b = &prev->nodes[i];

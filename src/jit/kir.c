@@ -130,6 +130,24 @@ int kir_cast(k_kernel *k, int value, em_dtype d) {
     return push(k, (k_inst){.op = K_CAST, .dtype = d, .nsrc = 1, .src = {value}});
 }
 
+/* Float x to i32/i64: y = max(x < 2^b ? x : 0, -2^b) is in range and not
+ * NaN (NaN < 2^b is false), so its K_CAST is defined; x >= 2^b then
+ * selects the integer's maximum.  -2^b converts exactly to the minimum. */
+int kir_convert(k_kernel *k, int value, em_dtype d) {
+    if (!ok(k, value)) return fail("conversion of an undefined operand");
+    em_dtype from = k->insts[value].dtype;
+    if ((from != EM_F32 && from != EM_F64) || (d != EM_I32 && d != EM_I64))
+        return kir_cast(k, value, d);
+    double lim = d == EM_I32 ? 0x1p31 : 0x1p63;
+    int top = kir_const_f(k, from, lim);
+    int below = kir_alu(k, KA_LT, value, top, -1);
+    int y = kir_alu(k, KA_WHERE, below, value, kir_const_f(k, from, 0.0));
+    y = kir_alu(k, KA_MAX, y, kir_const_f(k, from, -lim), -1);
+    int r = kir_cast(k, y, d);
+    int big = kir_alu(k, KA_GE, value, top, -1);
+    return kir_alu(k, KA_WHERE, big, kir_const_i(k, d, d == EM_I32 ? INT32_MAX : INT64_MAX), r);
+}
+
 int kir_acc(k_kernel *k, k_alu combine, int init) {
     if (!ok(k, init) || k->insts[init].op != K_CONST) return fail("accumulator without a constant");
     if (combine != KA_ADD && combine != KA_MAX && combine != KA_MIN)
@@ -245,7 +263,11 @@ em_status kir_verify(const k_kernel *k) {
         case K_SIZE:
             if (depth) s = bad(k, i, "parameter inside a loop");
             break;
-        case K_CONST: break;
+        case K_CONST:
+            if ((in->dtype == EM_I32 && (in->ival < INT32_MIN || in->ival > INT32_MAX)) ||
+                (in->dtype == EM_BOOL && in->ival != 0 && in->ival != 1))
+                s = bad(k, i, "integer constant out of its dtype's range");
+            break;
         case K_RANGE:
             if (k->insts[in->src[0]].dtype != EM_I64) s = bad(k, i, "range extent not i64");
             if ((in->flags & K_PARALLEL) && (depth || nranges))

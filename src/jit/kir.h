@@ -43,7 +43,8 @@ typedef enum k_opcode {
     K_LOAD,       /* src0 (a K_BUF) [src1 (i64 element index)] */
     K_STORE,      /* src0 (a K_BUF) [src1] = src2 */
     K_ALU,        /* alu(src0[, src1[, src2]]) */
-    K_CAST,       /* src0 converted to dtype */
+    K_CAST,       /* src0 converted to dtype; float to integer only for values in the
+                     integer's range (not NaN): kir_convert makes them so */
     K_ACC,        /* accumulator of dtype with initial value src0 (a K_CONST); alu is
                      the combining op (add, max, min) */
     K_ACC_UPDATE, /* src0 (a K_ACC) = alu_of(src0)(src0, src1) */
@@ -100,6 +101,11 @@ int kir_load(k_kernel *k, int buf, int index);
 int kir_store(k_kernel *k, int buf, int index, int value);
 int kir_alu(k_kernel *k, k_alu op, int a, int b, int c); /* unused operands: -1 */
 int kir_cast(k_kernel *k, int value, em_dtype d);
+/* value converted to d by Ember's rule (em_f64_to_int, eager.h): a float to
+ * i32/i64 is truncated, saturated, NaN -> 0, written as compares, selects
+ * and an in-range K_CAST, so every generator emits the same computation;
+ * other conversions are one K_CAST. */
+int kir_convert(k_kernel *k, int value, em_dtype d);
 int kir_acc(k_kernel *k, k_alu combine, int init);
 int kir_acc_update(k_kernel *k, int acc, int value);
 
@@ -109,7 +115,8 @@ em_status kir_print(const k_kernel *k, FILE *f);
 /* Invariants: operands defined earlier and visible (not inside a closed
  * loop, except accumulators read after theirs); ranges balanced; at most
  * the outermost range parallel; operand dtypes fit each op; loads and
- * stores address buffers with i64 indices. */
+ * stores address buffers with i64 indices; integer constants within their
+ * dtype's range. */
 em_status kir_verify(const k_kernel *k);
 
 /* ---- size parameters (dynamic shapes): a kernel lowered for two sets of

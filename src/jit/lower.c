@@ -174,12 +174,13 @@ static int value(lower *L, int v);
 
 static int compute(lower *L, int v) {
     const tr_node *n = &L->g->nodes[v];
+    /* the fill value converted as the eager kernel does (em_f64_to_int) */
     if (n->op == EM_OP_FULL) {
-        return em_dtype_is_float(n->meta.dtype) ? kir_const_f(L->k, n->meta.dtype, n->attrs.value)
-                                                : kir_const_i(L->k, n->meta.dtype,
-                                                              (int64_t)n->attrs.value);
+        em_dtype d = n->meta.dtype;
+        return em_dtype_is_float(d) ? kir_const_f(L->k, d, n->attrs.value)
+                                    : kir_const_i(L->k, d, em_f64_to_int(n->attrs.value, d));
     }
-    if (n->op == EM_OP_CAST) return kir_cast(L->k, value(L, n->in[0]), n->meta.dtype);
+    if (n->op == EM_OP_CAST) return kir_convert(L->k, value(L, n->in[0]), n->meta.dtype);
     if (n->op == EM_OP_CONTIGUOUS) return value(L, n->in[0]);
     if (sc_is_reduction(n)) {
         fail(L, "a reduction used before its pass");
@@ -265,7 +266,7 @@ static int reduce_pass(lower *L, int input, k_alu combine, em_dtype acc_dtype, i
         kir_store(L->k, L->param[L->stash_buf], offset(L, L->stash_buf), x);
         L->stash_pending = false;
     }
-    if (L->g->nodes[input].meta.dtype != acc_dtype) x = kir_cast(L->k, x, acc_dtype);
+    if (L->g->nodes[input].meta.dtype != acc_dtype) x = kir_convert(L->k, x, acc_dtype);
     if (center >= 0) {
         int d = kir_alu(L->k, KA_SUB, x, center, -1);
         x = kir_alu(L->k, KA_MUL, d, d, -1);
