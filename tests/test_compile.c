@@ -3,6 +3,7 @@
 #include "testutil.h"
 
 #include <pthread.h>
+#include <stdarg.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -464,6 +465,164 @@ START_TEST(lazy_trace_records_then_runs_the_entry) {
 }
 END_TEST
 
+/* ---- em_compile under EMBER_JIT=1 (issue 21, item 1) ----
+ *
+ * Each case runs on a fresh thread, so that the function's first op is the
+ * thread's first dispatch: under EMBER_JIT=1 that used to start lazy mode
+ * inside the trace, whose recorder then missed every op and captured the
+ * first call's pending result as a constant (later calls returned it). */
+
+/* a copy: the function's only op is applied to its input */
+static em_status copy_fn(void *ctx, em_tensor *const *in, const double *s, em_tensor **out) {
+    (void)ctx;
+    (void)s;
+    out[0] = em_contiguous(in[0]);
+    return out[0] ? EM_OK : em_last_status();
+}
+
+/* softmax(x * w) with w reached through ctx: in lazy mode a pending tensor */
+static em_status weighted_fn(void *ctx, em_tensor *const *in, const double *s, em_tensor **out) {
+    (void)s;
+    out[0] = em_softmax(em_mul(in[0], *(em_tensor **)ctx), -1);
+    return out[0] ? EM_OK : em_last_status();
+}
+
+typedef struct jit_case {
+    em_fn fn;
+    bool softmax;       /* the reference: softmax of x * w (w: 1 unless weighted) */
+    bool weighted;
+    int async, lazy_trace;
+    int failures;
+    char first[512];    /* the first failure */
+} jit_case;
+
+static void case_fail(jit_case *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void case_fail(jit_case *c, const char *fmt, ...) {
+    if (c->failures++) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(c->first, sizeof c->first, fmt, ap);
+    va_end(ap);
+}
+
+enum { JIT_R = 4, JIT_C = 6, JIT_LAYOUTS = 5 };
+
+/* Call `call`'s input, made without any op before the first call (the
+ * values change every call): contiguous [4, 6], a transpose (not
+ * contiguous), a broadcast row expanded to [4, 6], and size-1 dims
+ * [1, 6] and [4, 1].  x gets the values row-major, *r x *c. */
+static em_tensor *jit_input(int call, double *x, int *r, int *c) {
+    int layout = call % JIT_LAYOUTS;
+    *r = layout == 3 ? 1 : JIT_R;
+    *c = layout == 4 ? 1 : JIT_C;
+    float buf[JIT_R * JIT_C];
+    for (int i = 0; i < *r; i++)
+        for (int j = 0; j < *c; j++) {
+            int k = layout == 2 ? j : i * *c + j; /* a broadcast row repeats */
+            x[i * *c + j] = 3 * sin(0.37 * k + 1.3 * call);
+        }
+    if (layout == 1) { /* stored [c, r], read through a transpose */
+        for (int i = 0; i < *r; i++)
+            for (int j = 0; j < *c; j++) buf[j * *r + i] = (float)x[i * *c + j];
+        return em_transpose(em_from_data(buf, EM_F32, 2, TU_SIZES(*c, *r), CPU), 0, 1);
+    }
+    int rows = layout == 2 ? 1 : *r;
+    for (int i = 0; i < rows * *c; i++) buf[i] = (float)x[i];
+    em_tensor *t = em_from_data(buf, EM_F32, 2, TU_SIZES(rows, *c), CPU);
+    return layout == 2 ? em_expand(t, 2, TU_SIZES(*r, *c)) : t;
+}
+
+/* The reference in float64 (r x *m): softmax over the last dim of x * w
+ * (a [4, 1] x broadcasts against w to [4, 6]), or x. */
+static void jit_reference(const jit_case *c, const double *x, const double *w, int r, int n,
+                          int *m, double *ref) {
+    *m = c->weighted ? JIT_C : n;
+    for (int i = 0; i < r; i++) {
+        double *row = &ref[i * *m], mx = -INFINITY, sum = 0;
+        for (int j = 0; j < *m; j++) row[j] = c->weighted ? x[i * n + (n == 1 ? 0 : j)] * w[j] : x[i * n + j];
+        if (!c->softmax) continue;
+        for (int j = 0; j < *m; j++) mx = fmax(mx, row[j]);
+        for (int j = 0; j < *m; j++) sum += exp(row[j] - mx);
+        for (int j = 0; j < *m; j++) row[j] = exp(row[j] - mx) / sum;
+    }
+}
+
+static void jit_check(jit_case *c, int call, const em_tensor *y, const double *ref, int r, int n) {
+    float v[JIT_R * JIT_C];
+    if (!y->storage) case_fail(c, "call %d: the output is not computed", call);
+    if (em_copy_to_host(y, v, sizeof(float) * (size_t)(r * n)) != EM_OK) {
+        case_fail(c, "call %d: read: %s", call, em_last_error());
+        return;
+    }
+    for (int i = 0; i < r * n; i++)
+        if (fabs(v[i] - ref[i]) > 1e-6 + 1e-5 * fabs(ref[i]))
+            case_fail(c, "call %d (layout %d), element %d: got %.6g, want %.6g", call,
+                      call % JIT_LAYOUTS, i, v[i], ref[i]);
+}
+
+static void *jit_case_body(void *arg) {
+    jit_case *c = arg;
+    em_scope_begin();
+    double wv[JIT_C];
+    em_tensor *w = NULL;
+    if (c->weighted) { /* pending in lazy mode: half of w0 */
+        float w0[JIT_C];
+        for (int j = 0; j < JIT_C; j++) w0[j] = (float)(j + 1), wv[j] = 0.5 * (j + 1);
+        w = em_mul_scalar(em_from_data(w0, EM_F32, 1, TU_SIZES(JIT_C), CPU), 0.5);
+        if (w && w->storage) case_fail(c, "the weight is not pending: lazy mode is off");
+    }
+    em_compile_options o = opts1("under_jit", 1, 0);
+    o.async_compile = c->async ? 1 : -1;
+    o.lazy_trace = c->lazy_trace;
+    em_compiled *f = em_compile(c->fn, &w, &o);
+    for (int call = 0; f && call < 40; call++) {
+        em_scope_begin();
+        double x[JIT_R * JIT_C], ref[JIT_R * JIT_C];
+        int r, n, m;
+        em_tensor *in = jit_input(call, x, &r, &n), *y = NULL;
+        /* every other round of layouts passes a pending input */
+        if ((call / JIT_LAYOUTS) % 2) in = em_add_scalar(in, 0);
+        jit_reference(c, x, wv, r, n, &m, ref);
+        if (em_call(f, &in, NULL, &y) != EM_OK)
+            case_fail(c, "call %d: %s", call, em_last_error());
+        else
+            jit_check(c, call, y, ref, r, m);
+        em_scope_end();
+    }
+    char *text = f ? printed(f, 0, false) : NULL;
+    if (!c->weighted && text && strstr(text, "constant"))
+        case_fail(c, "the input's result became a constant:\n%s", text);
+    free(text);
+    em_compiled_free(f);
+    em_scope_end();
+    return NULL;
+}
+
+/* The same function called 40 times with changing values under
+ * EMBER_JIT=1, with and without async compile, traced eagerly and
+ * lazily: every call gives float64's values. */
+START_TEST(compiled_functions_under_ember_jit_give_each_calls_values) {
+    setenv("EMBER_JIT", "1", 1);
+    const struct { em_fn fn; bool softmax, weighted; } fns[] = {
+        {softmax_fn, true, false}, {copy_fn, false, false}, {weighted_fn, true, true}};
+    for (int async = 0; async <= 1; async++) {
+        if (async) setenv("EMBER_ASYNC_COMPILE", "1", 1); /* lazy mode's too */
+        for (size_t i = 0; i < sizeof fns / sizeof fns[0]; i++) {
+            for (int lt = -1; lt <= 1; lt += 2) {
+                jit_case c = {fns[i].fn, fns[i].softmax, fns[i].weighted, async, lt, 0, ""};
+                pthread_t th;
+                ck_assert_int_eq(pthread_create(&th, NULL, jit_case_body, &c), 0);
+                pthread_join(th, NULL);
+                ck_assert_msg(c.failures == 0, "function %zu, async %d, lazy_trace %d: %d failures; "
+                              "first: %s", i, async, lt, c.failures, c.first);
+            }
+        }
+    }
+    unsetenv("EMBER_ASYNC_COMPILE");
+    unsetenv("EMBER_JIT");
+}
+END_TEST
+
 /* ---- logging ---- */
 
 static char *read_file(const char *path) {
@@ -725,6 +884,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, random_ops_advance_the_generator_like_eager);
     tcase_add_test(tc, graph_break_runs_as_segments_from_then_on);
     tcase_add_test(tc, lazy_trace_records_then_runs_the_entry);
+    tcase_add_test(tc, compiled_functions_under_ember_jit_give_each_calls_values);
     suite_add_tcase(s, tc);
     tc = tcase_create("runtime");
     tcase_add_checked_fixture(tc, tu_setup, tu_teardown);

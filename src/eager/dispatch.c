@@ -8,8 +8,20 @@
 
 #include <string.h>
 
+/* The thread's mode (EMBER_JIT=1: lazy mode) starts before its hook is
+ * first seen or changed: code that sets the hook aside and restores it (a
+ * recording, em_force, a host read, em_call) must save the mode's hook, or
+ * a mode started inside would be dropped by the restore, and the hook it
+ * displaced (a recorder) would miss the ops after it. */
+static void mode_start(em_context *c) {
+    if (c->mode_started) return;
+    c->mode_started = true;
+    if (em_mode_autostart) em_mode_autostart();
+}
+
 em_dispatch_hook em_set_dispatch_hook(em_dispatch_hook h) {
     em_context *c = em_ctx();
+    mode_start(c);
     em_dispatch_hook old = c->hook;
     c->hook = h;
     return old;
@@ -65,10 +77,7 @@ em_tensor *em_dispatch(em_op op, int nin, em_tensor *const *in, const em_op_attr
         return NULL;
     }
     em_context *ctx = em_ctx();
-    if (!ctx->mode_started) {
-        ctx->mode_started = true;
-        if (em_mode_autostart) em_mode_autostart();
-    }
+    mode_start(ctx);
     if (check_inputs(&c) != EM_OK) return NULL;
     /* zeroed field by field: a memset of the struct compiles to `rep stos`,
      * 9% of recording an op in lazy mode */

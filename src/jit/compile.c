@@ -644,19 +644,22 @@ static em_status call_entries(em_compiled *f, em_tensor *const *in, const double
                               em_tensor **out);
 
 em_status em_call(em_compiled *f, em_tensor *const *in, const double *scalars, em_tensor **out) {
-    em_dispatch_hook hook = em_ctx()->hook;
+    /* The hook is taken through em_set_dispatch_hook, which starts the
+     * thread's mode first (EMBER_JIT=1): a mode started later, inside the
+     * call, would take over the trace's ops. */
+    em_dispatch_hook hook = em_set_dispatch_hook((em_dispatch_hook){0});
     /* Called while this thread records ops (inside another traced
      * function): run fn inline, so the outer graph sees its ops. */
     if (hook.fn && !jit_lazy_hook(&hook)) {
+        em_set_dispatch_hook(hook);
         em_status s = check_call(f, in, scalars, out);
         return s == EM_OK ? run_eager(f, in, scalars, out) : s;
     }
     /* In lazy mode a compiled function keeps its own entries: its inputs
      * are computed, and it runs with the lazy hook set aside. */
-    if (hook.fn) em_set_dispatch_hook((em_dispatch_hook){0});
     em_status s = check_call(f, in, scalars, out);
     if (s == EM_OK) s = call_entries(f, in, scalars, out);
-    if (hook.fn) em_set_dispatch_hook(hook);
+    em_set_dispatch_hook(hook);
     return s;
 }
 

@@ -978,8 +978,17 @@ em_dispatch_hook jit_lazy_runner(void) {
 em_status em_lazy_begin(void) {
     lz_state *st = state_get(true);
     if (!st) return em_last_status();
-    if (st->depth++ == 0)
+    if (st->depth == 0) {
+        /* over a recorder's hook, lazy mode would take the ops the trace
+         * must see (and the trace's end would drop lazy mode again) */
+        em_dispatch_hook cur = em_set_dispatch_hook((em_dispatch_hook){0});
+        em_set_dispatch_hook(cur);
+        if (cur.fn)
+            return em_error(EM_ERR_STATE, "em_lazy_begin: a function is being traced on "
+                            "this thread (em_compile): lazy mode cannot start inside it");
         st->prev = em_set_dispatch_hook((em_dispatch_hook){lazy_op, st, NULL});
+    }
+    st->depth++;
     return EM_OK;
 }
 

@@ -79,10 +79,15 @@ static void set_break(tr_recorder *r, const char *why) {
 }
 
 /* The node of tensor t, adding it as a constant when the graph has not
- * seen it. */
+ * seen it.  A constant is a value: a pending tensor (lazy mode) from
+ * outside the trace is computed first, as eager code would compute it
+ * once, so that every run of the graph reads its values.  (Inputs are
+ * placeholders whatever their state: they are in the map from the
+ * start.) */
 static int node_of(tr_recorder *r, em_tensor *t) {
     int n = map_get(r, t);
     if (n >= 0) return n;
+    if (!t->storage && em_force(t) != EM_OK) return -1;
     n = tr_add_const(r->g, t);
     if (n < 0 || !map_put(r, t, n)) return -1;
     return n;
