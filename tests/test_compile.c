@@ -3,6 +3,7 @@
 #include "testutil.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdarg.h>
 #include <string.h>
 #include <unistd.h>
@@ -623,6 +624,112 @@ START_TEST(compiled_functions_under_ember_jit_give_each_calls_values) {
 }
 END_TEST
 
+/* ---- the allocator travels with the object (issue 21, item 12) ---- */
+
+/* An allocator whose blocks carry its tag: freeing a block through
+ * another allocator is counted (and the block leaked), not a crash. */
+typedef struct tagged {
+    unsigned tag;
+    atomic_long live;    /* its blocks not yet freed */
+    atomic_long foreign; /* blocks of another allocator handed to its free */
+} tagged;
+
+#define TAG_HEAD 64 /* keeps the 64-byte alignment Ember asks for */
+
+static void *tagged_alloc(void *ud, size_t size, size_t align) {
+    tagged *t = ud;
+    char *p;
+    if (align > TAG_HEAD || posix_memalign((void **)&p, TAG_HEAD, size + TAG_HEAD)) return NULL;
+    memcpy(p, &t->tag, sizeof t->tag);
+    atomic_fetch_add(&t->live, 1);
+    return p + TAG_HEAD;
+}
+
+static void tagged_free(void *ud, void *q) {
+    tagged *t = ud;
+    char *p = (char *)q - TAG_HEAD;
+    unsigned tag;
+    memcpy(&tag, p, sizeof tag);
+    if (tag != t->tag) { /* the default allocator's, or another's: not ours to free */
+        atomic_fetch_add(&t->foreign, 1);
+        return;
+    }
+    memset(p, 0, sizeof tag);
+    atomic_fetch_sub(&t->live, 1);
+    free(p);
+}
+
+/* softmax over the last dim of x's values, in float64 */
+static double *softmax_reference(const em_tensor *x) {
+    double *v = tu_values(x);
+    int64_t n = em_size(x, -1), rows = em_numel(x) / n;
+    for (int64_t r = 0; r < rows; r++) {
+        double *row = &v[r * n], mx = -INFINITY, sum = 0;
+        for (int64_t j = 0; j < n; j++) mx = fmax(mx, row[j]);
+        for (int64_t j = 0; j < n; j++) sum += exp(row[j] - mx);
+        for (int64_t j = 0; j < n; j++) row[j] = exp(row[j] - mx) / sum;
+    }
+    return v;
+}
+
+/* Calls f under allocator `calls` with 24 batch sizes (a dynamic entry,
+ * its memo of sizes full, then sizes it computes for one call only) and
+ * a transposed input (another entry), checking values. */
+static void calls_under(em_compiled *f, const em_allocator *calls) {
+    const em_allocator *saved = em_get_allocator();
+    em_set_allocator(calls);
+    for (int call = 0; call < 26; call++) {
+        em_scope_begin();
+        em_tensor *x = call < 24 ? tu_random(40 + call, 2, TU_SIZES(2 + call, 9), EM_F32, 2)
+                                 : em_transpose(tu_random(80 + call, 2, TU_SIZES(9, 5), EM_F32, 2), 0, 1);
+        em_tensor *y;
+        ck_assert_msg(em_call(f, &x, NULL, &y) == EM_OK, "call %d: %s", call, em_last_error());
+        double *ref = softmax_reference(x);
+        tu_check_close(y, ref, 2, em_sizes(x), 1e-5, 1e-6);
+        free(ref);
+        em_scope_end();
+    }
+    em_set_allocator(saved);
+}
+
+static void check_clean(const char *what, tagged *t) {
+    ck_assert_msg(atomic_load(&t->foreign) == 0, "%s: %ld frees of another allocator's blocks",
+                  what, atomic_load(&t->foreign));
+    ck_assert_msg(atomic_load(&t->live) == 0, "%s: %ld blocks never freed", what,
+                  atomic_load(&t->live));
+}
+
+/* A compiled function made under one allocator, called under another and
+ * freed under a third (the default) frees everything it owns with the
+ * one that made it: no block goes to the wrong allocator, in any order,
+ * with and without async compile. */
+START_TEST(a_compiled_function_frees_with_the_allocator_that_made_it) {
+    for (int order = 0; order < 3; order++) {
+        tagged ta = {0xA110CA7A, 0, 0}, tb = {0xA110CA7B, 0, 0};
+        em_allocator a = {tagged_alloc, tagged_free, &ta}, b = {tagged_alloc, tagged_free, &tb};
+        /* 0: made under a, called under b; 1: made under the default,
+         * called under a; 2: 0 with async compile */
+        const em_allocator *made = order == 1 ? NULL : &a, *calls = order == 1 ? &a : &b;
+        em_set_allocator(made);
+        em_compile_options o = opts1("softmax", 1, 0);
+        o.async_compile = order == 2 ? 1 : -1;
+        o.recompile_limit = 4;
+        em_compiled *f = em_compile(softmax_fn, NULL, &o);
+        em_set_allocator(NULL);
+        ck_assert_ptr_nonnull(f);
+        calls_under(f, calls);
+        em_compile_stats st;
+        em_compiled_stats(f, &st);
+        ck_assert_int_ge(st.dynamic_entries, 1);
+        em_set_allocator(order == 1 ? &b : NULL); /* freed under yet another */
+        em_compiled_free(f);
+        em_set_allocator(NULL);
+        check_clean("the allocator that made it", order == 1 ? &tb : &ta);
+        check_clean("the allocator of the calls", order == 1 ? &ta : &tb);
+    }
+}
+END_TEST
+
 /* ---- logging ---- */
 
 static char *read_file(const char *path) {
@@ -885,6 +992,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, graph_break_runs_as_segments_from_then_on);
     tcase_add_test(tc, lazy_trace_records_then_runs_the_entry);
     tcase_add_test(tc, compiled_functions_under_ember_jit_give_each_calls_values);
+    tcase_add_test(tc, a_compiled_function_frees_with_the_allocator_that_made_it);
     suite_add_tcase(s, tc);
     tc = tcase_create("runtime");
     tcase_add_checked_fixture(tc, tu_setup, tu_teardown);

@@ -281,6 +281,18 @@ static em_status run_segments(const em_compiled *f, em_tensor *const *in, const 
 static void lock(em_compiled *f) { pthread_mutex_lock(&f->lock); }
 static void unlock(em_compiled *f) { pthread_mutex_unlock(&f->lock); }
 
+/* What f owns (entries, their graphs, guards and backend states, and what
+ * those keep from later calls) is allocated with the allocator em_compile
+ * ran under, whatever allocator a call runs under, so that
+ * em_compiled_free frees it all with that one (docs/memory.md).  The
+ * call's own tensors (fn's, the outputs) stay the caller's.  Returns the
+ * caller's allocator, to restore. */
+static const em_allocator *use_own_alloc(const em_compiled *f) {
+    const em_allocator *caller = em_get_allocator();
+    em_set_allocator(f->alloc);
+    return caller;
+}
+
 /* Moves entry i to the front (most recently used). */
 static void touch(em_compiled *f, int i) {
     jit_entry *e = f->entries[i];
@@ -527,8 +539,11 @@ static em_status trace(em_compiled *f, em_tensor *const *in, const double *scala
                        em_tensor **out, const uint32_t *dyn, const jit_entry *prev) {
     em_scope_begin();
     bool lazily = trace_lazily(f, in);
+    em_dispatch_hook runner = lazily ? jit_lazy_runner() : (em_dispatch_hook){0};
+    const em_allocator *caller = use_own_alloc(f); /* the recorder's graph becomes f's */
     tr_recorder *r = tr_record_begin_with(f->ninputs, in, (const char *const *)f->input_names,
-                                          lazily ? jit_lazy_runner() : (em_dispatch_hook){0});
+                                          runner);
+    em_set_allocator(caller);
     if (!r) {
         em_scope_end();
         return em_last_status();
@@ -549,15 +564,19 @@ static em_status trace(em_compiled *f, em_tensor *const *in, const double *scala
                  "segments around its reads from now on (lazy mode)", f->name, why, f->name);
         return finish_outputs(f, lazily ? realize_outputs(f, out) : EM_OK, out);
     }
+    caller = use_own_alloc(f);
     jit_entry *e = g ? make_entry(f, g, in, scalars, dyn, prev) : NULL;
+    if (e) {
+        memmove(&f->entries[1], &f->entries[0], sizeof *f->entries * (size_t)f->nentries);
+        f->entries[0] = e;
+        f->nentries++;
+        f->stats.traces++;
+        f->stats.entries = f->nentries;
+        log_entry(f, e);
+        record_entry(f, e);
+    }
+    em_set_allocator(caller);
     if (!e) return finish_outputs(f, em_last_status() ? em_last_status() : EM_ERR_STATE, out);
-    memmove(&f->entries[1], &f->entries[0], sizeof *f->entries * (size_t)f->nentries);
-    f->entries[0] = e;
-    f->nentries++;
-    f->stats.traces++;
-    f->stats.entries = f->nentries;
-    log_entry(f, e);
-    record_entry(f, e);
     if (lazily) outputs_from_entry(f, e, in, scalars, out);
     return finish_outputs(f, lazily ? realize_outputs(f, out) : EM_OK, out);
 }
@@ -629,8 +648,11 @@ static int find_entry(em_compiled *f, em_tensor *const *in, const double *scalar
         jit_entry *e = f->entries[i];
         if (!gd_check(e->guards, in, scalars)) continue;
         *spec = NULL;
-        if (e->ready && e->dynamic && e->backend->specialize &&
-            !e->backend->specialize(e->state, e->graph, in, spec)) {
+        const em_allocator *caller = use_own_alloc(f); /* the state keeps what it makes */
+        bool serves = !(e->ready && e->dynamic && e->backend->specialize) ||
+                      e->backend->specialize(e->state, e->graph, in, spec);
+        em_set_allocator(caller);
+        if (!serves) {
             *declined = true;
             continue;
         }

@@ -790,19 +790,25 @@ static lz_dyn *dyn_make(lz_state *st, lz_structure *sg, cut *c) {
     return d;
 }
 
-/* Looks the cut's graph up (compiling it on a miss) and runs it: vals
- * gets one new tensor per output of the cut, in its order. */
-static em_status run_outputs(lz_state *st, cut *c, em_tensor **vals) {
+/* What a flush runs: an entry's graph with its state, or a structure's
+ * dynamic entry with what its run needs for these sizes. */
+typedef struct lz_run {
+    const jit_backend *backend;
+    void *state;
+    void *spec;          /* dynamic: the backend's specialize result */
+    const tr_graph *graph;
+    bool dynamic;        /* run with run_dynamic when the backend has it */
+} lz_run;
+
+/* Finds (or makes, compiling it) what runs the cut's graph; st's lock is
+ * held.  A graph the tables take leaves c->g NULL. */
+static em_status lookup(lz_state *st, cut *c, lz_run *run) {
     kc_key key, sk;
     cut_keys(c, &key, &sk);
-    pthread_mutex_lock(&st->lock);
     lz_entry *e = entry_find(st, &key);
     lz_structure *sg = e ? NULL : structure_of(st, &sk);
     void *spec = NULL;
-    if (!e && !sg) {
-        pthread_mutex_unlock(&st->lock);
-        return em_last_status();
-    }
+    if (!e && !sg) return em_last_status();
     if (sg && st->dynamic && !sg->dyn && !sg->dyn_refused && sg->first >= 0 &&
         sg->entries < st->limit && cut_graph(c) == EM_OK) {
         int64_t before = st->env.compiled, loaded = st->env.loaded;
@@ -821,29 +827,44 @@ static em_status run_outputs(lz_state *st, cut *c, em_tensor **vals) {
         lz_dyn *d = sg->dyn;
         st->stats.graph_hits++;
         st->stats.flushes++;
-        pthread_mutex_unlock(&st->lock);
-        return d->backend->run_dynamic ? d->backend->run_dynamic(d->state, spec, d->graph, c->inputs, vals)
-                                       : d->backend->run(d->state, d->graph, c->inputs, vals);
+        *run = (lz_run){d->backend, d->state, spec, d->graph, true};
+        return EM_OK;
     }
     if (e) {
         st->stats.graph_hits++;
     } else {
         e = cut_graph(c) == EM_OK ? entry_add(st, c->g, &key, &sk) : NULL;
-        if (!e) {
-            pthread_mutex_unlock(&st->lock);
-            return em_last_status();
-        }
+        if (!e) return em_last_status();
         c->g = NULL; /* the entry has it now */
     }
     st->stats.flushes++;
     /* entries are never removed; a compiled entry never changes again, one
      * still compiling runs op by op: safe to run unlocked */
-    const tr_graph *g = e->graph;
-    void *state = e->compiling ? NULL : e->state;
-    const jit_backend *b = e->compiling ? &jit_replay_backend : e->backend;
     st->stats.async_runs += e->compiling;
+    *run = (lz_run){e->compiling ? &jit_replay_backend : e->backend,
+                    e->compiling ? NULL : e->state, NULL, e->graph, false};
+    return EM_OK;
+}
+
+/* Looks the cut's graph up (compiling it on a miss) and runs it: vals
+ * gets one new tensor per output of the cut, in its order.  The tables,
+ * their graphs and compiled states are st's: they are allocated with the
+ * allocator st was made under, whatever the reading code runs under, so
+ * that st frees them with that one; the values are the caller's. */
+static em_status run_outputs(lz_state *st, cut *c, em_tensor **vals) {
+    const em_allocator *caller = em_get_allocator();
+    em_set_allocator(st->alloc);
+    lz_run run = {0};
+    pthread_mutex_lock(&st->lock);
+    em_status s = lookup(st, c, &run);
     pthread_mutex_unlock(&st->lock);
-    return b->run(state, g, c->inputs, vals);
+    tr_graph_free(c->g); /* one no table took, with the allocator that built it */
+    c->g = NULL;
+    em_set_allocator(caller);
+    if (s != EM_OK) return s;
+    if (run.dynamic && run.backend->run_dynamic)
+        return run.backend->run_dynamic(run.state, run.spec, run.graph, c->inputs, vals);
+    return run.backend->run(run.state, run.graph, c->inputs, vals);
 }
 
 /* Computes the pending tensors roots[0..n) (all made on state st) in one
