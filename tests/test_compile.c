@@ -730,6 +730,114 @@ START_TEST(a_compiled_function_frees_with_the_allocator_that_made_it) {
 }
 END_TEST
 
+/* ---- every error return sets the message (issue 21, item 14) ---- */
+
+/* fails without setting an error: em_call must still report one */
+static em_status silent_fail_fn(void *ctx, em_tensor *const *in, const double *s, em_tensor **out) {
+    (void)ctx;
+    (void)in;
+    (void)s;
+    out[0] = NULL;
+    return EM_ERR_ARG;
+}
+
+/* a shape error half way through, after a value was read */
+static em_status late_fail_fn(void *ctx, em_tensor *const *in, const double *s, em_tensor **out) {
+    (void)ctx;
+    (void)s;
+    double v;
+    if (em_item(em_sum(in[0], 0, NULL, false), &v) != EM_OK) return em_last_status();
+    out[0] = em_add(in[0], em_ones(1, TU_SIZES(7), EM_F32, CPU));
+    return out[0] ? EM_OK : em_last_status();
+}
+
+static uint64_t fuzz_next(uint64_t *x) {
+    *x ^= *x << 13;
+    *x ^= *x >> 7;
+    *x ^= *x << 17;
+    return *x;
+}
+
+/* Whatever a call returns, a failure is em_last_status() with a message. */
+#define FUZZ_CHECK(step, what, s)                                                          \
+    ck_assert_msg((s) == EM_OK || (em_last_status() == (s) && em_last_error()[0]),         \
+                  "step %d, %s returned %s, but em_last_status() is %s and the message '%s'", \
+                  step, what, em_status_name(s), em_status_name(em_last_status()), em_last_error())
+
+/* One random input: a good one, NULL, another dtype or rank, a pending
+ * one (in lazy mode), a non-contiguous or a broadcast one. */
+static em_tensor *fuzz_input(uint64_t *x) {
+    switch (fuzz_next(x) % 7) {
+    case 0: return NULL;
+    case 1: return tu_random(fuzz_next(x), 1, TU_SIZES(5), EM_F64, 1);
+    case 2: return tu_random(fuzz_next(x), 2, TU_SIZES(1 + (int64_t)(fuzz_next(x) % 3), 7), EM_F32, 1);
+    case 3: return em_add_scalar(tu_random(fuzz_next(x), 2, TU_SIZES(3, 7), EM_F32, 1), 1);
+    case 4: return em_transpose(tu_random(fuzz_next(x), 2, TU_SIZES(7, 3), EM_F32, 1), 0, 1);
+    case 5: return em_expand(tu_random(fuzz_next(x), 2, TU_SIZES(1, 7), EM_F32, 1), 2, TU_SIZES(4, 7));
+    default: return tu_random(fuzz_next(x), 2, TU_SIZES(3, 7), EM_F32, 1);
+    }
+}
+
+/* A random sequence of compiles (good and bad options), calls (good,
+ * failing and silent functions; bad arguments), statistics, prints,
+ * saves, frees and lazy-mode switches: every non-OK return comes with
+ * em_last_status() equal to it and a message. */
+START_TEST(random_api_sequences_set_a_message_with_every_error) {
+    em_fn fns[] = {softmax_fn, failing_fn, silent_fail_fn, late_fail_fn, breaking_fn, copy_fn};
+    em_compiled *fs[4] = {0};
+    uint64_t x = 0x9E3779B97F4A7C15ull;
+    int lazy = 0;
+    for (int step = 0; step < 1500; step++) {
+        em_scope_begin();
+        em_clear_error();
+        int k = (int)(fuzz_next(&x) % 4), what = (int)(fuzz_next(&x) % 10);
+        em_status s = EM_OK;
+        if (what == 0 || !fs[k]) {
+            em_compiled_free(fs[k]);
+            em_compile_options o = opts1("fz", 1, 0);
+            o.recompile_limit = (int)(fuzz_next(&x) % 4) - (fuzz_next(&x) % 8 == 0);
+            o.async_compile = (int)(fuzz_next(&x) % 3) - 1;
+            o.lazy_trace = (int)(fuzz_next(&x) % 3) - 1;
+            o.dynamic = (int)(fuzz_next(&x) % 3) - 1;
+            if (fuzz_next(&x) % 8 == 0) o.backend = fuzz_next(&x) % 2 ? "replay" : "nope";
+            if (fuzz_next(&x) % 10 == 0) o.noutputs = 0;
+            fs[k] = em_compile(fns[fuzz_next(&x) % (sizeof fns / sizeof fns[0])], NULL, &o);
+            if (!fs[k]) FUZZ_CHECK(step, "em_compile", em_last_status() ? em_last_status() : EM_ERR_STATE);
+        } else if (what <= 5) {
+            em_tensor *in = fuzz_input(&x), *y = NULL;
+            em_clear_error(); /* an input that failed to build is not the call's error */
+            s = em_call(fs[k], fuzz_next(&x) % 20 ? &in : NULL, NULL, fuzz_next(&x) % 20 ? &y : NULL);
+            FUZZ_CHECK(step, "em_call", s);
+        } else if (what == 6) {
+            em_compile_stats st;
+            s = em_compiled_stats(fuzz_next(&x) % 10 ? fs[k] : NULL, fuzz_next(&x) % 10 ? &st : NULL);
+            FUZZ_CHECK(step, "em_compiled_stats", s);
+            FILE *null = fopen("/dev/null", "w");
+            s = em_compiled_print(fs[k], (int)(fuzz_next(&x) % 4) - 1, fuzz_next(&x) % 2, null);
+            fclose(null);
+            FUZZ_CHECK(step, "em_compiled_print", s);
+        } else if (what == 7) {
+            s = em_compiled_save(fs[k], fuzz_next(&x) % 2 ? "" : "/nonexistent/dir/list.txt");
+            FUZZ_CHECK(step, "em_compiled_save", s);
+        } else if (what == 8) {
+            bool begin = fuzz_next(&x) % 2;
+            s = begin ? em_lazy_begin() : em_lazy_end();
+            FUZZ_CHECK(step, begin ? "em_lazy_begin" : "em_lazy_end", s);
+            if (s == EM_OK) lazy += begin ? 1 : -1;
+        } else {
+            s = fuzz_next(&x) % 2 ? em_sync() : em_realize(NULL);
+            FUZZ_CHECK(step, "em_sync/em_realize", s);
+            em_lazy_stats ls;
+            s = em_lazy_get_stats(fuzz_next(&x) % 2 ? &ls : NULL);
+            FUZZ_CHECK(step, "em_lazy_get_stats", s);
+        }
+        em_scope_end();
+    }
+    while (lazy-- > 0) em_lazy_end();
+    for (int k = 0; k < 4; k++) em_compiled_free(fs[k]);
+}
+END_TEST
+
 /* ---- logging ---- */
 
 static char *read_file(const char *path) {
@@ -999,6 +1107,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, ember_log_reports_graph_recompiles_breaks_and_limit);
     tcase_add_test(tc, recompile_is_logged_with_reason);
     tcase_add_test(tc, bad_options_and_calls);
+    tcase_add_test(tc, random_api_sequences_set_a_message_with_every_error);
     tcase_add_test(tc, function_errors_propagate_and_add_no_entry);
     tcase_add_test(tc, outputs_belong_to_the_callers_scope);
     tcase_add_test(tc, concurrent_calls);

@@ -178,7 +178,8 @@ em_compiled *em_compile(em_fn fn, void *ctx, const em_compile_options *opts) {
     if (ok) {
         f->nwatch = opts->nwatch;
         memcpy(f->watch, opts->watch, sizeof *f->watch * (size_t)opts->nwatch);
-        ok = pthread_mutex_init(&f->lock, NULL) == 0;
+        ok = pthread_mutex_init(&f->lock, NULL) == 0 ||
+             (em_error(EM_ERR_NOMEM, "em_compile: cannot make the function's lock"), false);
     }
     if (!ok) {
         f->nentries = 0;
@@ -576,7 +577,9 @@ static em_status trace(em_compiled *f, em_tensor *const *in, const double *scala
         record_entry(f, e);
     }
     em_set_allocator(caller);
-    if (!e) return finish_outputs(f, em_last_status() ? em_last_status() : EM_ERR_STATE, out);
+    if (!e && em_last_status() == EM_OK)
+        em_error(EM_ERR_STATE, "em_call(%s): the traced graph gave no entry", f->name);
+    if (!e) return finish_outputs(f, em_last_status(), out);
     if (lazily) outputs_from_entry(f, e, in, scalars, out);
     return finish_outputs(f, lazily ? realize_outputs(f, out) : EM_OK, out);
 }
@@ -665,6 +668,20 @@ static int find_entry(em_compiled *f, em_tensor *const *in, const double *scalar
 static em_status call_entries(em_compiled *f, em_tensor *const *in, const double *scalars,
                               em_tensor **out);
 
+/* What em_call returns for status s: a failure always with
+ * em_last_status() equal to it and a message, even when the function
+ * returned a status without setting an error, or something after the
+ * failure (a backend, a cleanup) replaced or cleared it. */
+static em_status call_status(const em_compiled *f, em_status s) {
+    if (s == EM_OK || (em_last_status() == s && em_last_error()[0])) return s;
+    char last[256]; /* copied: em_error must not format the message into itself */
+    snprintf(last, sizeof last, "%s", em_last_error());
+    if (last[0])
+        return em_error(s, "em_call(%s): %s (%s)", f ? f->name : "?", em_status_name(s), last);
+    return em_error(s, "em_call(%s): the function failed with %s without setting an error",
+                    f ? f->name : "?", em_status_name(s));
+}
+
 em_status em_call(em_compiled *f, em_tensor *const *in, const double *scalars, em_tensor **out) {
     /* The hook is taken through em_set_dispatch_hook, which starts the
      * thread's mode first (EMBER_JIT=1): a mode started later, inside the
@@ -675,14 +692,14 @@ em_status em_call(em_compiled *f, em_tensor *const *in, const double *scalars, e
     if (hook.fn && !jit_lazy_hook(&hook)) {
         em_set_dispatch_hook(hook);
         em_status s = check_call(f, in, scalars, out);
-        return s == EM_OK ? run_eager(f, in, scalars, out) : s;
+        return call_status(f, s == EM_OK ? run_eager(f, in, scalars, out) : s);
     }
     /* In lazy mode a compiled function keeps its own entries: its inputs
      * are computed, and it runs with the lazy hook set aside. */
     em_status s = check_call(f, in, scalars, out);
     if (s == EM_OK) s = call_entries(f, in, scalars, out);
     em_set_dispatch_hook(hook);
-    return s;
+    return call_status(f, s);
 }
 
 static em_status call_entries(em_compiled *f, em_tensor *const *in, const double *scalars,

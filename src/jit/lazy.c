@@ -1071,9 +1071,18 @@ em_status em_lazy_get_stats(em_lazy_stats *out) {
     return EM_OK;
 }
 
-/* EMBER_JIT=1: every thread starts in lazy mode. */
+/* EMBER_JIT=1: every thread starts in lazy mode.  It starts inside
+ * whatever call first touches the thread's hook; if it cannot (memory),
+ * the thread runs eagerly and that call's error state is left as it was. */
 void em_mode_autostart(void) {
     char buf[16];
     const char *e = em_getenv("EMBER_JIT", buf, sizeof buf);
-    if (e && !strcmp(e, "1") && em_lazy_begin() != EM_OK) em_clear_error();
+    if (!e || strcmp(e, "1") != 0) return;
+    em_context *c = em_ctx();
+    em_status s = c->status;
+    char msg[sizeof c->message];
+    memcpy(msg, c->message, sizeof msg);
+    if (em_lazy_begin() == EM_OK) return;
+    c->status = s;
+    memcpy(c->message, msg, sizeof msg);
 }
