@@ -70,6 +70,10 @@ typedef struct lz_state {
     int depth;           /* em_lazy_begin nesting on the thread */
     em_dispatch_hook prev;
     pthread_mutex_t lock; /* the tables (held across a compile) */
+    pthread_mutex_t force_lock; /* held by a force (walk, run, adopt) of this state's
+                            tensors: two threads reading one pending tensor must not
+                            both compute it, nor one walk recipes the other's adopt
+                            frees (recursive) */
     pthread_spinlock_t pending_lock; /* pending and nthunks: held for a few pointer
                             writes, by the recording thread or one releasing a
                             thunk; a mutex cost ~100 instructions an op */
@@ -140,9 +144,19 @@ static void state_release(lz_state *st) {
     kc_close(st->env.cache);
     jit_log_close(&st->log);
     pthread_mutex_destroy(&st->lock);
+    pthread_mutex_destroy(&st->force_lock);
     pthread_spin_destroy(&st->pending_lock);
     em_free(st);
     em_set_allocator(saved);
+}
+
+static bool recursive_mutex_init(pthread_mutex_t *m) {
+    pthread_mutexattr_t a;
+    if (pthread_mutexattr_init(&a) != 0) return false;
+    bool ok = pthread_mutexattr_settype(&a, PTHREAD_MUTEX_RECURSIVE) == 0 &&
+              pthread_mutex_init(m, &a) == 0;
+    pthread_mutexattr_destroy(&a);
+    return ok;
 }
 
 static lz_state *state_get(bool create) {
@@ -161,7 +175,11 @@ static lz_state *state_get(bool create) {
     st->env.log = &st->log;
     st->env.cache = kc_open(NULL, 0);
     bool spin = pthread_spin_init(&st->pending_lock, PTHREAD_PROCESS_PRIVATE) == 0;
-    if (!spin || pthread_mutex_init(&st->lock, NULL) != 0 || pthread_setspecific(state_key, st) != 0) {
+    bool locked = spin && pthread_mutex_init(&st->lock, NULL) == 0;
+    bool forcing = locked && recursive_mutex_init(&st->force_lock);
+    if (!forcing || pthread_setspecific(state_key, st) != 0) {
+        if (forcing) pthread_mutex_destroy(&st->force_lock);
+        if (locked) pthread_mutex_destroy(&st->lock);
         if (spin) pthread_spin_destroy(&st->pending_lock);
         kc_close(st->env.cache);
         jit_log_close(&st->log);
@@ -898,7 +916,16 @@ static em_status force_all(lz_state *st, em_tensor *const *roots, int nroots) {
 static em_status force(em_tensor *t) {
     lz_thunk *k = thunk_of(t);
     if (!k) return t->storage ? EM_OK : em_error(EM_ERR_STATE, "the tensor has no data");
-    return force_all(k->st, &t, 1);
+    lz_state *st = k->st;
+    /* under the state's force lock, t may have been computed meanwhile by
+     * another thread reading it: then there is nothing left to do.  (The
+     * reference keeps st alive past an adopt that frees its last thunk.) */
+    atomic_fetch_add(&st->refs, 1);
+    pthread_mutex_lock(&st->force_lock);
+    em_status s = thunk_of(t) ? force_all(st, &t, 1) : EM_OK;
+    pthread_mutex_unlock(&st->force_lock);
+    state_release(st);
+    return s;
 }
 
 static em_status thunk_force(em_tensor *t) { return force(t); }
@@ -1030,7 +1057,9 @@ em_status em_sync(void) {
         if ((roots[n] = em_retain_live(k->self))) n++;
     pthread_spin_unlock(&st->pending_lock);
     em_dispatch_hook saved = em_set_dispatch_hook((em_dispatch_hook){0});
+    pthread_mutex_lock(&st->force_lock);
     em_status s = n ? force_all(st, roots, n) : EM_OK;
+    pthread_mutex_unlock(&st->force_lock);
     em_set_dispatch_hook(saved);
     for (int i = 0; i < n; i++) em_release(roots[i]);
     em_free(roots);
