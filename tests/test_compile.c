@@ -599,6 +599,39 @@ static void *jit_case_body(void *arg) {
     return NULL;
 }
 
+static double *softmax_reference(const em_tensor *x);
+
+/* softmax of its input with lazy mode begun inside: over the recorder,
+ * lazy mode would take the ops the trace must see */
+static em_status lazy_inside_fn(void *ctx, em_tensor *const *in, const double *s, em_tensor **out) {
+    (void)ctx;
+    (void)s;
+    bool lazy = em_lazy_begin() == EM_OK;
+    out[0] = em_softmax(in[0], -1);
+    if (lazy) em_lazy_end();
+    return out[0] ? EM_OK : em_last_status();
+}
+
+/* em_lazy_begin inside a traced function is refused; the trace records
+ * the function's ops, and every call gets its own values. */
+START_TEST(lazy_mode_cannot_start_inside_a_trace) {
+    em_compile_options o = opts1("lazy_inside", 1, 0);
+    em_compiled *f = em_compile(lazy_inside_fn, NULL, &o);
+    for (int call = 0; call < 4; call++) {
+        em_tensor *x = tu_random(90 + (uint64_t)call, 2, TU_SIZES(3, 5), EM_F32, 2), *y;
+        ck_assert_int_eq(em_call(f, &x, NULL, &y), EM_OK);
+        double *ref = softmax_reference(x);
+        tu_check_close(y, ref, 2, TU_SIZES(3, 5), 1e-5, 1e-6);
+        free(ref);
+    }
+    char *text = printed(f, 0, false);
+    ck_assert_msg(!strstr(text, "constant") && strstr(text, "exp("), "%s", text);
+    free(text);
+    ck_assert(!em_lazy_active());
+    em_compiled_free(f);
+}
+END_TEST
+
 /* The same function called 40 times with changing values under
  * EMBER_JIT=1, with and without async compile, traced eagerly and
  * lazily: every call gives float64's values. */
@@ -1100,6 +1133,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, graph_break_runs_as_segments_from_then_on);
     tcase_add_test(tc, lazy_trace_records_then_runs_the_entry);
     tcase_add_test(tc, compiled_functions_under_ember_jit_give_each_calls_values);
+    tcase_add_test(tc, lazy_mode_cannot_start_inside_a_trace);
     tcase_add_test(tc, a_compiled_function_frees_with_the_allocator_that_made_it);
     suite_add_tcase(s, tc);
     tc = tcase_create("runtime");
