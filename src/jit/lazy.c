@@ -215,8 +215,13 @@ static void thunk_free(void *p) {
     if (last) state_release(st);
 }
 
+/* Another thread may be adopting t's values meanwhile (adopt publishes
+ * the storage last, then clears the recipe): the loads pair with its
+ * stores, so a thread that sees the storage sees the strides too. */
 static lz_thunk *thunk_of(const em_tensor *t) {
-    return t && !t->storage && t->ext_free == thunk_free ? t->ext : NULL;
+    if (!t || __atomic_load_n(&t->storage, __ATOMIC_ACQUIRE)) return NULL;
+    if (__atomic_load_n(&t->ext_free, __ATOMIC_ACQUIRE) != thunk_free) return NULL;
+    return __atomic_load_n(&t->ext, __ATOMIC_ACQUIRE);
 }
 
 /* ---- the cut: the pending DAG below some tensors ---- */
@@ -739,12 +744,15 @@ static lz_entry *entry_add(lz_state *st, tr_graph *g, const kc_key *key, const k
 static void adopt(em_tensor *t, em_tensor *v) {
     lz_thunk *k = t->ext;
     atomic_fetch_add(&v->storage->refcount, 1);
-    t->storage = v->storage;
     memcpy(t->strides, v->strides, sizeof(int64_t) * (size_t)t->ndim);
     t->offset = v->offset;
-    t->ext = NULL;
-    t->ext_free = NULL;
-    t->ext_force = NULL;
+    /* the storage last: a thread reading t without the force lock (em_force's
+     * check, thunk_of) that sees it sees the layout; the recipe stays valid
+     * until then */
+    __atomic_store_n(&t->storage, v->storage, __ATOMIC_RELEASE);
+    __atomic_store_n(&t->ext, NULL, __ATOMIC_RELEASE);
+    __atomic_store_n(&t->ext_free, NULL, __ATOMIC_RELEASE);
+    __atomic_store_n(&t->ext_force, NULL, __ATOMIC_RELEASE);
     thunk_free(k);
 }
 
@@ -915,7 +923,9 @@ static em_status force_all(lz_state *st, em_tensor *const *roots, int nroots) {
 
 static em_status force(em_tensor *t) {
     lz_thunk *k = thunk_of(t);
-    if (!k) return t->storage ? EM_OK : em_error(EM_ERR_STATE, "the tensor has no data");
+    if (!k)
+        return __atomic_load_n(&t->storage, __ATOMIC_ACQUIRE) ? EM_OK
+                                                               : em_error(EM_ERR_STATE, "the tensor has no data");
     lz_state *st = k->st;
     /* under the state's force lock, t may have been computed meanwhile by
      * another thread reading it: then there is nothing left to do.  (The
