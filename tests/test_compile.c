@@ -3,6 +3,8 @@
 #include "testutil.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
+#include <stdarg.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -464,6 +466,411 @@ START_TEST(lazy_trace_records_then_runs_the_entry) {
 }
 END_TEST
 
+/* ---- em_compile under EMBER_JIT=1 (issue 21, item 1) ----
+ *
+ * Each case runs on a fresh thread, so that the function's first op is the
+ * thread's first dispatch: under EMBER_JIT=1 that used to start lazy mode
+ * inside the trace, whose recorder then missed every op and captured the
+ * first call's pending result as a constant (later calls returned it). */
+
+/* a copy: the function's only op is applied to its input */
+static em_status copy_fn(void *ctx, em_tensor *const *in, const double *s, em_tensor **out) {
+    (void)ctx;
+    (void)s;
+    out[0] = em_contiguous(in[0]);
+    return out[0] ? EM_OK : em_last_status();
+}
+
+/* softmax(x * w) with w reached through ctx: in lazy mode a pending tensor */
+static em_status weighted_fn(void *ctx, em_tensor *const *in, const double *s, em_tensor **out) {
+    (void)s;
+    out[0] = em_softmax(em_mul(in[0], *(em_tensor **)ctx), -1);
+    return out[0] ? EM_OK : em_last_status();
+}
+
+typedef struct jit_case {
+    em_fn fn;
+    bool softmax;       /* the reference: softmax of x * w (w: 1 unless weighted) */
+    bool weighted;
+    int async, lazy_trace;
+    int failures;
+    char first[512];    /* the first failure */
+} jit_case;
+
+static void case_fail(jit_case *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void case_fail(jit_case *c, const char *fmt, ...) {
+    if (c->failures++) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(c->first, sizeof c->first, fmt, ap);
+    va_end(ap);
+}
+
+enum { JIT_R = 4, JIT_C = 6, JIT_LAYOUTS = 5 };
+
+/* Call `call`'s input, made without any op before the first call (the
+ * values change every call): contiguous [4, 6], a transpose (not
+ * contiguous), a broadcast row expanded to [4, 6], and size-1 dims
+ * [1, 6] and [4, 1].  x gets the values row-major, *r x *c. */
+static em_tensor *jit_input(int call, double *x, int *r, int *c) {
+    int layout = call % JIT_LAYOUTS;
+    *r = layout == 3 ? 1 : JIT_R;
+    *c = layout == 4 ? 1 : JIT_C;
+    float buf[JIT_R * JIT_C];
+    for (int i = 0; i < *r; i++)
+        for (int j = 0; j < *c; j++) {
+            int k = layout == 2 ? j : i * *c + j; /* a broadcast row repeats */
+            x[i * *c + j] = 3 * sin(0.37 * k + 1.3 * call);
+        }
+    if (layout == 1) { /* stored [c, r], read through a transpose */
+        for (int i = 0; i < *r; i++)
+            for (int j = 0; j < *c; j++) buf[j * *r + i] = (float)x[i * *c + j];
+        return em_transpose(em_from_data(buf, EM_F32, 2, TU_SIZES(*c, *r), CPU), 0, 1);
+    }
+    int rows = layout == 2 ? 1 : *r;
+    for (int i = 0; i < rows * *c; i++) buf[i] = (float)x[i];
+    em_tensor *t = em_from_data(buf, EM_F32, 2, TU_SIZES(rows, *c), CPU);
+    return layout == 2 ? em_expand(t, 2, TU_SIZES(*r, *c)) : t;
+}
+
+/* The reference in float64 (r x *m): softmax over the last dim of x * w
+ * (a [4, 1] x broadcasts against w to [4, 6]), or x. */
+static void jit_reference(const jit_case *c, const double *x, const double *w, int r, int n,
+                          int *m, double *ref) {
+    *m = c->weighted ? JIT_C : n;
+    for (int i = 0; i < r; i++) {
+        double *row = &ref[i * *m], mx = -INFINITY, sum = 0;
+        for (int j = 0; j < *m; j++) row[j] = c->weighted ? x[i * n + (n == 1 ? 0 : j)] * w[j] : x[i * n + j];
+        if (!c->softmax) continue;
+        for (int j = 0; j < *m; j++) mx = fmax(mx, row[j]);
+        for (int j = 0; j < *m; j++) sum += exp(row[j] - mx);
+        for (int j = 0; j < *m; j++) row[j] = exp(row[j] - mx) / sum;
+    }
+}
+
+static void jit_check(jit_case *c, int call, const em_tensor *y, const double *ref, int r, int n) {
+    float v[JIT_R * JIT_C];
+    if (!y->storage) case_fail(c, "call %d: the output is not computed", call);
+    if (em_copy_to_host(y, v, sizeof(float) * (size_t)(r * n)) != EM_OK) {
+        case_fail(c, "call %d: read: %s", call, em_last_error());
+        return;
+    }
+    for (int i = 0; i < r * n; i++)
+        if (fabs(v[i] - ref[i]) > 1e-6 + 1e-5 * fabs(ref[i]))
+            case_fail(c, "call %d (layout %d), element %d: got %.6g, want %.6g", call,
+                      call % JIT_LAYOUTS, i, v[i], ref[i]);
+}
+
+static void *jit_case_body(void *arg) {
+    jit_case *c = arg;
+    em_scope_begin();
+    double wv[JIT_C];
+    em_tensor *w = NULL;
+    if (c->weighted) { /* pending in lazy mode: half of w0 */
+        float w0[JIT_C];
+        for (int j = 0; j < JIT_C; j++) w0[j] = (float)(j + 1), wv[j] = 0.5 * (j + 1);
+        w = em_mul_scalar(em_from_data(w0, EM_F32, 1, TU_SIZES(JIT_C), CPU), 0.5);
+        if (w && w->storage) case_fail(c, "the weight is not pending: lazy mode is off");
+    }
+    em_compile_options o = opts1("under_jit", 1, 0);
+    o.async_compile = c->async ? 1 : -1;
+    o.lazy_trace = c->lazy_trace;
+    em_compiled *f = em_compile(c->fn, &w, &o);
+    for (int call = 0; f && call < 40; call++) {
+        em_scope_begin();
+        double x[JIT_R * JIT_C], ref[JIT_R * JIT_C];
+        int r, n, m;
+        em_tensor *in = jit_input(call, x, &r, &n), *y = NULL;
+        /* every other round of layouts passes a pending input */
+        if ((call / JIT_LAYOUTS) % 2) in = em_add_scalar(in, 0);
+        jit_reference(c, x, wv, r, n, &m, ref);
+        if (em_call(f, &in, NULL, &y) != EM_OK)
+            case_fail(c, "call %d: %s", call, em_last_error());
+        else
+            jit_check(c, call, y, ref, r, m);
+        em_scope_end();
+    }
+    char *text = f ? printed(f, 0, false) : NULL;
+    if (!c->weighted && text && strstr(text, "constant"))
+        case_fail(c, "the input's result became a constant:\n%s", text);
+    free(text);
+    em_compiled_free(f);
+    em_scope_end();
+    return NULL;
+}
+
+static double *softmax_reference(const em_tensor *x);
+
+/* softmax of its input with lazy mode begun inside: over the recorder,
+ * lazy mode would take the ops the trace must see */
+static em_status lazy_inside_fn(void *ctx, em_tensor *const *in, const double *s, em_tensor **out) {
+    (void)ctx;
+    (void)s;
+    bool lazy = em_lazy_begin() == EM_OK;
+    out[0] = em_softmax(in[0], -1);
+    if (lazy) em_lazy_end();
+    return out[0] ? EM_OK : em_last_status();
+}
+
+/* em_lazy_begin inside a traced function is refused; the trace records
+ * the function's ops, and every call gets its own values. */
+START_TEST(lazy_mode_cannot_start_inside_a_trace) {
+    em_compile_options o = opts1("lazy_inside", 1, 0);
+    em_compiled *f = em_compile(lazy_inside_fn, NULL, &o);
+    for (int call = 0; call < 4; call++) {
+        em_tensor *x = tu_random(90 + (uint64_t)call, 2, TU_SIZES(3, 5), EM_F32, 2), *y;
+        ck_assert_int_eq(em_call(f, &x, NULL, &y), EM_OK);
+        double *ref = softmax_reference(x);
+        tu_check_close(y, ref, 2, TU_SIZES(3, 5), 1e-5, 1e-6);
+        free(ref);
+    }
+    char *text = printed(f, 0, false);
+    ck_assert_msg(!strstr(text, "constant") && strstr(text, "exp("), "%s", text);
+    free(text);
+    ck_assert(!em_lazy_active());
+    em_compiled_free(f);
+}
+END_TEST
+
+/* The same function called 40 times with changing values under
+ * EMBER_JIT=1, with and without async compile, traced eagerly and
+ * lazily: every call gives float64's values. */
+START_TEST(compiled_functions_under_ember_jit_give_each_calls_values) {
+    setenv("EMBER_JIT", "1", 1);
+    const struct { em_fn fn; bool softmax, weighted; } fns[] = {
+        {softmax_fn, true, false}, {copy_fn, false, false}, {weighted_fn, true, true}};
+    for (int async = 0; async <= 1; async++) {
+        if (async) setenv("EMBER_ASYNC_COMPILE", "1", 1); /* lazy mode's too */
+        for (size_t i = 0; i < sizeof fns / sizeof fns[0]; i++) {
+            for (int lt = -1; lt <= 1; lt += 2) {
+                jit_case c = {fns[i].fn, fns[i].softmax, fns[i].weighted, async, lt, 0, ""};
+                pthread_t th;
+                ck_assert_int_eq(pthread_create(&th, NULL, jit_case_body, &c), 0);
+                pthread_join(th, NULL);
+                ck_assert_msg(c.failures == 0, "function %zu, async %d, lazy_trace %d: %d failures; "
+                              "first: %s", i, async, lt, c.failures, c.first);
+            }
+        }
+    }
+    unsetenv("EMBER_ASYNC_COMPILE");
+    unsetenv("EMBER_JIT");
+}
+END_TEST
+
+/* ---- the allocator travels with the object (issue 21, item 12) ---- */
+
+/* An allocator whose blocks carry its tag: freeing a block through
+ * another allocator is counted (and the block leaked), not a crash. */
+typedef struct tagged {
+    unsigned tag;
+    atomic_long live;    /* its blocks not yet freed */
+    atomic_long foreign; /* blocks of another allocator handed to its free */
+} tagged;
+
+#define TAG_HEAD 64 /* keeps the 64-byte alignment Ember asks for */
+
+static void *tagged_alloc(void *ud, size_t size, size_t align) {
+    tagged *t = ud;
+    char *p;
+    if (align > TAG_HEAD || posix_memalign((void **)&p, TAG_HEAD, size + TAG_HEAD)) return NULL;
+    memcpy(p, &t->tag, sizeof t->tag);
+    atomic_fetch_add(&t->live, 1);
+    return p + TAG_HEAD;
+}
+
+static void tagged_free(void *ud, void *q) {
+    tagged *t = ud;
+    char *p = (char *)q - TAG_HEAD;
+    unsigned tag;
+    memcpy(&tag, p, sizeof tag);
+    if (tag != t->tag) { /* the default allocator's, or another's: not ours to free */
+        atomic_fetch_add(&t->foreign, 1);
+        return;
+    }
+    memset(p, 0, sizeof tag);
+    atomic_fetch_sub(&t->live, 1);
+    free(p);
+}
+
+/* softmax over the last dim of x's values, in float64 */
+static double *softmax_reference(const em_tensor *x) {
+    double *v = tu_values(x);
+    int64_t n = em_size(x, -1), rows = em_numel(x) / n;
+    for (int64_t r = 0; r < rows; r++) {
+        double *row = &v[r * n], mx = -INFINITY, sum = 0;
+        for (int64_t j = 0; j < n; j++) mx = fmax(mx, row[j]);
+        for (int64_t j = 0; j < n; j++) sum += exp(row[j] - mx);
+        for (int64_t j = 0; j < n; j++) row[j] = exp(row[j] - mx) / sum;
+    }
+    return v;
+}
+
+/* Calls f under allocator `calls` with 24 batch sizes (a dynamic entry,
+ * its memo of sizes full, then sizes it computes for one call only) and
+ * a transposed input (another entry), checking values. */
+static void calls_under(em_compiled *f, const em_allocator *calls) {
+    const em_allocator *saved = em_get_allocator();
+    em_set_allocator(calls);
+    for (int call = 0; call < 26; call++) {
+        em_scope_begin();
+        em_tensor *x = call < 24 ? tu_random(40 + call, 2, TU_SIZES(2 + call, 9), EM_F32, 2)
+                                 : em_transpose(tu_random(80 + call, 2, TU_SIZES(9, 5), EM_F32, 2), 0, 1);
+        em_tensor *y;
+        ck_assert_msg(em_call(f, &x, NULL, &y) == EM_OK, "call %d: %s", call, em_last_error());
+        double *ref = softmax_reference(x);
+        tu_check_close(y, ref, 2, em_sizes(x), 1e-5, 1e-6);
+        free(ref);
+        em_scope_end();
+    }
+    em_set_allocator(saved);
+}
+
+static void check_clean(const char *what, tagged *t) {
+    ck_assert_msg(atomic_load(&t->foreign) == 0, "%s: %ld frees of another allocator's blocks",
+                  what, atomic_load(&t->foreign));
+    ck_assert_msg(atomic_load(&t->live) == 0, "%s: %ld blocks never freed", what,
+                  atomic_load(&t->live));
+}
+
+/* A compiled function made under one allocator, called under another and
+ * freed under a third (the default) frees everything it owns with the
+ * one that made it: no block goes to the wrong allocator, in any order,
+ * with and without async compile. */
+START_TEST(a_compiled_function_frees_with_the_allocator_that_made_it) {
+    for (int order = 0; order < 3; order++) {
+        tagged ta = {0xA110CA7A, 0, 0}, tb = {0xA110CA7B, 0, 0};
+        em_allocator a = {tagged_alloc, tagged_free, &ta}, b = {tagged_alloc, tagged_free, &tb};
+        /* 0: made under a, called under b; 1: made under the default,
+         * called under a; 2: 0 with async compile */
+        const em_allocator *made = order == 1 ? NULL : &a, *calls = order == 1 ? &a : &b;
+        em_set_allocator(made);
+        em_compile_options o = opts1("softmax", 1, 0);
+        o.async_compile = order == 2 ? 1 : -1;
+        o.recompile_limit = 4;
+        em_compiled *f = em_compile(softmax_fn, NULL, &o);
+        em_set_allocator(NULL);
+        ck_assert_ptr_nonnull(f);
+        calls_under(f, calls);
+        em_compile_stats st;
+        em_compiled_stats(f, &st);
+        if (order != 2) ck_assert_int_ge(st.dynamic_entries, 1); /* async: maybe still compiling */
+        em_set_allocator(order == 1 ? &b : NULL); /* freed under yet another */
+        em_compiled_free(f);
+        em_set_allocator(NULL);
+        check_clean("the allocator that made it", order == 1 ? &tb : &ta);
+        check_clean("the allocator of the calls", order == 1 ? &ta : &tb);
+    }
+}
+END_TEST
+
+/* ---- every error return sets the message (issue 21, item 14) ---- */
+
+/* fails without setting an error: em_call must still report one */
+static em_status silent_fail_fn(void *ctx, em_tensor *const *in, const double *s, em_tensor **out) {
+    (void)ctx;
+    (void)in;
+    (void)s;
+    out[0] = NULL;
+    return EM_ERR_ARG;
+}
+
+/* a shape error half way through, after a value was read */
+static em_status late_fail_fn(void *ctx, em_tensor *const *in, const double *s, em_tensor **out) {
+    (void)ctx;
+    (void)s;
+    double v;
+    if (em_item(em_sum(in[0], 0, NULL, false), &v) != EM_OK) return em_last_status();
+    out[0] = em_add(in[0], em_ones(1, TU_SIZES(7), EM_F32, CPU));
+    return out[0] ? EM_OK : em_last_status();
+}
+
+static uint64_t fuzz_next(uint64_t *x) {
+    *x ^= *x << 13;
+    *x ^= *x >> 7;
+    *x ^= *x << 17;
+    return *x;
+}
+
+/* Whatever a call returns, a failure is em_last_status() with a message. */
+#define FUZZ_CHECK(step, what, s)                                                          \
+    ck_assert_msg((s) == EM_OK || (em_last_status() == (s) && em_last_error()[0]),         \
+                  "step %d, %s returned %s, but em_last_status() is %s and the message '%s'", \
+                  step, what, em_status_name(s), em_status_name(em_last_status()), em_last_error())
+
+/* One random input: a good one, NULL, another dtype or rank, a pending
+ * one (in lazy mode), a non-contiguous or a broadcast one. */
+static em_tensor *fuzz_input(uint64_t *x) {
+    switch (fuzz_next(x) % 7) {
+    case 0: return NULL;
+    case 1: return tu_random(fuzz_next(x), 1, TU_SIZES(5), EM_F64, 1);
+    case 2: return tu_random(fuzz_next(x), 2, TU_SIZES(1 + (int64_t)(fuzz_next(x) % 3), 7), EM_F32, 1);
+    case 3: return em_add_scalar(tu_random(fuzz_next(x), 2, TU_SIZES(3, 7), EM_F32, 1), 1);
+    case 4: return em_transpose(tu_random(fuzz_next(x), 2, TU_SIZES(7, 3), EM_F32, 1), 0, 1);
+    case 5: return em_expand(tu_random(fuzz_next(x), 2, TU_SIZES(1, 7), EM_F32, 1), 2, TU_SIZES(4, 7));
+    default: return tu_random(fuzz_next(x), 2, TU_SIZES(3, 7), EM_F32, 1);
+    }
+}
+
+/* A random sequence of compiles (good and bad options), calls (good,
+ * failing and silent functions; bad arguments), statistics, prints,
+ * saves, frees and lazy-mode switches: every non-OK return comes with
+ * em_last_status() equal to it and a message. */
+START_TEST(random_api_sequences_set_a_message_with_every_error) {
+    em_fn fns[] = {softmax_fn, failing_fn, silent_fail_fn, late_fail_fn, breaking_fn, copy_fn};
+    em_compiled *fs[4] = {0};
+    uint64_t x = 0x9E3779B97F4A7C15ull;
+    int lazy = 0;
+    for (int step = 0; step < 1500; step++) {
+        em_scope_begin();
+        em_clear_error();
+        int k = (int)(fuzz_next(&x) % 4), what = (int)(fuzz_next(&x) % 10);
+        em_status s = EM_OK;
+        if (what == 0 || !fs[k]) {
+            em_compiled_free(fs[k]);
+            em_compile_options o = opts1("fz", 1, 0);
+            o.recompile_limit = (int)(fuzz_next(&x) % 4) - (fuzz_next(&x) % 8 == 0);
+            o.async_compile = (int)(fuzz_next(&x) % 3) - 1;
+            o.lazy_trace = (int)(fuzz_next(&x) % 3) - 1;
+            o.dynamic = (int)(fuzz_next(&x) % 3) - 1;
+            if (fuzz_next(&x) % 8 == 0) o.backend = fuzz_next(&x) % 2 ? "replay" : "nope";
+            if (fuzz_next(&x) % 10 == 0) o.noutputs = 0;
+            fs[k] = em_compile(fns[fuzz_next(&x) % (sizeof fns / sizeof fns[0])], NULL, &o);
+            if (!fs[k]) FUZZ_CHECK(step, "em_compile", em_last_status() ? em_last_status() : EM_ERR_STATE);
+        } else if (what <= 5) {
+            em_tensor *in = fuzz_input(&x), *y = NULL;
+            em_clear_error(); /* an input that failed to build is not the call's error */
+            s = em_call(fs[k], fuzz_next(&x) % 20 ? &in : NULL, NULL, fuzz_next(&x) % 20 ? &y : NULL);
+            FUZZ_CHECK(step, "em_call", s);
+        } else if (what == 6) {
+            em_compile_stats st;
+            s = em_compiled_stats(fuzz_next(&x) % 10 ? fs[k] : NULL, fuzz_next(&x) % 10 ? &st : NULL);
+            FUZZ_CHECK(step, "em_compiled_stats", s);
+            FILE *null = fopen("/dev/null", "w");
+            s = em_compiled_print(fs[k], (int)(fuzz_next(&x) % 4) - 1, fuzz_next(&x) % 2, null);
+            fclose(null);
+            FUZZ_CHECK(step, "em_compiled_print", s);
+        } else if (what == 7) {
+            s = em_compiled_save(fs[k], fuzz_next(&x) % 2 ? "" : "/nonexistent/dir/list.txt");
+            FUZZ_CHECK(step, "em_compiled_save", s);
+        } else if (what == 8) {
+            bool begin = fuzz_next(&x) % 2;
+            s = begin ? em_lazy_begin() : em_lazy_end();
+            FUZZ_CHECK(step, begin ? "em_lazy_begin" : "em_lazy_end", s);
+            if (s == EM_OK) lazy += begin ? 1 : -1;
+        } else {
+            s = fuzz_next(&x) % 2 ? em_sync() : em_realize(NULL);
+            FUZZ_CHECK(step, "em_sync/em_realize", s);
+            em_lazy_stats ls;
+            s = em_lazy_get_stats(fuzz_next(&x) % 2 ? &ls : NULL);
+            FUZZ_CHECK(step, "em_lazy_get_stats", s);
+        }
+        em_scope_end();
+    }
+    while (lazy-- > 0) em_lazy_end();
+    for (int k = 0; k < 4; k++) em_compiled_free(fs[k]);
+}
+END_TEST
+
 /* ---- logging ---- */
 
 static char *read_file(const char *path) {
@@ -725,12 +1132,16 @@ static Suite *suite(void) {
     tcase_add_test(tc, random_ops_advance_the_generator_like_eager);
     tcase_add_test(tc, graph_break_runs_as_segments_from_then_on);
     tcase_add_test(tc, lazy_trace_records_then_runs_the_entry);
+    tcase_add_test(tc, compiled_functions_under_ember_jit_give_each_calls_values);
+    tcase_add_test(tc, lazy_mode_cannot_start_inside_a_trace);
+    tcase_add_test(tc, a_compiled_function_frees_with_the_allocator_that_made_it);
     suite_add_tcase(s, tc);
     tc = tcase_create("runtime");
     tcase_add_checked_fixture(tc, tu_setup, tu_teardown);
     tcase_add_test(tc, ember_log_reports_graph_recompiles_breaks_and_limit);
     tcase_add_test(tc, recompile_is_logged_with_reason);
     tcase_add_test(tc, bad_options_and_calls);
+    tcase_add_test(tc, random_api_sequences_set_a_message_with_every_error);
     tcase_add_test(tc, function_errors_propagate_and_add_no_entry);
     tcase_add_test(tc, outputs_belong_to_the_callers_scope);
     tcase_add_test(tc, concurrent_calls);

@@ -7,6 +7,8 @@
 #include "eager.h"
 
 #include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <string.h>
 #include <time.h>
 
@@ -780,6 +782,174 @@ START_TEST(a_graph_break_splits_the_function_into_compiled_segments) {
 }
 END_TEST
 
+/* ---- the allocator travels with the object (issue 21, item 12) ---- */
+
+/* An allocator whose blocks carry its tag: freeing a block through
+ * another allocator is counted (and the block leaked), not a crash. */
+typedef struct tagged {
+    unsigned tag;
+    atomic_long live, foreign;
+} tagged;
+
+#define TAG_HEAD 64
+
+static void *tagged_alloc(void *ud, size_t size, size_t align) {
+    tagged *t = ud;
+    char *p;
+    if (align > TAG_HEAD || posix_memalign((void **)&p, TAG_HEAD, size + TAG_HEAD)) return NULL;
+    memcpy(p, &t->tag, sizeof t->tag);
+    atomic_fetch_add(&t->live, 1);
+    return p + TAG_HEAD;
+}
+
+static void tagged_free(void *ud, void *q) {
+    tagged *t = ud;
+    char *p = (char *)q - TAG_HEAD;
+    unsigned tag;
+    memcpy(&tag, p, sizeof tag);
+    if (tag != t->tag) {
+        atomic_fetch_add(&t->foreign, 1);
+        return;
+    }
+    memset(p, 0, sizeof tag);
+    atomic_fetch_sub(&t->live, 1);
+    free(p);
+}
+
+typedef struct two_allocs {
+    em_allocator made, reads;
+    double worst;        /* largest error against float64 */
+    char error[256];
+} two_allocs;
+
+/* Lazy mode's state is made under one allocator; the program then runs
+ * and reads (new graphs, a dynamic entry, sizes past its memo) under
+ * another; the thread's exit frees the state. */
+static void *two_allocs_body(void *arg) {
+    two_allocs *c = arg;
+    em_set_allocator(&c->made);
+    if (em_lazy_begin() != EM_OK) snprintf(c->error, sizeof c->error, "%s", em_last_error());
+    em_set_allocator(&c->reads);
+    for (int i = 0; i < 24 && !c->error[0]; i++) {
+        em_scope_begin();
+        em_tensor *x = tu_random(60 + (uint64_t)i, 2, TU_SIZES(2 + i, 7), EM_F32, 1);
+        em_tensor *y = em_softmax(em_mul_scalar(x, 1.5), -1);
+        double *xv = tu_values(x), *yv = tu_values(y); /* reads: computes y */
+        if (!xv || !yv) snprintf(c->error, sizeof c->error, "%s", em_last_error());
+        for (int r = 0; xv && yv && r < 2 + i; r++) {
+            double mx = -INFINITY, sum = 0;
+            for (int j = 0; j < 7; j++) mx = fmax(mx, 1.5 * xv[r * 7 + j]);
+            for (int j = 0; j < 7; j++) sum += exp(1.5 * xv[r * 7 + j] - mx);
+            for (int j = 0; j < 7; j++)
+                c->worst = fmax(c->worst, fabs(yv[r * 7 + j] - exp(1.5 * xv[r * 7 + j] - mx) / sum));
+        }
+        free(xv);
+        free(yv);
+        em_scope_end();
+    }
+    em_lazy_end();
+    em_set_allocator(NULL);
+    return NULL;
+}
+
+START_TEST(lazy_modes_tables_free_with_the_allocator_that_made_the_state) {
+    tagged ta = {0xA110CA7A, 0, 0}, tb = {0xA110CA7B, 0, 0};
+    two_allocs c = {{tagged_alloc, tagged_free, &ta}, {tagged_alloc, tagged_free, &tb}, 0, ""};
+    pthread_t th;
+    ck_assert_int_eq(pthread_create(&th, NULL, two_allocs_body, &c), 0);
+    pthread_join(th, NULL); /* the state dies with the thread */
+    ck_assert_msg(!c.error[0], "%s", c.error);
+    ck_assert_msg(c.worst < 1e-5, "softmax off by %g", c.worst);
+    ck_assert_msg(ta.foreign == 0 && tb.foreign == 0, "frees through the wrong allocator: %ld, %ld",
+                  (long)ta.foreign, (long)tb.foreign);
+    ck_assert_msg(ta.live == 0 && tb.live == 0, "blocks never freed: %ld, %ld", (long)ta.live,
+                  (long)tb.live);
+}
+END_TEST
+
+/* ---- several threads read one pending tensor (issue 21, item 1) ---- */
+
+#define RACE_N 256 /* 16 x 16 */
+
+typedef struct race {
+    em_tensor *shared;   /* pending: softmax of a 60-op chain */
+    double ref[RACE_N];
+    atomic_int go, failures;
+    char first[256];
+} race;
+
+static void *race_reader(void *arg) {
+    race *r = arg;
+    while (!atomic_load(&r->go)) sched_yield();
+    float v[RACE_N];
+    /* under EMBER_JIT=1 a fresh thread's lazy mode starts in this read */
+    if (em_copy_to_host(r->shared, v, sizeof v) != EM_OK) {
+        if (atomic_fetch_add(&r->failures, 1) == 0)
+            snprintf(r->first, sizeof r->first, "read: %s", em_last_error());
+        return NULL;
+    }
+    for (int i = 0; i < RACE_N; i++)
+        if (fabs(v[i] - r->ref[i]) > 1e-5 * (1 + fabs(r->ref[i]))) {
+            if (atomic_fetch_add(&r->failures, 1) == 0)
+                snprintf(r->first, sizeof r->first, "element %d: got %.6g, want %.6g", i, v[i], r->ref[i]);
+            break;
+        }
+    return NULL;
+}
+
+/* Rounds of a pending result read by 6 fresh threads at once. */
+static void *race_rounds(void *arg) {
+    race *r = arg;
+    for (int it = 0; it < 100; it++) {
+        em_scope_begin();
+        float x[RACE_N];
+        double y[RACE_N];
+        for (int i = 0; i < RACE_N; i++) {
+            x[i] = (float)sin(0.7 * i + it);
+            y[i] = x[i];
+            for (int k = 0; k < 20; k++) y[i] = tanh(y[i] * 1.1 + 0.1);
+        }
+        for (int row = 0; row < 16; row++) {
+            double mx = -INFINITY, sum = 0, *q = &y[row * 16];
+            for (int c = 0; c < 16; c++) mx = fmax(mx, q[c]);
+            for (int c = 0; c < 16; c++) sum += exp(q[c] - mx);
+            for (int c = 0; c < 16; c++) r->ref[row * 16 + c] = exp(q[c] - mx) / sum;
+        }
+        em_tensor *t = em_from_data(x, EM_F32, 2, TU_SIZES(16, 16), CPU);
+        for (int k = 0; k < 20; k++) t = em_tanh(em_add_scalar(em_mul_scalar(t, 1.1), 0.1));
+        r->shared = em_softmax(t, -1);
+        if (!r->shared || r->shared->storage) atomic_fetch_add(&r->failures, 1); /* not pending */
+        atomic_store(&r->go, 0);
+        pthread_t th[6];
+        for (int i = 0; i < 6; i++) pthread_create(&th[i], NULL, race_reader, r);
+        atomic_store(&r->go, 1);
+        for (int i = 0; i < 6; i++) pthread_join(th[i], NULL);
+        em_scope_end();
+    }
+    return NULL;
+}
+
+/* Readers racing on one pending tensor: one computes it, the others find
+ * it computed (they used to compute it too, each freeing the recipe the
+ * other walked: "output 0 was not computed" or a crash), with and without
+ * async compile. */
+START_TEST(threads_reading_one_pending_tensor_at_once_get_its_values) {
+    setenv("EMBER_JIT", "1", 1);
+    for (int async = 0; async <= 1; async++) {
+        if (async) setenv("EMBER_ASYNC_COMPILE", "1", 1);
+        race *r = calloc(1, sizeof *r);
+        pthread_t th; /* a fresh thread: its lazy state reads the settings */
+        ck_assert_int_eq(pthread_create(&th, NULL, race_rounds, r), 0);
+        pthread_join(th, NULL);
+        ck_assert_msg(r->failures == 0, "async %d: %d failed reads; first: %s", async,
+                      (int)r->failures, r->first);
+        free(r);
+    }
+    unsetenv("EMBER_ASYNC_COMPILE");
+    unsetenv("EMBER_JIT");
+}
+END_TEST
+
 int main(void) {
     const tu_test tests[] = {
         {"every_op_lazy_equals_eager", every_op_lazy_equals_eager},
@@ -796,6 +966,8 @@ int main(void) {
         {"pending_tensors_outlive_their_thread_and_die_on_any_thread", pending_tensors_outlive_their_thread_and_die_on_any_thread},
         {"an_attention_block_and_mlp_in_lazy_mode_match_float64_and_eager", an_attention_block_and_mlp_in_lazy_mode_match_float64_and_eager},
         {"a_graph_break_splits_the_function_into_compiled_segments", a_graph_break_splits_the_function_into_compiled_segments},
+        {"lazy_modes_tables_free_with_the_allocator_that_made_the_state", lazy_modes_tables_free_with_the_allocator_that_made_the_state},
+        {"threads_reading_one_pending_tensor_at_once_get_its_values", threads_reading_one_pending_tensor_at_once_get_its_values},
     };
     return tu_run(tu_suite("lazy", tests, sizeof tests / sizeof tests[0], 600));
 }

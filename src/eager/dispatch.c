@@ -8,8 +8,20 @@
 
 #include <string.h>
 
+/* The thread's mode (EMBER_JIT=1: lazy mode) starts before its hook is
+ * first seen or changed: code that sets the hook aside and restores it (a
+ * recording, em_force, a host read, em_call) must save the mode's hook, or
+ * a mode started inside would be dropped by the restore, and the hook it
+ * displaced (a recorder) would miss the ops after it. */
+static void mode_start(em_context *c) {
+    if (c->mode_started) return;
+    c->mode_started = true;
+    if (em_mode_autostart) em_mode_autostart();
+}
+
 em_dispatch_hook em_set_dispatch_hook(em_dispatch_hook h) {
     em_context *c = em_ctx();
+    mode_start(c);
     em_dispatch_hook old = c->hook;
     c->hook = h;
     return old;
@@ -23,14 +35,24 @@ em_dispatch_hook em_begin_host_read(const em_tensor *t, const char *what) {
 
 void em_end_host_read(em_dispatch_hook saved) { em_set_dispatch_hook(saved); }
 
+/* Another thread may be giving t its values meanwhile (lazy mode publishes
+ * the storage last, then clears ext_force): acquire loads, so that seeing
+ * the storage means seeing the layout written before it. */
+static bool has_storage(const em_tensor *t) {
+    return __atomic_load_n(&t->storage, __ATOMIC_ACQUIRE) != NULL;
+}
+
 em_status em_force(const em_tensor *t) {
     if (!t) return em_error(EM_ERR_NULL, "em_force: tensor is NULL");
-    if (t->storage) return EM_OK;
-    if (!t->ext_force) return em_error(EM_ERR_STATE, "the tensor has no data (and no way to compute it)");
+    if (has_storage(t)) return EM_OK;
+    em_status (*compute)(em_tensor *) = __atomic_load_n(&t->ext_force, __ATOMIC_ACQUIRE);
+    if (!compute)
+        return has_storage(t) ? EM_OK
+                              : em_error(EM_ERR_STATE, "the tensor has no data (and no way to compute it)");
     em_dispatch_hook saved = em_set_dispatch_hook((em_dispatch_hook){0});
-    em_status s = t->ext_force((em_tensor *)t);
+    em_status s = compute((em_tensor *)t);
     em_set_dispatch_hook(saved);
-    if (s == EM_OK && !t->storage) s = em_error(EM_ERR_STATE, "computing a deferred tensor gave no data");
+    if (s == EM_OK && !has_storage(t)) s = em_error(EM_ERR_STATE, "computing a deferred tensor gave no data");
     return s;
 }
 
@@ -65,10 +87,7 @@ em_tensor *em_dispatch(em_op op, int nin, em_tensor *const *in, const em_op_attr
         return NULL;
     }
     em_context *ctx = em_ctx();
-    if (!ctx->mode_started) {
-        ctx->mode_started = true;
-        if (em_mode_autostart) em_mode_autostart();
-    }
+    mode_start(ctx);
     if (check_inputs(&c) != EM_OK) return NULL;
     /* zeroed field by field: a memset of the struct compiles to `rep stos`,
      * 9% of recording an op in lazy mode */

@@ -177,7 +177,9 @@ typedef struct em_dispatch_hook {
      * materialize t.  Ops the read runs internally bypass the hook. */
     void (*on_read)(void *ud, const em_tensor *t, const char *what);
 } em_dispatch_hook;
-/* Installs h on this thread and returns the previous hook (to restore). */
+/* Installs h on this thread and returns the previous hook (to restore).
+ * The thread's mode (em_mode_autostart) starts first, so the hook returned
+ * is the mode's when it has one. */
 em_dispatch_hook em_set_dispatch_hook(em_dispatch_hook h);
 /* Gives t its values if a mode deferred them (lazy mode): EM_OK when t
  * has storage afterwards, else the error that prevented it.  Runs with the

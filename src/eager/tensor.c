@@ -341,7 +341,7 @@ static em_status copy_out(const em_tensor *t, void *buf, size_t nbytes, const ch
         return em_error(EM_ERR_ARG, "%s: buffer of %zu bytes, %zu needed", fn, nbytes, need);
     em_dispatch_hook saved = em_begin_host_read(t, fn);
     em_status s = EM_OK;
-    if (!t->storage && em_force(t) != EM_OK)
+    if (em_force(t) != EM_OK) /* it checks t's storage (which another thread may be giving it) */
         s = em_error_context("%s", fn);
     if (s == EM_OK && need > 0) {
         em_scope_begin();

@@ -26,6 +26,8 @@ typedef struct cpu_spec {
                          (eager steps run them) */
     int64_t **sizes;  /* per plan kernel (NULL: none) */
     bool owned;       /* not in the memo: run_dynamic frees it */
+    const em_allocator *alloc; /* the state owner's (specialize runs under it);
+                                  run_dynamic may free it under a caller's */
 } cpu_spec;
 
 /* Specs kept per dynamic state: a function called with more distinct sizes
@@ -50,12 +52,15 @@ typedef struct cpu_state {
 
 static void spec_free(const cpu_state *st, cpu_spec *sp) {
     if (!sp) return;
+    const em_allocator *caller = em_get_allocator();
+    em_set_allocator(sp->alloc);
     for (int i = 0; sp->sizes && i < st->plan.nkernels; i++) em_free(sp->sizes[i]);
     em_free(sp->sizes);
     em_free(sp->in);
     em_free(sp->metas);
     em_free(sp->nodes);
     em_free(sp);
+    em_set_allocator(caller);
 }
 
 static void drop_dynamic(cpu_state *st) {
@@ -573,6 +578,7 @@ static bool kernel_sizes(const cpu_state *st, const sc_schedule *sx, int gi, int
 /* A new spec for inputs in, or NULL when these sizes need another entry. */
 static cpu_spec *make_spec(const cpu_state *st, const tr_graph *g, em_tensor *const *in) {
     cpu_spec *sp = em_calloc(1, sizeof *sp);
+    if (sp) sp->alloc = em_get_allocator();
     tr_graph gx = {0};
     sc_schedule *sx = NULL;
     int *scratch = em_malloc(sizeof(int) * ((size_t)g->nnodes + 1));

@@ -178,7 +178,8 @@ em_compiled *em_compile(em_fn fn, void *ctx, const em_compile_options *opts) {
     if (ok) {
         f->nwatch = opts->nwatch;
         em_copy_bytes(f->watch, opts->watch, sizeof *f->watch * (size_t)opts->nwatch);
-        ok = pthread_mutex_init(&f->lock, NULL) == 0;
+        ok = pthread_mutex_init(&f->lock, NULL) == 0 ||
+             (em_error(EM_ERR_NOMEM, "em_compile: cannot make the function's lock"), false);
     }
     if (!ok) {
         f->nentries = 0;
@@ -279,6 +280,18 @@ static em_status run_segments(const em_compiled *f, em_tensor *const *in, const 
 
 static void lock(em_compiled *f) { pthread_mutex_lock(&f->lock); }
 static void unlock(em_compiled *f) { pthread_mutex_unlock(&f->lock); }
+
+/* What f owns (entries, their graphs, guards and backend states, and what
+ * those keep from later calls) is allocated with the allocator em_compile
+ * ran under, whatever allocator a call runs under, so that
+ * em_compiled_free frees it all with that one (docs/memory.md).  The
+ * call's own tensors (fn's, the outputs) stay the caller's.  Returns the
+ * caller's allocator, to restore. */
+static const em_allocator *use_own_alloc(const em_compiled *f) {
+    const em_allocator *caller = em_get_allocator();
+    em_set_allocator(f->alloc);
+    return caller;
+}
 
 /* Moves entry i to the front (most recently used). */
 static void touch(em_compiled *f, int i) {
@@ -526,8 +539,11 @@ static em_status trace(em_compiled *f, em_tensor *const *in, const double *scala
                        em_tensor **out, const uint32_t *dyn, const jit_entry *prev) {
     em_scope_begin();
     bool lazily = trace_lazily(f, in);
+    em_dispatch_hook runner = lazily ? jit_lazy_runner() : (em_dispatch_hook){0};
+    const em_allocator *caller = use_own_alloc(f); /* the recorder's graph becomes f's */
     tr_recorder *r = tr_record_begin_with(f->ninputs, in, (const char *const *)f->input_names,
-                                          lazily ? jit_lazy_runner() : (em_dispatch_hook){0});
+                                          runner);
+    em_set_allocator(caller);
     if (!r) {
         em_scope_end();
         return em_last_status();
@@ -548,15 +564,21 @@ static em_status trace(em_compiled *f, em_tensor *const *in, const double *scala
                  "segments around its reads from now on (lazy mode)", f->name, why, f->name);
         return finish_outputs(f, lazily ? realize_outputs(f, out) : EM_OK, out);
     }
+    caller = use_own_alloc(f);
     jit_entry *e = g ? make_entry(f, g, in, scalars, dyn, prev) : NULL;
-    if (!e) return finish_outputs(f, em_last_status() ? em_last_status() : EM_ERR_STATE, out);
-    memmove(&f->entries[1], &f->entries[0], sizeof *f->entries * (size_t)f->nentries);
-    f->entries[0] = e;
-    f->nentries++;
-    f->stats.traces++;
-    f->stats.entries = f->nentries;
-    log_entry(f, e);
-    record_entry(f, e);
+    if (e) {
+        memmove(&f->entries[1], &f->entries[0], sizeof *f->entries * (size_t)f->nentries);
+        f->entries[0] = e;
+        f->nentries++;
+        f->stats.traces++;
+        f->stats.entries = f->nentries;
+        log_entry(f, e);
+        record_entry(f, e);
+    }
+    em_set_allocator(caller);
+    if (!e && em_last_status() == EM_OK)
+        em_error(EM_ERR_STATE, "em_call(%s): the traced graph gave no entry", f->name);
+    if (!e) return finish_outputs(f, em_last_status(), out);
     if (lazily) outputs_from_entry(f, e, in, scalars, out);
     return finish_outputs(f, lazily ? realize_outputs(f, out) : EM_OK, out);
 }
@@ -628,8 +650,11 @@ static int find_entry(em_compiled *f, em_tensor *const *in, const double *scalar
         jit_entry *e = f->entries[i];
         if (!gd_check(e->guards, in, scalars)) continue;
         *spec = NULL;
-        if (e->ready && e->dynamic && e->backend->specialize &&
-            !e->backend->specialize(e->state, e->graph, in, spec)) {
+        const em_allocator *caller = use_own_alloc(f); /* the state keeps what it makes */
+        bool serves = !(e->ready && e->dynamic && e->backend->specialize) ||
+                      e->backend->specialize(e->state, e->graph, in, spec);
+        em_set_allocator(caller);
+        if (!serves) {
             *declined = true;
             continue;
         }
@@ -642,21 +667,38 @@ static int find_entry(em_compiled *f, em_tensor *const *in, const double *scalar
 static em_status call_entries(em_compiled *f, em_tensor *const *in, const double *scalars,
                               em_tensor **out);
 
+/* What em_call returns for status s: a failure always with
+ * em_last_status() equal to it and a message, even when the function
+ * returned a status without setting an error, or something after the
+ * failure (a backend, a cleanup) replaced or cleared it. */
+static em_status call_status(const em_compiled *f, em_status s) {
+    if (s == EM_OK || (em_last_status() == s && em_last_error()[0])) return s;
+    char last[256]; /* copied: em_error must not format the message into itself */
+    snprintf(last, sizeof last, "%s", em_last_error());
+    if (last[0])
+        return em_error(s, "em_call(%s): %s (%s)", f ? f->name : "?", em_status_name(s), last);
+    return em_error(s, "em_call(%s): the function failed with %s without setting an error",
+                    f ? f->name : "?", em_status_name(s));
+}
+
 em_status em_call(em_compiled *f, em_tensor *const *in, const double *scalars, em_tensor **out) {
-    em_dispatch_hook hook = em_ctx()->hook;
+    /* The hook is taken through em_set_dispatch_hook, which starts the
+     * thread's mode first (EMBER_JIT=1): a mode started later, inside the
+     * call, would take over the trace's ops. */
+    em_dispatch_hook hook = em_set_dispatch_hook((em_dispatch_hook){0});
     /* Called while this thread records ops (inside another traced
      * function): run fn inline, so the outer graph sees its ops. */
     if (hook.fn && !jit_lazy_hook(&hook)) {
+        em_set_dispatch_hook(hook);
         em_status s = check_call(f, in, scalars, out);
-        return s == EM_OK ? run_eager(f, in, scalars, out) : s;
+        return call_status(f, s == EM_OK ? run_eager(f, in, scalars, out) : s);
     }
     /* In lazy mode a compiled function keeps its own entries: its inputs
      * are computed, and it runs with the lazy hook set aside. */
-    if (hook.fn) em_set_dispatch_hook((em_dispatch_hook){0});
     em_status s = check_call(f, in, scalars, out);
     if (s == EM_OK) s = call_entries(f, in, scalars, out);
-    if (hook.fn) em_set_dispatch_hook(hook);
-    return s;
+    em_set_dispatch_hook(hook);
+    return call_status(f, s);
 }
 
 static em_status call_entries(em_compiled *f, em_tensor *const *in, const double *scalars,

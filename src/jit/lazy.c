@@ -70,6 +70,10 @@ typedef struct lz_state {
     int depth;           /* em_lazy_begin nesting on the thread */
     em_dispatch_hook prev;
     pthread_mutex_t lock; /* the tables (held across a compile) */
+    pthread_mutex_t force_lock; /* held by a force (walk, run, adopt) of this state's
+                            tensors: two threads reading one pending tensor must not
+                            both compute it, nor one walk recipes the other's adopt
+                            frees (recursive) */
     pthread_spinlock_t pending_lock; /* pending and nthunks: held for a few pointer
                             writes, by the recording thread or one releasing a
                             thunk; a mutex cost ~100 instructions an op */
@@ -140,9 +144,19 @@ static void state_release(lz_state *st) {
     kc_close(st->env.cache);
     jit_log_close(&st->log);
     pthread_mutex_destroy(&st->lock);
+    pthread_mutex_destroy(&st->force_lock);
     pthread_spin_destroy(&st->pending_lock);
     em_free(st);
     em_set_allocator(saved);
+}
+
+static bool recursive_mutex_init(pthread_mutex_t *m) {
+    pthread_mutexattr_t a;
+    if (pthread_mutexattr_init(&a) != 0) return false;
+    bool ok = pthread_mutexattr_settype(&a, PTHREAD_MUTEX_RECURSIVE) == 0 &&
+              pthread_mutex_init(m, &a) == 0;
+    pthread_mutexattr_destroy(&a);
+    return ok;
 }
 
 static lz_state *state_get(bool create) {
@@ -161,7 +175,11 @@ static lz_state *state_get(bool create) {
     st->env.log = &st->log;
     st->env.cache = kc_open(NULL, 0);
     bool spin = pthread_spin_init(&st->pending_lock, PTHREAD_PROCESS_PRIVATE) == 0;
-    if (!spin || pthread_mutex_init(&st->lock, NULL) != 0 || pthread_setspecific(state_key, st) != 0) {
+    bool locked = spin && pthread_mutex_init(&st->lock, NULL) == 0;
+    bool forcing = locked && recursive_mutex_init(&st->force_lock);
+    if (!forcing || pthread_setspecific(state_key, st) != 0) {
+        if (forcing) pthread_mutex_destroy(&st->force_lock);
+        if (locked) pthread_mutex_destroy(&st->lock);
         if (spin) pthread_spin_destroy(&st->pending_lock);
         kc_close(st->env.cache);
         jit_log_close(&st->log);
@@ -197,8 +215,13 @@ static void thunk_free(void *p) {
     if (last) state_release(st);
 }
 
+/* Another thread may be adopting t's values meanwhile (adopt publishes
+ * the storage last, then clears the recipe): the loads pair with its
+ * stores, so a thread that sees the storage sees the strides too. */
 static lz_thunk *thunk_of(const em_tensor *t) {
-    return t && !t->storage && t->ext_free == thunk_free ? t->ext : NULL;
+    if (!t || __atomic_load_n(&t->storage, __ATOMIC_ACQUIRE)) return NULL;
+    if (__atomic_load_n(&t->ext_free, __ATOMIC_ACQUIRE) != thunk_free) return NULL;
+    return __atomic_load_n(&t->ext, __ATOMIC_ACQUIRE);
 }
 
 /* ---- the cut: the pending DAG below some tensors ---- */
@@ -721,12 +744,15 @@ static lz_entry *entry_add(lz_state *st, tr_graph *g, const kc_key *key, const k
 static void adopt(em_tensor *t, em_tensor *v) {
     lz_thunk *k = t->ext;
     atomic_fetch_add(&v->storage->refcount, 1);
-    t->storage = v->storage;
     memcpy(t->strides, v->strides, sizeof(int64_t) * (size_t)t->ndim);
     t->offset = v->offset;
-    t->ext = NULL;
-    t->ext_free = NULL;
-    t->ext_force = NULL;
+    /* the storage last: a thread reading t without the force lock (em_force's
+     * check, thunk_of) that sees it sees the layout; the recipe stays valid
+     * until then */
+    __atomic_store_n(&t->storage, v->storage, __ATOMIC_RELEASE);
+    __atomic_store_n(&t->ext, NULL, __ATOMIC_RELEASE);
+    __atomic_store_n(&t->ext_free, NULL, __ATOMIC_RELEASE);
+    __atomic_store_n(&t->ext_force, NULL, __ATOMIC_RELEASE);
     thunk_free(k);
 }
 
@@ -790,19 +816,25 @@ static lz_dyn *dyn_make(lz_state *st, lz_structure *sg, cut *c) {
     return d;
 }
 
-/* Looks the cut's graph up (compiling it on a miss) and runs it: vals
- * gets one new tensor per output of the cut, in its order. */
-static em_status run_outputs(lz_state *st, cut *c, em_tensor **vals) {
+/* What a flush runs: an entry's graph with its state, or a structure's
+ * dynamic entry with what its run needs for these sizes. */
+typedef struct lz_run {
+    const jit_backend *backend;
+    void *state;
+    void *spec;          /* dynamic: the backend's specialize result */
+    const tr_graph *graph;
+    bool dynamic;        /* run with run_dynamic when the backend has it */
+} lz_run;
+
+/* Finds (or makes, compiling it) what runs the cut's graph; st's lock is
+ * held.  A graph the tables take leaves c->g NULL. */
+static em_status lookup(lz_state *st, cut *c, lz_run *run) {
     kc_key key, sk;
     cut_keys(c, &key, &sk);
-    pthread_mutex_lock(&st->lock);
     lz_entry *e = entry_find(st, &key);
     lz_structure *sg = e ? NULL : structure_of(st, &sk);
     void *spec = NULL;
-    if (!e && !sg) {
-        pthread_mutex_unlock(&st->lock);
-        return em_last_status();
-    }
+    if (!e && !sg) return em_last_status();
     if (sg && st->dynamic && !sg->dyn && !sg->dyn_refused && sg->first >= 0 &&
         sg->entries < st->limit && cut_graph(c) == EM_OK) {
         int64_t before = st->env.compiled, loaded = st->env.loaded;
@@ -821,29 +853,44 @@ static em_status run_outputs(lz_state *st, cut *c, em_tensor **vals) {
         lz_dyn *d = sg->dyn;
         st->stats.graph_hits++;
         st->stats.flushes++;
-        pthread_mutex_unlock(&st->lock);
-        return d->backend->run_dynamic ? d->backend->run_dynamic(d->state, spec, d->graph, c->inputs, vals)
-                                       : d->backend->run(d->state, d->graph, c->inputs, vals);
+        *run = (lz_run){d->backend, d->state, spec, d->graph, true};
+        return EM_OK;
     }
     if (e) {
         st->stats.graph_hits++;
     } else {
         e = cut_graph(c) == EM_OK ? entry_add(st, c->g, &key, &sk) : NULL;
-        if (!e) {
-            pthread_mutex_unlock(&st->lock);
-            return em_last_status();
-        }
+        if (!e) return em_last_status();
         c->g = NULL; /* the entry has it now */
     }
     st->stats.flushes++;
     /* entries are never removed; a compiled entry never changes again, one
      * still compiling runs op by op: safe to run unlocked */
-    const tr_graph *g = e->graph;
-    void *state = e->compiling ? NULL : e->state;
-    const jit_backend *b = e->compiling ? &jit_replay_backend : e->backend;
     st->stats.async_runs += e->compiling;
+    *run = (lz_run){e->compiling ? &jit_replay_backend : e->backend,
+                    e->compiling ? NULL : e->state, NULL, e->graph, false};
+    return EM_OK;
+}
+
+/* Looks the cut's graph up (compiling it on a miss) and runs it: vals
+ * gets one new tensor per output of the cut, in its order.  The tables,
+ * their graphs and compiled states are st's: they are allocated with the
+ * allocator st was made under, whatever the reading code runs under, so
+ * that st frees them with that one; the values are the caller's. */
+static em_status run_outputs(lz_state *st, cut *c, em_tensor **vals) {
+    const em_allocator *caller = em_get_allocator();
+    em_set_allocator(st->alloc);
+    lz_run run = {0};
+    pthread_mutex_lock(&st->lock);
+    em_status s = lookup(st, c, &run);
     pthread_mutex_unlock(&st->lock);
-    return b->run(state, g, c->inputs, vals);
+    tr_graph_free(c->g); /* one no table took, with the allocator that built it */
+    c->g = NULL;
+    em_set_allocator(caller);
+    if (s != EM_OK) return s;
+    if (run.dynamic && run.backend->run_dynamic)
+        return run.backend->run_dynamic(run.state, run.spec, run.graph, c->inputs, vals);
+    return run.backend->run(run.state, run.graph, c->inputs, vals);
 }
 
 /* Computes the pending tensors roots[0..n) (all made on state st) in one
@@ -876,8 +923,19 @@ static em_status force_all(lz_state *st, em_tensor *const *roots, int nroots) {
 
 static em_status force(em_tensor *t) {
     lz_thunk *k = thunk_of(t);
-    if (!k) return t->storage ? EM_OK : em_error(EM_ERR_STATE, "the tensor has no data");
-    return force_all(k->st, &t, 1);
+    if (!k)
+        return __atomic_load_n(&t->storage, __ATOMIC_ACQUIRE) ? EM_OK
+                                                               : em_error(EM_ERR_STATE, "the tensor has no data");
+    lz_state *st = k->st;
+    /* under the state's force lock, t may have been computed meanwhile by
+     * another thread reading it: then there is nothing left to do.  (The
+     * reference keeps st alive past an adopt that frees its last thunk.) */
+    atomic_fetch_add(&st->refs, 1);
+    pthread_mutex_lock(&st->force_lock);
+    em_status s = thunk_of(t) ? force_all(st, &t, 1) : EM_OK;
+    pthread_mutex_unlock(&st->force_lock);
+    state_release(st);
+    return s;
 }
 
 static em_status thunk_force(em_tensor *t) { return force(t); }
@@ -978,8 +1036,17 @@ em_dispatch_hook jit_lazy_runner(void) {
 em_status em_lazy_begin(void) {
     lz_state *st = state_get(true);
     if (!st) return em_last_status();
-    if (st->depth++ == 0)
+    if (st->depth == 0) {
+        /* over a recorder's hook, lazy mode would take the ops the trace
+         * must see (and the trace's end would drop lazy mode again) */
+        em_dispatch_hook cur = em_set_dispatch_hook((em_dispatch_hook){0});
+        em_set_dispatch_hook(cur);
+        if (cur.fn)
+            return em_error(EM_ERR_STATE, "em_lazy_begin: a function is being traced on "
+                            "this thread (em_compile): lazy mode cannot start inside it");
         st->prev = em_set_dispatch_hook((em_dispatch_hook){lazy_op, st, NULL});
+    }
+    st->depth++;
     return EM_OK;
 }
 
@@ -1000,7 +1067,9 @@ em_status em_sync(void) {
         if ((roots[n] = em_retain_live(k->self))) n++;
     pthread_spin_unlock(&st->pending_lock);
     em_dispatch_hook saved = em_set_dispatch_hook((em_dispatch_hook){0});
+    pthread_mutex_lock(&st->force_lock);
     em_status s = n ? force_all(st, roots, n) : EM_OK;
+    pthread_mutex_unlock(&st->force_lock);
     em_set_dispatch_hook(saved);
     for (int i = 0; i < n; i++) em_release(roots[i]);
     em_free(roots);
@@ -1041,9 +1110,18 @@ em_status em_lazy_get_stats(em_lazy_stats *out) {
     return EM_OK;
 }
 
-/* EMBER_JIT=1: every thread starts in lazy mode. */
+/* EMBER_JIT=1: every thread starts in lazy mode.  It starts inside
+ * whatever call first touches the thread's hook; if it cannot (memory),
+ * the thread runs eagerly and that call's error state is left as it was. */
 void em_mode_autostart(void) {
     char buf[16];
     const char *e = em_getenv("EMBER_JIT", buf, sizeof buf);
-    if (e && !strcmp(e, "1") && em_lazy_begin() != EM_OK) em_clear_error();
+    if (!e || strcmp(e, "1") != 0) return;
+    em_context *c = em_ctx();
+    em_status s = c->status;
+    char msg[sizeof c->message];
+    memcpy(msg, c->message, sizeof msg);
+    if (em_lazy_begin() == EM_OK) return;
+    c->status = s;
+    memcpy(c->message, msg, sizeof msg);
 }

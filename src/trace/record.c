@@ -23,7 +23,18 @@ struct tr_recorder {
     int cap, count;
     bool broken;
     char why[256];
+    /* The allocator current at tr_record_begin: the recorder, its map and
+     * its graph are allocated (and freed) with it whatever allocator the
+     * traced code runs under, so the graph's owner can free it with one. */
+    const em_allocator *alloc;
 };
+
+/* Switches to r's allocator; returns the traced code's, to restore. */
+static const em_allocator *own_alloc(const tr_recorder *r) {
+    const em_allocator *caller = em_get_allocator();
+    em_set_allocator(r->alloc);
+    return caller;
+}
 
 static size_t slot_of(const tr_recorder *r, const em_tensor *t) {
     uint64_t h = (uint64_t)(uintptr_t)t * 0x9E3779B97F4A7C15ull;
@@ -79,13 +90,20 @@ static void set_break(tr_recorder *r, const char *why) {
 }
 
 /* The node of tensor t, adding it as a constant when the graph has not
- * seen it. */
+ * seen it.  A constant is a value: a pending tensor (lazy mode) from
+ * outside the trace is computed first, as eager code would compute it
+ * once, so that every run of the graph reads its values.  (Inputs are
+ * placeholders whatever their state: they are in the map from the
+ * start.) */
 static int node_of(tr_recorder *r, em_tensor *t) {
     int n = map_get(r, t);
     if (n >= 0) return n;
+    if (!t->storage && em_force(t) != EM_OK) return -1; /* the values: the code's */
+    const em_allocator *caller = own_alloc(r);
     n = tr_add_const(r->g, t);
-    if (n < 0 || !map_put(r, t, n)) return -1;
-    return n;
+    bool ok = n >= 0 && map_put(r, t, n);
+    em_set_allocator(caller);
+    return ok ? n : -1;
 }
 
 static em_tensor *record_op(void *ud, const em_op_call *c, const em_meta *m) {
@@ -100,12 +118,15 @@ static em_tensor *record_op(void *ud, const em_op_call *c, const em_meta *m) {
     for (int i = 0; ok && i < c->nin; i++) ok = (in[i] = node_of(r, c->in[i])) >= 0;
     em_meta meta;
     tr_meta_of(t, &meta);
+    const em_allocator *caller = own_alloc(r);
     int n = ok ? tr_add_call(r->g, c->op, c->nin, in, c->attrs, &meta) : -1;
-    if (n < 0 || !map_put(r, t, n)) {
-        em_status s = em_last_status();
-        set_break(r, "out of memory while recording");
+    ok = n >= 0 && map_put(r, t, n);
+    em_set_allocator(caller);
+    if (!ok) {
+        char why[sizeof r->why];
+        snprintf(why, sizeof why, "recording failed: %s", em_last_error());
+        set_break(r, why);
         em_clear_error(); /* the op itself succeeded: keep its result valid */
-        (void)s;
     }
     if (in != stack) em_free(in);
     return t;
@@ -132,6 +153,7 @@ tr_recorder *tr_record_begin_with(int ninputs, em_tensor *const *inputs, const c
     tr_recorder *r = em_malloc(sizeof *r);
     if (!r) return NULL;
     memset(r, 0, sizeof *r);
+    r->alloc = em_get_allocator();
     r->run = run;
     r->cap = 64;
     r->keys = em_calloc((size_t)r->cap, sizeof *r->keys);
@@ -157,15 +179,18 @@ tr_recorder *tr_record_begin_with(int ninputs, em_tensor *const *inputs, const c
 static void recorder_free(tr_recorder *r) {
     em_set_dispatch_hook(r->prev);
     for (int i = 0; r->keys && i < r->cap; i++) em_release(r->keys[i]); /* NULL: out of memory */
-    em_free(r->keys);
-    em_free(r->vals);
-    em_free(r);
+    const em_allocator *a = r->alloc;
+    em_free_with(a, r->keys);
+    em_free_with(a, r->vals);
+    em_free_with(a, r);
 }
 
 void tr_record_abort(tr_recorder *r) {
     if (!r) return;
+    const em_allocator *caller = own_alloc(r);
     tr_graph_free(r->g);
     recorder_free(r);
+    em_set_allocator(caller);
 }
 
 tr_graph *tr_record_end(tr_recorder *r, int nout, em_tensor *const *outs, char *why,
@@ -182,14 +207,13 @@ tr_graph *tr_record_end(tr_recorder *r, int nout, em_tensor *const *outs, char *
             ok = (ids[i] = node_of(r, outs[i])) >= 0;
         }
     }
-    if (ok) ok = tr_set_outputs(g, nout, ids) == EM_OK;
-    if (ids != stack) em_free(ids);
     if (why && whylen) snprintf(why, whylen, "%s", r->broken ? r->why : "");
+    const em_allocator *caller = own_alloc(r);
+    if (ok) ok = tr_set_outputs(g, nout, ids) == EM_OK;
     r->g = NULL;
     recorder_free(r);
-    if (!ok) {
-        tr_graph_free(g);
-        return NULL;
-    }
-    return g;
+    if (!ok) tr_graph_free(g);
+    em_set_allocator(caller);
+    if (ids != stack) em_free(ids); /* the caller's, as it was made */
+    return ok ? g : NULL;
 }

@@ -120,7 +120,9 @@ void tr_compact(tr_graph *g, const bool *keep);
 /* ---- record.c: capturing a graph while code runs eagerly ---- */
 typedef struct tr_recorder tr_recorder;
 /* Starts recording on this thread: ops run eagerly and append nodes.
- * inputs are the function's declared inputs (names may be NULL). */
+ * inputs are the function's declared inputs (names may be NULL).  The
+ * recorder and the graph are allocated with the allocator current here,
+ * whatever allocator the traced code runs under (free the graph with it). */
 tr_recorder *tr_record_begin(int ninputs, em_tensor *const *inputs, const char *const *names);
 /* The same, but ops run through run (its fn and ud) instead of eagerly:
  * a lazy mode's hook makes the trace record ops without computing them. */
