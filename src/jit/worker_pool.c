@@ -247,6 +247,7 @@ typedef struct worker {
     int first, count;   /* its items: first, first + step, ... (count of them) */
     int answered;       /* '+' read so far */
     bool garbage;       /* it wrote something else */
+    int err;            /* why it could not start (errno) */
 } worker;
 
 /* The worker's records in memory, so that they can be written with
@@ -270,13 +271,14 @@ static bool serialize(worker *w, k_kernel *const *ks, const char *const *paths, 
 static char **worker_env(char *march, char *parent, char *tmpdir) {
     int nenv = 0;
     while (environ[nenv]) nenv++;
-    char **env = em_malloc(sizeof(char *) * (size_t)(nenv + 4));
+    char **env = em_malloc(sizeof(char *) * (size_t)(nenv + 5));
     if (!env) return NULL;
     int k = 0;
     for (int i = 0; i < nenv; i++)
         if (strncmp(environ[i], "EMBER_JIT_MARCH=", 16) && strncmp(environ[i], "EMBER_JIT_PARENT=", 17) &&
-            strncmp(environ[i], "TMPDIR=", 7))
+            strncmp(environ[i], "TMPDIR=", 7) && strncmp(environ[i], "OPENBLAS_NUM_THREADS=", 21))
             env[k++] = environ[i];
+    env[k++] = (char *)"OPENBLAS_NUM_THREADS=1"; /* it never multiplies: no BLAS threads */
     env[k++] = march;
     env[k++] = parent;
     if (tmpdir[7]) env[k++] = tmpdir;
@@ -295,16 +297,19 @@ static pid_t spawn_process(const char *prog, int in_r, int out_w) {
     posix_spawn_file_actions_t fa;
     if (posix_spawn_file_actions_init(&fa) != 0) return -1;
     pid_t pid = -1;
+    int rc = ENOMEM;
     char *argv[] = {(char *)prog, NULL};
     if (posix_spawn_file_actions_adddup2(&fa, in_r, 0) == 0 &&
         posix_spawn_file_actions_adddup2(&fa, out_w, 1) == 0) {
         em_env_lock(false); /* environ must not move while it is copied (env.c) */
         char **env = worker_env(march, parent, tmpdir);
-        if (!env || posix_spawn(&pid, prog, &fa, NULL, argv, env) != 0) pid = -1;
+        rc = env ? posix_spawn(&pid, prog, &fa, NULL, argv, env) : ENOMEM;
         em_env_unlock();
         em_free(env);
     }
     posix_spawn_file_actions_destroy(&fa);
+    if (rc != 0) pid = -1;
+    errno = rc;
     return pid;
 }
 
@@ -336,6 +341,7 @@ static bool worker_start(worker *w, const char *prog) {
     fcntl(w->in, F_SETFL, O_NONBLOCK); /* written only when poll says it takes bytes */
     return true;
 fail:
+    w->err = errno ? errno : ENOMEM;
     for (int i = 0; i < 2; i++) {
         if (in[i] >= 0) close(in[i]);
         if (out[i] >= 0) close(out[i]);
@@ -407,23 +413,47 @@ static bool pump(jit_workers *ws, double deadline) {
     }
 }
 
+/* Whether the process is exiting (its workers were killed by us). */
+static bool exiting(void) {
+    pthread_mutex_lock(&wp.m);
+    bool e = wp.shutdown && wp.owner == getpid();
+    pthread_mutex_unlock(&wp.m);
+    return e;
+}
+
 /* Reaps w (killed first when it is late or answered garbage); its exit
- * decides its items' results. */
+ * decides its items' results.  While exiting nothing is logged and
+ * nothing compiles in process. */
 static void worker_end(jit_workers *ws, worker *w, bool late, jit_worker_result *res) {
-    if (w->pid < 0) {
-        for (int i = 0, t = w->first; i < w->count; i++, t += ws->nworkers) res[t] = JIT_WORKER_RETRY;
+    bool ending = exiting();
+    if (w->pid < 0) { /* no memory, pipes or process for it: libgccjit in
+                         process would fail the same way, and it aborts on
+                         an allocation failure (std::bad_alloc) */
+        for (int i = 0, t = w->first; i < w->count; i++, t += ws->nworkers) res[t] = JIT_WORKER_FAILED;
+        if (!ending)
+            jit_logf(ws->log, 0, "no compile worker could start (%s); %d kernels run op by op",
+                     strerror(w->err), w->count);
         free(w->buf);
         return;
     }
-    if (late || w->garbage) kill(w->pid, SIGKILL);
     int st = 0;
-    pid_t r;
-    while ((r = waitpid(w->pid, &st, 0)) < 0 && errno == EINTR) {}
+    pid_t r = 0;
+    /* one that answered every item has nothing left to do: if it is not
+     * gone yet it may hang in its exit (OpenBLAS's destructor joins a
+     * thread stuck retrying an allocation under ulimit -v) */
+    if (!late && !w->garbage && w->answered == w->count)
+        while ((r = waitpid(w->pid, &st, WNOHANG)) < 0 && errno == EINTR) {}
+    if (r == 0 && (late || w->garbage || w->answered == w->count)) kill(w->pid, SIGKILL);
+    if (r == 0)
+        while ((r = waitpid(w->pid, &st, 0)) < 0 && errno == EINTR) {}
+    bool finished = w->answered == w->count && !w->garbage;
     live_set(w->pid, false);
+    ending = exiting(); /* the exit cleanup may have killed it meanwhile */
     bool exited = r == w->pid && WIFEXITED(st);
-    const char *why = late ? "did not finish in time (EMBER_COMPILE_TIMEOUT)" : w->garbage
-                      ? "answered garbage" : !exited ? "was killed by a signal" : NULL;
-    if (why)
+    const char *why = finished ? NULL : late ? "did not finish in time (EMBER_COMPILE_TIMEOUT)"
+                      : w->garbage ? "answered garbage" : !exited ? "was killed by a signal" : NULL;
+    if (ending) why = why ? why : "exiting";
+    else if (why)
         jit_logf(ws->log, 0, "compile worker %d %s; %d of its %d kernels run op by op", (int)w->pid,
                  why, w->count - w->answered, w->count);
     for (int i = 0, t = w->first; i < w->count; i++, t += ws->nworkers)
