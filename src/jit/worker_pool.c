@@ -33,6 +33,8 @@
 #include <spawn.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -101,6 +103,8 @@ static struct {
     bool shutdown;         /* exiting: no new worker, no new temporary file */
 } wp = {.m = PTHREAD_MUTEX_INITIALIZER, .freed = PTHREAD_COND_INITIALIZER};
 
+static int dir_fd = -1; /* the private directory, open for the signal handler */
+
 static void exit_cleanup(void) { jit_workers_shutdown(); }
 
 /* Forgets a parent's state in a forked child (under wp.m). */
@@ -166,9 +170,68 @@ void jit_workers_shutdown(void) {
             if (wp.live[i] > 0) kill(wp.live[i], SIGKILL); /* their waiters reap them */
         if (wp.dir[0]) nftw(wp.dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
         wp.dir[0] = '\0';
+        if (dir_fd >= 0) close(dir_fd);
+        dir_fd = -1;
         pthread_cond_broadcast(&wp.freed);
     }
     pthread_mutex_unlock(&wp.m);
+}
+
+/* ---- fatal signals ---- */
+
+static const int fatal_signals[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT};
+
+/* Removes the entries of the directory open as fd, and their entries one
+ * level down (a worker's libgccjit-* directories), with async-signal-safe
+ * calls only. */
+static void remove_under(int fd, int depth) {
+    char buf[4096];
+    long n;
+    lseek(fd, 0, SEEK_SET);
+    while ((n = syscall(SYS_getdents64, fd, buf, sizeof buf)) > 0) {
+        for (long off = 0; off < n;) {
+            struct dirent64 *d = (struct dirent64 *)(buf + off);
+            off += d->d_reclen;
+            if (d->d_name[0] == '.' && (!d->d_name[1] || (d->d_name[1] == '.' && !d->d_name[2])))
+                continue;
+            if (unlinkat(fd, d->d_name, 0) == 0 || depth == 0) continue;
+            int sub = openat(fd, d->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+            if (sub >= 0) {
+                remove_under(sub, depth - 1);
+                close(sub);
+                unlinkat(fd, d->d_name, AT_REMOVEDIR);
+            }
+        }
+        lseek(fd, 0, SEEK_SET); /* entries were removed: read again from the start */
+        if (n < (long)sizeof buf / 2) break;
+    }
+}
+
+/* A fatal signal the program does not handle itself: kill the workers,
+ * remove the private directory, then die of the signal as before. */
+static void on_fatal_signal(int sig) {
+    if (wp.owner == getpid()) {
+        for (int i = 0; i < MAX_LIVE; i++)
+            if (wp.live[i] > 0) kill(wp.live[i], SIGKILL);
+        if (dir_fd >= 0) {
+            remove_under(dir_fd, 2);
+            rmdir(wp.dir);
+        }
+    }
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
+/* Only where the disposition is the default: a program's own handler (or
+ * SIG_IGN) is left alone. */
+static void catch_fatal_signals(void) {
+    for (size_t i = 0; i < sizeof fatal_signals / sizeof *fatal_signals; i++) {
+        struct sigaction old, sa = {.sa_handler = on_fatal_signal, .sa_flags = SA_RESETHAND};
+        sigemptyset(&sa.sa_mask);
+        if (sigaction(fatal_signals[i], NULL, &old) == 0 && old.sa_handler == SIG_DFL &&
+            !(old.sa_flags & SA_SIGINFO))
+            sigaction(fatal_signals[i], &sa, NULL);
+    }
 }
 
 /* The private directory, made on first use (under wp.m): every kernel
@@ -184,6 +247,9 @@ static bool private_dir(void) {
         wp.dir[0] = '\0';
         return false;
     }
+    if (dir_fd >= 0) close(dir_fd); /* a forked child's copy of its parent's */
+    dir_fd = open(wp.dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    catch_fatal_signals();
     return true;
 }
 
