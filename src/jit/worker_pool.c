@@ -114,6 +114,8 @@ static void adopt_process(void) {
     wp.busy = 0;
     memset(wp.live, 0, sizeof wp.live);
     wp.dir[0] = '\0';
+    if (dir_fd >= 0) close(dir_fd); /* the parent's directory */
+    dir_fd = -1;
     if (!wp.registered) wp.registered = atexit(exit_cleanup) == 0;
 }
 
@@ -188,7 +190,8 @@ static void remove_under(int fd, int depth) {
     char buf[4096];
     long n;
     lseek(fd, 0, SEEK_SET);
-    while ((n = syscall(SYS_getdents64, fd, buf, sizeof buf)) > 0) {
+    /* bounded: an entry that cannot be removed is met again on every pass */
+    for (int pass = 0; pass < 64 && (n = syscall(SYS_getdents64, fd, buf, sizeof buf)) > 0; pass++) {
         for (long off = 0; off < n;) {
             struct dirent64 *d = (struct dirent64 *)(buf + off);
             off += d->d_reclen;
@@ -247,7 +250,6 @@ static bool private_dir(void) {
         wp.dir[0] = '\0';
         return false;
     }
-    if (dir_fd >= 0) close(dir_fd); /* a forked child's copy of its parent's */
     dir_fd = open(wp.dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     catch_fatal_signals();
     return true;
