@@ -107,6 +107,10 @@ static int dir_fd = -1; /* the private directory, open for the signal handler */
 
 static void exit_cleanup(void) { jit_workers_shutdown(); }
 
+/* fork while another thread holds wp.m: the child's copy must be free */
+static void before_fork(void) { pthread_mutex_lock(&wp.m); }
+static void after_fork(void) { pthread_mutex_unlock(&wp.m); }
+
 /* Forgets a parent's state in a forked child (under wp.m). */
 static void adopt_process(void) {
     if (wp.owner == getpid()) return;
@@ -116,7 +120,11 @@ static void adopt_process(void) {
     wp.dir[0] = '\0';
     if (dir_fd >= 0) close(dir_fd); /* the parent's directory */
     dir_fd = -1;
-    if (!wp.registered) wp.registered = atexit(exit_cleanup) == 0;
+    if (!wp.registered) { /* once per process image (a forked child inherits them) */
+        wp.registered = true;
+        atexit(exit_cleanup);
+        pthread_atfork(before_fork, after_fork, after_fork);
+    }
 }
 
 /* At most one worker per core: the processes of every thread that
