@@ -3,8 +3,18 @@
  * entry; values equal before and after; freeing while compiling. */
 #include "testutil.h"
 
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
 #include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
 #include <string.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -297,6 +307,476 @@ START_TEST(threads_call_while_it_compiles) {
 }
 END_TEST
 
+/* ---- processes: threads, workers and files that outlive them ---- */
+
+static int count_dir(const char *path, const char *prefix) {
+    DIR *d = opendir(path);
+    int n = 0;
+    struct dirent *e;
+    while (d && (e = readdir(d)))
+        if (e->d_name[0] != '.' && !strncmp(e->d_name, prefix, strlen(prefix))) n++;
+    if (d) closedir(d);
+    return n;
+}
+
+/* Live processes whose parent is pid (and whose name starts with name, if
+ * given). */
+static int count_children(pid_t pid, const char *name) {
+    DIR *d = opendir("/proc");
+    int n = 0;
+    struct dirent *e;
+    while (d && (e = readdir(d))) {
+        char path[300], buf[512];
+        if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
+        snprintf(path, sizeof path, "/proc/%s/stat", e->d_name);
+        FILE *f = fopen(path, "r");
+        size_t len = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
+        if (f) fclose(f);
+        buf[len] = '\0';
+        char *open = strchr(buf, '('), *close = strrchr(buf, ')');
+        if (!open || !close) continue;
+        int ppid = 0;
+        char state = 0;
+        if (sscanf(close + 1, " %c %d", &state, &ppid) != 2 || ppid != pid) continue;
+        *close = '\0';
+        /* a zombie has ended (reaped by whoever waits for it) */
+        if (state != 'Z' && (!name || !strncmp(open + 1, name, strlen(name)))) n++;
+    }
+    if (d) closedir(d);
+    return n;
+}
+
+/* Kills the children of pid named name, by their pids. */
+static void kill_children(pid_t pid, const char *name) {
+    DIR *d = opendir("/proc");
+    struct dirent *e;
+    while (d && (e = readdir(d))) {
+        char path[300], buf[512];
+        if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
+        snprintf(path, sizeof path, "/proc/%s/stat", e->d_name);
+        FILE *f = fopen(path, "r");
+        size_t len = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
+        if (f) fclose(f);
+        buf[len] = '\0';
+        char *open = strchr(buf, '('), *close = strrchr(buf, ')');
+        int ppid = 0;
+        if (!open || !close || sscanf(close + 1, " %*c %d", &ppid) != 1 || ppid != pid) continue;
+        *close = '\0';
+        if (!strcmp(open + 1, name)) kill(atoi(e->d_name), SIGKILL);
+    }
+    if (d) closedir(d);
+}
+
+static int ncores(void) {
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n < 1 ? 1 : (int)n;
+}
+
+static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
+    (void)sb, (void)ftw;
+    return flag == FTW_DP ? rmdir(path) : unlink(path);
+}
+
+static int count_files(const char *path, const struct stat *sb, int flag, struct FTW *ftw);
+static int nfiles;
+static int count_files(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
+    (void)path, (void)sb, (void)ftw;
+    nfiles += flag == FTW_F;
+    return 0;
+}
+
+static pid_t last_child;
+
+/* Runs this program as "--child mode" with the environment env (NAME=value
+ * strings, NULL-ended) and, when as_limit > 0, RLIMIT_AS of that many
+ * bytes; its wait status, or -1 when it ran past timeout (then killed).
+ * signal_after > 0: SIGTERM it once it has a child of its own, or after
+ * that many seconds. */
+static int run_child_signal(const char *mode, const char *const *env, long as_limit, double timeout,
+                            double signal_after) {
+    char self[4096];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    ck_assert(n > 0);
+    self[n] = '\0';
+    pid_t pid = fork();
+    ck_assert(pid >= 0);
+    if (pid == 0) {
+        for (int i = 0; env[i]; i++) putenv((char *)env[i]);
+        struct rlimit r = {(rlim_t)as_limit, (rlim_t)as_limit};
+        if (as_limit > 0) setrlimit(RLIMIT_AS, &r);
+        execl(self, self, "--child", mode, (char *)NULL);
+        _exit(127);
+    }
+    last_child = pid;
+    double end = now() + timeout, sig_at = now() + signal_after;
+    int st;
+    while (waitpid(pid, &st, WNOHANG) == 0) {
+        if (signal_after > 0 && (now() > sig_at || count_children(pid, NULL) > 0)) {
+            usleep(300000); /* let it start writing */
+            kill(pid, SIGTERM);
+            signal_after = 0;
+        }
+        if (now() > end) {
+            kill(pid, SIGKILL);
+            waitpid(pid, &st, 0);
+            return -1;
+        }
+        usleep(20000);
+    }
+    return st;
+}
+
+static int run_child(const char *mode, const char *const *env, long as_limit, double timeout) {
+    return run_child_signal(mode, env, as_limit, timeout, 0);
+}
+
+/* ---- the child programs ---- */
+
+#define CHILD_CHECK(c, ...)                                      \
+    do {                                                          \
+        if (!(c)) {                                               \
+            fprintf(stderr, "child: " __VA_ARGS__);               \
+            fprintf(stderr, " (%s:%d)\n", __FILE__, __LINE__);     \
+            exit(1);                                              \
+        }                                                         \
+    } while (0)
+
+static bool close_to(const double *v, const double *ref, int64_t n, double rtol, double atol) {
+    for (int64_t i = 0; i < n; i++)
+        if (!(fabs(v[i] - ref[i]) <= atol + rtol * fabs(ref[i]))) return false;
+    return true;
+}
+
+static int max_threads_seen, max_workers_seen;
+
+static void sample(void) {
+    int t = count_dir("/proc/self/task", "");
+    int w = count_children(getpid(), "ember-jit-work");
+    if (t > max_threads_seen) max_threads_seen = t;
+    if (w > max_workers_seen) max_workers_seen = w;
+}
+
+/* One call of the em_compile'd fn with new values, checked in float64. */
+static void child_call(em_compiled *f, uint64_t seed, int64_t rows) {
+    em_scope_begin();
+    em_tensor *x = tu_random(seed, 2, TU_SIZES(rows, 24), EM_F32, 1), *y;
+    CHILD_CHECK(em_call(f, &x, NULL, &y) == EM_OK, "em_call: %s", em_last_error());
+    double *ref = reference(x), *v = tu_values(y);
+    CHILD_CHECK(close_to(v, ref, rows * 24, 1e-5, 1e-6), "em_call %d: wrong values", (int)seed);
+    free(ref);
+    free(v);
+    em_release(y);
+    em_scope_end();
+}
+
+/* Graph g of the lazy program: tanh(x * (1 + g / 20) + g / 10), a new
+ * graph for each g (its scalars are part of it). */
+static void child_lazy(int g, uint64_t seed) {
+    em_scope_begin();
+    em_tensor *x = tu_random(seed, 2, TU_SIZES(6, 32), EM_F32, 1);
+    double a = 1 + g / 20.0, b = g / 10.0;
+    em_tensor *y = em_tanh(em_add_scalar(em_mul_scalar(x, a), b));
+    CHILD_CHECK(y != NULL, "lazy op: %s", em_last_error());
+    double *xv = tu_values(x), *v = tu_values(y);
+    for (int i = 0; i < 6 * 32; i++) xv[i] = tanh(xv[i] * (float)a + (float)b);
+    CHILD_CHECK(close_to(v, xv, 6 * 32, 2e-5, 2e-6), "lazy graph %d: wrong values", g);
+    free(xv);
+    free(v);
+    em_scope_end();
+}
+
+static bool all_compiled(const em_compiled *f) {
+    em_compile_stats cs;
+    em_lazy_stats ls;
+    em_compiled_stats(f, &cs);
+    em_lazy_get_stats(&ls);
+    return cs.hits > cs.pending && ls.graphs_compiled >= 40;
+}
+
+/* EMBER_JIT=1 (and EMBER_ASYNC_COMPILE as the parent set it): an
+ * em_compile'd function and 40 lazy graphs, called with new values for a
+ * few rounds and until every compile is done; threads and workers are
+ * sampled on the way. */
+static int child_jit(void) {
+    em_compile_options o = options(0);
+    em_compiled *f = em_compile(fn, NULL, &o);
+    CHILD_CHECK(f != NULL, "em_compile: %s", em_last_error());
+    double end = now() + 90;
+    for (int round = 0; round < 3 || (!all_compiled(f) && now() < end); round++) {
+        for (int i = 0; i < 10; i++) child_call(f, (uint64_t)(100 * round + i), 8 + i % 3);
+        for (int g = 0; g < 40; g++) {
+            child_lazy(g, (uint64_t)(1000 * round + g));
+            sample();
+        }
+        sample();
+    }
+    CHILD_CHECK(all_compiled(f), "the compiles did not finish in 90 s");
+    em_compiled_free(f);
+    /* main, the eager pool's 1 (EMBER_NUM_THREADS=2), the queue's, one spare */
+    int tmax = 2 + ncores() + 1;
+#ifdef __SANITIZE_THREAD__
+    tmax++; /* ThreadSanitizer's own background thread */
+#endif
+    fprintf(stderr, "child: at most %d threads, %d workers\n", max_threads_seen, max_workers_seen);
+    CHILD_CHECK(max_threads_seen <= tmax, "%d threads (at most %d)", max_threads_seen, tmax);
+    CHILD_CHECK(max_workers_seen <= ncores(), "%d workers (at most %d)", max_workers_seen, ncores());
+    return 0;
+}
+
+/* Under a memory limit: a matmul, an em_compile'd function and a lazy
+ * graph each give correct values or an error with a message. */
+static void mem_result(em_tensor *y, const double *ref, int64_t n) {
+    if (!y) {
+        CHILD_CHECK(em_last_error()[0], "an error without a message");
+        em_clear_error();
+        return;
+    }
+    double *v = malloc(sizeof(double) * (size_t)n);
+    CHILD_CHECK(v, "no memory for the values");
+    em_tensor *d = em_cast(y, EM_F64);
+    if (!d || em_copy_to_host(d, v, sizeof(double) * (size_t)n) != EM_OK) {
+        CHILD_CHECK(em_last_error()[0], "an error without a message");
+        em_clear_error();
+    } else {
+        CHILD_CHECK(close_to(v, ref, n, 1e-4, 1e-5), "wrong values under the memory limit");
+    }
+    free(v);
+}
+
+static int child_mem(void) {
+    for (int rep = 0; rep < 3; rep++) {
+        em_scope_begin();
+        em_tensor *x = tu_random(7, 2, TU_SIZES(48, 48), EM_F32, 1);
+        double *xv = tu_values(x), *ref = calloc(48 * 48, sizeof(double));
+        for (int i = 0; i < 48; i++)
+            for (int j = 0; j < 48; j++)
+                for (int k = 0; k < 48; k++) ref[i * 48 + j] += xv[i * 48 + k] * xv[k * 48 + j];
+        mem_result(em_matmul(x, x), ref, 48 * 48);
+        free(ref);
+        em_compile_options o = options(rep == 2 ? 1 : -1);
+        em_compiled *f = em_compile(fn, NULL, &o);
+        em_tensor *y = NULL;
+        for (int c = 0; f && c < 3; c++) {
+            em_tensor *xs = tu_random((uint64_t)c, 2, TU_SIZES(8, 24), EM_F32, 1);
+            double *r = reference(xs);
+            mem_result(em_call(f, &xs, NULL, &y) == EM_OK ? y : NULL, r, 8 * 24);
+            free(r);
+        }
+        em_compiled_free(f);
+        if (em_lazy_begin() == EM_OK) {
+            for (int i = 0; i < 48 * 48; i++) xv[i] = tanh(xv[i] * 1.5f + 0.25f);
+            mem_result(em_tanh(em_add_scalar(em_mul_scalar(x, 1.5), 0.25)), xv, 48 * 48);
+            em_lazy_end();
+        }
+        free(xv);
+        em_scope_end();
+    }
+    return 0;
+}
+
+/* Compiles with the worker the parent set (one that hangs) until killed. */
+static int child_signal(void) {
+    em_compile_options o = options(-1);
+    em_compiled *f = em_compile(chain_fn, (void *)&(const double){0.5}, &o);
+    em_tensor *x = em_full(2, TU_SIZES(6, 20), 0.5, EM_F32, em_cpu()), *y;
+    em_call(f, &x, NULL, &y);
+    return 0;
+}
+
+static const char *child_mode;
+
+START_TEST(child_program) {
+    if (!strcmp(child_mode, "jit")) child_jit();
+    else if (!strcmp(child_mode, "mem")) child_mem();
+    else ck_abort_msg("unknown child mode %s", child_mode);
+}
+END_TEST
+
+/* The child runs in a Check runner of its own (the helpers assert), in
+ * this process: its threads and workers are what is counted. */
+static int child_main(const char *mode) {
+    /* not under Check: its runner handles SIGTERM itself */
+    if (!strcmp(mode, "signal")) return child_signal();
+    child_mode = mode;
+    Suite *s = suite_create("child");
+    TCase *tc = tcase_create(mode);
+    tcase_add_test(tc, child_program);
+    suite_add_tcase(s, tc);
+    SRunner *sr = srunner_create(s);
+    srunner_set_fork_status(sr, CK_NOFORK);
+    srunner_run_all(sr, CK_SILENT);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? 1 : 0;
+}
+
+/* ---- the tests that run them ---- */
+
+typedef struct sandbox {
+    char tmp[64], cache[64];
+    char env_tmp[96], env_cache[96];
+} sandbox;
+
+static void sandbox_make(sandbox *b) {
+    strcpy(b->tmp, "/tmp/ember-async-tmp-XXXXXX");
+    strcpy(b->cache, "/tmp/ember-async-cache-XXXXXX");
+    ck_assert(mkdtemp(b->tmp) && mkdtemp(b->cache));
+    snprintf(b->env_tmp, sizeof b->env_tmp, "TMPDIR=%s", b->tmp);
+    snprintf(b->env_cache, sizeof b->env_cache, "EMBER_CACHE_DIR=%s", b->cache);
+}
+
+static void sandbox_free(sandbox *b) {
+    nftw(b->tmp, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+    nftw(b->cache, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+/* Nothing of the child outlives it: no worker (orphans come to us, a
+ * subreaper), no ember-kernel-* file in its TMPDIR; its kernels are in
+ * its cache. */
+static void check_nothing_left(const sandbox *b) {
+    usleep(200000);
+    int orphans = count_children(getpid(), "ember-jit-work");
+    while (waitpid(-1, NULL, WNOHANG) > 0) {}
+    ck_assert_msg(orphans == 0, "%d compile workers outlived their process", orphans);
+    ck_assert_msg(count_dir(b->tmp, "ember-kernel-") == 0, "ember-kernel-* files left in TMPDIR");
+    nfiles = 0;
+    nftw(b->cache, count_files, 16, FTW_PHYS);
+    ck_assert_msg(nfiles > 0, "the cache holds nothing: the next run pays again");
+}
+
+static void run_jit_child(bool async) {
+    sandbox b;
+    sandbox_make(&b);
+    const char *env[] = {"EMBER_JIT=1", async ? "EMBER_ASYNC_COMPILE=1" : "EMBER_ASYNC_COMPILE=0",
+                         b.env_tmp, b.env_cache, "EMBER_CACHE=1", "EMBER_NUM_THREADS=2",
+                         "OPENBLAS_NUM_THREADS=1", NULL};
+    int st = run_child("jit", env, 0, 150);
+    ck_assert_msg(st != -1, "the EMBER_JIT=1 program (async %d) did not finish in 150 s", async);
+    ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "the EMBER_JIT=1 program (async %d) failed "
+                  "(status %#x)", async, st);
+    check_nothing_left(&b);
+    sandbox_free(&b);
+}
+
+START_TEST(jit_programs_are_bounded_and_leave_nothing_behind) {
+    prctl(PR_SET_CHILD_SUBREAPER, 1);
+    run_jit_child(false);
+    run_jit_child(true);
+}
+END_TEST
+
+/* A fake worker: a shell script body (it gets the records on stdin). */
+static void fake_worker_case(const char *body, const char *expect) {
+    sandbox b;
+    sandbox_make(&b);
+    char script[128], log[128];
+    snprintf(script, sizeof script, "%s/worker.sh", b.tmp);
+    snprintf(log, sizeof log, "%s/log", b.tmp);
+    FILE *f = fopen(script, "w");
+    ck_assert(f);
+    fprintf(f, "#!/bin/sh\n%s\n", body);
+    fclose(f);
+    chmod(script, 0755);
+    setenv("EMBER_JIT_WORKER", script, 1);
+    setenv("EMBER_COMPILE_TIMEOUT", "2", 1);
+    setenv("EMBER_LOG_FILE", log, 1);
+    em_compile_options o = options(-1);
+    em_compiled *fc = em_compile(chain_fn, (void *)&(const double){1.5}, &o);
+    unsetenv("EMBER_LOG_FILE");
+    double t0 = now();
+    em_tensor *x = tu_random(4, 2, TU_SIZES(6, 20), EM_F32, 1), *y1, *y2;
+    ck_assert_msg(em_call(fc, &x, NULL, &y1) == EM_OK, "%s", em_last_error());
+    ck_assert_msg(now() - t0 < 20, "the first call took %.1f s (deadline 2 s)", now() - t0);
+    ck_assert_msg(em_call(fc, &x, NULL, &y2) == EM_OK, "%s", em_last_error());
+    /* the reference: the same function, eagerly */
+    em_tensor *ref;
+    ck_assert_int_eq(chain_fn((void *)&(const double){1.5}, &x, NULL, &ref), EM_OK);
+    double *r = tu_values(ref);
+    tu_check_close(y1, r, 2, TU_SIZES(6, 20), 1e-5, 1e-6);
+    tu_check_close(y2, r, 2, TU_SIZES(6, 20), 1e-5, 1e-6);
+    free(r);
+    em_compiled_free(fc);
+    unsetenv("EMBER_COMPILE_TIMEOUT");
+    if (getenv("EMBER_TEST_REAL_WORKER")) setenv("EMBER_JIT_WORKER", getenv("EMBER_TEST_REAL_WORKER"), 1);
+    else unsetenv("EMBER_JIT_WORKER");
+    ck_assert_msg(count_children(getpid(), NULL) == 0, "the fake worker is still running");
+    char text[4096] = "";
+    f = fopen(log, "r");
+    size_t n = f ? fread(text, 1, sizeof text - 1, f) : 0;
+    if (f) fclose(f);
+    text[n] = '\0';
+    ck_assert_msg(strstr(text, expect), "the log does not say '%s': '%s'", expect, text);
+    sandbox_free(&b);
+}
+
+START_TEST(a_hanging_worker_is_killed_at_its_deadline) {
+    fake_worker_case("exec sleep 1000", "did not finish in time");
+}
+END_TEST
+
+START_TEST(a_worker_that_dies_is_reported) {
+    fake_worker_case("kill -9 $$", "was killed by a signal");
+}
+END_TEST
+
+START_TEST(a_worker_that_answers_garbage_is_reported) {
+    fake_worker_case("cat >/dev/null; echo garbage", "answered garbage");
+}
+END_TEST
+
+/* A program killed by SIGTERM while its worker hangs: the worker dies
+ * with it, and its temporary files go. */
+START_TEST(a_killed_program_leaves_no_worker_or_file) {
+    prctl(PR_SET_CHILD_SUBREAPER, 1);
+    sandbox b;
+    sandbox_make(&b);
+    char script[128], env_worker[160];
+    snprintf(script, sizeof script, "%s/worker.sh", b.cache);
+    FILE *f = fopen(script, "w");
+    ck_assert(f);
+    fprintf(f, "#!/bin/sh\nexec sleep 1000\n");
+    fclose(f);
+    chmod(script, 0755);
+    snprintf(env_worker, sizeof env_worker, "EMBER_JIT_WORKER=%s", script);
+    const char *env[] = {b.env_tmp, b.env_cache, env_worker, "EMBER_COMPILE_TIMEOUT=100",
+                         "EMBER_NUM_THREADS=2", "OPENBLAS_NUM_THREADS=1", NULL};
+    int st = run_child_signal("signal", env, 0, 60, 20);
+    unlink(script);
+    ck_assert_msg(st != -1, "the program did not die of SIGTERM");
+    ck_assert_msg(WIFSIGNALED(st) && WTERMSIG(st) == SIGTERM, "status %#x", st);
+    usleep(300000);
+    int left = count_children(getpid(), "sleep");
+    if (left) kill_children(getpid(), "sleep"); /* the orphans came to us: ours to end */
+    while (waitpid(-1, NULL, WNOHANG) > 0) {}
+    ck_assert_msg(left == 0, "%d workers outlived the killed program", left);
+    ck_assert_msg(count_dir(b.tmp, "ember-kernel-") == 0, "ember-kernel-* files left in TMPDIR");
+    sandbox_free(&b);
+}
+END_TEST
+
+/* A program under RLIMIT_AS (ulimit -v) finishes, with values or errors,
+ * cold and warm (the same cache), at 150, 200 and 250 MB. */
+START_TEST(memory_limits_give_errors_not_hangs) {
+#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
+    return; /* a sanitizer's shadow memory does not fit under RLIMIT_AS */
+#endif
+    sandbox b;
+    sandbox_make(&b);
+    const char *env[] = {b.env_tmp, b.env_cache, "EMBER_CACHE=1", "EMBER_NUM_THREADS=2",
+                         "OPENBLAS_NUM_THREADS=1", NULL};
+    for (long mb = 150; mb <= 250; mb += 50) {
+        for (int warm = 0; warm < 2; warm++) {
+            int st = run_child("mem", env, mb << 20, 60);
+            ck_assert_msg(st != -1, "under a %ld MB limit (%s) the program hung", mb, warm ? "warm" : "cold");
+            /* exit 1: wrong values; killed by a signal: it crashed; exit 127: could not start */
+            ck_assert_msg(WIFEXITED(st) && (WEXITSTATUS(st) == 0 || WEXITSTATUS(st) == 127),
+                          "under a %ld MB limit (%s): status %#x", mb, warm ? "warm" : "cold", st);
+        }
+    }
+    sandbox_free(&b);
+}
+END_TEST
+
 static Suite *suite(void) {
     const tu_test tests[] = {
         {"calls_switch_to_the_compiled_entry", calls_switch_to_the_compiled_entry},
@@ -307,11 +787,20 @@ static Suite *suite(void) {
         {"environment_turns_it_on", environment_turns_it_on},
         {"threads_call_while_it_compiles", threads_call_while_it_compiles},
         {"concurrent_background_compiles_finish", concurrent_background_compiles_finish},
+        {"jit_programs_are_bounded_and_leave_nothing_behind", jit_programs_are_bounded_and_leave_nothing_behind},
+        {"a_hanging_worker_is_killed_at_its_deadline", a_hanging_worker_is_killed_at_its_deadline},
+        {"a_worker_that_dies_is_reported", a_worker_that_dies_is_reported},
+        {"a_worker_that_answers_garbage_is_reported", a_worker_that_answers_garbage_is_reported},
+        {"memory_limits_give_errors_not_hangs", memory_limits_give_errors_not_hangs},
+        {"a_killed_program_leaves_no_worker_or_file", a_killed_program_leaves_no_worker_or_file},
     };
     return tu_suite("async", tests, sizeof tests / sizeof tests[0], 180);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
+    if (argc == 3 && !strcmp(argv[1], "--child")) return child_main(argv[2]);
+    const char *w = getenv("EMBER_JIT_WORKER");
+    if (w) setenv("EMBER_TEST_REAL_WORKER", w, 1);
     setenv("EMBER_CACHE", "0", 1); /* memory only: every kernel really compiles */
     return tu_run(suite());
 }

@@ -13,6 +13,8 @@
 #include <pthread.h>
 #include <limits.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
 
 /* Below this many multiply-adds per product OpenBLAS runs single-threaded,
  * so small products of a batch run in parallel across the batch. */
@@ -184,6 +186,26 @@ static void gemm_cols(void *ctx, int64_t b, int64_t e) { gemm_piece(ctx, false, 
 static pthread_once_t blas_once = PTHREAD_ONCE_INIT;
 static void blas_single_threaded(void) { openblas_set_num_threads(1); }
 
+/* OpenBLAS takes a buffer of ~128 MiB per thread that calls it at once,
+ * on first use, and when that allocation fails (under ulimit -v) it
+ * retries forever: a matmul hung instead of failing.  Under a limit on
+ * the address space, the first matmul checks that a buffer for each of
+ * Ember's threads can be had (a reservation that uses no memory); if not,
+ * every matmul of the process runs the plain loops below (same values,
+ * slower). */
+#define BLAS_BUFFER ((size_t)160 << 20)
+static pthread_once_t blas_mem_once = PTHREAD_ONCE_INIT;
+static bool blas_mem_ok;
+static void blas_check_memory(void) {
+    struct rlimit r;
+    blas_mem_ok = true;
+    if (getrlimit(RLIMIT_AS, &r) != 0 || r.rlim_cur == RLIM_INFINITY) return;
+    size_t n = BLAS_BUFFER * (size_t)em_num_threads();
+    void *p = mmap(NULL, n, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    blas_mem_ok = p != MAP_FAILED;
+    if (blas_mem_ok) munmap(p, n);
+}
+
 /* Plain loops over rows (batch, i) of the output: c[i, :] += a[i, k] * b[k, :].
  * Integers wrap (unsigned arithmetic); floats (only for sizes BLAS cannot
  * take) accumulate in the output's type. */
@@ -254,6 +276,8 @@ em_status cpu_matmul(const em_op_call *c, em_tensor *out) {
         return em_error(EM_ERR_DTYPE, "matmul: dtype %s is not supported", em_dtype_name(X.dt));
     }
     bool blas = rows == NULL && X.M <= INT_MAX && X.N <= INT_MAX && X.K <= INT_MAX;
+    pthread_once(&blas_mem_once, blas_check_memory);
+    blas = blas && blas_mem_ok;
     if (rows == NULL && !blas) rows = X.dt == EM_F32 ? rows_f32 : rows_f64;
 
     em_status st = EM_OK;

@@ -101,16 +101,9 @@ static void log_kernel(const jit_env *env, const k_kernel *k) {
     kir_print(k, env->log->f);
 }
 
-/* A temporary file name for a compiler's output (the caller unlinks it). */
-static bool temp_path(char *buf, size_t n) {
-    char dbuf[EM_ENV_MAX];
-    const char *dir = em_getenv("TMPDIR", dbuf, sizeof dbuf);
-    snprintf(buf, n, "%s/ember-kernel-XXXXXX", dir && *dir ? dir : "/tmp");
-    int fd = mkstemp(buf);
-    if (fd < 0) return false;
-    close(fd);
-    return true;
-}
+/* A temporary file name for a compiler's output (the caller unlinks it):
+ * in the process's private directory, removed at exit (worker_pool.c). */
+static bool temp_path(char *buf, size_t n) { return jit_worker_temp_path(buf, n); }
 
 /* Loads the kernel filed under key: the cache's verified bytes, in a
  * sealed memory file, whose embedded key must be key.  EM_OK with *out
@@ -200,7 +193,7 @@ static em_status get_kernels(jit_env *env, k_kernel **ks, const kc_key *keys, in
     int *miss = em_malloc(sizeof(int) * (size_t)(n + 1));
     k_kernel **wk = em_calloc((size_t)n + 1, sizeof *wk);
     char **paths = em_calloc((size_t)n + 1, sizeof *paths);
-    bool *ok = em_calloc((size_t)n + 1, sizeof *ok);
+    jit_worker_result *ok = em_calloc((size_t)n + 1, sizeof *ok);
     em_status s = miss && wk && paths && ok ? EM_OK : em_last_status();
     int nmiss = 0;
     for (int i = 0; s == EM_OK && i < n; i++) {
@@ -214,14 +207,19 @@ static em_status get_kernels(jit_env *env, k_kernel **ks, const kc_key *keys, in
         m++;
     }
     jit_workers *workers =
-        m > 0 && m == nmiss ? jit_workers_start(wk, (const char *const *)paths, m, em_num_threads()) : NULL;
+        m > 0 && m == nmiss ? jit_workers_start(wk, (const char *const *)paths, m, em_num_threads(), env->log)
+                            : NULL;
     if (workers) jit_workers_finish(workers, ok);
     for (int t = 0; t < nmiss && s == EM_OK; t++) {
         int i = miss[t];
         env->compiled++;
-        if (workers && ok[t]) {
+        if (workers && ok[t] == JIT_WORKER_DONE) {
             if (take_worker_output(env, ks[i], &keys[i], paths[t], &out[i]) == EM_OK) continue;
             em_clear_error();
+        }
+        if (workers && ok[t] == JIT_WORKER_FAILED) { /* hung or crashed: not in this process */
+            s = em_error(EM_ERR_STATE, "a compile worker failed on kernel %d (logged)", i);
+            break;
         }
         env->compiled--;
         s = compile_here(env, ks[i], &keys[i], &out[i]); /* no worker, or it failed */

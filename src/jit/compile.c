@@ -5,6 +5,8 @@
  * (and through it references to captured constants), its guards and its
  * backend state.  em_compiled_free releases everything. */
 #include "jit.h"
+#include "compile_queue.h"
+#include "plan.h"
 
 #include <ctype.h>
 #include <stdlib.h>
@@ -26,8 +28,7 @@ typedef struct jit_entry {
      * ready, dynamic, state and the guards change only under the lock. */
     bool ready;
     bool failed;          /* the background compile failed: replay for good */
-    bool has_thread;
-    pthread_t thread;
+    jit_job *job;         /* its background compile (compile_queue.c), or NULL */
 } jit_entry;
 
 struct em_compiled {
@@ -199,7 +200,7 @@ em_compiled *em_compile(em_fn fn, void *ctx, const em_compile_options *opts) {
 
 static void entry_free(const em_compiled *f, jit_entry *e) {
     if (!e) return;
-    if (e->has_thread) pthread_join(e->thread, NULL); /* never cancelled: it frees its job */
+    jit_queue_wait(e->job); /* never cancelled here: it frees its job */
     em_free(e->follow);
     if (e->state) e->backend->free(e->state);
     gd_free(e->guards);
@@ -378,15 +379,17 @@ static em_status compile_entry(em_compiled *f, jit_entry *e, const jit_dyn *dyn,
     return s;
 }
 
-static void *compile_thread(void *arg) {
+/* The background compile of job->e, on a queue thread; run false: the
+ * process is exiting, and the entry keeps running op by op. */
+static void compile_job_run(void *arg, bool run) {
     compile_job *job = arg;
     em_compiled *f = job->f;
     jit_entry *e = job->e;
     em_set_allocator(f->alloc);
     jit_env env = {.cache = f->env.cache, .log = &f->log};
     void *state = NULL;
-    bool dynamic = e->dynamic; /* set before the thread started, read-only until ready */
-    em_status s = compile_entry(f, e, job->dyn, &env, &state, &dynamic);
+    bool dynamic = e->dynamic; /* set before the job was queued, read-only until ready */
+    em_status s = run ? compile_entry(f, e, job->dyn, &env, &state, &dynamic) : EM_ERR_STATE;
     lock(f);
     if (s == EM_OK) {
         if (!dynamic) gd_make_static(e->guards);
@@ -397,28 +400,30 @@ static void *compile_thread(void *arg) {
     } else {
         if (state) e->backend->free(state);
         e->failed = true;
-        jit_logf(&f->log, 0, "%s: background compile failed (%s); the entry runs op by op",
-                 f->name, em_last_error());
+        if (run)
+            jit_logf(&f->log, 0, "%s: background compile failed (%s); the entry runs op by op",
+                     f->name, em_last_error());
         em_clear_error();
     }
     count_compile(f, e, &env);
     unlock(f);
     dyn_free(job->dyn);
     em_free(job);
-    return NULL;
 }
 
-/* Starts e's compile in a background thread (the job takes dyn); false
- * when no thread could be started. */
+/* Queues e's compile on the process's compile queue (the job takes dyn);
+ * false when it could not be queued.  Identical graphs (of other
+ * functions) compile one after the other, the second from the cache. */
 static bool start_compile(em_compiled *f, jit_entry *e, jit_dyn *dyn) {
     compile_job *job = em_malloc(sizeof *job);
     if (!job) return false;
     *job = (compile_job){f, e, dyn};
-    if (pthread_create(&e->thread, NULL, compile_thread, job) != 0) {
+    kc_key key;
+    bool keyed = jit_graph_key(e->graph, e->backend->name, "em_compile", &key);
+    if (!jit_queue_submit(keyed ? &key : NULL, compile_job_run, job, &e->job)) {
         em_free(job);
         return false;
     }
-    e->has_thread = true;
     return true;
 }
 

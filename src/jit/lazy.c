@@ -26,6 +26,7 @@
  * lazy state; the state (entry table, cache) lives until its thread exits
  * and the last thunk made on it dies. */
 #include "jit.h"
+#include "compile_queue.h"
 
 #include <pthread.h>
 #include <stdlib.h>
@@ -650,32 +651,34 @@ typedef struct compile_job {
     int index;           /* entries move when the table grows: by index */
 } compile_job;
 
-/* The background compile of an entry: the graph and backend do not
- * change while it is compiling, so the compile itself runs unlocked. */
-static void *compile_thread(void *arg) {
+/* The background compile of an entry, on a queue thread: the graph and
+ * backend do not change while it is compiling, so the compile itself runs
+ * unlocked.  run false (the process is exiting): it stays op by op. */
+static void compile_job_run(void *arg, bool run) {
     compile_job *job = arg;
     lz_state *st = job->st;
     em_set_allocator(st->alloc);
     pthread_mutex_lock(&st->lock);
     const tr_graph *g = st->entries[job->index].graph;
-    const jit_backend *b = st->entries[job->index].backend;
+    const jit_backend *b = run ? st->entries[job->index].backend : &jit_replay_backend;
     pthread_mutex_unlock(&st->lock);
     jit_env env = {.cache = st->env.cache, .log = &st->log};
-    void *state = compile_graph(g, &b, &env);
+    void *state = run ? compile_graph(g, &b, &env) : NULL;
     pthread_mutex_lock(&st->lock);
     lz_entry *e = &st->entries[job->index];
     e->state = state;
     e->backend = b;
     e->compiling = false;
-    count_compile(st, env.compiled, env.loaded);
+    if (run) count_compile(st, env.compiled, env.loaded);
     pthread_mutex_unlock(&st->lock);
     em_free_with(st->alloc, job);
     state_release(st);
-    return NULL;
 }
 
-/* Starts entry index's compile in a detached thread holding a reference
- * to st; false when no thread could be started. */
+/* Queues entry index's compile on the process's compile queue, holding a
+ * reference to st; false when it could not be queued.  The entry's key
+ * deduplicates: another thread's identical graph compiles after this one,
+ * from the cache. */
 static bool start_compile(lz_state *st, int index) {
     compile_job *job = em_malloc(sizeof *job);
     if (!job) {
@@ -685,14 +688,7 @@ static bool start_compile(lz_state *st, int index) {
     *job = (compile_job){st, index};
     st->entries[index].compiling = true;
     atomic_fetch_add(&st->refs, 1);
-    pthread_attr_t attr;
-    pthread_t th;
-    bool ok = pthread_attr_init(&attr) == 0;
-    if (ok) {
-        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-        ok = pthread_create(&th, &attr, compile_thread, job) == 0;
-        pthread_attr_destroy(&attr);
-    }
+    bool ok = jit_queue_submit(&st->entries[index].key, compile_job_run, job, NULL);
     if (!ok) {
         st->entries[index].compiling = false;
         atomic_fetch_sub(&st->refs, 1);

@@ -12,15 +12,33 @@ bool jit_worker_write(FILE *f, const k_kernel *k, const char *path);
 /* Reads what jit_worker_write wrote; NULL (error set) on anything else. */
 k_kernel *jit_worker_read(FILE *f, char *path, size_t pathlen);
 
-/* Compiles kernels[i] into shared objects at paths[i] in nworkers worker
- * processes, which share the items round robin (the caller compiles its
- * own share meanwhile).  start returns NULL when no worker can run
- * (EMBER_JIT_WORKER=0, or no worker program): the caller then compiles
- * everything itself.  finish waits for them; ok[i] tells which items were
- * written. */
+/* Compiles kernels[i] into shared objects at paths[i] in up to nworkers
+ * worker processes (one per core at most in the whole process: the
+ * threads that compile share them), which share the items round robin.
+ * start returns NULL when no worker can run (EMBER_JIT_WORKER=0, no
+ * worker program, no memory, exiting): the caller then compiles
+ * everything itself.  finish waits for them, at most EMBER_COMPILE_TIMEOUT
+ * seconds (default 120), and says per item: */
+typedef enum jit_worker_result {
+    JIT_WORKER_DONE,   /* the shared object is at its path */
+    JIT_WORKER_RETRY,  /* not written (no worker started, or the compiler
+                          reported an error): compile it in process */
+    JIT_WORKER_FAILED  /* its worker hung, crashed or answered garbage
+                          (logged): compiling it in process could do the
+                          same to the program, so run its group op by op */
+} jit_worker_result;
+struct jit_log;
 typedef struct jit_workers jit_workers;
 jit_workers *jit_workers_start(k_kernel *const *kernels, const char *const *paths, int n,
-                               int nworkers);
-void jit_workers_finish(jit_workers *w, bool *ok);
+                               int nworkers, const struct jit_log *log);
+void jit_workers_finish(jit_workers *w, jit_worker_result *res);
+
+/* A new empty file for a compiler's output (the caller unlinks it), in
+ * the process's private temporary directory; false when none can be made
+ * (or the process is exiting). */
+bool jit_worker_temp_path(char *buf, size_t n);
+/* Kills the running workers and removes the private directory; later
+ * compiles run without workers.  Registered with atexit; idempotent. */
+void jit_workers_shutdown(void);
 
 #endif
