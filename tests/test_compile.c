@@ -659,38 +659,6 @@ END_TEST
 
 /* ---- the allocator travels with the object (issue 21, item 12) ---- */
 
-/* An allocator whose blocks carry its tag: freeing a block through
- * another allocator is counted (and the block leaked), not a crash. */
-typedef struct tagged {
-    unsigned tag;
-    atomic_long live;    /* its blocks not yet freed */
-    atomic_long foreign; /* blocks of another allocator handed to its free */
-} tagged;
-
-#define TAG_HEAD 64 /* keeps the 64-byte alignment Ember asks for */
-
-static void *tagged_alloc(void *ud, size_t size, size_t align) {
-    tagged *t = ud;
-    char *p;
-    if (align > TAG_HEAD || posix_memalign((void **)&p, TAG_HEAD, size + TAG_HEAD)) return NULL;
-    memcpy(p, &t->tag, sizeof t->tag);
-    atomic_fetch_add(&t->live, 1);
-    return p + TAG_HEAD;
-}
-
-static void tagged_free(void *ud, void *q) {
-    tagged *t = ud;
-    char *p = (char *)q - TAG_HEAD;
-    unsigned tag;
-    memcpy(&tag, p, sizeof tag);
-    if (tag != t->tag) { /* the default allocator's, or another's: not ours to free */
-        atomic_fetch_add(&t->foreign, 1);
-        return;
-    }
-    memset(p, 0, sizeof tag);
-    atomic_fetch_sub(&t->live, 1);
-    free(p);
-}
 
 /* softmax over the last dim of x's values, in float64 */
 static double *softmax_reference(const em_tensor *x) {
@@ -725,7 +693,7 @@ static void calls_under(em_compiled *f, const em_allocator *calls) {
     em_set_allocator(saved);
 }
 
-static void check_clean(const char *what, tagged *t) {
+static void check_clean(const char *what, tu_tagged *t) {
     ck_assert_msg(atomic_load(&t->foreign) == 0, "%s: %ld frees of another allocator's blocks",
                   what, atomic_load(&t->foreign));
     ck_assert_msg(atomic_load(&t->live) == 0, "%s: %ld blocks never freed", what,
@@ -738,8 +706,9 @@ static void check_clean(const char *what, tagged *t) {
  * with and without async compile. */
 START_TEST(a_compiled_function_frees_with_the_allocator_that_made_it) {
     for (int order = 0; order < 3; order++) {
-        tagged ta = {0xA110CA7A, 0, 0}, tb = {0xA110CA7B, 0, 0};
-        em_allocator a = {tagged_alloc, tagged_free, &ta}, b = {tagged_alloc, tagged_free, &tb};
+        tu_tagged ta = {0xA110CA7A, 0, 0}, tb = {0xA110CA7B, 0, 0};
+        em_allocator a = {tu_tagged_alloc, tu_tagged_free, &ta},
+                     b = {tu_tagged_alloc, tu_tagged_free, &tb};
         /* 0: made under a, called under b; 1: made under the default,
          * called under a; 2: 0 with async compile */
         const em_allocator *made = order == 1 ? NULL : &a, *calls = order == 1 ? &a : &b;

@@ -784,37 +784,6 @@ END_TEST
 
 /* ---- the allocator travels with the object (issue 21, item 12) ---- */
 
-/* An allocator whose blocks carry its tag: freeing a block through
- * another allocator is counted (and the block leaked), not a crash. */
-typedef struct tagged {
-    unsigned tag;
-    atomic_long live, foreign;
-} tagged;
-
-#define TAG_HEAD 64
-
-static void *tagged_alloc(void *ud, size_t size, size_t align) {
-    tagged *t = ud;
-    char *p;
-    if (align > TAG_HEAD || posix_memalign((void **)&p, TAG_HEAD, size + TAG_HEAD)) return NULL;
-    memcpy(p, &t->tag, sizeof t->tag);
-    atomic_fetch_add(&t->live, 1);
-    return p + TAG_HEAD;
-}
-
-static void tagged_free(void *ud, void *q) {
-    tagged *t = ud;
-    char *p = (char *)q - TAG_HEAD;
-    unsigned tag;
-    memcpy(&tag, p, sizeof tag);
-    if (tag != t->tag) {
-        atomic_fetch_add(&t->foreign, 1);
-        return;
-    }
-    memset(p, 0, sizeof tag);
-    atomic_fetch_sub(&t->live, 1);
-    free(p);
-}
 
 typedef struct two_allocs {
     em_allocator made, reads;
@@ -853,8 +822,9 @@ static void *two_allocs_body(void *arg) {
 }
 
 START_TEST(lazy_modes_tables_free_with_the_allocator_that_made_the_state) {
-    tagged ta = {0xA110CA7A, 0, 0}, tb = {0xA110CA7B, 0, 0};
-    two_allocs c = {{tagged_alloc, tagged_free, &ta}, {tagged_alloc, tagged_free, &tb}, 0, ""};
+    tu_tagged ta = {0xA110CA7A, 0, 0}, tb = {0xA110CA7B, 0, 0};
+    two_allocs c = {{tu_tagged_alloc, tu_tagged_free, &ta},
+                    {tu_tagged_alloc, tu_tagged_free, &tb}, 0, ""};
     pthread_t th;
     ck_assert_int_eq(pthread_create(&th, NULL, two_allocs_body, &c), 0);
     pthread_join(th, NULL); /* the state dies with the thread */

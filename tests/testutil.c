@@ -209,3 +209,28 @@ bool tu_probe_gpu(char *why, size_t n) {
     waitpid(pid, &status, 0);
     return WIFEXITED(status) && WEXITSTATUS(status) == 0;
 }
+
+#define TAG_HEAD 64 /* keeps the 64-byte alignment Ember asks for */
+
+void *tu_tagged_alloc(void *ud, size_t size, size_t align) {
+    tu_tagged *t = ud;
+    char *p;
+    if (align > TAG_HEAD || posix_memalign((void **)&p, TAG_HEAD, size + TAG_HEAD)) return NULL;
+    memcpy(p, &t->tag, sizeof t->tag);
+    t->live++;
+    return p + TAG_HEAD;
+}
+
+void tu_tagged_free(void *ud, void *q) {
+    tu_tagged *t = ud;
+    char *p = (char *)q - TAG_HEAD;
+    unsigned tag;
+    memcpy(&tag, p, sizeof tag);
+    if (tag != t->tag) { /* the default allocator's, or another's: not ours to free */
+        t->foreign++;
+        return;
+    }
+    memset(p, 0, sizeof tag);
+    t->live--;
+    free(p);
+}

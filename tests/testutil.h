@@ -76,4 +76,16 @@ void tu_teardown(void);
 
 #define TU_SIZES(...) ((const int64_t[]){__VA_ARGS__})
 
+/* An allocator whose blocks carry its tag (tu_tagged_alloc/free with ud a
+ * tu_tagged): a block freed through another tagged allocator is counted in
+ * that one's `foreign` (and leaked), not a crash, so tests can check that
+ * objects free with the allocator that made them. */
+typedef struct tu_tagged {
+    unsigned tag;
+    _Atomic long live;    /* its blocks not yet freed */
+    _Atomic long foreign; /* blocks of another allocator handed to its free */
+} tu_tagged;
+void *tu_tagged_alloc(void *ud, size_t size, size_t align);
+void tu_tagged_free(void *ud, void *p);
+
 #endif

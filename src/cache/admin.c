@@ -365,17 +365,6 @@ static int entry_tmp(const char *root, const bundle_entry *e, char **tmp) {
     return fd;
 }
 
-static bool write_all(int fd, const unsigned char *p, size_t n) {
-    while (n > 0) {
-        ssize_t w = write(fd, p, n);
-        if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) return false;
-        p += w;
-        n -= (size_t)w;
-    }
-    return true;
-}
-
 /* Copies e->size bytes and the newline after them from f to fd, hashing
  * them on the way: never more than one buffer in memory. */
 static em_status copy_entry(FILE *f, int fd, const bundle_entry *e, const char *path) {
@@ -387,7 +376,7 @@ static em_status copy_entry(FILE *f, int fd, const bundle_entry *e, const char *
         if (fread(buf, 1, want, f) != want)
             return em_error(EM_ERR_ARG, "kc_import: %s: truncated entry %s.%s", path, e->hex, e->kind);
         XXH3_128bits_update(&st, buf, want);
-        if (!write_all(fd, buf, want))
+        if (!kc_write_all(fd, buf, want))
             return em_error(EM_ERR_IO, "kc_import: cannot write the entry %s.%s: %s", e->hex,
                             e->kind, strerror(errno));
         left -= want;

@@ -588,18 +588,6 @@ em_status kc_get_file(kc_cache *c, const kc_key *key, const char *kind, char **p
 
 /* ---- get into a memory file (code is loaded from those) ---- */
 
-static bool write_all(int fd, const void *data, size_t n) {
-    const char *p = data;
-    while (n > 0) {
-        ssize_t w = write(fd, p, n);
-        if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) return false;
-        p += w;
-        n -= (size_t)w;
-    }
-    return true;
-}
-
 /* Copies the verified payload of (k, kind) into fd: from the memory
  * table's bytes, else from disk (directories, header, payload checked and
  * checksummed on the very descriptor the bytes are copied from), else
@@ -608,7 +596,7 @@ static kc_read fill_fd(kc_cache *c, const kc_key *k, const char *kind, int fd, c
                        size_t nwhy) {
     kc_entry *e = table_find(c, k, kind);
     if (e && e->data) {
-        if (!write_all(fd, e->data, (size_t)e->size)) {
+        if (!kc_write_all(fd, e->data, (size_t)e->size)) {
             snprintf(why, nwhy, "cannot fill a memory file: %s", strerror(errno));
             return KC_READ_CORRUPT;
         }

@@ -264,6 +264,9 @@ kc_sum kc_checksum(const void *data, size_t n);
 /* A streaming checksum over a file descriptor from its current offset:
  * false on a read error; *n gets the bytes read. */
 bool kc_checksum_fd(int fd, kc_sum *sum, uint64_t *n);
+/* Writes all n bytes of data to fd, through short writes and EINTR; false
+ * (errno set, no error message) when a write fails. */
+bool kc_write_all(int fd, const void *data, size_t n);
 /* kc_checksum_fd that also writes every byte it reads to out (-1: none):
  * the bytes checksummed are exactly the bytes copied.  false on a read or
  * write error. */

@@ -102,8 +102,8 @@ kc_sum kc_checksum(const void *data, size_t n) { return sum_of(XXH3_128bits(data
 
 bool kc_checksum_fd(int fd, kc_sum *sum, uint64_t *n) { return kc_checksum_copy(fd, -1, sum, n); }
 
-/* Writes all of n bytes to out. */
-static bool put_all(int out, const unsigned char *p, size_t n) {
+bool kc_write_all(int out, const void *data, size_t n) {
+    const unsigned char *p = data;
     while (n > 0) {
         ssize_t w = write(out, p, n);
         if (w < 0 && errno == EINTR) continue;
@@ -125,7 +125,7 @@ bool kc_checksum_copy(int fd, int out, kc_sum *sum, uint64_t *n) {
         if (r < 0) return false;
         if (r == 0) break;
         XXH3_128bits_update(&st, buf, (size_t)r);
-        if (out >= 0 && !put_all(out, buf, (size_t)r)) return false;
+        if (out >= 0 && !kc_write_all(out, buf, (size_t)r)) return false;
         total += (uint64_t)r;
     }
     *sum = sum_of(XXH3_128bits_digest(&st));

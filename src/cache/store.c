@@ -433,17 +433,6 @@ bool kc_memfd_seal(int fd, char *why, size_t nwhy) {
 
 /* ---- writing ---- */
 
-static bool write_full(int fd, const void *data, size_t n) {
-    size_t done = 0;
-    while (done < n) {
-        ssize_t w = write(fd, (const char *)data + done, n - done);
-        if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) return false;
-        done += (size_t)w;
-    }
-    return true;
-}
-
 /* A new temporary file in dir (mode 0600, from mkstemp): its fd, its path
  * in *tmp (em_malloc'd); -1 on failure. */
 static int make_tmp(const char *dir, char **tmp, char *why, size_t nwhy) {
@@ -510,7 +499,7 @@ bool kc_write_file(const char *dir, const char *name, const void *data, size_t n
     char *tmp;
     int fd = make_tmp(dir, &tmp, why, nwhy);
     if (fd < 0) return false;
-    return commit_tmp(fd, tmp, dir, name, write_full(fd, data, n), why, nwhy);
+    return commit_tmp(fd, tmp, dir, name, kc_write_all(fd, data, n), why, nwhy);
 }
 
 /* Copies fd's whole content to out. */
@@ -522,7 +511,7 @@ static bool copy_fd(int fd, int out) {
         if (r < 0 && errno == EINTR) continue;
         if (r < 0) return false;
         if (r == 0) return true;
-        if (!write_full(out, buf, (size_t)r)) return false;
+        if (!kc_write_all(out, buf, (size_t)r)) return false;
     }
 }
 
@@ -569,7 +558,7 @@ static bool tmp_from_bytes(const char *dir, const void *data, size_t n, char **t
                            size_t nwhy) {
     int fd = make_tmp(dir, tmp, why, nwhy);
     if (fd < 0) return false;
-    if (finish_tmp(fd, *tmp, write_full(fd, data, n), why, nwhy)) return true;
+    if (finish_tmp(fd, *tmp, kc_write_all(fd, data, n), why, nwhy)) return true;
     em_free(*tmp);
     *tmp = NULL;
     return false;

@@ -38,17 +38,6 @@ static void print_token(FILE *f, const char *s) {
     }
 }
 
-static bool write_all(int fd, const char *p, size_t n) {
-    while (n > 0) {
-        ssize_t w = write(fd, p, n);
-        if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) return false;
-        p += w;
-        n -= (size_t)w;
-    }
-    return true;
-}
-
 em_status jit_record_append(const char *path, const char *name, const char *backend,
                             const tr_graph *g, const gd_guards *guards) {
     char *text = NULL;
@@ -72,7 +61,7 @@ em_status jit_record_append(const char *path, const char *name, const char *back
         s = em_error(EM_ERR_IO, "recording %s: cannot open %s: %s", name, path, strerror(errno));
     } else {
         (void)flock(fd, LOCK_EX); /* one record at a time, whole */
-        if (!write_all(fd, text, len))
+        if (!kc_write_all(fd, text, len))
             s = em_error(EM_ERR_IO, "recording %s: cannot write %s: %s", name, path, strerror(errno));
         (void)flock(fd, LOCK_UN);
         if (close(fd) != 0 && s == EM_OK)
