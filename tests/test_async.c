@@ -583,6 +583,29 @@ static int child_signal(void) {
     return 0;
 }
 
+/* A function of 24 kernels (matmuls, eager steps, between pointwise
+ * chains whose scalars differ, so no two kernels are the same). */
+static em_status many_kernels_fn(void *ctx, em_tensor *const *in, const double *s,
+                                 em_tensor **out) {
+    em_tensor *x = in[0];
+    for (int i = 0; i < 24; i++)
+        x = em_matmul(em_tanh(em_add_scalar(em_mul_scalar(x, 0.5 + i / 64.0), i / 32.0)), in[0]);
+    out[0] = x;
+    return out[0] ? EM_OK : em_last_status();
+}
+
+/* Exits while its background compile runs in process (EMBER_JIT_WORKER=0,
+ * set by the parent): exit must wait for it, not tear the process down
+ * around it, and start no new compile. */
+static int child_exit(void) {
+    em_compile_options o = options(1);
+    em_compiled *f = em_compile(many_kernels_fn, NULL, &o);
+    em_tensor *x = em_full(2, TU_SIZES(16, 16), 0.01, EM_F32, em_cpu()), *y;
+    CHILD_CHECK(em_call(f, &x, NULL, &y) == EM_OK, "em_call: %s", em_last_error());
+    usleep(300000); /* the queue's thread is compiling its 24 kernels now */
+    return 0; /* f is left to the exit, as a program that ends early leaves it */
+}
+
 static const char *child_mode;
 
 START_TEST(child_program) {
@@ -597,6 +620,7 @@ END_TEST
 static int child_main(const char *mode) {
     /* not under Check: its runner handles SIGTERM itself */
     if (!strcmp(mode, "signal")) return child_signal();
+    if (!strcmp(mode, "exit")) return child_exit();
     child_mode = mode;
     Suite *s = suite_create("child");
     TCase *tc = tcase_create(mode);
@@ -777,6 +801,40 @@ START_TEST(memory_limits_give_errors_not_hangs) {
 }
 END_TEST
 
+/* Runs the "exit" child three times, cold, with worker setting `worker`. */
+static void exit_child_runs(const char *worker) {
+    sandbox b;
+    sandbox_make(&b);
+    const char *env[] = {b.env_tmp, b.env_cache, "EMBER_CACHE=1", worker, "EMBER_NUM_THREADS=2",
+                         "OPENBLAS_NUM_THREADS=1", NULL};
+    for (int rep = 0; rep < 3; rep++) {
+        int st = run_child("exit", env, 0, 120);
+        ck_assert_msg(st != -1, "exit during a compile (%s, run %d) did not finish in 120 s", worker, rep);
+        ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0,
+                      "exit during a compile (%s, run %d): status %#x", worker, rep, st);
+        ck_assert_msg(count_dir(b.tmp, "ember-kernel-") == 0, "ember-kernel-* files left in TMPDIR");
+        nftw(b.cache, rm_entry, 16, FTW_DEPTH | FTW_PHYS); /* cold again */
+        ck_assert(mkdir(b.cache, 0700) == 0);
+    }
+    sandbox_free(&b);
+}
+
+START_TEST(exit_during_a_background_compile_is_clean) {
+    /* Seen: a background job compiling in process (no worker) while exit
+     * ran libgccjit's exit-time destructors: use-after-free, SIGSEGV.
+     * Without a worker the compile now runs in the calling thread; with
+     * workers, exit kills them and waits for the job. */
+    exit_child_runs("EMBER_JIT_WORKER=0");
+    const char *w = getenv("EMBER_TEST_REAL_WORKER");
+    if (!w) return; /* no worker built: the first case is the whole test */
+    char *env = malloc(strlen(w) + 32);
+    ck_assert(env);
+    sprintf(env, "EMBER_JIT_WORKER=%s", w);
+    exit_child_runs(env);
+    free(env);
+}
+END_TEST
+
 static Suite *suite(void) {
     const tu_test tests[] = {
         {"calls_switch_to_the_compiled_entry", calls_switch_to_the_compiled_entry},
@@ -793,6 +851,7 @@ static Suite *suite(void) {
         {"a_worker_that_answers_garbage_is_reported", a_worker_that_answers_garbage_is_reported},
         {"memory_limits_give_errors_not_hangs", memory_limits_give_errors_not_hangs},
         {"a_killed_program_leaves_no_worker_or_file", a_killed_program_leaves_no_worker_or_file},
+        {"exit_during_a_background_compile_is_clean", exit_during_a_background_compile_is_clean},
     };
     return tu_suite("async", tests, sizeof tests / sizeof tests[0], 180);
 }

@@ -9,6 +9,7 @@
 #include "jit.h"
 #include "fuse.h"
 #include "plan.h"
+#include "compile_queue.h"
 #include "worker.h"
 
 #include <errno.h>
@@ -201,6 +202,10 @@ static em_status get_kernels(jit_env *env, k_kernel **ks, const kc_key *keys, in
         if (env->cache) lookup(env, ks[i], &keys[i], &out[i]);
         if (!out[i]) miss[nmiss++] = i;
     }
+    /* at exit the compile queue's jobs must end soon, and libgccjit must
+     * not start while exit tears down the process around it */
+    if (s == EM_OK && nmiss > 0 && jit_workers_exiting())
+        s = em_error(EM_ERR_STATE, "cpu backend: the process is exiting: %d kernels not compiled", nmiss);
     int m = 0;
     while (s == EM_OK && m < nmiss && (paths[m] = em_malloc(4096)) && temp_path(paths[m], 4096)) {
         wk[m] = ks[miss[m]];
@@ -222,6 +227,15 @@ static em_status get_kernels(jit_env *env, k_kernel **ks, const kc_key *keys, in
             break;
         }
         env->compiled--;
+        if (jit_workers_exiting()) { /* exit began during the compiles */
+            s = em_error(EM_ERR_STATE, "cpu backend: the process is exiting: kernels not compiled");
+            break;
+        }
+        if (jit_queue_on_queue_thread()) { /* see compile_queue.c: not safe at exit */
+            s = em_error(EM_ERR_STATE, "cpu backend: kernel %d: no compile worker could compile "
+                         "it, and a background compile does not run libgccjit in process", i);
+            break;
+        }
         s = compile_here(env, ks[i], &keys[i], &out[i]); /* no worker, or it failed */
     }
     for (int t = 0; t < m; t++) {

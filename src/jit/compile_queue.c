@@ -14,14 +14,12 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "eager.h"
 #include "worker.h"
 
 #define MAX_THREADS 16
-#define EXIT_GRACE_S 2 /* how long exit waits for running jobs, whose workers it killed */
 
 struct jit_job {
     struct jit_job *next;  /* in the queue, queued and running alike */
@@ -46,6 +44,15 @@ static struct {
     bool registered;       /* atexit and atfork handlers are installed */
 } q = {.m = PTHREAD_MUTEX_INITIALIZER, .work = PTHREAD_COND_INITIALIZER,
        .done = PTHREAD_COND_INITIALIZER};
+
+/* Whether this thread is one of the queue's.  libgccjit never runs in
+ * process on such a thread: exit runs libgccjit's exit-time destructors
+ * (registered at its first compile, so before the queue's own exit
+ * handler) while the thread may be inside a compile; seen as
+ * use-after-free and SIGSEGV at exit.  The compile workers run it. */
+static _Thread_local bool on_queue_thread;
+
+bool jit_queue_on_queue_thread(void) { return on_queue_thread; }
 
 static int max_threads(void) {
     long n = sysconf(_SC_NPROCESSORS_ONLN);
@@ -91,6 +98,7 @@ static void run_job(jit_job *j) {
 
 static void *queue_thread(void *arg) {
     (void)arg;
+    on_queue_thread = true;
     pthread_mutex_lock(&q.m);
     for (;;) {
         jit_job *j = next_job();
@@ -126,7 +134,13 @@ static bool ensure_thread(void) {
 
 /* At exit: cancel what has not started, kill the workers (so what runs
  * ends soon: its kernels fail and its graph runs op by op, which nobody
- * will call again), and wait a little for the running jobs. */
+ * will call again; nothing new compiles in process either), and wait for
+ * the running jobs.  Without a deadline: exit goes on to run the other
+ * atexit handlers and the libraries' destructors (libgccjit's, the worker
+ * pool's removal of the temporary directory), and a job still running
+ * then crashed the program (SIGSEGV under load).  What a job still does
+ * is bounded: fusion and lowering, or a kernel libgccjit compiles in
+ * process when no worker could run. */
 static void queue_exit(void) {
     pthread_mutex_lock(&q.m);
     bool mine = q.owner == getpid();
@@ -137,11 +151,8 @@ static void queue_exit(void) {
     pthread_mutex_unlock(&q.m);
     if (!mine) return;
     jit_workers_shutdown();
-    struct timespec end;
-    clock_gettime(CLOCK_REALTIME, &end);
-    end.tv_sec += EXIT_GRACE_S;
     pthread_mutex_lock(&q.m);
-    while (q.head && pthread_cond_timedwait(&q.done, &q.m, &end) == 0) {}
+    while (q.head && q.threads > 0) pthread_cond_wait(&q.done, &q.m);
     pthread_mutex_unlock(&q.m);
 }
 
@@ -172,6 +183,10 @@ static void register_handlers(void) {
 
 bool jit_queue_submit(const kc_key *key, jit_job_fn fn, void *ctx, jit_job **wait) {
     if (wait) *wait = NULL;
+    /* without a worker, kernels would compile in process on a queue
+     * thread, which is not safe at exit (on_queue_thread): the caller
+     * compiles in its own thread instead */
+    if (!jit_workers_available()) return false;
     jit_job *j = em_calloc(1, sizeof *j);
     if (!j) {
         em_clear_error();

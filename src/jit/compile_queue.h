@@ -26,11 +26,15 @@ typedef struct jit_job jit_job;
  * *wait gets a handle for jit_queue_wait (which the caller must call);
  * else the job frees itself when done.  false (nothing queued, fn not
  * called) when it cannot be queued: no memory, no thread could be
- * started, or the process is exiting: the caller then compiles in its own
- * thread. */
+ * started, no compile worker can run (jit_workers_available), or the
+ * process is exiting: the caller then compiles in its own thread. */
 bool jit_queue_submit(const kc_key *key, jit_job_fn fn, void *ctx, jit_job **wait);
 /* Waits until job j has run (or was cancelled) and frees the handle. */
 void jit_queue_wait(jit_job *j);
+
+/* Whether the calling thread is one of the queue's (which never run
+ * libgccjit in process: see compile_queue.c). */
+bool jit_queue_on_queue_thread(void);
 
 /* For tests: the queue's threads now (started, not yet exited). */
 int jit_queue_threads(void);

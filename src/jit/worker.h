@@ -17,7 +17,7 @@ k_kernel *jit_worker_read(FILE *f, char *path, size_t pathlen);
  * threads that compile share them), which share the items round robin.
  * start returns NULL when no worker can run (EMBER_JIT_WORKER=0, no
  * worker program, no memory, exiting): the caller then compiles
- * everything itself.  finish waits for them, at most EMBER_COMPILE_TIMEOUT
+ * everything itself, unless the process is exiting (jit_workers_exiting).  finish waits for them, at most EMBER_COMPILE_TIMEOUT
  * seconds (default 120), and says per item: */
 typedef enum jit_worker_result {
     JIT_WORKER_DONE,   /* the shared object is at its path */
@@ -40,5 +40,11 @@ bool jit_worker_temp_path(char *buf, size_t n);
 /* Kills the running workers and removes the private directory; later
  * compiles run without workers.  Registered with atexit; idempotent. */
 void jit_workers_shutdown(void);
+/* Whether this process is exiting (jit_workers_shutdown ran in it): then
+ * nothing compiles, in a worker or in process, and graphs run op by op. */
+bool jit_workers_exiting(void);
+/* Whether a compile worker program can be run (EMBER_JIT_WORKER, the
+ * installed one, the build tree's). */
+bool jit_workers_available(void);
 
 #endif

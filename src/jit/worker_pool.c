@@ -307,6 +307,11 @@ static const char *worker_program(char *buf, size_t n) {
     return NULL;
 }
 
+bool jit_workers_available(void) {
+    char buf[EM_ENV_MAX];
+    return worker_program(buf, sizeof buf) != NULL;
+}
+
 static double now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -489,8 +494,7 @@ static bool pump(jit_workers *ws, double deadline) {
     }
 }
 
-/* Whether the process is exiting (its workers were killed by us). */
-static bool exiting(void) {
+bool jit_workers_exiting(void) {
     pthread_mutex_lock(&wp.m);
     bool e = wp.shutdown && wp.owner == getpid();
     pthread_mutex_unlock(&wp.m);
@@ -501,7 +505,7 @@ static bool exiting(void) {
  * decides its items' results.  While exiting nothing is logged and
  * nothing compiles in process. */
 static void worker_end(jit_workers *ws, worker *w, bool late, jit_worker_result *res) {
-    bool ending = exiting();
+    bool ending = jit_workers_exiting();
     if (w->pid < 0) { /* no memory, pipes or process for it: libgccjit in
                          process would fail the same way, and it aborts on
                          an allocation failure (std::bad_alloc) */
@@ -524,7 +528,7 @@ static void worker_end(jit_workers *ws, worker *w, bool late, jit_worker_result 
         while ((r = waitpid(w->pid, &st, 0)) < 0 && errno == EINTR) {}
     bool finished = w->answered == w->count && !w->garbage;
     live_set(w->pid, false);
-    ending = exiting(); /* the exit cleanup may have killed it meanwhile */
+    ending = jit_workers_exiting(); /* the exit cleanup may have killed it meanwhile */
     bool exited = r == w->pid && WIFEXITED(st);
     const char *why = finished ? NULL : late ? "did not finish in time (EMBER_COMPILE_TIMEOUT)"
                       : w->garbage ? "answered garbage" : !exited ? "was killed by a signal" : NULL;
