@@ -401,7 +401,8 @@ static int run_child_signal(const char *mode, const char *const *env, long as_li
     pid_t pid = fork();
     ck_assert(pid >= 0);
     if (pid == 0) {
-        for (int i = 0; env[i]; i++) putenv((char *)env[i]);
+        for (int i = 0; env[i]; i++) /* "-NAME" unsets NAME */
+            env[i][0] == '-' ? unsetenv(env[i] + 1) : putenv((char *)env[i]);
         struct rlimit r = {(rlim_t)as_limit, (rlim_t)as_limit};
         if (as_limit > 0) setrlimit(RLIMIT_AS, &r);
         execl(self, self, "--child", mode, (char *)NULL);
@@ -835,6 +836,35 @@ START_TEST(exit_during_a_background_compile_is_clean) {
 }
 END_TEST
 
+/* The same program with OpenBLAS's default thread count (the variables
+ * unset, as most users run): each thread of OpenBLAS's pool retries its
+ * ~128 MiB buffer allocation forever and OpenBLAS's destructor joins them,
+ * so while libember linked OpenBLAS the child hung in its exit (first seen
+ * at 150 MB, cold).  A sound child takes 0.3 s cold and 0.03 s warm here;
+ * 30 s is the bound of a hang. */
+START_TEST(default_openblas_threads_under_memory_limits_do_not_hang) {
+#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
+    return; /* a sanitizer's shadow memory does not fit under RLIMIT_AS */
+#endif
+    sandbox b;
+    sandbox_make(&b);
+    const char *env[] = {b.env_tmp, b.env_cache, "EMBER_CACHE=1", "-OPENBLAS_NUM_THREADS",
+                         "-GOTO_NUM_THREADS", "-OMP_NUM_THREADS", NULL};
+    for (long mb = 150; mb <= 250; mb += 50) {
+        for (int warm = 0; warm < 2; warm++) {
+            double t0 = now();
+            int st = run_child("mem", env, mb << 20, 30);
+            ck_assert_msg(st != -1, "under a %ld MB limit (%s, OpenBLAS's default threads) the program hung",
+                          mb, warm ? "warm" : "cold");
+            ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0,
+                          "under a %ld MB limit (%s): status %#x after %.1f s", mb, warm ? "warm" : "cold",
+                          st, now() - t0);
+        }
+    }
+    sandbox_free(&b);
+}
+END_TEST
+
 static Suite *suite(void) {
     const tu_test tests[] = {
         {"calls_switch_to_the_compiled_entry", calls_switch_to_the_compiled_entry},
@@ -850,6 +880,8 @@ static Suite *suite(void) {
         {"a_worker_that_dies_is_reported", a_worker_that_dies_is_reported},
         {"a_worker_that_answers_garbage_is_reported", a_worker_that_answers_garbage_is_reported},
         {"memory_limits_give_errors_not_hangs", memory_limits_give_errors_not_hangs},
+        {"default_openblas_threads_under_memory_limits_do_not_hang",
+         default_openblas_threads_under_memory_limits_do_not_hang},
         {"a_killed_program_leaves_no_worker_or_file", a_killed_program_leaves_no_worker_or_file},
         {"exit_during_a_background_compile_is_clean", exit_during_a_background_compile_is_clean},
     };

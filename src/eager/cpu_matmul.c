@@ -2,16 +2,20 @@
  *
  * in[0] [..., M, K] @ in[1] [..., K, N] -> out [batch..., M, N] (contiguous),
  * batch dims broadcast (a missing or size-1 batch dim reads with stride 0).
- * f32/f64 go through cblas_?gemm, reading each operand in place when one of
- * its two matrix strides is 1 (as is, or transposed) and the other a valid
- * leading dimension; otherwise the operand is first copied contiguous (its
- * distinct batches only).  Integers use plain loops with wrapping (modular)
- * accumulation, which gives the same bits as accumulating in int64. */
+ * f32/f64 go through OpenBLAS's cblas_?gemm (dlopen'ed: see blas_load),
+ * reading each operand in place when one of its two matrix strides is 1 (as
+ * is, or transposed) and the other a valid leading dimension; otherwise the
+ * operand is first copied contiguous (its distinct batches only).  Integers
+ * use plain loops with wrapping (modular) accumulation, which gives the same
+ * bits as accumulating in int64. */
+#include "config.h" /* EMBER_OPENBLAS_SONAME */
 #include "cpu.h"
 
-#include <cblas.h>
+#include <cblas.h> /* types and prototypes only: OpenBLAS is dlopen'ed (blas_load) */
+#include <dlfcn.h>
 #include <pthread.h>
 #include <limits.h>
+#include <sched.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
@@ -19,6 +23,93 @@
 /* Below this many multiply-adds per product OpenBLAS runs single-threaded,
  * so small products of a batch run in parallel across the batch. */
 #define MM_SMALL 65536
+
+/* OpenBLAS is loaded with dlopen at the first matmul, not linked, because
+ * its library constructor starts a thread pool (cores - 1 threads) and each
+ * of those threads first allocates a ~128 MiB buffer, retrying forever when
+ * that fails.  Under ulimit -v (RLIMIT_AS) of 150-250 MB a pool thread
+ * spun from the program's start, and its exit hung: OpenBLAS's destructor
+ * (gotoblas_quit -> blas_thread_shutdown_) joins the pool, and a thread
+ * looks for the shutdown request only after its buffer came (seen with gdb;
+ * blas_thread_server and blas_memory_alloc, OpenBLAS 0.3.21).  A fork
+ * (pthread_atfork runs the same shutdown) would hang the same way.  Nothing
+ * run after the constructor can stop that: openblas_set_num_threads(1) does
+ * not end threads, and the join waits for them.  Loaded by Ember, the
+ * pool's size is chosen before it exists (blas_open). */
+#ifndef EMBER_OPENBLAS_SONAME
+#define EMBER_OPENBLAS_SONAME "libopenblas.so.0"
+#endif
+
+static __typeof__(cblas_sgemm) *blas_sgemm;
+static __typeof__(cblas_dgemm) *blas_dgemm;
+static pthread_once_t blas_once = PTHREAD_ONCE_INIT;
+static bool blas_ok; /* OpenBLAS loaded and usable: else the plain loops below */
+
+static bool address_space_limited(void) {
+    struct rlimit r;
+    return getrlimit(RLIMIT_AS, &r) == 0 && r.rlim_cur != RLIM_INFINITY;
+}
+
+/* OpenBLAS also takes a buffer of ~128 MiB per thread that calls it, on
+ * that thread's first call, with the same endless retry: a matmul hung
+ * instead of failing.  Under a limit on the address space, the first
+ * matmul checks that a buffer for each of Ember's threads can be had (a
+ * reservation that uses no memory); if not, every matmul of the process
+ * runs the plain loops (same values, slower). */
+#define BLAS_BUFFER ((size_t)160 << 20)
+static bool blas_headroom(void) {
+    size_t n = BLAS_BUFFER * (size_t)em_num_threads();
+    void *p = mmap(NULL, n, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) return false;
+    munmap(p, n);
+    return true;
+}
+
+/* Opens OpenBLAS.  Under an address-space limit the calling thread is
+ * pinned to one of its CPUs meanwhile (and then given its mask back):
+ * OpenBLAS sizes its pool from the loading thread's affinity
+ * (get_num_procs), so it starts no thread, whose buffer would not fit.
+ * Affinity is per thread, so no other thread sees it (setting
+ * OPENBLAS_NUM_THREADS instead would change the environment under other
+ * threads' getenv).  If the mask cannot be set, OpenBLAS is not loaded. */
+static void *blas_open(bool limited) {
+    int flags = RTLD_NOW | RTLD_LOCAL;
+    if (!limited) return dlopen(EMBER_OPENBLAS_SONAME, flags);
+    cpu_set_t old, one;
+    if (sched_getaffinity(0, sizeof old, &old) != 0) return NULL;
+    CPU_ZERO(&one);
+    for (int i = 0; i < CPU_SETSIZE; i++)
+        if (CPU_ISSET(i, &old)) {
+            CPU_SET(i, &one);
+            break;
+        }
+    if (sched_setaffinity(0, sizeof one, &one) != 0) return NULL;
+    void *h = dlopen(EMBER_OPENBLAS_SONAME, flags);
+    sched_setaffinity(0, sizeof old, &old);
+    return h;
+}
+
+/* Once per process, before the first gemm.  When the program itself links
+ * OpenBLAS (RTLD_NOLOAD finds it) its pool runs already, as before; under
+ * a limit it then needs OPENBLAS_NUM_THREADS=1 (docs/compile.md). The
+ * handle is never closed: OpenBLAS's destructor runs at exit. */
+static void blas_load(void) {
+    bool limited = address_space_limited();
+    void *h = dlopen(EMBER_OPENBLAS_SONAME, RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
+    if (!h) h = blas_open(limited);
+    if (!h) return; /* no OpenBLAS (or no room for it): the plain loops */
+    blas_sgemm = (__typeof__(cblas_sgemm) *)dlsym(h, "cblas_sgemm");
+    blas_dgemm = (__typeof__(cblas_dgemm) *)dlsym(h, "cblas_dgemm");
+    void (*set_threads)(int) = (void (*)(int))dlsym(h, "openblas_set_num_threads");
+    if (!blas_sgemm || !blas_dgemm) return;
+    /* OpenBLAS runs single-threaded inside Ember's pool: two pools on the
+     * same cores (OpenBLAS's workers spin with sched_yield after each
+     * call) made every fused kernel that followed a matmul wait a
+     * scheduler slice for a descheduled worker (MiniLM compiled: 1.3 s a
+     * batch instead of 18 ms). */
+    if (set_threads) set_threads(1);
+    blas_ok = !limited || blas_headroom();
+}
 
 typedef struct operand {
     const char *data;
@@ -140,13 +231,13 @@ static void gemm_batches(void *ctx, int64_t b, int64_t e) {
         batch_offsets(X, bi, &ao, &bo);
         char *cp = X->c + bi * X->M * X->N * X->esz;
         if (X->dt == EM_F32)
-            cblas_sgemm(CblasRowMajor, ta, tb, M, N, K, 1.0f,
-                        (const float *)X->a.data + ao, (int)X->a.ld,
-                        (const float *)X->b.data + bo, (int)X->b.ld, 0.0f, (float *)cp, ldc);
+            blas_sgemm(CblasRowMajor, ta, tb, M, N, K, 1.0f,
+                       (const float *)X->a.data + ao, (int)X->a.ld,
+                       (const float *)X->b.data + bo, (int)X->b.ld, 0.0f, (float *)cp, ldc);
         else
-            cblas_dgemm(CblasRowMajor, ta, tb, M, N, K, 1.0, (const double *)X->a.data + ao,
-                        (int)X->a.ld, (const double *)X->b.data + bo, (int)X->b.ld, 0.0,
-                        (double *)cp, ldc);
+            blas_dgemm(CblasRowMajor, ta, tb, M, N, K, 1.0, (const double *)X->a.data + ao,
+                       (int)X->a.ld, (const double *)X->b.data + bo, (int)X->b.ld, 0.0,
+                       (double *)cp, ldc);
     }
 }
 
@@ -167,44 +258,17 @@ static void gemm_piece(const mmctx *X, bool by_rows, int64_t b, int64_t e) {
         N = (int)(e - b);
     }
     if (X->dt == EM_F32)
-        cblas_sgemm(CblasRowMajor, ta, tb, M, N, K, 1.0f, (const float *)X->a.data + ao,
-                    (int)X->a.ld, (const float *)X->b.data + bo, (int)X->b.ld, 0.0f,
-                    (float *)X->c + co, ldc);
+        blas_sgemm(CblasRowMajor, ta, tb, M, N, K, 1.0f, (const float *)X->a.data + ao,
+                   (int)X->a.ld, (const float *)X->b.data + bo, (int)X->b.ld, 0.0f,
+                   (float *)X->c + co, ldc);
     else
-        cblas_dgemm(CblasRowMajor, ta, tb, M, N, K, 1.0, (const double *)X->a.data + ao,
-                    (int)X->a.ld, (const double *)X->b.data + bo, (int)X->b.ld, 0.0,
-                    (double *)X->c + co, ldc);
+        blas_dgemm(CblasRowMajor, ta, tb, M, N, K, 1.0, (const double *)X->a.data + ao,
+                   (int)X->a.ld, (const double *)X->b.data + bo, (int)X->b.ld, 0.0,
+                   (double *)X->c + co, ldc);
 }
 
 static void gemm_rows(void *ctx, int64_t b, int64_t e) { gemm_piece(ctx, true, b, e); }
 static void gemm_cols(void *ctx, int64_t b, int64_t e) { gemm_piece(ctx, false, b, e); }
-
-/* OpenBLAS runs single-threaded inside Ember's pool: two pools on the same
- * cores (OpenBLAS's workers spin with sched_yield after each call) made
- * every fused kernel that followed a matmul wait a scheduler slice for a
- * descheduled worker (MiniLM compiled: 1.3 s a batch instead of 18 ms). */
-static pthread_once_t blas_once = PTHREAD_ONCE_INIT;
-static void blas_single_threaded(void) { openblas_set_num_threads(1); }
-
-/* OpenBLAS takes a buffer of ~128 MiB per thread that calls it at once,
- * on first use, and when that allocation fails (under ulimit -v) it
- * retries forever: a matmul hung instead of failing.  Under a limit on
- * the address space, the first matmul checks that a buffer for each of
- * Ember's threads can be had (a reservation that uses no memory); if not,
- * every matmul of the process runs the plain loops below (same values,
- * slower). */
-#define BLAS_BUFFER ((size_t)160 << 20)
-static pthread_once_t blas_mem_once = PTHREAD_ONCE_INIT;
-static bool blas_mem_ok;
-static void blas_check_memory(void) {
-    struct rlimit r;
-    blas_mem_ok = true;
-    if (getrlimit(RLIMIT_AS, &r) != 0 || r.rlim_cur == RLIM_INFINITY) return;
-    size_t n = BLAS_BUFFER * (size_t)em_num_threads();
-    void *p = mmap(NULL, n, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    blas_mem_ok = p != MAP_FAILED;
-    if (blas_mem_ok) munmap(p, n);
-}
 
 /* Plain loops over rows (batch, i) of the output: c[i, :] += a[i, k] * b[k, :].
  * Integers wrap (unsigned arithmetic); floats (only for sizes BLAS cannot
@@ -276,8 +340,8 @@ em_status cpu_matmul(const em_op_call *c, em_tensor *out) {
         return em_error(EM_ERR_DTYPE, "matmul: dtype %s is not supported", em_dtype_name(X.dt));
     }
     bool blas = rows == NULL && X.M <= INT_MAX && X.N <= INT_MAX && X.K <= INT_MAX;
-    pthread_once(&blas_mem_once, blas_check_memory);
-    blas = blas && blas_mem_ok;
+    if (rows == NULL) pthread_once(&blas_once, blas_load);
+    blas = blas && blas_ok;
     if (rows == NULL && !blas) rows = X.dt == EM_F32 ? rows_f32 : rows_f64;
 
     em_status st = EM_OK;
@@ -294,7 +358,6 @@ em_status cpu_matmul(const em_op_call *c, em_tensor *out) {
     }
     if (st == EM_OK) {
         if (blas) {
-            pthread_once(&blas_once, blas_single_threaded);
             int64_t mnk = X.M * X.N * X.K;
             if (X.nbatch > 1) {
                 int64_t grain = mnk < MM_SMALL ? MM_SMALL / mnk : 1;
