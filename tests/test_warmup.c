@@ -92,6 +92,29 @@ typedef struct run_result {
     bool values_ok;
 } run_result;
 
+/* Adds f's kernel and plan counts to r and frees f (in a child). */
+static void take_stats(run_result *r, em_compiled *f) {
+    em_compile_stats st;
+    em_compiled_stats(f, &st);
+    r->compiled += st.kernels_compiled;
+    r->loaded += st.kernels_loaded;
+    r->graphs_loaded += st.graphs_loaded;
+    em_compiled_free(f);
+}
+
+/* The run_result child pid wrote to the pipe p; the child must exit 0. */
+static run_result child_result(int p[2], pid_t pid) {
+    close(p[1]);
+    run_result r;
+    memset(&r, 0, sizeof r);
+    ck_assert_int_eq(read(p[0], &r, sizeof r), (ssize_t)sizeof r);
+    close(p[0]);
+    int status;
+    waitpid(pid, &status, 0);
+    ck_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    return r;
+}
+
 /* In a new process with EMBER_CACHE_DIR=dir (and EMBER_RECORD=list when
  * given): compiles both functions and calls each on two shapes, checking
  * the values against float64 references.  Returns the summed stats. */
@@ -137,25 +160,12 @@ static run_result run_in_child(const char *dir, const char *list) {
         free(wv);
         em_compiled *fns[2] = {fs, fl};
         for (int i = 0; i < 2; i++) {
-            em_compile_stats st;
-            em_compiled_stats(fns[i], &st);
-            r.compiled += st.kernels_compiled;
-            r.loaded += st.kernels_loaded;
-            r.graphs_loaded += st.graphs_loaded;
-            em_compiled_free(fns[i]);
+            take_stats(&r, fns[i]);
         }
         ssize_t wr = write(p[1], &r, sizeof r);
         _exit(wr == (ssize_t)sizeof r ? 0 : 4);
     }
-    close(p[1]);
-    run_result r;
-    memset(&r, 0, sizeof r);
-    ck_assert_int_eq(read(p[0], &r, sizeof r), (ssize_t)sizeof r);
-    close(p[0]);
-    int status;
-    waitpid(pid, &status, 0);
-    ck_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-    return r;
+    return child_result(p, pid);
 }
 
 /* Records the four graphs (2 functions x 2 shapes) into d->list, with
@@ -783,25 +793,12 @@ static run_result run_pointwise_child(const char *dir) {
         em_tensor *x = tu_random(5, 2, TU_SIZES(R, C), EM_F32, 1);
         for (int i = 0; i < 2; i++) {
             r.values_ok = r.values_ok && pointwise_ok(fs[i], x, refs[i]);
-            em_compile_stats st;
-            em_compiled_stats(fs[i], &st);
-            r.compiled += st.kernels_compiled;
-            r.loaded += st.kernels_loaded;
-            r.graphs_loaded += st.graphs_loaded;
-            em_compiled_free(fs[i]);
+            take_stats(&r, fs[i]);
         }
         ssize_t wr = write(p[1], &r, sizeof r);
         _exit(wr == (ssize_t)sizeof r ? 0 : 4);
     }
-    close(p[1]);
-    run_result r;
-    memset(&r, 0, sizeof r);
-    ck_assert_int_eq(read(p[0], &r, sizeof r), (ssize_t)sizeof r);
-    close(p[0]);
-    int status;
-    waitpid(pid, &status, 0);
-    ck_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-    return r;
+    return child_result(p, pid);
 }
 
 /* 2 exp(x) and tanh(x) + 1 on the same shape: their plans swapped, then
