@@ -8,7 +8,7 @@
 #include "cpu_gccjit.h"
 #include "cuda_emit.h"
 #include "cuda_kernel.h"
-#include "fuse.h"
+#include "schedule.h"
 #include "testutil.h"
 #include "trace.h"
 

@@ -21,14 +21,14 @@
  *    matmul): the CPU kernel on a host copy of the inputs, result copied
  *    back.  Slow but exact (random values equal the CPU's); docs/cuda.md
  *    lists them. */
-#include "cuda_backend.h"
+#include "cuda_eager.h"
 
 #ifdef EMBER_HAVE_CUDA
 
 #include <string.h>
 
 #include "cuda_kernel.h"
-#include "fuse.h"
+#include "schedule.h"
 #include "trace.h"
 
 /* ---- the process's kernel cache for eager ops ----

@@ -10,7 +10,7 @@
 #include "jit.h"
 
 #include "cuda_kernel.h"
-#include "fuse.h"
+#include "schedule.h"
 
 #include <string.h>
 

@@ -13,7 +13,7 @@
  * Ops that are not fused (matmul, cat, index_select, argmax, random, views,
  * reductions over leading dims) run eagerly between kernels; a kernel
  * closes before an eager op that reads one of its values. */
-#include "fuse.h"
+#include "schedule.h"
 
 #include <string.h>
 

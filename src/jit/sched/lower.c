@@ -12,7 +12,7 @@
  * of earlier kernels) are loaded with strides known at compile time (the
  * guards fix them).  Dims that every buffer walks contiguously are merged
  * first, so a pointwise kernel over contiguous tensors is one flat loop. */
-#include "fuse.h"
+#include "schedule.h"
 
 #include <math.h>
 #include <string.h>

@@ -1,8 +1,8 @@
-/* cuda_backend.h - the CUDA device for eager ops (cuda_backend.c, the
+/* cuda_eager.h - the CUDA device for eager ops (cuda_backend.c, the
  * em_backend table) and for compiled graphs (backend_cuda.c, the "cuda"
  * jit backend), with matmul through cuBLAS (cuda_matmul.c). */
-#ifndef EMBER_CUDA_BACKEND_H
-#define EMBER_CUDA_BACKEND_H
+#ifndef EMBER_CUDA_EAGER_H
+#define EMBER_CUDA_EAGER_H
 
 #include "cache.h"
 #include "cuda_lib.h"

@@ -1,7 +1,7 @@
-/* fuse.h - fusion (schedule.c) and lowering of fused groups to kernel IR
+/* schedule.h - fusion (schedule.c) and lowering of fused groups to kernel IR
  * (lower.c), used by the CPU backend (backend_cpu.c). */
-#ifndef EMBER_FUSE_H
-#define EMBER_FUSE_H
+#ifndef EMBER_SCHEDULE_H
+#define EMBER_SCHEDULE_H
 
 #include "kir.h"
 #include "trace.h"

@@ -7,7 +7,7 @@
  * reason logged under EMBER_LOG=code... never a wrong result. */
 #include "cpu_gccjit.h"
 #include "jit.h"
-#include "fuse.h"
+#include "schedule.h"
 #include "plan.h"
 #include "compile_queue.h"
 #include "worker.h"

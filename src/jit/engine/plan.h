@@ -25,7 +25,7 @@
 #define EMBER_PLAN_H
 
 #include "cache.h"
-#include "fuse.h"
+#include "schedule.h"
 
 typedef struct jit_plan_kernel {
     kc_key key;  /* the cache key of the kernel's artifact */

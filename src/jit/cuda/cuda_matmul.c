@@ -8,7 +8,7 @@
  * Anything else is made contiguous first with the CUDA contiguous kernel.
  * f32 uses no TF32 unless EMBER_CUDA_TF32=1; integer dtypes are
  * EM_ERR_UNSUPPORTED (the backend then computes them on the host). */
-#include "cuda_backend.h"
+#include "cuda_eager.h"
 
 #ifdef EMBER_HAVE_CUDA
 
