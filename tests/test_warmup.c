@@ -242,7 +242,7 @@ START_TEST(plan_parser_rejects_what_does_not_fit_the_graph) {
     ck_assert(kc_key_from_hex(gkey, &gk));
     ck_assert(kc_key_from_hex(key, &other));
     char good[256], text[256];
-    snprintf(good, sizeof good, "ember-plan 2\ngraph %s\nsteps 1\nk 0\nkernels 1\nkernel %s 2 1 0 1\n",
+    snprintf(good, sizeof good, "ember-plan 3\ngraph %s\nsteps 1\nk 0\nkernels 1\nkernel %s 00000000000000000000000000000000 2 1 0 1\n",
              gkey, key);
     jit_plan p;
     ck_assert(jit_plan_parse(good, strlen(good), g, &gk, &p));
@@ -256,17 +256,17 @@ START_TEST(plan_parser_rejects_what_does_not_fit_the_graph) {
     /* the same text looked up under another key: filed under the wrong key */
     ck_assert(!jit_plan_parse(good, strlen(good), g, &other, &p));
     const char *bad[] = {
-        "ember-plan 1\ngraph %s\nsteps 1\nk 0\nkernels 1\nkernel %s 2 1 0 1\n",  /* version */
-        "ember-plan 2\nsteps 1\nk 0\nkernels 1\nkernel %s 2 1 0 1\n%s",         /* no key */
-        "ember-plan 2\ngraph %s\nsteps 1\nk 1\nkernels 1\nkernel %s 2 1 0 1\n",  /* no kernel 1 */
-        "ember-plan 2\ngraph %s\nsteps 1\ne 0\nkernels 1\nkernel %s 2 1 0 1\n",  /* node 0 is an input */
-        "ember-plan 2\ngraph %s\nsteps 1\nk 0\nkernels 1\nkernel %s 2 1 0 7\n",  /* node 7 */
-        "ember-plan 2\ngraph %s\nsteps 1\nk 0\nkernels 1\nkernel %s 2 1 1 0\n",  /* result is the input */
-        "ember-plan 2\ngraph %s\nsteps 1\nk 0\nkernels 1\nkernel %s 2 3 0 1\n",  /* nouts > nbufs */
-        "ember-plan 2\ngraph %s\nsteps 1\nk 0\nkernels 1\nkernel %s 0 0\n",      /* runs a dead kernel */
-        "ember-plan 2\ngraph %s\nsteps 1\nk 0\nkernels 1\nkernel %s 2 1 0 1\nx", /* trailing */
-        "ember-plan 2\ngraph %s\nsteps 1\nk 0\nkernels 1\nkernel %s 2 1 0",      /* truncated */
-        "ember-plan 2\ngraph %s\nsteps -1\n%s",
+        "ember-plan 1\ngraph %s\nsteps 1\nk 0\nkernels 1\nkernel %s 00000000000000000000000000000000 2 1 0 1\n",  /* version */
+        "ember-plan 3\nsteps 1\nk 0\nkernels 1\nkernel %s 00000000000000000000000000000000 2 1 0 1\n%s",         /* no key */
+        "ember-plan 3\ngraph %s\nsteps 1\nk 1\nkernels 1\nkernel %s 00000000000000000000000000000000 2 1 0 1\n",  /* no kernel 1 */
+        "ember-plan 3\ngraph %s\nsteps 1\ne 0\nkernels 1\nkernel %s 00000000000000000000000000000000 2 1 0 1\n",  /* node 0 is an input */
+        "ember-plan 3\ngraph %s\nsteps 1\nk 0\nkernels 1\nkernel %s 00000000000000000000000000000000 2 1 0 7\n",  /* node 7 */
+        "ember-plan 3\ngraph %s\nsteps 1\nk 0\nkernels 1\nkernel %s 00000000000000000000000000000000 2 1 1 0\n",  /* result is the input */
+        "ember-plan 3\ngraph %s\nsteps 1\nk 0\nkernels 1\nkernel %s 00000000000000000000000000000000 2 3 0 1\n",  /* nouts > nbufs */
+        "ember-plan 3\ngraph %s\nsteps 1\nk 0\nkernels 1\nkernel %s 00000000000000000000000000000000 0 0\n",      /* runs a dead kernel */
+        "ember-plan 3\ngraph %s\nsteps 1\nk 0\nkernels 1\nkernel %s 00000000000000000000000000000000 2 1 0 1\nx", /* trailing */
+        "ember-plan 3\ngraph %s\nsteps 1\nk 0\nkernels 1\nkernel %s 00000000000000000000000000000000 2 1 0",      /* truncated */
+        "ember-plan 3\ngraph %s\nsteps -1\n%s",
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         snprintf(text, sizeof text, bad[i], gkey, key);
@@ -605,10 +605,10 @@ static bool damage_plan(const char *path, int keep, int shift) {
             if (keep < 0 || step < keep) at += (size_t)sprintf(out + at, "%s\n", line);
             step++;
         } else if (!strncmp(line, "kernel ", 7) && shift) {
-            char key[40];
+            char key[40], abi[40];
             int nb, no, off;
-            ck_assert_int_eq(sscanf(line, "kernel %39s %d %d%n", key, &nb, &no, &off), 3);
-            at += (size_t)sprintf(out + at, "kernel %s %d %d", key, nb, no);
+            ck_assert_int_eq(sscanf(line, "kernel %39s %39s %d %d%n", key, abi, &nb, &no, &off), 4);
+            at += (size_t)sprintf(out + at, "kernel %s %s %d %d", key, abi, nb, no);
             char *p = line + off;
             for (int b = 0; b < nb; b++) {
                 long v = strtol(p, &p, 10);

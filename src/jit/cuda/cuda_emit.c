@@ -62,6 +62,7 @@ typedef struct egen {
     FILE *f;
     int *match;        /* K_RANGE -> its K_END */
     int par;           /* the parallel range, or -1 */
+    char extent[32];   /* its extent in the text: a constant, or a size parameter */
     cuda_shape shape;
     int threads;
     bool *split;       /* K_RANGE split over the block's threads (CU_ROWS) */
@@ -459,12 +460,18 @@ static void choose_shape(egen *G, cuda_src *out) {
         }
     }
     out->extent = 1;
-    if (G->par < 0 || outside || k->insts[k->insts[G->par].src[0]].op != K_CONST) {
+    out->extent_size = -1;
+    const k_inst *ext = G->par >= 0 ? &k->insts[k->insts[G->par].src[0]] : NULL;
+    if (!ext || outside || (ext->op != K_CONST && ext->op != K_SIZE)) {
         G->shape = CU_SERIAL;
         G->threads = 1;
         return;
     }
-    out->extent = k->insts[k->insts[G->par].src[0]].ival;
+    /* a size parameter (dynamic shapes): the launch reads it from the
+     * size arguments, and the text names it */
+    if (ext->op == K_SIZE) out->extent_size = (int)ext->ival;
+    else out->extent = ext->ival;
+    snprintf(G->extent, sizeof G->extent, ext->op == K_SIZE ? "s%" PRId64 : "%" PRId64 "ll", ext->ival);
     G->shape = CU_FLAT;
     G->threads = 256;
     int64_t widest = 0;
@@ -511,10 +518,10 @@ static void emit_params(egen *G) {
 
 /* The parallel range as a grid-stride loop over elements (CU_FLAT): a main
  * loop whose U elements per thread are all in bounds, then the tail. */
-static void emit_flat(egen *G, int U, int64_t n) {
+static void emit_flat(egen *G, int U) {
     FILE *f = G->f;
     int P = G->par, T = G->threads;
-    fprintf(f, "  const long long n = %" PRId64 "ll;\n", n);
+    fprintf(f, "  const long long n = %s;\n", G->extent);
     fprintf(f, "  const long long step = (long long)gridDim.x * %d;\n", T * U);
     fprintf(f, "  long long base = (long long)blockIdx.x * %d + threadIdx.x;\n", T * U);
     fprintf(f, "  for (; base + %d < n; base += step) {\n", (U - 1) * T);
@@ -549,11 +556,11 @@ static const char *vtype(em_dtype d) { return d == EM_F32 ? "float4" : "int4"; }
 /* NAME_v4: four consecutive elements per thread and step, loaded and
  * stored as one 16-byte vector each (the launch picks it when every
  * buffer is 16-byte aligned); the last n % 4 elements one by one. */
-static void emit_flat_v4(egen *G, int64_t n) {
+static void emit_flat_v4(egen *G) {
     FILE *f = G->f;
     const k_kernel *k = G->k;
     int P = G->par, T = G->threads;
-    fprintf(f, "  const long long n = %" PRId64 "ll, nv = n / 4;\n", n);
+    fprintf(f, "  const long long n = %s, nv = n / 4;\n", G->extent);
     fprintf(f, "  const long long step = (long long)gridDim.x * %d;\n", T);
     fprintf(f, "  for (long long q = (long long)blockIdx.x * %d + threadIdx.x; q < nv; q += step) {\n", T);
     for (int i = P + 1; i < G->match[P]; i++) {
@@ -682,12 +689,12 @@ static void mark_filled(egen *G, int r) {
         if (G->key_of[i] >= 0) G->key_filled[G->key_of[i]] = true;
 }
 
-static void emit_rows(egen *G, int64_t rows) {
+static void emit_rows(egen *G) {
     FILE *f = G->f;
     int P = G->par;
     fputs("  __shared__ double em_sh[32];\n", f);
-    fprintf(f, "  for (long long v%d = blockIdx.x; v%d < %" PRId64 "ll; v%d += gridDim.x) {\n", P, P,
-            rows, P);
+    fprintf(f, "  for (long long v%d = blockIdx.x; v%d < %s; v%d += gridDim.x) {\n", P, P,
+            G->extent, P);
     for (int q = 0; q < G->nkeys; q++)
         fprintf(f, "    %s rc%d[%d];\n", ctype(G->key_dtype[q]), q, G->key_nit[q]);
     G->depth = 1;
@@ -706,7 +713,7 @@ static void emit_kernel(egen *G, cuda_src *out) {
         fputs(") {\n", f);
         G->depth = 0;
         emit_seq(G, 0, G->par);
-        emit_flat_v4(G, out->extent);
+        emit_flat_v4(G);
         fputs("}\n", f);
     }
     fprintf(f, "extern \"C\" __global__ void __launch_bounds__(%d) %s(", G->threads, k->name);
@@ -719,8 +726,8 @@ static void emit_kernel(egen *G, cuda_src *out) {
         emit_seq(G, 0, k->n);
     } else {
         emit_seq(G, 0, G->par); /* constants and parameters before the loop */
-        if (G->shape == CU_FLAT) emit_flat(G, out->unroll, out->extent);
-        else emit_rows(G, out->extent);
+        if (G->shape == CU_FLAT) emit_flat(G, out->unroll);
+        else emit_rows(G);
     }
     fputs("}\n", f);
 }
@@ -770,6 +777,8 @@ em_status cuda_emit(const k_kernel *k, cuda_src *out) {
     out->threads = G.threads;
     out->unroll = G.shape == CU_FLAT ? 4 : 1;
     out->vec4 = G.shape == CU_FLAT && vectorizable(&G);
+    out->nbufs = k->nbufs;
+    out->nsizes = k->nsizes;
     G.lane = G.cur_split = -1;
     if (G.shape == CU_ROWS && (s = plan_rows(&G, stack, kbuf, kbase, kext)) != EM_OK) goto done;
     G.f = open_memstream(&text, &len);
@@ -800,14 +809,21 @@ void cuda_src_free(cuda_src *s) {
     s->text = NULL;
 }
 
-char *cuda_text_with_key(const char *text, const char *name, const uint8_t key[16]) {
+char *cuda_text_with_key(const cuda_src *src, const char *name, const uint8_t key[16]) {
     char bytes[16 * 6 + 1];
     for (int i = 0; i < 16; i++) snprintf(bytes + 6 * i, 7, "0x%02x%s", key[i], i < 15 ? ", " : "");
     const char *fmt = "%s\nextern \"C\" __constant__ unsigned char %s" CUDA_KEY_SUFFIX
-                      "[16] = {%s};\n";
-    int n = snprintf(NULL, 0, fmt, text, name, bytes);
+                      "[16] = {%s};\n"
+                      "extern \"C\" __constant__ long long %s" CUDA_LAUNCH_SUFFIX
+                      "[" "%d" "] = {%d, %d, %d, %" PRId64 "ll, %d, %d, %d, %d};\n";
+    int n = snprintf(NULL, 0, fmt, src->text, name, bytes, name, CUDA_LAUNCH_WORDS, (int)src->shape,
+                     src->threads, src->unroll, src->extent, src->extent_size, (int)src->vec4,
+                     src->nbufs, src->nsizes);
     char *out = n < 0 ? NULL : em_malloc((size_t)n + 1);
-    if (out) snprintf(out, (size_t)n + 1, fmt, text, name, bytes);
+    if (out)
+        snprintf(out, (size_t)n + 1, fmt, src->text, name, bytes, name, CUDA_LAUNCH_WORDS,
+                 (int)src->shape, src->threads, src->unroll, src->extent, src->extent_size,
+                 (int)src->vec4, src->nbufs, src->nsizes);
     return out;
 }
 

@@ -46,6 +46,8 @@ typedef struct cuda_src {
     int threads;      /* block size */
     int unroll;       /* CU_FLAT: elements per thread per step */
     int64_t extent;   /* iterations of the parallel range (rows, or elements) */
+    int extent_size;  /* or, >= 0, the size parameter that holds it (dynamic shapes) */
+    int nbufs, nsizes; /* the kernel's parameters */
     bool vec4;        /* CU_FLAT: the text also defines NAME_v4, the same
                          kernel stepping by 16-byte vectors (for buffers
                          that are all 16-byte aligned) */
@@ -53,19 +55,25 @@ typedef struct cuda_src {
 
 /* Prints k as one `extern "C" __global__` function named k->name whose
  * parameters are the buffers (T *, in parameter order) then the sizes
- * (long long).  EM_ERR_UNSUPPORTED for IR it cannot map (a parallel
- * extent that is not a constant, f16/bf16), EM_ERR_ARG for IR that fails
- * kir_verify. */
+ * (long long).  EM_ERR_UNSUPPORTED for IR it cannot map (f16/bf16),
+ * EM_ERR_ARG for IR that fails kir_verify.  A parallel extent that is
+ * neither a constant nor a size parameter gives a CU_SERIAL kernel. */
 em_status cuda_emit(const k_kernel *k, cuda_src *out);
 void cuda_src_free(cuda_src *s);
-/* text followed by the definition of
+/* src's text followed by the definitions of
  *   extern "C" __constant__ unsigned char NAME__key[16] = {key's bytes};
- * (em_malloc'd, or NULL): the cache key the image is compiled for, which a
- * loader reads back from the module (cuModuleGetGlobal) and compares with
- * the key it looked the image up by, so that an image filed under another
- * kernel's key is refused.  The key is computed from text without it. */
-char *cuda_text_with_key(const char *text, const char *name, const uint8_t key[16]);
+ *   extern "C" __constant__ long long NAME__launch[8] =
+ *       {shape, threads, unroll, extent, extent_size, vec4, nbufs, nsizes};
+ * (em_malloc'd, or NULL).  The key is the cache key the image is compiled
+ * for, which a loader reads back from the module (cuModuleGetGlobal) and
+ * compares with the key it looked the image up by, so that an image filed
+ * under another kernel's key is refused.  The launch descriptor is how
+ * the image must be launched: a loader needs neither the kernel IR nor
+ * the CUDA C text (a plan cache hit lowers nothing). */
+char *cuda_text_with_key(const cuda_src *src, const char *name, const uint8_t key[16]);
 #define CUDA_KEY_SUFFIX "__key"
+#define CUDA_LAUNCH_SUFFIX "__launch"
+#define CUDA_LAUNCH_WORDS 8
 
 /* index_select's kernel for eager CUDA ops (cuda_backend.c), built
  * directly in kernel IR: out (contiguous) = x with dim `dim` indexed by
@@ -79,6 +87,6 @@ char *cuda_text_with_key(const char *text, const char *name, const uint8_t key[1
 k_kernel *cuda_gather_kernel(const em_tensor *x, int dim, const em_tensor *idx, const em_tensor *out);
 
 /* The version of the generator: part of every cache key. */
-#define CUDA_EMIT_VERSION "cuda-emit-2"
+#define CUDA_EMIT_VERSION "cuda-emit-3" /* 3: extents as size parameters, launch descriptor */
 
 #endif

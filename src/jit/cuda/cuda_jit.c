@@ -1,76 +1,171 @@
-/* backend_cuda.c - the "cuda" jit backend: a graph's fused groups as NVRTC
- * kernels (cuda_emit.c, cuda_kernel.c), the other ops (matmul through
- * cuBLAS, views...) run eagerly on the device between them.  Mirrors
- * backend_cpu.c: the same schedule and lowering, another code generator.
+/* cuda_jit.c - the CUDA device of the engine (engine.h): kernel IR
+ * printed as CUDA C (cuda_emit.c), compiled by NVRTC in process (one
+ * thread per kernel, up to the cores), loaded through the driver API
+ * (cuda_kernel.c) and launched on the device's stream.  Matmul and the
+ * other ops that are no kernel run as their eager CUDA ops (cuBLAS).
  *
- * A graph any of whose groups cannot be lowered or compiled runs op by op
- * (eager CUDA ops), with the reason logged under EMBER_LOG=code; so does a
- * graph with tensors off the GPU.  Without a CUDA build, compile reports
- * EM_ERR_DEVICE. */
-#include "jit.h"
+ * The target names the GPU architecture: a process with a GPU compiles
+ * for it; `ember-cache warmup --target sm_90` compiles for a named one
+ * with NVRTC alone (no driver, no GPU).  Without a CUDA build every
+ * entry reports EM_ERR_DEVICE. */
+#include "cuda_jit.h"
 
 #include "cuda_kernel.h"
-#include "schedule.h"
 
+#include <pthread.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #ifdef EMBER_HAVE_CUDA
 
-typedef struct cuda_step {
-    const cuda_kernel *kernel; /* owned by the device; NULL: eager_node instead */
-    int eager_node;            /* a lone long-row reduction run as the eager op
-                                  (which splits it over blocks), or -1 */
-    int *bufs;                 /* node of each buffer parameter */
-    int nbufs, nouts;          /* the last nouts buffers are results */
-} cuda_step;
-
-typedef struct cuda_state {
-    cuda_device *dev;
-    sc_schedule *sched; /* NULL: run op by op */
-    cuda_step *steps;   /* by group */
-    int nsteps;
-} cuda_state;
-
-static void state_free(cuda_state *st) {
-    if (!st) return;
-    for (int i = 0; i < st->nsteps; i++) em_free(st->steps[i].bufs);
-    em_free(st->steps);
-    sc_free(st->sched);
-    em_free(st);
-}
-
-/* The device every tensor of g lives on, or -1 (error set). */
-static int graph_device(const tr_graph *g) {
-    int dev = -1;
-    for (int i = 0; i < g->nnodes; i++) {
-        em_device d = g->nodes[i].meta.device;
-        if (d.type != EM_CUDA) {
-            em_error(EM_ERR_DEVICE, "cuda backend: node %d is not on a CUDA device", i);
-            return -1;
+static bool cuda_target(int index, const jit_env *env, char *buf, size_t n) {
+    int arch;
+    if (env && env->target) {
+        if ((arch = cuda_target_arch(env->target)) < 0) {
+            em_error(EM_ERR_ARG, "cuda: target '%s' is not sm_<arch> (e.g. sm_90)", env->target);
+            return false;
         }
-        if (dev >= 0 && d.index != dev) {
-            em_error(EM_ERR_DEVICE, "cuda backend: the graph spans two CUDA devices");
-            return -1;
-        }
-        dev = d.index;
+    } else {
+        cuda_device *d = cuda_device_get(index);
+        if (!d) return false;
+        arch = d->major * 10 + d->minor;
     }
-    return dev < 0 ? 0 : dev;
+    if (cuda_target_string(arch, buf, n)) return true;
+    em_error(EM_ERR_ARG, "cuda: target string too long");
+    return false;
 }
 
-static void log_kernel(const jit_env *env, const k_kernel *k) {
-    if (!env->log || !(env->log->flags & JIT_LOG_CODE)) return;
-    jit_logf(env->log, JIT_LOG_CODE, "cuda kernel %s:", k->name);
-    kir_print(k, env->log->f);
+static bool cuda_key(const k_kernel *k, const char *target, kc_key *key) {
+    return jit_kernel_key("cuda", target, k, key);
+}
+
+/* One NVRTC compile (a thread's share of cuda_compile). */
+typedef struct nvrtc_job {
+    k_kernel *const *ks;
+    const kc_key *keys;
+    jit_artifact *out;
+    em_status *res;
+    char (*why)[256];
+    int n, step, first, arch;
+} nvrtc_job;
+
+static void *compile_some(void *arg) {
+    const nvrtc_job *j = arg;
+    for (int i = j->first; i < j->n; i += j->step) {
+        j->res[i] = cuda_kernel_compile(j->ks[i], &j->keys[i], j->arch, &j->out[i].bytes, &j->out[i].n);
+        if (j->res[i] != EM_OK) snprintf(j->why[i], sizeof j->why[i], "%s", em_last_error());
+        em_clear_error();
+    }
+    return NULL;
+}
+
+/* NVRTC is thread-safe and single-threaded per program: the kernels of a
+ * graph compile in parallel (attention's 8 took 1 s one after another). */
+static em_status cuda_compile(int index, const char *target, k_kernel *const *ks, const kc_key *keys,
+                              int n, jit_env *env, jit_artifact *out) {
+    (void)index;
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    int nt = n < cores ? n : (int)(cores > 0 ? cores : 1);
+    pthread_t *tid = em_calloc((size_t)nt + 1, sizeof *tid);
+    nvrtc_job *jobs = em_calloc((size_t)nt + 1, sizeof *jobs);
+    em_status *res = em_calloc((size_t)n + 1, sizeof *res);
+    char (*why)[256] = em_calloc((size_t)n + 1, sizeof *why);
+    if (!tid || !jobs || !res || !why) {
+        em_free(tid), em_free(jobs), em_free(res), em_free(why);
+        return em_last_status();
+    }
+    for (int t = 0; t < nt; t++) {
+        jobs[t] = (nvrtc_job){ks, keys, out, res, why, n, nt, t, cuda_target_arch(target)};
+        if (t > 0 && pthread_create(&tid[t], NULL, compile_some, &jobs[t]) != 0)
+            jobs[t].step = -1; /* not started: its share runs on this thread below */
+    }
+    compile_some(&jobs[0]);
+    for (int t = 1; t < nt; t++) {
+        if (jobs[t].step < 0) {
+            jobs[t].step = nt;
+            compile_some(&jobs[t]);
+        } else {
+            pthread_join(tid[t], NULL);
+        }
+    }
+    em_status s = EM_OK;
+    for (int i = 0; i < n; i++) {
+        if (res[i] == EM_OK) continue;
+        jit_logf(env->log, JIT_LOG_CODE, "cuda: kernel %d not compiled: %s", i, why[i]);
+        if (res[i] == EM_ERR_NOMEM) s = em_error(EM_ERR_NOMEM, "cuda: %s", why[i]);
+    }
+    em_free(tid), em_free(jobs), em_free(res), em_free(why);
+    return s;
+}
+
+/* The whole of fd (a sealed memory file), em_malloc'd. */
+static void *read_all(int fd, size_t *n) {
+    off_t size = lseek(fd, 0, SEEK_END);
+    char *buf = size >= 0 ? em_malloc((size_t)size + 1) : NULL;
+    size_t got = 0;
+    while (buf && got < (size_t)size) {
+        ssize_t r = pread(fd, buf + got, (size_t)size - got, (off_t)got);
+        if (r <= 0) {
+            em_free(buf);
+            em_error(EM_ERR_STATE, "cuda: cannot read a kernel image");
+            return NULL;
+        }
+        got += (size_t)r;
+    }
+    if (buf) buf[got] = '\0';
+    *n = got;
+    return buf;
+}
+
+static em_status cuda_load(int index, const jit_blob *b, const kc_key *key, jit_kernel **out) {
+    cuda_device *d = cuda_device_get(index);
+    if (!d) return em_last_status();
+    size_t n = b->n;
+    void *img = b->fd >= 0 ? read_all(b->fd, &n) : (void *)b->bytes;
+    if (!img) return em_last_status();
+    em_status s = cuda_kernel_load(d, img, key, (cuda_kernel **)out);
+    if (b->fd >= 0) em_free(img);
+    return s;
+}
+
+static em_status cuda_launch(const jit_kernel *k, void *const *bufs, const int64_t *sizes) {
+    const cuda_kernel *ck = (const cuda_kernel *)k;
+    cuda_device *d = cuda_device_get(ck->device);
+    return d ? cuda_kernel_launch(d, ck, bufs, sizes) : em_last_status();
+}
+
+static jit_kernel *cuda_find(int index, const kc_key *key) {
+    cuda_device *d = cuda_device_get(index);
+    if (!d) {
+        em_clear_error();
+        return NULL;
+    }
+    pthread_mutex_lock(&d->lock);
+    cuda_kernel *ck = cuda_kernel_table_find(d, key);
+    pthread_mutex_unlock(&d->lock);
+    return (jit_kernel *)ck;
+}
+
+/* Adds k to the device's table; when another thread added the same key
+ * first, k stays loaded unused (rare: two threads compiled one kernel). */
+static void cuda_add(int index, const kc_key *key, jit_kernel *k) {
+    cuda_device *d = cuda_device_get(index);
+    if (!d) return;
+    pthread_mutex_lock(&d->lock);
+    if (!cuda_kernel_table_find(d, key)) cuda_kernel_table_add(d, key, (cuda_kernel *)k);
+    pthread_mutex_unlock(&d->lock);
 }
 
 /* The node of group gi when the group is one sum/mean/amax/amin with
  * fewer rows than the GPU has SMs and long rows: the eager CUDA op runs it
- * in two launches (cuda_backend.c's split scheme) where one kernel would
+ * in two launches (cuda_eager.c's split scheme) where one kernel would
  * use a block per row.  -1 otherwise. */
-static int lone_long_reduction(const cuda_state *st, const tr_graph *g, int gi) {
+static int cuda_prefer_eager(int index, const sc_schedule *s, int gi) {
+    const tr_graph *g = s->g;
     int node = -1;
     for (int v = 0; v < g->nnodes; v++) {
-        if (st->sched->group[v] != gi) continue;
+        if (s->group[v] != gi) continue;
         if (node >= 0) return -1;
         node = v;
     }
@@ -79,209 +174,82 @@ static int lone_long_reduction(const cuda_state *st, const tr_graph *g, int gi) 
     if (n->op != EM_OP_SUM && n->op != EM_OP_MEAN && n->op != EM_OP_AMAX && n->op != EM_OP_AMIN)
         return -1;
     int in = n->in[0]; /* its input must be in memory when the step runs */
-    if (g->nodes[in].kind == TR_CALL && st->sched->fusible[in] && !st->sched->materialized[in])
-        return -1;
-    int64_t rows = em_shape_numel(n->meta.ndim, n->meta.sizes);
-    int64_t all = em_shape_numel(g->nodes[n->in[0]].meta.ndim, g->nodes[n->in[0]].meta.sizes);
-    return rows > 0 && rows < st->dev->sm_count && all / rows >= (1 << 16) ? node : -1;
-}
-
-static em_status compile_groups(cuda_state *st, const tr_graph *g, jit_env *env) {
-    int n = st->sched->ngroups;
-    st->steps = em_calloc((size_t)n + 1, sizeof *st->steps);
-    if (!st->steps) return em_last_status();
-    st->nsteps = n;
-    cuda_get_stats stats = {0};
-    em_status s = EM_OK;
-    for (int gi = 0; gi < n && s == EM_OK; gi++) {
-        cuda_step *cs = &st->steps[gi];
-        if ((cs->eager_node = lone_long_reduction(st, g, gi)) >= 0) continue;
-        cs->bufs = em_malloc(sizeof(int) * ((size_t)g->nnodes + 1));
-        k_kernel *k = cs->bufs ? sc_lower(st->sched, gi, cs->bufs, &cs->nbufs, &cs->nouts) : NULL;
-        if (!k) {
-            s = em_last_status() ? em_last_status() : EM_ERR_UNSUPPORTED;
-            break;
-        }
-        log_kernel(env, k);
-        s = cuda_kernel_get(st->dev, k, env->cache, &stats, &cs->kernel);
-        kir_free(k);
-    }
-    env->compiled += stats.compiled;
-    env->loaded += stats.loaded;
-    return s;
-}
-
-static void run_op_by_op(cuda_state *st, const jit_env *env) {
-    jit_logf(env->log, JIT_LOG_CODE, "graph runs op by op: %s", em_last_error());
-    for (int i = 0; i < st->nsteps; i++) em_free(st->steps[i].bufs);
-    em_free(st->steps);
-    st->steps = NULL;
-    st->nsteps = 0;
-    sc_free(st->sched);
-    st->sched = NULL;
-    em_clear_error();
-}
-
-static em_status cuda_compile(const tr_graph *g, jit_env *env, void **state) {
-    *state = NULL;
-    cuda_state *st = em_calloc(1, sizeof *st);
-    if (!st) return em_last_status();
-    *state = st;
-    int index = graph_device(g);
-    if (index < 0) { /* tensors off the GPU (or on two): the ops know where to run */
-        jit_logf(env->log, JIT_LOG_CODE, "graph runs op by op: %s", em_last_error());
+    if (g->nodes[in].kind == TR_CALL && s->fusible[in] && !s->materialized[in]) return -1;
+    cuda_device *d = cuda_device_get(index);
+    if (!d) {
         em_clear_error();
-        return EM_OK;
+        return -1;
     }
-    cuda_device *dev = cuda_device_get(index);
-    if (!dev) return em_last_status();
-    st->dev = dev;
-    st->sched = sc_build(g);
-    if (!st->sched) return em_last_status();
-    em_status s = compile_groups(st, g, env);
-    if (s == EM_ERR_NOMEM) return s;
-    if (s != EM_OK) run_op_by_op(st, env);
+    int64_t rows = em_shape_numel(n->meta.ndim, n->meta.sizes);
+    int64_t all = em_shape_numel(g->nodes[in].meta.ndim, g->nodes[in].meta.sizes);
+    return rows > 0 && rows < d->sm_count && all / rows >= (1 << 16) ? node : -1;
+}
+
+em_status cuda_kernel_get(cuda_device *d, const k_kernel *k, kc_cache *cache,
+                          cuda_get_stats *stats, const cuda_kernel **out) {
+    char target[256];
+    kc_key key;
+    jit_env env = {.cache = cache};
+    if (!cuda_target(d->index, NULL, target, sizeof target) || !cuda_key(k, target, &key))
+        return em_last_status();
+    jit_kernel *got = cuda_find(d->index, &key);
+    if (got) {
+        stats->loaded++;
+    } else {
+        k_kernel *ks[1] = {(k_kernel *)k};
+        em_status s = jit_get_kernels(&jit_cuda_device, d->index, &env, ks, &key, 1, &got);
+        if (s != EM_OK) return s;
+        stats->compiled += env.compiled;
+        stats->loaded += env.loaded;
+    }
+    *out = (const cuda_kernel *)got;
     return EM_OK;
 }
 
-static em_status run_group(cuda_state *st, const tr_graph *g, const cuda_step *cs, em_tensor **vals) {
-    void *stack[16], **ptrs = cs->nbufs <= 16 ? stack : em_malloc(sizeof(void *) * (size_t)cs->nbufs);
-    if (!ptrs) return em_last_status();
-    em_status s = EM_OK;
-    for (int b = 0; b < cs->nbufs && s == EM_OK; b++) {
-        int v = cs->bufs[b];
-        if (b >= cs->nbufs - cs->nouts) {
-            em_meta m = g->nodes[v].meta;
-            vals[v] = em_tensor_alloc(&m);
-            if (!vals[v]) s = em_last_status();
-        }
-        if (s == EM_OK) ptrs[b] = em_data(vals[v]);
-    }
-    if (s == EM_OK) s = cuda_kernel_launch(st->dev, cs->kernel, ptrs, NULL);
-    if (ptrs != stack) em_free(ptrs);
-    return s;
-}
-
-static em_status cuda_run(void *state, const tr_graph *g, em_tensor *const *in, em_tensor **out) {
-    cuda_state *st = state;
-    if (!st->sched) return jit_replay_backend.run(NULL, g, in, out);
-    em_tensor *stack[64], **vals = g->nnodes <= 64 ? stack : em_malloc(sizeof *vals * (size_t)g->nnodes);
-    if (!vals) return em_last_status();
-    memset(vals, 0, sizeof *vals * (size_t)(g->nnodes <= 64 ? 64 : g->nnodes));
-    em_status s = EM_OK;
-    em_scope_begin();
-    for (int i = 0; i < g->nnodes; i++) {
-        const tr_node *n = &g->nodes[i];
-        if (n->kind == TR_INPUT) vals[i] = in[n->index];
-        else if (n->kind == TR_CONST) vals[i] = g->consts[n->index];
-    }
-    for (int i = 0; i < st->sched->nsteps && s == EM_OK; i++) {
-        const sc_step *step = &st->sched->steps[i];
-        const cuda_step *cs = step->kind == SC_KERNEL ? &st->steps[step->group] : NULL;
-        if (cs && cs->eager_node < 0) {
-            s = run_group(st, g, cs, vals);
-        } else if (cs) {
-            vals[cs->eager_node] = jit_replay_node(&g->nodes[cs->eager_node], vals);
-            if (!vals[cs->eager_node]) s = em_last_status() ? em_last_status() : EM_ERR_STATE;
-        } else {
-            vals[step->node] = jit_replay_node(&g->nodes[step->node], vals);
-            if (!vals[step->node]) s = em_last_status() ? em_last_status() : EM_ERR_STATE;
-        }
-    }
-    for (int i = 0; i < g->noutputs; i++) {
-        em_tensor *v = vals[g->outputs[i]];
-        if (s == EM_OK && !v) s = em_error(EM_ERR_STATE, "cuda backend: output %d was not computed", i);
-        out[i] = s == EM_OK ? em_keep(v) : NULL;
-    }
-    em_scope_end();
-    if (vals != stack) em_free(vals);
-    return s;
-}
-
-static void cuda_free_state(void *state) { state_free(state); }
-
-static int cuda_kernels(const void *state) { return ((const cuda_state *)state)->nsteps; }
-
 #else /* no CUDA headers at build time */
 
-static em_status cuda_compile(const tr_graph *g, jit_env *env, void **state) {
-    (void)g, (void)env;
-    *state = NULL;
+static bool cuda_target(int index, const jit_env *env, char *buf, size_t n) {
+    (void)index, (void)env, (void)buf, (void)n;
+    em_error(EM_ERR_DEVICE, "cuda backend: this build of Ember has no CUDA backend");
+    return false;
+}
+
+static bool cuda_key(const k_kernel *k, const char *target, kc_key *key) {
+    return jit_kernel_key("cuda", target, k, key);
+}
+
+static em_status cuda_compile(int index, const char *target, k_kernel *const *ks, const kc_key *keys,
+                              int n, jit_env *env, jit_artifact *out) {
+    (void)index, (void)target, (void)ks, (void)keys, (void)n, (void)env, (void)out;
     return em_error(EM_ERR_DEVICE, "cuda backend: this build of Ember has no CUDA backend");
 }
 
-static em_status cuda_run(void *state, const tr_graph *g, em_tensor *const *in, em_tensor **out) {
-    (void)state, (void)g, (void)in, (void)out;
+static em_status cuda_load(int index, const jit_blob *b, const kc_key *key, jit_kernel **out) {
+    (void)index, (void)b, (void)key, (void)out;
     return em_error(EM_ERR_DEVICE, "cuda backend: this build of Ember has no CUDA backend");
 }
 
-static void cuda_free_state(void *state) { (void)state; }
+static em_status cuda_launch(const jit_kernel *k, void *const *bufs, const int64_t *sizes) {
+    (void)k, (void)bufs, (void)sizes;
+    return em_error(EM_ERR_DEVICE, "cuda backend: this build of Ember has no CUDA backend");
+}
 
-static int cuda_kernels(const void *state) { (void)state; return 0; }
+#define cuda_find NULL
+#define cuda_add NULL
+#define cuda_prefer_eager NULL
 
 #endif
 
-const jit_backend jit_cuda_backend = {
+const jit_device jit_cuda_device = {
     .name = "cuda",
+    .type = EM_CUDA,
+    .kind = "cubin",
+    .target = cuda_target,
+    .key = cuda_key,
     .compile = cuda_compile,
-    .run = cuda_run,
-    .free = cuda_free_state,
-    .kernels = cuda_kernels,
-};
-
-/* ---- "auto": the backend of the graph's device ----
- * em_compile picks its backend before any input is seen; the default
- * decides per captured graph instead: CUDA tensors -> "cuda", otherwise
- * "cpu".  Its state remembers which one it chose. */
-
-typedef struct auto_state {
-    const jit_backend *b;
-    void *state;
-} auto_state;
-
-static const jit_backend *backend_of(const tr_graph *g) {
-    for (int i = 0; i < g->nnodes; i++)
-        if (g->nodes[i].meta.device.type == EM_CUDA) return &jit_cuda_backend;
-    return &jit_cpu_backend;
-}
-
-const jit_backend *jit_backend_for_graph(const jit_backend *b, const tr_graph *g) {
-    return b == &jit_auto_backend ? backend_of(g) : b;
-}
-
-bool jit_backend_has_artifacts(const jit_backend *b) {
-    return b == &jit_auto_backend ? jit_cpu_backend.target != NULL : b && b->target;
-}
-
-static em_status auto_compile(const tr_graph *g, jit_env *env, void **state) {
-    auto_state *st = em_calloc(1, sizeof *st);
-    *state = st;
-    if (!st) return em_last_status();
-    st->b = backend_of(g);
-    return st->b->compile(g, env, &st->state);
-}
-
-static em_status auto_run(void *state, const tr_graph *g, em_tensor *const *in, em_tensor **out) {
-    auto_state *st = state;
-    return st->b->run(st->state, g, in, out);
-}
-
-static void auto_free(void *state) {
-    auto_state *st = state;
-    if (!st) return;
-    if (st->state) st->b->free(st->state);
-    em_free(st);
-}
-
-static int auto_kernels(const void *state) {
-    const auto_state *st = state;
-    return st->b->kernels && st->state ? st->b->kernels(st->state) : 0;
-}
-
-const jit_backend jit_auto_backend = {
-    .name = "auto",
-    .compile = auto_compile,
-    .run = auto_run,
-    .free = auto_free,
-    .kernels = auto_kernels,
+    .load = cuda_load,
+    .launch = cuda_launch,
+    .find = cuda_find,
+    .add = cuda_add,
+    .prefer_eager = cuda_prefer_eager,
 };

@@ -76,21 +76,20 @@ em_status cuda_nvrtc_compile(const char *src, const char *name, int arch, bool p
 /* The key names NVRTC by the toolkit Ember was built against and the
  * soname it loads (libnvrtc.so.13 of CUDA_VERSION), not by asking the
  * library: a cache hit then never loads NVRTC, which costs 6-15 ms warm
- * and ~180 ms cold (TOOLCHAIN.md) -- most of a warm first call. */
+ * and ~180 ms cold (TOOLCHAIN.md) -- most of a warm first call.  Bundles
+ * carry the NVRTC version as loaded (ember-cache export). */
 #define STR_(x) #x
 #define STR(x) STR_(x)
 #define NVRTC_ID "libnvrtc.so.13 from CUDA " STR(CUDA_VERSION)
 
-static kc_key kernel_key(const cuda_device *d, const char *text, bool ptx) {
-    kc_hasher h;
-    char target[64];
-    snprintf(target, sizeof target, "%s_%d%d --std=c++17", ptx ? "compute" : "sm", d->major, d->minor);
-    kc_hasher_reset(&h);
-    kc_hasher_update_str(&h, "ember cuda kernel " CUDA_EMIT_VERSION);
-    kc_hasher_update_str(&h, NVRTC_ID);
-    kc_hasher_update_str(&h, target);
-    kc_hasher_update_str(&h, text);
-    return kc_hasher_digest(&h);
+bool cuda_target_string(int arch, char *buf, size_t n) {
+    int w = snprintf(buf, n, "sm_%d %s %s --std=c++17", arch, CUDA_EMIT_VERSION, NVRTC_ID);
+    return w > 0 && (size_t)w < n;
+}
+
+int cuda_target_arch(const char *target) {
+    int arch = 0;
+    return target && sscanf(target, "sm_%d", &arch) == 1 && arch >= 10 && arch < 1000 ? arch : -1;
 }
 
 /* The kernel table's index: open addressing on the key's first 8 bytes
@@ -166,126 +165,95 @@ static em_status check_key(cuda_device *d, CUmodule module, const char *name, co
                     "(or carries none): not loaded", hex);
 }
 
-/* Loads a cubin or PTX image as a kernel of the shape src describes,
- * checking that it was compiled for key. */
-static em_status load_image(cuda_device *d, const void *img, const cuda_src *src,
-                            const k_kernel *k, const kc_key *key, cuda_kernel **out) {
+/* The launch descriptor NAME__launch (cuda_text_with_key) of module. */
+static em_status read_launch(cuda_device *d, CUmodule module, const char *name, cuda_kernel *ck) {
+    const cu_api *cu = cuda_driver();
+    char sym[96];
+    snprintf(sym, sizeof sym, "%s" CUDA_LAUNCH_SUFFIX, name);
+    CUdeviceptr p = 0;
+    size_t bytes = 0;
+    long long w[CUDA_LAUNCH_WORDS];
+    bool ok = cu->ModuleGetGlobal(&p, &bytes, module, sym) == CUDA_SUCCESS && bytes == sizeof w &&
+              cu->MemcpyDtoHAsync(w, p, sizeof w, d->stream) == CUDA_SUCCESS &&
+              cu->StreamSynchronize(d->stream) == CUDA_SUCCESS;
+    /* range-checked: a launch with nonsense geometry is refused, not made */
+    ok = ok && w[0] >= CU_FLAT && w[0] <= CU_SERIAL && w[1] >= 1 && w[1] <= 1024 && w[2] >= 1 &&
+         w[2] <= 64 && w[3] >= 0 && (w[5] == 0 || w[5] == 1) && w[6] >= 0 && w[6] <= 4096 &&
+         w[7] >= 0 && w[7] <= 4096 && w[4] >= -1 && w[4] < w[7];
+    if (!ok) return em_error(EM_ERR_STATE, "cuda: the image has no valid launch descriptor: not loaded");
+    ck->shape = (cuda_shape)w[0];
+    ck->threads = (int)w[1];
+    ck->unroll = (int)w[2];
+    ck->extent = w[3];
+    ck->extent_size = (int)w[4];
+    ck->vec4 = w[5] != 0;
+    ck->nbufs = (int)w[6];
+    ck->nsizes = (int)w[7];
+    return EM_OK;
+}
+
+em_status cuda_kernel_load(cuda_device *d, const void *img, const kc_key *key, cuda_kernel **out) {
     const cu_api *cu = cuda_driver();
     cuda_kernel *ck = calloc(1, sizeof *ck); /* owned by the device, process-long */
     if (!ck) return em_error(EM_ERR_NOMEM, "cuda: out of host memory");
-    em_status s = cuda_check(cu->ModuleLoadData(&ck->module, img), "cuModuleLoadData");
-    if (s == EM_OK) s = check_key(d, ck->module, k->name, key);
-    if (s == EM_OK) s = cuda_check(cu->ModuleGetFunction(&ck->fn, ck->module, k->name), "cuModuleGetFunction");
-    if (s == EM_OK && src->vec4) {
-        char v4[80];
-        snprintf(v4, sizeof v4, "%s_v4", k->name);
-        s = cuda_check(cu->ModuleGetFunction(&ck->fn_v4, ck->module, v4), "cuModuleGetFunction");
-    }
+    const char *name = JIT_KERNEL_NAME;
+    em_status s = cuda_check(cu->CtxSetCurrent(d->ctx), "cuCtxSetCurrent");
+    if (s == EM_OK) s = cuda_check(cu->ModuleLoadData(&ck->module, img), "cuModuleLoadData");
+    if (s == EM_OK) s = check_key(d, ck->module, name, key);
+    if (s == EM_OK) s = read_launch(d, ck->module, name, ck);
+    if (s == EM_OK) s = cuda_check(cu->ModuleGetFunction(&ck->fn, ck->module, name), "cuModuleGetFunction");
+    if (s == EM_OK && ck->vec4)
+        s = cuda_check(cu->ModuleGetFunction(&ck->fn_v4, ck->module, JIT_KERNEL_NAME "_v4"),
+                       "cuModuleGetFunction");
     if (s != EM_OK) {
         if (ck->module) cu->ModuleUnload(ck->module);
         free(ck);
         return s;
     }
-    ck->shape = src->shape;
-    ck->threads = src->threads;
-    ck->unroll = src->unroll;
-    ck->extent = src->extent;
-    ck->nbufs = k->nbufs;
-    ck->nsizes = k->nsizes;
+    ck->device = d->index;
     *out = ck;
     return EM_OK;
 }
 
-/* Compiles src: a cubin for the device, or PTX when NVRTC does not know
- * the device's architecture (a GPU newer than the NVRTC). */
-/* NVRTC on src's text with the key of (src, ptx) embedded. */
-static em_status compile_keyed(const cuda_device *d, const cuda_src *src, const k_kernel *k,
-                               int arch, bool ptx, void **bin, size_t *n) {
-    kc_key key = kernel_key(d, src->text, ptx);
-    char *text = cuda_text_with_key(src->text, k->name, key.bytes);
+/* NVRTC on src's text with key and the launch descriptor embedded. */
+static em_status compile_keyed(const cuda_src *src, const kc_key *key, int arch, bool ptx,
+                               void **bin, size_t *n) {
+    char *text = cuda_text_with_key(src, JIT_KERNEL_NAME, key->bytes);
     if (!text) return em_last_status();
-    em_status s = cuda_nvrtc_compile(text, k->name, arch, ptx, bin, n);
+    em_status s = cuda_nvrtc_compile(text, JIT_KERNEL_NAME, arch, ptx, bin, n);
     em_free(text);
     return s;
 }
 
-static em_status compile_for(const cuda_device *d, const cuda_src *src, const k_kernel *k,
-                             bool *ptx, void **bin, size_t *n) {
-    int arch = d->major * 10 + d->minor;
-    *ptx = false;
-    em_status s = compile_keyed(d, src, k, arch, false, bin, n);
-    if (s == EM_ERR_UNSUPPORTED) {
+em_status cuda_kernel_compile(const k_kernel *k, const kc_key *key, int arch, void **bin, size_t *n) {
+    /* every image names its function JIT_KERNEL_NAME: a loader knows only
+     * the key (the name is not part of the computation) */
+    k_kernel named = *k;
+    named.name = (char *)JIT_KERNEL_NAME;
+    cuda_src src;
+    em_status s = cuda_emit(&named, &src);
+    if (s != EM_OK) return s;
+    s = compile_keyed(&src, key, arch, false, bin, n);
+    if (s == EM_ERR_UNSUPPORTED) { /* an NVRTC older than the GPU: PTX for the driver to finish */
         em_clear_error();
-        *ptx = true;
-        s = compile_keyed(d, src, k, arch, true, bin, n);
+        s = compile_keyed(&src, key, arch, true, bin, n);
         if (s == EM_ERR_UNSUPPORTED) {
             em_clear_error();
-            s = compile_keyed(d, src, k, 90, true, bin, n);
+            s = compile_keyed(&src, key, 90, true, bin, n);
         }
     }
-    return s;
-}
-
-/* From the kernel cache (cubin, then ptx), else compiled and stored. */
-static em_status fetch_or_compile(cuda_device *d, const cuda_src *src, const k_kernel *k,
-                                  kc_cache *cache, cuda_get_stats *stats, cuda_kernel **out) {
-    void *bin = NULL;
-    size_t n = 0;
-    for (int ptx = 0; cache && ptx < 2 && !bin; ptx++) {
-        kc_key key = kernel_key(d, src->text, ptx);
-        if (kc_get(cache, &key, ptx ? "ptx" : "cubin", &bin, &n) != EM_OK) bin = NULL;
-        if (bin && load_image(d, bin, src, k, &key, out) != EM_OK) { /* stale or foreign: rebuild */
-            em_clear_error();
-            em_free(bin);
-            bin = NULL;
-        }
-    }
-    if (bin) {
-        stats->loaded++;
-        em_free(bin);
-        return EM_OK;
-    }
-    bool ptx;
-    em_status s = compile_for(d, src, k, &ptx, &bin, &n);
-    if (s != EM_OK) return s;
-    stats->compiled++;
-    kc_key key = kernel_key(d, src->text, ptx);
-    if (cache && kc_put(cache, &key, ptx ? "ptx" : "cubin", bin, n) != EM_OK) em_clear_error();
-    s = load_image(d, bin, src, k, &key, out);
-    em_free(bin);
-    return s;
-}
-
-em_status cuda_kernel_get(cuda_device *d, const k_kernel *k, kc_cache *cache,
-                          cuda_get_stats *stats, const cuda_kernel **out) {
-    cuda_src src;
-    em_status s = cuda_emit(k, &src);
-    if (s != EM_OK) return s;
-    kc_key key = kernel_key(d, src.text, false);
-    /* One lock for lookup and compile: two threads wanting the same new
-     * kernel compile it once. */
-    pthread_mutex_lock(&d->lock);
-    cuda_kernel *ck = cuda_kernel_table_find(d, &key);
-    if (ck) {
-        stats->loaded++;
-    } else if ((s = fetch_or_compile(d, &src, k, cache, stats, &ck)) == EM_OK &&
-               !cuda_kernel_table_add(d, &key, ck)) {
-        s = em_error(EM_ERR_NOMEM, "cuda: out of host memory");
-    }
-    pthread_mutex_unlock(&d->lock);
     cuda_src_free(&src);
-    if (s == EM_OK) *out = ck;
     return s;
 }
 
 /* ---- launching ---- */
 
-static unsigned grid_of(const cuda_device *d, const cuda_kernel *ck, bool v4) {
+static unsigned grid_of(const cuda_device *d, const cuda_kernel *ck, int64_t extent, bool v4) {
     int64_t per_sm = 2048 / ck->threads, cap = (int64_t)d->sm_count * (per_sm > 0 ? per_sm : 1);
     int64_t want, per_block = (int64_t)ck->threads * (v4 ? 4 : ck->unroll);
     switch (ck->shape) {
-    case CU_FLAT: want = (ck->extent + per_block - 1) / per_block; break;
-    case CU_ROWS: want = ck->extent; break;
+    case CU_FLAT: want = (extent + per_block - 1) / per_block; break;
+    case CU_ROWS: want = extent; break;
     default: return 1;
     }
     if (want > cap) want = cap;
@@ -294,7 +262,11 @@ static unsigned grid_of(const cuda_device *d, const cuda_kernel *ck, bool v4) {
 
 em_status cuda_kernel_launch(cuda_device *d, const cuda_kernel *ck, void *const *bufs,
                              const int64_t *sizes) {
-    if (ck->extent <= 0 && ck->shape != CU_SERIAL) return EM_OK; /* nothing to do */
+    if (ck->nsizes > 0 && !sizes)
+        return em_error(EM_ERR_ARG, "cuda: a kernel with %d size parameters launched without sizes",
+                        ck->nsizes);
+    int64_t extent = ck->extent_size >= 0 ? sizes[ck->extent_size] : ck->extent;
+    if (extent <= 0 && ck->shape != CU_SERIAL) return EM_OK; /* nothing to do */
     enum { STACK = 32 };
     void *args_stack[STACK];
     CUdeviceptr ptr_stack[STACK];
@@ -315,7 +287,7 @@ em_status cuda_kernel_launch(cuda_device *d, const cuda_kernel *ck, void *const 
     bool v4 = ck->fn_v4 != NULL; /* needs every buffer 16-byte aligned */
     for (int i = 0; v4 && i < ck->nbufs; i++) v4 = (ptrs[i] & 15) == 0;
     if (s == EM_OK)
-        s = cuda_check(cuda_driver()->LaunchKernel(v4 ? ck->fn_v4 : ck->fn, grid_of(d, ck, v4), 1, 1,
+        s = cuda_check(cuda_driver()->LaunchKernel(v4 ? ck->fn_v4 : ck->fn, grid_of(d, ck, extent, v4), 1, 1,
                                                     (unsigned)ck->threads, 1, 1, 0, d->stream,
                                                     args, NULL),
                        "cuLaunchKernel");

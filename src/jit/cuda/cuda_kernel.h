@@ -1,19 +1,20 @@
-/* cuda_kernel.h - kernel IR to a loaded CUDA function, through NVRTC and
- * the kernel cache, and its launch.
+/* cuda_kernel.h - kernel IR to a loaded CUDA function through NVRTC, and
+ * its launch: the pieces of the CUDA device of the engine (cuda_jit.c),
+ * which also serves eager CUDA ops (cuda_kernel_get).
  *
- * Getting a kernel: print it (cuda_emit.c) -> key = hash of the generator
- * version, NVRTC's identity (soname and the CUDA_VERSION built against, so
- * that a hit needs no NVRTC), the target, the options and the text -> the
- * device's table of loaded kernels (this process) -> the kernel cache
- * (kind "cubin", or "ptx" when NVRTC cannot target the device's
- * architecture and the driver compiles PTX) -> NVRTC.  Loaded modules stay
- * loaded for the life of the process (the device owns them). */
+ * The key hashes the kernel IR, the target (sm_XY, generator version, the
+ * NVRTC Ember was built for, options): the kernel cache sequence is the
+ * engine's (engine/kernels.c), for eager ops too.  An image embeds its key
+ * and its launch descriptor (cuda_emit.h), so loading one needs neither
+ * the IR nor NVRTC.  Loaded modules stay loaded for the life of the
+ * process (the device owns them, in its table). */
 #ifndef EMBER_CUDA_KERNEL_H
 #define EMBER_CUDA_KERNEL_H
 
 #include "cache.h"
 #include "cuda_emit.h"
 #include "cuda_lib.h"
+#include "schedule.h"
 
 #ifdef EMBER_HAVE_CUDA
 
@@ -23,8 +24,11 @@ typedef struct cuda_kernel {
     CUfunction fn_v4; /* the 16-byte vector variant, or NULL */
     cuda_shape shape;
     int threads, unroll;
-    int64_t extent;
+    int64_t extent;   /* or sizes[extent_size] when extent_size >= 0 */
+    int extent_size;
+    bool vec4;
     int nbufs, nsizes;
+    int device;       /* the index of the device it is loaded on */
 } cuda_kernel;
 
 struct cuda_kernel_entry {
@@ -38,14 +42,27 @@ typedef struct cuda_get_stats {
     int64_t loaded;   /* kernels found loaded or in the kernel cache */
 } cuda_get_stats;
 
-/* The loaded kernel for k on device d; cache may be NULL (no disk tier).
- * *out is owned by the device. */
+/* The loaded kernel for k on device d (an eager op's one-node graph),
+ * through the engine's kernel cache sequence; cache may be NULL (no disk
+ * tier).  *out is owned by the device. */
 em_status cuda_kernel_get(cuda_device *d, const k_kernel *k, kc_cache *cache,
                           cuda_get_stats *stats, const cuda_kernel **out);
 /* Launches ck on d's stream: bufs[i] is device pointer of buffer #i,
- * sizes[i] size parameter #i. */
+ * sizes[i] size parameter #i (NULL when it has none). */
 em_status cuda_kernel_launch(cuda_device *d, const cuda_kernel *ck, void *const *bufs,
                              const int64_t *sizes);
+/* NVRTC: k (named JIT_KERNEL_NAME) printed with key and its launch
+ * descriptor embedded, compiled to a cubin for sm_<arch>, or PTX when
+ * NVRTC does not know the architecture.  *bin from em_malloc. */
+em_status cuda_kernel_compile(const k_kernel *k, const kc_key *key, int arch, void **bin, size_t *n);
+/* Loads a cubin or PTX image on d, checking its embedded key against key
+ * and reading its launch descriptor. */
+em_status cuda_kernel_load(cuda_device *d, const void *img, const kc_key *key, cuda_kernel **out);
+/* "sm_<arch> <generator> <NVRTC id> <options>": the target of kernels for
+ * that architecture (part of their keys); false when buf is too short. */
+bool cuda_target_string(int arch, char *buf, size_t n);
+/* The architecture a target names ("sm_90..." -> 90), or -1. */
+int cuda_target_arch(const char *target);
 
 /* The device's table of loaded kernels (d->lock held; exposed for tests):
  * the kernel under key or NULL; add returns false when out of memory. */

@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define PLAN_VERSION 2 /* 2: the plan names its own key */
+#define PLAN_VERSION 3 /* 2: the plan names its own key; 3: each kernel its buffers' abi */
 
 bool jit_graph_key(const tr_graph *g, const char *backend, const char *target, kc_key *key) {
     char *text = tr_to_text(g);
@@ -45,7 +45,9 @@ char *jit_plan_format(const jit_plan *p, size_t *n) {
         const jit_plan_kernel *k = &p->kernels[i];
         char hex[KC_KEY_HEX_SIZE];
         kc_key_hex(&k->key, hex);
-        fprintf(f, "kernel %s %d %d", hex, k->nbufs, k->nouts);
+        char abi[KC_KEY_HEX_SIZE];
+        kc_key_hex(&k->abi, abi);
+        fprintf(f, "kernel %s %s %d %d", hex, abi, k->nbufs, k->nouts);
         for (int b = 0; b < k->nbufs; b++) fprintf(f, " %d", k->bufs[b]);
         fputc('\n', f);
     }
@@ -127,7 +129,8 @@ static bool parse_steps(cursor *c, const tr_graph *g, jit_plan *p) {
 
 static bool parse_kernel(cursor *c, const tr_graph *g, jit_plan_kernel *k) {
     /* 0 buffers: a dead group, never run */
-    if (!word(c, "kernel") || !key_hex(c, &k->key, ' ') || !number(c, 0, g->nnodes, &k->nbufs) ||
+    if (!word(c, "kernel") || !key_hex(c, &k->key, ' ') || !key_hex(c, &k->abi, ' ') ||
+        !number(c, 0, g->nnodes, &k->nbufs) ||
         !number(c, k->nbufs ? 1 : 0, k->nbufs, &k->nouts))
         return false;
     k->bufs = em_malloc(sizeof(int) * (size_t)k->nbufs + 1);
@@ -159,6 +162,58 @@ bool jit_plan_parse(const char *text, size_t n, const tr_graph *g, const kc_key 
                                                  out->kernels[out->steps[i].group].nbufs > 0);
     ok = ok && c.p == c.end;
     if (!ok) jit_plan_clear(out);
+    return ok;
+}
+
+void jit_plan_abi(const tr_graph *g, const jit_plan_kernel *k, kc_key *abi) {
+    kc_hasher h;
+    kc_hasher_reset(&h);
+    kc_hasher_update_str(&h, "ember kernel abi");
+    kc_hasher_update_u64(&h, (uint64_t)k->nbufs);
+    kc_hasher_update_u64(&h, (uint64_t)k->nouts);
+    for (int b = 0; b < k->nbufs; b++) {
+        const em_meta *m = &g->nodes[k->bufs[b]].meta;
+        kc_hasher_update_u64(&h, (uint64_t)m->dtype);
+        kc_hasher_update_u64(&h, (uint64_t)m->ndim);
+        kc_hasher_update(&h, m->sizes, sizeof(int64_t) * (size_t)m->ndim);
+        kc_hasher_update(&h, m->strides, sizeof(int64_t) * (size_t)m->ndim);
+    }
+    *abi = kc_hasher_digest(&h);
+}
+
+/* Marks v computed; false when it already was (a result written twice or
+ * over an input). */
+static bool define(bool *done, int v) {
+    if (done[v]) return false;
+    done[v] = true;
+    return true;
+}
+
+static bool check_step(const tr_graph *g, const jit_plan *p, const sc_step *st, bool *done) {
+    if (st->kind == SC_EAGER) {
+        const tr_node *n = &g->nodes[st->node];
+        for (int k = 0; k < n->nin; k++)
+            if (!done[n->in[k]]) return false;
+        return define(done, st->node);
+    }
+    const jit_plan_kernel *k = &p->kernels[st->group];
+    for (int b = 0; b < k->nbufs - k->nouts; b++)
+        if (!done[k->bufs[b]]) return false;
+    for (int b = k->nbufs - k->nouts; b < k->nbufs; b++)
+        if (!define(done, k->bufs[b])) return false;
+    kc_key abi;
+    jit_plan_abi(g, k, &abi);
+    return kc_key_equal(&abi, &k->abi);
+}
+
+bool jit_plan_check(const tr_graph *g, const jit_plan *p) {
+    bool *done = em_calloc((size_t)g->nnodes + 1, sizeof *done);
+    bool ok = done != NULL;
+    for (int i = 0; ok && i < g->nnodes; i++) done[i] = g->nodes[i].kind != TR_CALL;
+    for (int i = 0; ok && i < p->nsteps; i++) ok = check_step(g, p, &p->steps[i], done);
+    for (int o = 0; ok && o < g->noutputs; o++) ok = done[g->outputs[o]];
+    em_free(done);
+    em_clear_error();
     return ok;
 }
 

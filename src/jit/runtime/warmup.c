@@ -7,7 +7,6 @@
 
 #include <string.h>
 
-const char *jit_backend_target(const jit_backend *b) { return b && b->target ? b->target() : NULL; }
 
 /* A recorded dynamic entry: its kernels with size parameters, from the
  * graph's input metas with the recorded dims dynamic (the graph was

@@ -1,0 +1,50 @@
+/* engine-impl.h - the engine's private declarations, shared by engine.c
+ * (compiling, plan cache, dynamic shapes) and exec.c (running a plan). */
+#ifndef EMBER_ENGINE_IMPL_H
+#define EMBER_ENGINE_IMPL_H
+
+#include "engine.h"
+#include "plan.h"
+
+/* Dynamic shapes: what a run needs for one set of input sizes: every
+ * node's meta and each kernel's size arguments. */
+typedef struct jit_spec {
+    em_meta *in;      /* the inputs' metas it was made for */
+    em_meta *metas;   /* per node */
+    tr_node *nodes;   /* the graph's nodes with these metas and attribute sizes
+                         (eager steps run them) */
+    int64_t **sizes;  /* per plan kernel (NULL: none) */
+    bool owned;       /* not in the memo: the run frees it */
+    const em_allocator *alloc; /* the state owner's (specialize runs under it);
+                                  a run may free it under a caller's */
+} jit_spec;
+
+/* Specs kept per dynamic state: a function called with more distinct sizes
+ * than this redoes the (microsecond) check for the others on each call. */
+#define JIT_SPEC_MEMO 16
+
+/* A graph's compiled form on one device: its plan (steps, and per kernel
+ * its cache key and buffers) and the loaded kernels.  No kernels: run op
+ * by op.  A dynamic state also keeps each kernel as lowered for the traced
+ * sizes (the model the kernels of other sizes must match, kir_match) and
+ * which of its constants are size arguments. */
+struct jit_compiled {
+    const jit_device *dev;
+    int index;                /* the device's index */
+    jit_plan plan;
+    jit_kernel **kernels;     /* by plan kernel; NULL: run op by op */
+    bool dynamic;
+    k_kernel **model;         /* per plan kernel (NULL: dead) */
+    int **size_of;            /* per plan kernel: instruction -> size argument or -1 */
+    jit_spec *memo[JIT_SPEC_MEMO];
+    int nmemo;
+    jit_dyn follow;           /* attribute sizes that follow the sizes (no probe) */
+    const em_allocator *alloc; /* the one it was made under */
+};
+
+/* exec.c: runs st's plan for the sizes of sp (NULL: the graph as traced). */
+em_status jit_exec(const jit_compiled *st, const tr_graph *g, const jit_spec *sp,
+                   em_tensor *const *in, em_tensor **out);
+void jit_spec_free(const jit_compiled *st, jit_spec *sp);
+
+#endif

@@ -1,0 +1,500 @@
+/* engine.c - compiling a graph for a device (engine.h): the plan from the
+ * plan cache, else schedule (sched/schedule.c) -> lower each group
+ * (sched/lower.c) -> the kernels (kernels.c) -> the plan stored; and the
+ * dynamic-shape form, whose kernels take sizes as parameters.
+ *
+ * A graph any of whose groups cannot be lowered or compiled, or with
+ * tensors off the device, runs op by op with the eager ops, with the
+ * reason logged under EMBER_LOG=code... never a wrong result. */
+#include "engine-impl.h"
+
+#include <string.h>
+
+/* ---- state ---- */
+
+void jit_spec_free(const jit_compiled *st, jit_spec *sp) {
+    if (!sp) return;
+    const em_allocator *caller = em_get_allocator();
+    em_set_allocator(sp->alloc);
+    for (int i = 0; sp->sizes && i < st->plan.nkernels; i++) em_free(sp->sizes[i]);
+    em_free(sp->sizes);
+    em_free(sp->in);
+    em_free(sp->metas);
+    em_free(sp->nodes);
+    em_free(sp);
+    em_set_allocator(caller);
+}
+
+static void drop_dynamic(jit_compiled *st) {
+    for (int i = 0; i < st->nmemo; i++) jit_spec_free(st, st->memo[i]);
+    st->nmemo = 0;
+    for (int i = 0; st->model && i < st->plan.nkernels; i++) kir_free(st->model[i]);
+    for (int i = 0; st->size_of && i < st->plan.nkernels; i++) em_free(st->size_of[i]);
+    em_free(st->model);
+    em_free(st->size_of);
+    st->model = NULL;
+    st->size_of = NULL;
+    st->dynamic = false;
+}
+
+static void drop_kernels(jit_compiled *st) {
+    drop_dynamic(st);
+    for (int i = 0; st->dev->unload && st->kernels && i < st->plan.nkernels; i++)
+        if (st->kernels[i]) st->dev->unload(st->kernels[i]);
+    em_free(st->kernels);
+    st->kernels = NULL;
+    jit_plan_clear(&st->plan);
+}
+
+void jit_engine_free(jit_compiled *st) {
+    if (!st) return;
+    const em_allocator *caller = em_get_allocator();
+    em_set_allocator(st->alloc);
+    drop_kernels(st);
+    em_free(st);
+    em_set_allocator(caller);
+}
+
+int jit_engine_kernels(const jit_compiled *st) {
+    int n = 0;
+    for (int i = 0; st && st->kernels && i < st->plan.nkernels; i++) n += st->kernels[i] != NULL;
+    return n;
+}
+
+static jit_compiled *state_new(const jit_device *d) {
+    jit_compiled *st = em_calloc(1, sizeof *st);
+    if (!st) return NULL;
+    st->dev = d;
+    st->alloc = em_get_allocator();
+    return st;
+}
+
+/* Drops the kernels: the graph then runs op by op, correct but slower. */
+static void run_op_by_op(jit_compiled *st, const jit_env *env) {
+    jit_logf(env->log, JIT_LOG_CODE, "graph runs op by op: %s", em_last_error());
+    drop_kernels(st);
+    em_clear_error();
+}
+
+/* The index of the device every tensor of g lives on, or -1 (error set):
+ * the graph then runs op by op, the ops know where their tensors are. */
+static int graph_device(const jit_device *d, const tr_graph *g) {
+    int index = -1;
+    for (int i = 0; i < g->nnodes; i++) {
+        em_device dv = g->nodes[i].meta.device;
+        if (dv.type != d->type) {
+            em_error(EM_ERR_DEVICE, "%s backend: node %d is on another device", d->name, i);
+            return -1;
+        }
+        if (index >= 0 && dv.index != index) {
+            em_error(EM_ERR_DEVICE, "%s backend: the graph spans two devices", d->name);
+            return -1;
+        }
+        index = dv.index;
+    }
+    return index < 0 ? 0 : index;
+}
+
+static void log_kernel(const jit_env *env, const jit_device *d, const k_kernel *k) {
+    if (!env->log || !(env->log->flags & JIT_LOG_CODE)) return;
+    jit_logf(env->log, JIT_LOG_CODE, "%s kernel %s:", d->name, k->name);
+    kir_print(k, env->log->f);
+}
+
+/* ---- the plan's steps ---- */
+
+/* The schedule's steps as the device runs them: a group the device runs
+ * better with its eager op becomes that node's eager step.  steps has
+ * room for s->nsteps. */
+static void device_steps(const jit_compiled *st, const sc_schedule *s, sc_step *steps) {
+    for (int i = 0; i < s->nsteps; i++) {
+        steps[i] = s->steps[i];
+        int node = steps[i].kind == SC_KERNEL && st->dev->prefer_eager
+                       ? st->dev->prefer_eager(st->index, s, steps[i].group) : -1;
+        if (node >= 0) steps[i] = (sc_step){.kind = SC_EAGER, .node = node};
+    }
+}
+
+static bool group_has_step(const jit_plan *p, int gi) {
+    for (int i = 0; i < p->nsteps; i++)
+        if (p->steps[i].kind == SC_KERNEL && p->steps[i].group == gi) return true;
+    return false;
+}
+
+/* Whether s, run on st's device, has the steps of st's plan. */
+static bool same_steps(const jit_compiled *st, const sc_schedule *s) {
+    const jit_plan *p = &st->plan;
+    if (s->nsteps != p->nsteps || s->ngroups != p->nkernels) return false;
+    sc_step *steps = em_calloc((size_t)s->nsteps + 1, sizeof *steps);
+    bool ok = steps != NULL;
+    if (ok) device_steps(st, s, steps);
+    for (int i = 0; ok && i < s->nsteps; i++) {
+        const sc_step *x = &steps[i], *y = &p->steps[i];
+        ok = x->kind == y->kind && (x->kind == SC_KERNEL ? x->group == y->group : x->node == y->node);
+    }
+    em_free(steps);
+    return ok;
+}
+
+/* The plan's steps and (empty) kernels for schedule s. */
+static em_status plan_init(jit_compiled *st, const sc_schedule *s) {
+    jit_plan *p = &st->plan;
+    int n = s->ngroups;
+    p->steps = em_calloc((size_t)s->nsteps + 1, sizeof *p->steps);
+    p->kernels = em_calloc((size_t)n + 1, sizeof *p->kernels);
+    st->kernels = em_calloc((size_t)n + 1, sizeof *st->kernels);
+    if (!p->steps || !p->kernels || !st->kernels) return em_last_status();
+    p->nkernels = n;
+    p->nsteps = s->nsteps;
+    device_steps(st, s, p->steps);
+    return EM_OK;
+}
+
+/* Lowers group gi of s; NULL unless its buffers are the plan kernel pk's. */
+static k_kernel *lower_like(const sc_schedule *s, int gi, const jit_plan_kernel *pk, int *bufs) {
+    int nbufs, nouts;
+    k_kernel *k = sc_lower(s, gi, bufs, &nbufs, &nouts);
+    if (k && (nbufs != pk->nbufs || nouts != pk->nouts ||
+              memcmp(bufs, pk->bufs, sizeof(int) * (size_t)nbufs))) {
+        kir_free(k);
+        return NULL;
+    }
+    return k;
+}
+
+/* Compiles the kernels ks (by plan kernel) into st, after the plan's abi
+ * of each is set. */
+static em_status get_kernels(jit_compiled *st, const tr_graph *g, jit_env *env, k_kernel **ks,
+                             const kc_key *keys) {
+    for (int gi = 0; gi < st->plan.nkernels; gi++)
+        if (ks[gi]) jit_plan_abi(g, &st->plan.kernels[gi], &st->plan.kernels[gi].abi);
+    return jit_get_kernels(st->dev, st->index, env, ks, keys, st->plan.nkernels, st->kernels);
+}
+
+/* Schedules, lowers and compiles g into st's plan and kernels. */
+static em_status build(jit_compiled *st, const tr_graph *g, jit_env *env, const char *target) {
+    sc_schedule *sched = sc_build(g);
+    if (!sched) return em_last_status();
+    env->lowered++;
+    em_status s = plan_init(st, sched);
+    int n = sched->ngroups;
+    k_kernel **ks = em_calloc((size_t)n + 1, sizeof *ks);
+    kc_key *keys = em_calloc((size_t)n + 1, sizeof *keys);
+    if (s == EM_OK && (!ks || !keys)) s = em_last_status();
+    for (int gi = 0; gi < n && s == EM_OK; gi++) {
+        jit_plan_kernel *pk = &st->plan.kernels[gi];
+        if (!group_has_step(&st->plan, gi)) continue; /* dead, or run eagerly: nothing to compile */
+        pk->bufs = em_malloc(sizeof(int) * ((size_t)g->nnodes + 1));
+        ks[gi] = pk->bufs ? sc_lower(sched, gi, pk->bufs, &pk->nbufs, &pk->nouts) : NULL;
+        if (!ks[gi] || !st->dev->key(ks[gi], target, &pk->key))
+            s = em_last_status() ? em_last_status() : EM_ERR_UNSUPPORTED;
+        else
+            log_kernel(env, st->dev, ks[gi]);
+        if (ks[gi]) keys[gi] = pk->key;
+    }
+    if (s == EM_OK) s = get_kernels(st, g, env, ks, keys);
+    for (int gi = 0; ks && gi < n; gi++) kir_free(ks[gi]);
+    em_free(ks);
+    em_free(keys);
+    sc_free(sched);
+    return s;
+}
+
+/* ---- the plan cache ---- */
+
+/* Loads g's plan and every kernel it names; false (st empty) on any miss.
+ * The plan is checked against g (jit_plan_check), and each artifact
+ * against its key, so nothing is scheduled or lowered. */
+static bool load_plan(jit_compiled *st, const tr_graph *g, jit_env *env, const kc_key *gkey) {
+    void *text = NULL;
+    size_t n = 0;
+    char hex[KC_KEY_HEX_SIZE];
+    kc_key_hex(gkey, hex);
+    if (kc_get(env->cache, gkey, "plan", &text, &n) != EM_OK || !text) {
+        em_clear_error();
+        jit_logf(env->log, JIT_LOG_CACHE, "cache miss: graph plan (%s)", hex);
+        return false;
+    }
+    bool ok = jit_plan_parse(text, n, g, gkey, &st->plan) && jit_plan_check(g, &st->plan);
+    em_free(text);
+    kc_key *keys = ok ? em_calloc((size_t)st->plan.nkernels + 1, sizeof *keys) : NULL;
+    bool *live = ok ? em_calloc((size_t)st->plan.nkernels + 1, sizeof *live) : NULL;
+    ok = ok && keys && live && (st->kernels = em_calloc((size_t)st->plan.nkernels + 1, sizeof *st->kernels));
+    for (int i = 0; ok && i < st->plan.nkernels; i++) {
+        keys[i] = st->plan.kernels[i].key;
+        live[i] = st->plan.kernels[i].nbufs > 0;
+    }
+    ok = ok && jit_load_kernels(st->dev, st->index, env, keys, live, st->plan.nkernels, st->kernels);
+    int nk = 0;
+    for (int i = 0; ok && i < st->plan.nkernels; i++) nk += live[i];
+    em_free(keys);
+    em_free(live);
+    if (!ok) {
+        jit_logf(env->log, JIT_LOG_CACHE, "graph plan %s unusable (bad or kernels missing): compiling", hex);
+        drop_kernels(st);
+        em_clear_error();
+        return false;
+    }
+    env->loaded += nk;
+    env->plans_loaded++;
+    jit_logf(env->log, JIT_LOG_CACHE, "cache hit: graph plan (%s), %d kernels", hex, nk);
+    return true;
+}
+
+static void store_plan(jit_env *env, const kc_key *gkey, jit_plan *p) {
+    size_t n;
+    p->key = *gkey; /* the plan carries the key it is filed under */
+    char *text = jit_plan_format(p, &n);
+    if (text && kc_put(env->cache, gkey, "plan", text, n) == EM_OK) {
+        char hex[KC_KEY_HEX_SIZE];
+        kc_key_hex(gkey, hex);
+        jit_logf(env->log, JIT_LOG_CACHE, "cache write: graph plan (%s)", hex);
+        env->plans_stored++;
+    }
+    em_free(text);
+    em_clear_error(); /* a plan not stored only costs the next process a compile */
+}
+
+/* The static compile: plan from the cache, else build (and store the plan). */
+static em_status compile_static(jit_compiled *st, const tr_graph *g, jit_env *env) {
+    char target[256];
+    if (!st->dev->target(st->index, env, target, sizeof target)) {
+        run_op_by_op(st, env);
+        return EM_OK;
+    }
+    kc_key gkey;
+    bool keyed = env->cache && jit_graph_key(g, st->dev->name, target, &gkey);
+    if (keyed && load_plan(st, g, env, &gkey)) return EM_OK;
+    em_status s = build(st, g, env, target);
+    if (s == EM_ERR_NOMEM) return s;
+    if (s != EM_OK) run_op_by_op(st, env);
+    else if (keyed) store_plan(env, &gkey, &st->plan);
+    return env->target && s != EM_OK ? EM_ERR_UNSUPPORTED : EM_OK;
+}
+
+/* A new state for g on d, or NULL with *out set to a state that runs op
+ * by op (tensors off the device). */
+static jit_compiled *begin(const jit_device *d, const tr_graph *g, jit_env *env, jit_compiled **out) {
+    jit_compiled *st = *out = state_new(d);
+    if (!st) return NULL;
+    st->index = env->target ? 0 : graph_device(d, g);
+    if (st->index >= 0) return st;
+    st->index = 0;
+    jit_logf(env->log, JIT_LOG_CODE, "graph runs op by op: %s", em_last_error());
+    em_clear_error();
+    return NULL;
+}
+
+em_status jit_engine_compile(const jit_device *d, const tr_graph *g, jit_env *env,
+                             jit_compiled **out) {
+    jit_compiled *st = begin(d, g, env, out);
+    if (!st) return *out ? EM_OK : em_last_status();
+    return compile_static(st, g, env);
+}
+
+/* ---- dynamic shapes ----
+ * The graph is scheduled and lowered twice, for the traced sizes and for
+ * the probe sizes (jit_dyn_check's).  When both give the same steps, the
+ * same buffers and kernels that differ only in i64 constants, those
+ * constants become size parameters (kir_parametrize) and the kernels are
+ * compiled once.  For each new set of sizes, specialize infers the metas
+ * again, schedules and lowers again (microseconds, no code generation) and
+ * requires the very same kernels up to those constants (kir_match), whose
+ * values are the size arguments: a kernel never runs with sizes it was not
+ * checked for.  Dynamic states have no plan entry: their kernels are in
+ * the kernel cache. */
+
+/* g at the sizes of inputs (one meta per input): *out shares g's inputs
+ * lists, but has nodes of its own (em_free out->nodes) whose attribute
+ * sizes follow (jit_dyn_infer) and whose metas are inferred into metas.
+ * false: the shapes do not infer (error cleared) or out of memory. */
+static bool at_sizes(const tr_graph *g, const jit_dyn *follow, const em_meta *inputs,
+                     em_meta *metas, tr_graph *out) {
+    *out = *g;
+    out->nodes = em_malloc(sizeof *out->nodes * ((size_t)g->nnodes + 1));
+    if (!out->nodes) return false;
+    memcpy(out->nodes, g->nodes, sizeof *out->nodes * (size_t)g->nnodes);
+    if (jit_dyn_infer(follow, out, inputs, metas) != EM_OK) {
+        em_clear_error();
+        return false;
+    }
+    for (int i = 0; i < g->nnodes; i++) out->nodes[i].meta = metas[i];
+    return true;
+}
+
+/* Lowers kernel gi at the traced sizes (sa) and the probe sizes (sp) and
+ * makes its parametrized form, into ks[gi] and keys[gi]. */
+static bool dynamic_kernel(jit_compiled *st, const sc_schedule *sa, const sc_schedule *sp, int gi,
+                           int *scratch, const char *target, k_kernel **ks, kc_key *keys) {
+    jit_plan_kernel *pk = &st->plan.kernels[gi];
+    pk->bufs = em_malloc(sizeof(int) * ((size_t)sa->g->nnodes + 1));
+    if (!pk->bufs) return false;
+    k_kernel *ka = st->model[gi] = sc_lower(sa, gi, pk->bufs, &pk->nbufs, &pk->nouts);
+    k_kernel *kp = ka ? lower_like(sp, gi, pk, scratch) : NULL;
+    bool *vary = ka ? em_calloc((size_t)ka->n + 1, sizeof(bool)) : NULL;
+    st->size_of[gi] = ka ? em_malloc(sizeof(int) * ((size_t)ka->n + 1)) : NULL;
+    bool ok = kp && vary && st->size_of[gi] && kir_vary(ka, kp, vary) &&
+              (ks[gi] = kir_parametrize(ka, vary, st->size_of[gi])) &&
+              kir_verify(ks[gi]) == EM_OK && st->dev->key(ks[gi], target, &keys[gi]);
+    if (ok) pk->key = keys[gi];
+    kir_free(kp);
+    em_free(vary);
+    return ok;
+}
+
+/* The arrays a dynamic state keeps per plan kernel. */
+static em_status dynamic_init(jit_compiled *st, const sc_schedule *sa, k_kernel ***ks, kc_key **keys) {
+    em_status s = plan_init(st, sa);
+    int n = sa->ngroups;
+    st->model = em_calloc((size_t)n + 1, sizeof *st->model);
+    st->size_of = em_calloc((size_t)n + 1, sizeof *st->size_of);
+    *ks = em_calloc((size_t)n + 1, sizeof **ks);
+    *keys = em_calloc((size_t)n + 1, sizeof **keys);
+    return s == EM_OK && st->model && st->size_of && *ks && *keys ? EM_OK : em_last_status();
+}
+
+/* Schedules g at the traced and at the probe sizes and compiles the
+ * parametrized kernels; EM_ERR_UNSUPPORTED, with why, when the two differ
+ * in more than sizes. */
+static em_status build_dynamic(jit_compiled *st, const tr_graph *g, const jit_dyn *dyn,
+                               jit_env *env, char *why, size_t nwhy) {
+    char target[256];
+    if (!st->dev->target(st->index, env, target, sizeof target)) return em_last_status();
+    em_meta *metas = em_malloc(sizeof *metas * ((size_t)g->nnodes + 1));
+    tr_graph gp = {0};
+    sc_schedule *sa = NULL, *sp = NULL;
+    k_kernel **ks = NULL;
+    kc_key *keys = NULL;
+    int *scratch = em_malloc(sizeof(int) * ((size_t)g->nnodes + 1));
+    em_status s = metas && scratch ? EM_OK : em_last_status();
+    if (s == EM_OK && !at_sizes(g, dyn, dyn->probe, metas, &gp)) {
+        snprintf(why, nwhy, "the shapes do not infer at other sizes");
+        s = em_last_status() == EM_ERR_NOMEM ? EM_ERR_NOMEM : EM_ERR_UNSUPPORTED;
+    }
+    if (s == EM_OK && (!(sa = sc_build(g)) || !(sp = sc_build(&gp)))) s = em_last_status();
+    if (s == EM_OK) env->lowered++;
+    if (s == EM_OK) s = dynamic_init(st, sa, &ks, &keys);
+    if (s == EM_OK && !same_steps(st, sp)) {
+        snprintf(why, nwhy, "fusion differs at other sizes");
+        s = EM_ERR_UNSUPPORTED;
+    }
+    for (int gi = 0; s == EM_OK && gi < sa->ngroups; gi++) {
+        if (!group_has_step(&st->plan, gi)) continue;
+        if (dynamic_kernel(st, sa, sp, gi, scratch, target, ks, keys)) {
+            log_kernel(env, st->dev, ks[gi]);
+            continue;
+        }
+        s = em_last_status() == EM_ERR_NOMEM ? EM_ERR_NOMEM : EM_ERR_UNSUPPORTED;
+        snprintf(why, nwhy, "kernel k%d differs at other sizes in more than its sizes", gi);
+    }
+    if (s == EM_OK) s = get_kernels(st, g, env, ks, keys);
+    for (int gi = 0; ks && gi < st->plan.nkernels; gi++) kir_free(ks[gi]);
+    em_free(ks);
+    em_free(keys);
+    sc_free(sa);
+    sc_free(sp);
+    em_free(gp.nodes);
+    em_free(metas);
+    em_free(scratch);
+    return s;
+}
+
+em_status jit_engine_compile_dynamic(const jit_device *d, const tr_graph *g, const jit_dyn *dyn,
+                                     jit_env *env, jit_compiled **out, bool *dynamic, char *why,
+                                     size_t nwhy) {
+    why[0] = '\0';
+    *dynamic = false;
+    jit_compiled *st = begin(d, g, env, out);
+    if (!st) {
+        snprintf(why, nwhy, "the graph runs op by op");
+        return *out ? EM_OK : em_last_status();
+    }
+    em_status s = build_dynamic(st, g, dyn, env, why, nwhy);
+    *dynamic = st->dynamic = s == EM_OK;
+    if (s == EM_OK) {
+        memcpy(st->follow.sizes, dyn->sizes, sizeof dyn->sizes);
+        st->follow.nsizes = dyn->nsizes;
+    }
+    if (s == EM_OK || s == EM_ERR_NOMEM) return s;
+    if (!why[0]) snprintf(why, nwhy, "%s", em_last_error());
+    drop_kernels(st);
+    em_clear_error();
+    return compile_static(st, g, env);
+}
+
+static bool same_inputs(const em_meta *a, em_tensor *const *in, int n) {
+    for (int i = 0; i < n; i++) {
+        const em_tensor *t = in[i];
+        if (a[i].ndim != t->ndim || memcmp(a[i].sizes, t->sizes, sizeof(int64_t) * (size_t)t->ndim) ||
+            memcmp(a[i].strides, t->strides, sizeof(int64_t) * (size_t)t->ndim))
+            return false;
+    }
+    return true;
+}
+
+/* Kernel gi at the sizes of sx, checked against the model; its size
+ * arguments into *sizes (em_malloc'd). */
+static bool kernel_sizes(const jit_compiled *st, const sc_schedule *sx, int gi, int *scratch,
+                         int64_t **sizes) {
+    const k_kernel *m = st->model[gi];
+    int nsizes = 0;
+    for (int i = 0; i < m->n; i++) nsizes += st->size_of[gi][i] >= 0;
+    k_kernel *kx = lower_like(sx, gi, &st->plan.kernels[gi], scratch);
+    *sizes = em_malloc(sizeof(int64_t) * ((size_t)nsizes + 1));
+    bool ok = kx && *sizes && kir_match(m, kx, st->size_of[gi], *sizes);
+    kir_free(kx);
+    return ok;
+}
+
+/* A new spec for inputs in, or NULL when these sizes need another entry. */
+static jit_spec *make_spec(const jit_compiled *st, const tr_graph *g, em_tensor *const *in) {
+    jit_spec *sp = em_calloc(1, sizeof *sp);
+    if (sp) sp->alloc = em_get_allocator();
+    tr_graph gx = {0};
+    sc_schedule *sx = NULL;
+    int *scratch = em_malloc(sizeof(int) * ((size_t)g->nnodes + 1));
+    bool ok = sp && scratch && (sp->in = em_malloc(sizeof *sp->in * ((size_t)g->ninputs + 1))) &&
+              (sp->metas = em_malloc(sizeof *sp->metas * ((size_t)g->nnodes + 1))) &&
+              (sp->sizes = em_calloc((size_t)st->plan.nkernels + 1, sizeof *sp->sizes));
+    for (int i = 0; ok && i < g->ninputs; i++) tr_meta_of(in[i], &sp->in[i]);
+    ok = ok && at_sizes(g, &st->follow, sp->in, sp->metas, &gx);
+    if (sp) sp->nodes = gx.nodes; /* the spec owns them from here */
+    ok = ok && (sx = sc_build(&gx)) && same_steps(st, sx);
+    for (int gi = 0; ok && gi < st->plan.nkernels; gi++)
+        if (st->model[gi]) ok = kernel_sizes(st, sx, gi, scratch, &sp->sizes[gi]);
+    sc_free(sx);
+    if (!sp) em_free(gx.nodes);
+    em_free(scratch);
+    if (!ok) {
+        em_clear_error(); /* not an error: the call gets an entry of its own */
+        jit_spec_free(st, sp);
+        return NULL;
+    }
+    return sp;
+}
+
+bool jit_engine_specialize(jit_compiled *st, const tr_graph *g, em_tensor *const *in, void **spec) {
+    *spec = NULL;
+    if (!st || !st->dynamic) return true;
+    for (int i = 0; i < st->nmemo; i++) {
+        if (same_inputs(st->memo[i]->in, in, g->ninputs)) {
+            *spec = st->memo[i];
+            return true;
+        }
+    }
+    jit_spec *sp = make_spec(st, g, in);
+    if (!sp) return false;
+    if (st->nmemo < JIT_SPEC_MEMO) st->memo[st->nmemo++] = sp;
+    else sp->owned = true;
+    *spec = sp;
+    return true;
+}
+
+em_status jit_engine_run(jit_compiled *st, void *spec, const tr_graph *g, em_tensor *const *in,
+                         em_tensor **out) {
+    if (!st || !st->kernels) return jit_exec_op_by_op(g, in, out);
+    jit_spec *sp = spec;
+    em_status s = jit_exec(st, g, sp, in, out);
+    if (sp && sp->owned) jit_spec_free(st, sp);
+    return s;
+}

@@ -1,0 +1,240 @@
+/* engine.h - the device-independent middle of the JIT (src/jit/engine):
+ * how a captured graph becomes a plan of eager steps and kernel launches,
+ * how kernels are found or compiled, and how a plan runs, for every device.
+ *
+ *   graph --sched/--> schedule --lower--> kernel IR --device.compile--> artifact
+ *     |                                        |                          |
+ *     +-- plan cache (plan.c) ----------------- kernel key -- kernel cache +
+ *   run: plan steps in order; eager steps through em_dispatch, kernel
+ *   steps through device.launch; each intermediate freed after its last
+ *   reader (the allocator reuses its block).
+ *
+ * A device is a narrow table (jit_device): it names its target, keys,
+ * compiles, loads and launches kernels.  Everything else -- plans, plan
+ * caching, the kernel-cache sequence (key -> loaded table -> disk ->
+ * compile -> verified store), dynamic shapes, buffer lifetimes -- is
+ * written once, here.  A third device means one such table and one code
+ * generator.
+ *
+ * The engine sits below src/jit/runtime (em_compile, lazy mode) and above
+ * sched/ and kir/. */
+#ifndef EMBER_ENGINE_H
+#define EMBER_ENGINE_H
+
+#include <stdio.h>
+
+#include "cache.h"
+#include "guards.h"
+#include "kir.h"
+#include "schedule.h"
+#include "trace.h"
+
+/* ---- logging (EMBER_LOG, EMBER_LOG_FILE; runtime/log.c) ---- */
+enum {
+    JIT_LOG_GRAPH = 1 << 0,      /* each captured graph */
+    JIT_LOG_GUARDS = 1 << 1,     /* each entry's guards */
+    JIT_LOG_RECOMPILES = 1 << 2, /* each recompile, with the failed guard */
+    JIT_LOG_BREAKS = 1 << 3,     /* each graph break */
+    JIT_LOG_CODE = 1 << 4,       /* each generated kernel, as kernel IR */
+    JIT_LOG_CACHE = 1 << 5       /* kernel and plan cache hits, misses and writes */
+};
+
+typedef struct jit_log {
+    unsigned flags;
+    FILE *f;       /* stderr or the EMBER_LOG_FILE */
+    bool own;      /* f was opened here */
+} jit_log;
+
+/* Reads EMBER_LOG and EMBER_LOG_FILE; unknown names are reported once on
+ * the log itself and ignored. */
+void jit_log_open(jit_log *l);
+void jit_log_close(jit_log *l);
+/* Prints "[ember] " + the message + newline when flag is on (flag 0:
+ * always).  l may be NULL (nothing printed). */
+void jit_logf(const jit_log *l, unsigned flag, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* What a compile may use: owned by the compiled function (or lazy state,
+ * or warmup). */
+typedef struct jit_env {
+    kc_cache *cache;            /* compiled artifacts; NULL: none */
+    const jit_log *log;         /* NULL: quiet */
+    /* A target named explicitly (ember-cache warmup --target sm_90): the
+     * kernels are compiled and stored for it, not loaded, and no device
+     * is needed.  NULL: the graph's own device. */
+    const char *target;
+    int64_t compiled;           /* kernels compiled */
+    int64_t loaded;             /* kernels found loaded or in the cache instead */
+    int64_t plans_loaded;       /* graphs whose plan came from the cache */
+    int64_t plans_stored;       /* graphs whose plan this env wrote to the cache */
+    int64_t lowered;            /* graphs scheduled and lowered to kernel IR */
+} jit_env;
+
+/* ---- devices ---- */
+
+/* A device's loaded kernel: opaque to the engine. */
+typedef struct jit_kernel jit_kernel;
+
+/* An artifact as a device's compile leaves it: a file it wrote (path, the
+ * engine stores or removes it), bytes (em_malloc'd), or a kernel already
+ * loaded (compiled in memory: nothing to store).  Exactly one is set. */
+typedef struct jit_artifact {
+    char *path;
+    void *bytes;
+    size_t n;
+    jit_kernel *loaded;
+} jit_artifact;
+
+/* Where a device reads an artifact to load: an open file (a sealed memory
+ * file of the cache's verified bytes) or bytes in memory. */
+typedef struct jit_blob {
+    int fd;               /* -1: bytes instead */
+    const void *bytes;
+    size_t n;
+} jit_blob;
+
+typedef struct jit_device {
+    const char *name;      /* "cpu", "cuda": its backend's name, in keys and records */
+    em_device_type type;   /* the tensors it runs kernels on */
+    const char *kind;      /* the kernel cache kind of its artifacts ("so", "cubin") */
+    /* What its artifacts depend on besides the kernel IR for device index
+     * (compiler, generator and options versions, architecture), into buf;
+     * with env->target set, that target instead.  false (error set): no
+     * kernel can be made here. */
+    bool (*target)(int index, const jit_env *env, char *buf, size_t n);
+    /* The cache key of k's artifact for target (the key the artifact
+     * embeds and load checks). */
+    bool (*key)(const k_kernel *k, const char *target, kc_key *key);
+    /* Compiles ks[i] (NULL: skip) for target, keyed keys[i], into out[i];
+     * n >= 1.  An item it cannot compile is left empty with the reason
+     * logged (the graph then runs op by op); an error return stops all. */
+    em_status (*compile)(int index, const char *target, k_kernel *const *ks, const kc_key *keys,
+                         int n, jit_env *env, jit_artifact *out);
+    /* Loads the artifact in b for device index, checking that it carries
+     * key (the key it was compiled for): EM_ERR_STATE otherwise. */
+    em_status (*load)(int index, const jit_blob *b, const kc_key *key, jit_kernel **out);
+    /* Launches k: bufs[i] is buffer parameter #i's data, sizes[i] size
+     * parameter #i (NULL: none). */
+    em_status (*launch)(const jit_kernel *k, void *const *bufs, const int64_t *sizes);
+    /* Releases k (NULL: kernels stay loaded for the process: the device
+     * owns them, and find/add keep them). */
+    void (*unload)(jit_kernel *k);
+    /* Optional: the device's table of loaded kernels (this process), the
+     * first tier of the kernel cache sequence. */
+    jit_kernel *(*find)(int index, const kc_key *key);
+    void (*add)(int index, const kc_key *key, jit_kernel *k);
+    /* Optional: the node of group gi that the device runs better with its
+     * eager op (a kernel step becomes an eager step of the plan), or -1. */
+    int (*prefer_eager)(int index, const sc_schedule *s, int gi);
+} jit_device;
+
+/* A key for devices to use as their key function: the hash of "ember
+ * kernel", name, target and k's printed IR. */
+bool jit_kernel_key(const char *name, const char *target, const k_kernel *k, kc_key *key);
+
+/* The one kernel cache sequence, for every device: for each ks[i]
+ * (NULL: skip), its key keys[i] -> the device's loaded table -> the disk
+ * cache -> compiled (all misses in one device compile) -> stored -> loaded
+ * back from the verified store; out[i] gets the kernel (NULL when it could
+ * not be compiled: the caller runs the graph op by op).  With
+ * env->target, nothing is loaded: the misses are compiled and stored.
+ * Counts into env->compiled and env->loaded; logs under EMBER_LOG=cache. */
+em_status jit_get_kernels(const jit_device *d, int index, jit_env *env, k_kernel *const *ks,
+                          const kc_key *keys, int n, jit_kernel **out);
+
+/* The kernels filed under keys[i] (where live[i]), from the device's
+ * table or the disk cache, without their IR (a plan cache hit); with
+ * env->target, only whether all are present.  false (out all NULL) on any
+ * miss. */
+bool jit_load_kernels(const jit_device *d, int index, jit_env *env, const kc_key *keys,
+                      const bool *live, int n, jit_kernel **out);
+
+/* ---- dynamic shapes (dynamic.c) ---- */
+
+/* An attribute size that follows a dynamic size: node's attrs.sizes[j] is
+ * a * (size of dim `dim` of input `input`) + b (a reshape to [b, t, 4, 16]
+ * follows b and t). */
+typedef struct jit_sym_size {
+    int node, j, input, dim;
+    int64_t a, b;
+    bool rest; /* a reshape's size that is whatever its input's element
+                  count leaves (a product of sizes: [b * t, 64]) */
+} jit_sym_size;
+
+#define JIT_MAX_SYM_SIZES 32
+
+/* What makes an entry dynamic: the inputs' metas with each dynamic size
+ * changed (probe, one per input), and the attribute sizes that follow
+ * dynamic sizes. */
+typedef struct jit_dyn {
+    em_meta *probe;
+    jit_sym_size sizes[JIT_MAX_SYM_SIZES];
+    int nsizes;
+} jit_dyn;
+
+/* Whether graph g, traced with inputs in, may serve other sizes of the
+ * dims its guards gs mark dynamic.  The graph's shapes must follow (they
+ * are inferred again at probe sizes: dims of one traced size share one
+ * probe, as Dynamo's duck sizing), and no op may carry a size, bound or
+ * value the C code computed from a dynamic size: prev (the same function
+ * traced at other sizes, or NULL) must equal g in everything but metas,
+ * except reshape and expand sizes that follow one dynamic size as
+ * a * s + b (recorded in dyn->sizes; prev_dyn: the attribute sizes that
+ * already followed in prev's entry, kept while they hold); without prev,
+ * conservative rules decide.  Fills dyn (probe has g->ninputs slots).  false, with the
+ * reason in why: the entry must be static. */
+bool jit_dyn_check(const tr_graph *g, const tr_graph *prev, const jit_dyn *prev_dyn,
+                   const gd_guards *gs, em_tensor *const *in, jit_dyn *dyn, char *why,
+                   size_t nwhy);
+/* The metas of g's nodes (into metas) for inputs of metas inputs, with
+ * the attribute sizes dyn lists set in g's nodes (a copy of the graph's
+ * own) as it goes.  An error names the node whose op rejects its inputs. */
+em_status jit_dyn_infer(const jit_dyn *dyn, tr_graph *g, const em_meta *inputs, em_meta *metas);
+/* Only the probe metas (no check): for a graph already checked when it
+ * was traced (warmup of a recorded dynamic entry).  false: too many
+ * distinct dynamic sizes. */
+bool jit_dyn_probe(const gd_guards *gs, em_tensor *const *in, int ninputs, em_meta *probe);
+
+/* ---- compiled graphs ----
+ * A compiled graph (jit_compiled, engine.c) is its plan and loaded kernels
+ * on one device, or nothing (then it runs op by op, eagerly, still
+ * correct).  Ownership: the state owns its plan, kernels (when the device
+ * unloads them) and size specializations; jit_engine_free releases all. */
+typedef struct jit_compiled jit_compiled;
+
+/* Compiles g for device d: its plan from the plan cache (checked against
+ * g, no scheduling or lowering), else scheduled, lowered, its kernels got
+ * (jit_get_kernels) and its plan stored.  A graph that cannot be compiled
+ * (an op the lowering lacks, tensors off the device) gets a state that
+ * runs op by op, with the reason logged under EMBER_LOG=code: EM_OK.
+ * Errors: out of memory. */
+em_status jit_engine_compile(const jit_device *d, const tr_graph *g, jit_env *env,
+                             jit_compiled **out);
+/* The same for sizes that vary as dyn says: kernels with size
+ * parameters, one state for every size the guards pass (specialize says
+ * whether it serves given inputs).  When the kernels differ in more than
+ * sizes, compiles g for its traced sizes (*dynamic false, why says why). */
+em_status jit_engine_compile_dynamic(const jit_device *d, const tr_graph *g, const jit_dyn *dyn,
+                                     jit_env *env, jit_compiled **out, bool *dynamic, char *why,
+                                     size_t nwhy);
+/* Whether st serves inputs in, and the size specialization its run needs
+ * (*spec; NULL for a static state). */
+bool jit_engine_specialize(jit_compiled *st, const tr_graph *g, em_tensor *const *in, void **spec);
+/* Runs g: outputs new tensors (owned as any op result).  spec: from
+ * jit_engine_specialize, or NULL. */
+em_status jit_engine_run(jit_compiled *st, void *spec, const tr_graph *g, em_tensor *const *in,
+                         em_tensor **out);
+void jit_engine_free(jit_compiled *st);
+/* Kernels the state holds (statistics). */
+int jit_engine_kernels(const jit_compiled *st);
+
+/* Runs call node n eagerly on the values of its inputs (vals, by node);
+ * random ops draw from their generator's current state, as eager code
+ * (exec.c). */
+em_tensor *jit_replay_node(const tr_node *n, em_tensor **vals);
+/* Runs g op by op with the eager ops, each intermediate freed after its
+ * last reader (exec.c): the replay backend, and every graph that has no
+ * compiled form. */
+em_status jit_exec_op_by_op(const tr_graph *g, em_tensor *const *in, em_tensor **out);
+
+#endif

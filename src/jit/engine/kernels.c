@@ -1,0 +1,198 @@
+/* kernels.c - the one kernel cache sequence (engine.h): key -> the
+ * device's loaded table -> the disk cache -> compile -> verified store ->
+ * load, for every device.
+ *
+ * An artifact is always loaded from the cache's verified bytes (a sealed
+ * memory file, kc_get_fd) once it is stored, never from the file the
+ * compiler wrote, and the device checks the key embedded in it: a file
+ * swapped in the cache directory, or filed under another kernel's key, is
+ * a miss and is compiled again. */
+#include "engine.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+bool jit_kernel_key(const char *name, const char *target, const k_kernel *k, kc_key *key) {
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    if (!f) {
+        em_error(EM_ERR_NOMEM, "%s: out of memory", name);
+        return false;
+    }
+    bool ok = kir_print(k, f) == EM_OK;
+    if (fclose(f) != 0 || !text) ok = false;
+    if (ok) {
+        kc_hasher h;
+        kc_hasher_reset(&h);
+        kc_hasher_update_str(&h, "ember kernel");
+        kc_hasher_update_str(&h, name);
+        kc_hasher_update_str(&h, target);
+        kc_hasher_update_str(&h, text);
+        *key = kc_hasher_digest(&h);
+    } else if (!em_last_status()) {
+        em_error(EM_ERR_NOMEM, "%s: out of memory", name);
+    }
+    free(text);
+    return ok;
+}
+
+/* Whether the disk cache holds a verified artifact under key. */
+static bool present(const jit_device *d, jit_env *env, const kc_key *key) {
+    int fd = -1;
+    bool ok = env->cache && kc_get_fd(env->cache, key, d->kind, &fd) == EM_OK && fd >= 0;
+    if (fd >= 0) close(fd);
+    em_clear_error();
+    return ok;
+}
+
+/* The kernel filed under key in the disk cache, loaded; NULL on a miss
+ * (absent, bad, or another key's artifact: logged). */
+static jit_kernel *load_cached(const jit_device *d, int index, jit_env *env, const kc_key *key) {
+    int fd = -1;
+    if (kc_get_fd(env->cache, key, d->kind, &fd) != EM_OK || fd < 0) {
+        em_clear_error();
+        return NULL;
+    }
+    jit_kernel *k = NULL;
+    jit_blob b = {.fd = fd};
+    em_status s = d->load(index, &b, key, &k);
+    close(fd);
+    if (s == EM_OK) return k;
+    jit_logf(env->log, JIT_LOG_CACHE, "cache entry unusable, a miss: %s", em_last_error());
+    em_clear_error();
+    return NULL;
+}
+
+/* From the device's table or the disk cache, else NULL (a miss, logged). */
+static jit_kernel *lookup(const jit_device *d, int index, jit_env *env, const k_kernel *k,
+                          const kc_key *key) {
+    char hex[KC_KEY_HEX_SIZE];
+    kc_key_hex(key, hex);
+    jit_kernel *got = d->find && !env->target ? d->find(index, key) : NULL;
+    if (!got && env->cache && !env->target) got = load_cached(d, index, env, key);
+    if (!got && env->target && present(d, env, key)) {
+        jit_logf(env->log, JIT_LOG_CACHE, "cache hit: kernel %s (%s), %s", k->name, hex, env->target);
+        env->loaded++;
+        return NULL; /* present: nothing to compile for the named target */
+    }
+    if (got) {
+        env->loaded++;
+        jit_logf(env->log, JIT_LOG_CACHE, "cache hit: kernel %s (%s)", k->name, hex);
+        return got;
+    }
+    jit_logf(env->log, JIT_LOG_CACHE, "cache miss: kernel %s (%s): compiling", k->name, hex);
+    return NULL;
+}
+
+static void artifact_clear(jit_artifact *a) {
+    if (a->path) unlink(a->path); /* already moved into the cache when stored */
+    em_free(a->path);
+    em_free(a->bytes);
+    memset(a, 0, sizeof *a);
+}
+
+/* Loads an artifact that is not in the cache (no cache, or the store
+ * failed): from its file or bytes, still checked for key. */
+static em_status load_direct(const jit_device *d, int index, const jit_artifact *a,
+                             const kc_key *key, jit_kernel **out) {
+    jit_blob b = {.fd = -1, .bytes = a->bytes, .n = a->n};
+    if (a->path && (b.fd = open(a->path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC)) < 0)
+        return em_error(EM_ERR_STATE, "%s: cannot open %s: %s", d->name, a->path, strerror(errno));
+    em_status s = d->load(index, &b, key, out);
+    if (b.fd >= 0) close(b.fd);
+    return s;
+}
+
+/* Stores artifact a under key (logged), then loads it back from the
+ * cache; without a cache (or when the store fails), loads it directly. */
+static em_status store_and_load(const jit_device *d, int index, jit_env *env, const k_kernel *k,
+                                const kc_key *key, jit_artifact *a, jit_kernel **out) {
+    if (a->loaded) {
+        *out = a->loaded;
+        a->loaded = NULL;
+        return EM_OK;
+    }
+    em_status s = EM_ERR_STATE;
+    if (env->cache)
+        s = a->path ? kc_put_file(env->cache, key, d->kind, a->path)
+                    : kc_put(env->cache, key, d->kind, a->bytes, a->n);
+    if (s == EM_OK) {
+        char hex[KC_KEY_HEX_SIZE];
+        kc_key_hex(key, hex);
+        jit_logf(env->log, JIT_LOG_CACHE, "cache write: kernel %s (%s)", k->name, hex);
+        if (env->target) return EM_OK; /* compiled for another machine: not loaded */
+        if ((*out = load_cached(d, index, env, key))) return EM_OK;
+        return em_error(EM_ERR_STATE, "%s: kernel %s not loadable from the cache after its write",
+                        d->name, k->name);
+    }
+    em_clear_error(); /* a cache that fails only costs the next process a compile */
+    if (env->target) return em_error(EM_ERR_STATE, "%s: kernel %s for %s not stored", d->name, k->name,
+                                     env->target);
+    return load_direct(d, index, a, key, out);
+}
+
+em_status jit_get_kernels(const jit_device *d, int index, jit_env *env, k_kernel *const *ks,
+                          const kc_key *keys, int n, jit_kernel **out) {
+    char target[256];
+    if (!d->target(index, env, target, sizeof target)) return em_last_status();
+    k_kernel **miss = em_calloc((size_t)n + 1, sizeof *miss);
+    kc_key *mkeys = em_calloc((size_t)n + 1, sizeof *mkeys);
+    int *at = em_calloc((size_t)n + 1, sizeof *at);
+    jit_artifact *arts = em_calloc((size_t)n + 1, sizeof *arts);
+    em_status s = miss && mkeys && at && arts ? EM_OK : em_last_status();
+    int m = 0;
+    for (int i = 0; s == EM_OK && i < n; i++) {
+        out[i] = NULL;
+        if (!ks[i]) continue; /* a dead group */
+        if ((out[i] = lookup(d, index, env, ks[i], &keys[i]))) continue;
+        if (env->target && present(d, env, &keys[i])) continue; /* stored for the named target */
+        miss[m] = ks[i], mkeys[m] = keys[i], at[m] = i;
+        m++;
+    }
+    if (s == EM_OK && m > 0) s = d->compile(index, target, miss, mkeys, m, env, arts);
+    for (int t = 0; s == EM_OK && t < m; t++) {
+        if (!arts[t].path && !arts[t].bytes && !arts[t].loaded) continue; /* not compiled: logged */
+        env->compiled++;
+        s = store_and_load(d, index, env, miss[t], &mkeys[t], &arts[t], &out[at[t]]);
+        if (s == EM_OK && out[at[t]] && d->add) d->add(index, &mkeys[t], out[at[t]]);
+    }
+    for (int t = 0; s == EM_OK && t < m; t++) /* not compiled (logged): the graph runs op by op */
+        if (env->target ? !arts[t].path && !arts[t].bytes : !out[at[t]])
+            s = em_error(EM_ERR_UNSUPPORTED, "%s: kernel %s was not compiled", d->name, miss[t]->name);
+    for (int t = 0; arts && t < m; t++) {
+        if (arts[t].loaded && d->unload) d->unload(arts[t].loaded);
+        artifact_clear(&arts[t]);
+    }
+    em_free(miss);
+    em_free(mkeys);
+    em_free(at);
+    em_free(arts);
+    return s;
+}
+
+bool jit_load_kernels(const jit_device *d, int index, jit_env *env, const kc_key *keys,
+                      const bool *live, int n, jit_kernel **out) {
+    bool ok = true;
+    for (int i = 0; i < n; i++) out[i] = NULL;
+    for (int i = 0; ok && i < n; i++) {
+        if (!live[i]) continue;
+        if (env->target) {
+            ok = present(d, env, &keys[i]);
+            continue;
+        }
+        out[i] = d->find ? d->find(index, &keys[i]) : NULL;
+        if (!out[i] && env->cache && (out[i] = load_cached(d, index, env, &keys[i])) && d->add)
+            d->add(index, &keys[i], out[i]);
+        ok = out[i] != NULL;
+    }
+    if (ok) return true;
+    for (int i = 0; i < n; i++) {
+        if (out[i] && d->unload) d->unload(out[i]);
+        out[i] = NULL;
+    }
+    return false;
+}
