@@ -344,6 +344,8 @@ typedef struct em_compile_stats {
     int64_t kernels_loaded;   /* kernels it found in the kernel cache instead */
     int64_t graphs_loaded;    /* entries whose whole plan came from the cache (no
                                  fusion, lowering or code generation) */
+    int64_t graphs_lowered;   /* graphs this function scheduled and lowered to
+                                 kernel IR (0 when every plan came from the cache) */
     bool broken;          /* a graph break was seen: fn now runs as segments */
     int64_t segmented;    /* calls run as compiled segments around reads (lazy mode) */
     int dynamic_entries;  /* entries whose kernels take some sizes as arguments */

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "testutil.h"
@@ -619,10 +620,213 @@ START_TEST(swapped_cubins_are_misses) {
 }
 END_TEST
 
+
+/* ---- one engine: the GPU gets the CPU's plan cache, warmup and dynamic
+ * shapes (issue 13) ---- */
+
+/* The child: the mlp workload on cuda:0, checked against the CPU eager
+ * result on the same values; prints its counters.  With EMBER_RECORD set
+ * (em_compile reads it), its entry is recorded. */
+static int warm_child(void) {
+    em_scope_begin();
+    const int64_t x[] = {8, 16}, w1[] = {16, 24}, b1[] = {24}, w2[] = {24, 16}, b2[] = {16};
+    const int64_t *sizes[5] = {x, w1, b1, w2, b2};
+    const int nd[5] = {2, 2, 1, 2, 1};
+    em_tensor *cpu[5], *gpu[5];
+    for (int i = 0; i < 5; i++) {
+        cpu[i] = tu_random((uint64_t)(40 + i), nd[i], sizes[i], EM_F32, 1);
+        gpu[i] = cpu[i] ? to_gpu(cpu[i]) : NULL;
+        if (!gpu[i]) {
+            printf("error %s\n", em_last_error());
+            return 1;
+        }
+    }
+    em_tensor *out[1];
+    em_compile_options o = {.ninputs = 5, .noutputs = 1, .name = "mlp"};
+    em_compiled *f = em_compile(wl_mlp_fn, NULL, &o);
+    if (!f || em_call(f, gpu, NULL, out) != EM_OK) {
+        printf("error %s\n", em_last_error());
+        return 1;
+    }
+    em_tensor *ref = wl_mlp(cpu);
+    double worst = 0;
+    float rv[8 * 16], gv[8 * 16];
+    if (!ref || em_copy_to_host(ref, rv, sizeof rv) != EM_OK ||
+        em_copy_to_host(out[0], gv, sizeof gv) != EM_OK) {
+        printf("error %s\n", em_last_error());
+        return 1;
+    }
+    for (int i = 0; i < 8 * 16; i++) {
+        double e = fabs((double)gv[i] - rv[i]) / (1e-4 + fabs((double)rv[i]));
+        if (e > worst) worst = e;
+    }
+    em_compile_stats st;
+    em_compiled_stats(f, &st);
+    printf("compiled %lld loaded %lld lowered %lld plans %lld values %s\n",
+           (long long)st.kernels_compiled, (long long)st.kernels_loaded,
+           (long long)st.graphs_lowered, (long long)st.graphs_loaded, worst < 1e-3 ? "ok" : "bad");
+    em_compiled_free(f);
+    em_scope_end();
+    return 0;
+}
+
+typedef struct warm_counts {
+    long long compiled, loaded, lowered, plans;
+    bool values_ok;
+} warm_counts;
+
+static warm_counts run_warm_child(const char *cache, const char *record) {
+    char cmd[4200], all[2048] = "", ok[8] = "";
+    snprintf(cmd, sizeof cmd, "EMBER_CACHE_DIR='%s' %s%s%s '%s' --warm-child 2>&1", cache,
+             record ? "EMBER_RECORD='" : "", record ? record : "", record ? "'" : "", self_path);
+    FILE *p = popen(cmd, "r");
+    ck_assert_ptr_nonnull(p);
+    size_t n = fread(all, 1, sizeof all - 1, p);
+    all[n] = '\0';
+    int status = pclose(p);
+    warm_counts c = {0};
+    const char *line = strstr(all, "compiled ");
+    ck_assert_msg(status == 0 && line &&
+                      sscanf(line, "compiled %lld loaded %lld lowered %lld plans %lld values %7s",
+                             &c.compiled, &c.loaded, &c.lowered, &c.plans, ok) == 5,
+                  "child (status %d) said: %s", status, all);
+    c.values_ok = !strcmp(ok, "ok");
+    return c;
+}
+
+/* Runs the built ember-cache with args; its exit status, and what it
+ * printed (stdout and stderr) into text. */
+static int run_tool(const char *args, char *text, size_t n) {
+    const char *exe = getenv("EMBER_CACHE_TOOL");
+    ck_assert_msg(exe != NULL, "EMBER_CACHE_TOOL is not set (run through make check)");
+    char cmd[4200];
+    snprintf(cmd, sizeof cmd, "'%s' %s 2>&1", exe, args);
+    FILE *p = popen(cmd, "r");
+    ck_assert_ptr_nonnull(p);
+    size_t got = fread(text, 1, n - 1, p);
+    text[got] = '\0';
+    int status = pclose(p);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+static void temp_dir(char *buf, size_t n, const char *what) {
+    snprintf(buf, n, "/tmp/ember-cuda-%s-XXXXXX", what);
+    ck_assert_ptr_nonnull(mkdtemp(buf));
+}
+
+static void remove_dir(const char *dir) {
+    char rm[300];
+    snprintf(rm, sizeof rm, "rm -rf '%s'", dir);
+    ck_assert_int_eq(system(rm), 0);
+}
+
+/* record -> ember-cache warmup into a fresh directory -> export -> import
+ * into another -> a new process there: nothing compiled, nothing lowered,
+ * the plan from the cache, values right. */
+START_TEST(warmup_round_trip_on_the_gpu) {
+    char a[64], b[64], c[64], rec[128], args[600], text[4096];
+    temp_dir(a, sizeof a, "rec");
+    temp_dir(b, sizeof b, "warm");
+    temp_dir(c, sizeof c, "fleet");
+    snprintf(rec, sizeof rec, "%s/warm.list", a);
+    warm_counts first = run_warm_child(a, rec);
+    ck_assert(first.values_ok);
+    ck_assert_int_gt(first.compiled, 0);
+    ck_assert_int_gt(first.lowered, 0);
+    snprintf(args, sizeof args, "--dir '%s' warmup '%s'", b, rec);
+    ck_assert_msg(run_tool(args, text, sizeof text) == 0, "warmup: %s", text);
+    ck_assert_msg(strstr(text, "1 compiled"), "warmup: %s", text);
+    snprintf(args, sizeof args, "--dir '%s' export '%s/b.bundle'", b, a);
+    ck_assert_msg(run_tool(args, text, sizeof text) == 0, "export: %s", text);
+    snprintf(args, sizeof args, "--dir '%s' import '%s/b.bundle'", c, a);
+    ck_assert_msg(run_tool(args, text, sizeof text) == 0, "import: %s", text);
+    warm_counts fleet = run_warm_child(c, NULL);
+    ck_assert(fleet.values_ok);
+    ck_assert_int_eq(fleet.compiled, 0);
+    ck_assert_int_eq(fleet.lowered, 0);
+    ck_assert_int_eq(fleet.plans, 1);
+    ck_assert_int_eq(fleet.loaded, first.compiled + first.loaded);
+    remove_dir(a), remove_dir(b), remove_dir(c);
+}
+END_TEST
+
+/* ember-cache --target sm_80 compiles CUDA records with NVRTC alone (no
+ * use of this GPU), and its bundle is refused here, by a message naming
+ * both GPUs' targets; this GPU's own import of it is refused too. */
+START_TEST(a_bundle_for_another_gpu_is_refused) {
+    char a[64], b[64], c[64], rec[128], args[600], text[4096];
+    temp_dir(a, sizeof a, "rec");
+    temp_dir(b, sizeof b, "sm80");
+    temp_dir(c, sizeof c, "here");
+    snprintf(rec, sizeof rec, "%s/warm.list", a);
+    ck_assert(run_warm_child(a, rec).values_ok);
+    snprintf(args, sizeof args, "--dir '%s' --target sm_80 warmup '%s'", b, rec);
+    ck_assert_msg(run_tool(args, text, sizeof text) == 0, "warmup --target: %s", text);
+    ck_assert_msg(strstr(text, "1 compiled"), "warmup --target: %s", text);
+    snprintf(args, sizeof args, "--dir '%s' --target sm_80 export '%s/b.bundle'", b, a);
+    ck_assert_msg(run_tool(args, text, sizeof text) == 0, "export: %s", text);
+    snprintf(args, sizeof args, "--dir '%s' import '%s/b.bundle'", c, a);
+    ck_assert_int_eq(run_tool(args, text, sizeof text), 1);
+    ck_assert_msg(strstr(text, "cuda=sm_80") && strstr(text, "this machine has cuda=sm_"),
+                  "import: %s", text);
+    /* named explicitly, the same target is accepted */
+    snprintf(args, sizeof args, "--dir '%s' --target sm_80 import '%s/b.bundle'", c, a);
+    ck_assert_msg(run_tool(args, text, sizeof text) == 0, "import --target: %s", text);
+    remove_dir(a), remove_dir(b), remove_dir(c);
+}
+END_TEST
+
+typedef struct gpu_mlp {
+    em_tensor *w1, *b1, *w2, *b2;
+} gpu_mlp;
+
+/* relu(x @ w1 + b1) @ w2 + b2, weights captured through ctx */
+static em_status gpu_mlp_fn(void *ctx, em_tensor *const *in, const double *s, em_tensor **out) {
+    (void)s;
+    const gpu_mlp *m = ctx;
+    out[0] = em_add(em_matmul(em_relu(em_add(em_matmul(in[0], m->w1), m->b1)), m->w2), m->b2);
+    return out[0] ? EM_OK : em_last_status();
+}
+
+/* Ten batch sizes of a GPU MLP: two compiles (the first static, the
+ * second dynamic in the batch), eight calls served by the dynamic entry
+ * with its kernels' size arguments; values against the CPU eager MLP. */
+START_TEST(ten_batch_sizes_on_the_gpu_compile_twice) {
+    gpu_mlp cm = {tu_random(1, 2, (int64_t[]){16, 24}, EM_F32, 1), tu_random(2, 1, (int64_t[]){24}, EM_F32, 1),
+                  tu_random(3, 2, (int64_t[]){24, 16}, EM_F32, 1), tu_random(4, 1, (int64_t[]){16}, EM_F32, 1)};
+    gpu_mlp gm = {to_gpu(cm.w1), to_gpu(cm.b1), to_gpu(cm.w2), to_gpu(cm.b2)};
+    em_compile_options o = {.ninputs = 1, .noutputs = 1, .name = "gpu_mlp"};
+    em_compiled *f = em_compile(gpu_mlp_fn, &gm, &o);
+    ck_assert_ptr_nonnull(f);
+    long long after_second = -1;
+    for (int64_t b = 2; b <= 11; b++) {
+        em_tensor *x = tu_random((uint64_t)(10 + b), 2, (int64_t[]){b, 16}, EM_F32, 1), *gx = to_gpu(x), *y;
+        ck_assert_msg(em_call(f, &gx, NULL, &y) == EM_OK, "%s", em_last_error());
+        em_tensor *ref;
+        ck_assert_int_eq(gpu_mlp_fn(&cm, &x, NULL, &ref), EM_OK);
+        same(y, ref, 1e-4, 1e-5);
+        em_compile_stats st;
+        em_compiled_stats(f, &st);
+        if (b == 3) after_second = st.kernels_compiled + st.kernels_loaded;
+    }
+    em_compile_stats st;
+    ck_assert_int_eq(em_compiled_stats(f, &st), EM_OK);
+    ck_assert_int_eq(st.traces, 2);
+    ck_assert_int_eq(st.entries, 2);
+    ck_assert_int_eq(st.dynamic_entries, 1);
+    ck_assert_int_eq(st.hits, 8);
+    ck_assert_int_eq(st.eager, 0);
+    ck_assert_int_gt(st.kernels, 0); /* the dynamic entry runs GPU kernels */
+    ck_assert_int_eq(st.kernels_compiled + st.kernels_loaded, after_second);
+    em_compiled_free(f);
+}
+END_TEST
+
 int main(int argc, char **argv) {
     self_path = argv[0];
     if (argc > 1 && !strcmp(argv[1], "--cache-child")) return cache_child();
     if (argc > 1 && !strcmp(argv[1], "--swap-child")) return swap_child();
+    if (argc > 1 && !strcmp(argv[1], "--warm-child")) return warm_child();
     char why[512];
     if (!tu_probe_gpu(why, sizeof why)) {
         printf("SKIP: no CUDA device: %s\n", why[0] ? why : "(unknown)");
@@ -630,6 +834,9 @@ int main(int argc, char **argv) {
     }
     const tu_test tests[] = {
         {"bad_device", bad_device},
+        {"warmup_round_trip_on_the_gpu", warmup_round_trip_on_the_gpu},
+        {"a_bundle_for_another_gpu_is_refused", a_bundle_for_another_gpu_is_refused},
+        {"ten_batch_sizes_on_the_gpu_compile_twice", ten_batch_sizes_on_the_gpu_compile_twice},
         {"round_trip_and_views", round_trip_and_views},
         {"creation", creation},
         {"unary_ops", unary_ops},

@@ -653,8 +653,8 @@ START_TEST(a_warmed_cache_serves_a_dynamic_entry_without_compiling) {
     unsetenv("EMBER_CACHE");
     kc_cache *c = kc_open(dir, 0);
     char why[256];
-    for (int i = 0; i < 2; i++) ck_assert_int_eq(jit_warmup(&rs[i], c, why, sizeof why), JIT_WARM_COMPILED);
-    for (int i = 0; i < 2; i++) ck_assert_int_eq(jit_warmup(&rs[i], c, why, sizeof why), JIT_WARM_PRESENT);
+    for (int i = 0; i < 2; i++) ck_assert_int_eq(jit_warmup(&rs[i], c, NULL, why, sizeof why), JIT_WARM_COMPILED);
+    for (int i = 0; i < 2; i++) ck_assert_int_eq(jit_warmup(&rs[i], c, NULL, why, sizeof why), JIT_WARM_PRESENT);
     kc_close(c);
     jit_records_free(rs, n);
     /* a fresh function on that cache, at other sizes, compiles nothing */

@@ -5,6 +5,7 @@
 #include "config.h"
 
 #include "cache.h"
+#include "cuda_jit.h"
 #include "jit.h"
 
 #include <errno.h>
@@ -21,7 +22,7 @@
 #include <unistd.h>
 
 static const char USAGE[] =
-    "usage: ember-cache [--dir DIR] [--json] COMMAND [ARGS]\n"
+    "usage: ember-cache [--dir DIR] [--json] [--target sm_XY] COMMAND [ARGS]\n"
     "\n"
     "Commands:\n"
     "  warmup [-j N] FILE...   compile every graph recorded in the warmup lists FILE...\n"
@@ -37,18 +38,22 @@ static const char USAGE[] =
     "  clear                   remove every entry\n"
     "  export FILE             write every good entry into one portable bundle FILE\n"
     "  import FILE             add a bundle's entries; refused when it was made for\n"
-    "                          another compiler, code generator or CPU target\n"
+    "                          another compiler, code generator, CPU target or GPU\n"
     "  help                    this text\n"
     "\n"
     "Options:\n"
     "  --dir DIR   the cache directory (default: EMBER_CACHE_DIR, else\n"
     "              $XDG_CACHE_HOME/ember, else ~/.cache/ember)\n"
     "  --json      machine-readable output on stdout\n"
+    "  --target sm_XY  the GPU architecture CUDA entries are for (warmup compiles\n"
+    "              them with NVRTC alone, no GPU needed; export and import tag and\n"
+    "              check bundles with it); default: this machine's GPU, if any\n"
     "\n"
     "Exit status: 0 success, 1 a command failed (or found bad entries), 2 usage.\n";
 
 typedef struct tool {
     const char *dir;  /* --dir or EMBER_CACHE_DIR; NULL: the library's default */
+    const char *target; /* --target: the CUDA architecture named; NULL: this GPU's */
     bool dir_from_env;
     bool json;
     kc_cache *cache;
@@ -114,15 +119,22 @@ static bool open_cache(tool *t) {
 }
 
 /* The versions this machine's artifacts are made for: a bundle must carry
- * the same ones. */
-static int machine_tags(char tags[][256], const char **ptrs) {
+ * the same ones.  The CUDA ones (with a GPU here, or --target): the
+ * target (architecture, generator, the NVRTC Ember is built for) and the
+ * NVRTC version as loaded here, which made the images. */
+static int machine_tags(const tool *t, char tags[][256], const char **ptrs) {
     int n = 0;
     snprintf(tags[n++], 256, "cache-format=%u", KC_FORMAT_VERSION);
-    const char *names[] = {"cpu"};
-    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
-        const char *target = jit_backend_target(jit_backend_find(names[i]));
-        if (target) snprintf(tags[n++], 256, "%s=%s", names[i], target);
+    const char *cpu = jit_backend_target(&jit_cpu_backend);
+    if (cpu) snprintf(tags[n++], 256, "cpu=%s", cpu);
+    char cuda[200];
+    jit_env env = {.target = t->target};
+    if (jit_cuda_device.target(0, &env, cuda, sizeof cuda)) {
+        snprintf(tags[n++], 256, "cuda=%s", cuda);
+        const char *nv = jit_cuda_nvrtc_version();
+        if (nv) snprintf(tags[n++], 256, "nvrtc=%s", nv);
     }
+    em_clear_error();
     for (int i = 0; i < n; i++) ptrs[i] = tags[i];
     return n;
 }
@@ -389,7 +401,7 @@ static int cmd_clear(tool *t) {
 static int cmd_export(tool *t, const char *path) {
     char tags[8][256];
     const char *ptrs[8];
-    int nt = machine_tags(tags, ptrs);
+    int nt = machine_tags(t, tags, ptrs);
     uint64_t done, skipped;
     if (kc_export(t->cache, path, ptrs, nt, &done, &skipped) != EM_OK) return fail("export");
     if (t->json) {
@@ -405,7 +417,7 @@ static int cmd_export(tool *t, const char *path) {
 static int cmd_import(tool *t, const char *path) {
     char tags[8][256];
     const char *ptrs[8];
-    int nt = machine_tags(tags, ptrs);
+    int nt = machine_tags(t, tags, ptrs);
     uint64_t done;
     if (kc_import(t->cache, path, ptrs, nt, &done) != EM_OK) return fail("import");
     if (t->json) {
@@ -481,7 +493,7 @@ static void worker(const tool *t, const warm_set *w, int k, int nw, int fd) {
     kc_cache *c = kc_open_with(&o);
     for (int i = k; i < w->ntodo; i += nw) {
         char why[400] = "no cache";
-        int r = c ? (int)jit_warmup(&w->rs[w->todo[i]], c, why, sizeof why) : JIT_WARM_FAILED;
+        int r = c ? (int)jit_warmup(&w->rs[w->todo[i]], c, t->target, why, sizeof why) : JIT_WARM_FAILED;
         for (char *p = why; *p; p++)
             if (*p == '\n') *p = ' ';
         dprintf(fd, "%d %d %s\n", i, r, why);
@@ -713,6 +725,15 @@ static int parse_globals(tool *t, int argc, char **argv, char **args, int *n) {
                 return usage_error("--dir needs a directory, not the option '%s' (./%s names a "
                                    "directory of that name)", dir, dir);
             t->dir = dir;
+        } else if (!strcmp(a, "--target") || !strncmp(a, "--target=", 9)) {
+            const char *tg = a[8] ? a + 9 : i + 1 < argc ? argv[++i] : NULL;
+            int arch = 0;
+            char end;
+            if (!tg || sscanf(tg, "sm_%d%c", &arch, &end) != 1 || arch < 10 || arch > 999)
+                return usage_error("--target needs a GPU architecture such as sm_90, not '%s'",
+                                   tg ? tg : "");
+            if (t->target) return usage_error("--target given twice");
+            t->target = tg;
         } else if (*n == 0 && a[0] == '-') {
             return usage_error("unknown option '%s'", a);
         } else {

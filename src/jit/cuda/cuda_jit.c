@@ -185,6 +185,12 @@ static int cuda_prefer_eager(int index, const sc_schedule *s, int gi) {
     return rows > 0 && rows < d->sm_count && all / rows >= (1 << 16) ? node : -1;
 }
 
+const char *jit_cuda_nvrtc_version(void) {
+    const char *v = cuda_nvrtc_version();
+    em_clear_error();
+    return v;
+}
+
 em_status cuda_kernel_get(cuda_device *d, const k_kernel *k, kc_cache *cache,
                           cuda_get_stats *stats, const cuda_kernel **out) {
     char target[256];
@@ -233,6 +239,8 @@ static em_status cuda_launch(const jit_kernel *k, void *const *bufs, const int64
     (void)k, (void)bufs, (void)sizes;
     return em_error(EM_ERR_DEVICE, "cuda backend: this build of Ember has no CUDA backend");
 }
+
+const char *jit_cuda_nvrtc_version(void) { return NULL; }
 
 #define cuda_find NULL
 #define cuda_add NULL

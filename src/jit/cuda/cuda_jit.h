@@ -10,4 +10,8 @@
 
 extern const jit_device jit_cuda_device;
 
+/* "nvrtc 13.0": the version of the NVRTC loaded in this process (loading
+ * it if need be), or NULL when there is none. */
+const char *jit_cuda_nvrtc_version(void);
+
 #endif

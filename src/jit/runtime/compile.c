@@ -358,11 +358,13 @@ static void count_compile(em_compiled *f, const jit_entry *e, const jit_env *env
         f->env.loaded += env->loaded;
         f->env.plans_loaded += env->plans_loaded;
         f->env.plans_stored += env->plans_stored;
+        f->env.lowered += env->lowered;
     }
     f->stats.kernels = e->backend->kernels && e->state ? e->backend->kernels(e->state) : 0;
     f->stats.kernels_compiled = f->env.compiled;
     f->stats.kernels_loaded = f->env.loaded;
     f->stats.graphs_loaded = f->env.plans_loaded;
+    f->stats.graphs_lowered = f->env.lowered;
     f->stats.dynamic_entries += e->dynamic;
 }
 

@@ -87,8 +87,12 @@ typedef enum jit_warm_result {
 } jit_warm_result;
 
 /* Compiles the recorded graph r into cache (graph plan and kernels), as
- * em_compile would on a first call.  On JIT_WARM_FAILED, why says why. */
-jit_warm_result jit_warmup(const jit_record *r, kc_cache *cache, char *why, size_t nwhy);
+ * em_compile would on a first call.  target (NULL: the record's device
+ * here) names the GPU architecture of a CUDA record ("sm_90"): its kernels
+ * are then compiled with NVRTC alone and stored, without a GPU.  On
+ * JIT_WARM_FAILED, why says why. */
+jit_warm_result jit_warmup(const jit_record *r, kc_cache *cache, const char *target, char *why,
+                           size_t nwhy);
 /* The target string of a backend's artifacts (part of their keys), or
  * NULL for a backend without artifacts. */
 const char *jit_backend_target(const jit_backend *b);

@@ -37,10 +37,11 @@ static em_status compile_dynamic(const jit_backend *b, const jit_record *r, tr_g
     return s;
 }
 
-jit_warm_result jit_warmup(const jit_record *r, kc_cache *cache, char *why, size_t nwhy) {
+jit_warm_result jit_warmup(const jit_record *r, kc_cache *cache, const char *target, char *why,
+                           size_t nwhy) {
     why[0] = '\0';
     const jit_backend *b = r && r->backend ? jit_backend_find(r->backend) : NULL;
-    if (!b || !b->target) {
+    if (!b || !b->device) {
         snprintf(why, nwhy, "backend '%s' has nothing to compile ahead of time",
                  r && r->backend ? r->backend : "(none)");
         return JIT_WARM_FAILED;
@@ -57,7 +58,9 @@ jit_warm_result jit_warmup(const jit_record *r, kc_cache *cache, char *why, size
     }
     jit_log quiet = {0};
     quiet.f = stderr;
-    jit_env env = {.cache = cache, .log = &quiet};
+    /* a named target is the GPU's: CPU records compile for this machine */
+    jit_env env = {.cache = cache, .log = &quiet,
+                   .target = b->device && b->device->type == EM_CUDA ? target : NULL};
     void *state = NULL;
     bool dynamic = false;
     em_status s = r->ndyn > 0 && b->compile_dynamic ? compile_dynamic(b, r, g, &env, &state, &dynamic)
