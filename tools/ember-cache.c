@@ -122,7 +122,7 @@ static bool open_cache(tool *t) {
  * the same ones.  The CUDA ones (with a GPU here, or --target): the
  * target (architecture, generator, the NVRTC Ember is built for) and the
  * NVRTC version as loaded here, which made the images. */
-static int machine_tags(const tool *t, char tags[][256], const char **ptrs) {
+static int machine_tags(const tool *t, bool import, char tags[][256], const char **ptrs) {
     int n = 0;
     snprintf(tags[n++], 256, "cache-format=%u", KC_FORMAT_VERSION);
     const char *cpu = jit_backend_target(&jit_cpu_backend);
@@ -130,9 +130,10 @@ static int machine_tags(const tool *t, char tags[][256], const char **ptrs) {
     char cuda[200];
     jit_env env = {.target = t->target};
     if (jit_cuda_device.target(0, &env, cuda, sizeof cuda)) {
-        snprintf(tags[n++], 256, "cuda=%s", cuda);
+        /* a bundle without CUDA entries (made without a GPU) may lack them */
+        snprintf(tags[n++], 256, "%scuda=%s", import ? "?" : "", cuda);
         const char *nv = jit_cuda_nvrtc_version();
-        if (nv) snprintf(tags[n++], 256, "nvrtc=%s", nv);
+        if (nv) snprintf(tags[n++], 256, "%snvrtc=%s", import ? "?" : "", nv);
     }
     em_clear_error();
     for (int i = 0; i < n; i++) ptrs[i] = tags[i];
@@ -401,7 +402,7 @@ static int cmd_clear(tool *t) {
 static int cmd_export(tool *t, const char *path) {
     char tags[8][256];
     const char *ptrs[8];
-    int nt = machine_tags(t, tags, ptrs);
+    int nt = machine_tags(t, false, tags, ptrs);
     uint64_t done, skipped;
     if (kc_export(t->cache, path, ptrs, nt, &done, &skipped) != EM_OK) return fail("export");
     if (t->json) {
@@ -417,7 +418,7 @@ static int cmd_export(tool *t, const char *path) {
 static int cmd_import(tool *t, const char *path) {
     char tags[8][256];
     const char *ptrs[8];
-    int nt = machine_tags(t, tags, ptrs);
+    int nt = machine_tags(t, true, tags, ptrs);
     uint64_t done;
     if (kc_import(t->cache, path, ptrs, nt, &done) != EM_OK) return fail("import");
     if (t->json) {

@@ -253,6 +253,9 @@ static FILE *open_bundle(const char *path, uint64_t *size) {
     return f;
 }
 
+/* tags[i] without its optional mark ('?'). */
+static const char *tag_text(const char *t) { return t[0] == '?' ? t + 1 : t; }
+
 /* Which of this machine's tags the bundle's "name=value" is: its index, or
  * -1 with *why set (malformed, another value, a name we lack). */
 static int tag_match(const char *tag, const char *const *tags, int ntags, char *why,
@@ -264,9 +267,10 @@ static int tag_match(const char *tag, const char *const *tags, int ntags, char *
     }
     size_t nlen = (size_t)(eq - tag) + 1;
     for (int i = 0; i < ntags; i++) {
-        if (strncmp(tags[i], tag, nlen) != 0) continue;
-        if (!strcmp(tags[i], tag)) return i;
-        snprintf(why, nwhy, "the bundle was made for %s, but this machine has %s", tag, tags[i]);
+        const char *mine = tag_text(tags[i]);
+        if (strncmp(mine, tag, nlen) != 0) continue;
+        if (!strcmp(mine, tag)) return i;
+        snprintf(why, nwhy, "the bundle was made for %s, but this machine has %s", tag, mine);
         return -1;
     }
     snprintf(why, nwhy, "the bundle was made for %s, which this machine does not have", tag);
@@ -288,7 +292,7 @@ static em_status check_tags(FILE *f, const char *path, const char *const *tags, 
         pos = ftell(f);
     }
     for (int i = 0; i < ntags; i++) {
-        if (seen & ((uint64_t)1 << i)) continue;
+        if ((seen & ((uint64_t)1 << i)) || tags[i][0] == '?') continue; /* optional: may be absent */
         const char *eq = strchr(tags[i], '=');
         int nlen = eq ? (int)(eq - tags[i]) : (int)strlen(tags[i]);
         return em_error(EM_ERR_ARG, "kc_import: refusing %s: the bundle has no %.*s tag (this "

@@ -239,8 +239,10 @@ em_status kc_export(kc_cache *c, const char *path, const char *const *tags, int 
                     uint64_t *exported, uint64_t *skipped);
 /* Imports a bundle: a regular file (a FIFO or device is refused, never
  * waited on).  Its tags must be exactly tags (this machine's: every one
- * present, each equal): otherwise nothing is imported and the error says
- * which version differs or is missing.  Each entry's size is checked
+ * present, each equal; one marked optional, "?name=value", may be absent
+ * -- a CPU-only bundle on a GPU machine -- but if present must be equal):
+ * otherwise nothing is imported and the error says which version differs
+ * or is missing.  Each entry's size is checked
  * before it is read (within the file, at most the cache's size limit and
  * 256 MiB); its bytes are streamed through the checksum into a temporary
  * file that becomes the entry only when the checksum matches. */

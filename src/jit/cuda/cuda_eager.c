@@ -35,12 +35,14 @@
  * Opened once: eager ops have no compiled function to own one. */
 static pthread_once_t cache_once = PTHREAD_ONCE_INIT;
 static kc_cache *eager_cache;
+static jit_log eager_log;          /* EMBER_LOG=cache reports eager ops' cubins too */
 static cuda_get_stats eager_stats; /* updated under the device lock */
 
 static void open_cache(void) {
     const em_allocator *cur = em_get_allocator();
     em_set_allocator(NULL); /* the cache outlives any thread's allocator */
     eager_cache = kc_open(NULL, 0);
+    jit_log_open(&eager_log);
     em_set_allocator(cur);
     em_clear_error();
 }
@@ -48,6 +50,11 @@ static void open_cache(void) {
 kc_cache *cuda_eager_cache(void) {
     pthread_once(&cache_once, open_cache);
     return eager_cache;
+}
+
+const jit_log *cuda_eager_log(void) {
+    pthread_once(&cache_once, open_cache);
+    return &eager_log;
 }
 
 void cuda_eager_stats(int64_t *compiled, int64_t *loaded) {
@@ -179,7 +186,7 @@ static em_status run_kernel(cuda_device *d, const em_op_call *c, em_tensor *out)
         s = em_error(EM_ERR_UNSUPPORTED, "cuda: %s is not one kernel", em_op_table[c->op].name);
     if (s == EM_OK && !(k = sc_lower(sc, 0, bufs, &nbufs, &nouts))) s = em_last_status();
     const cuda_kernel *ck = NULL;
-    if (s == EM_OK) s = cuda_kernel_get(d, k, cuda_eager_cache(), &eager_stats, &ck);
+    if (s == EM_OK) s = cuda_kernel_get(d, k, cuda_eager_cache(), cuda_eager_log(), &eager_stats, &ck);
     void *ptrs[4];
     for (int b = 0; s == EM_OK && b < nbufs; b++) {
         const tr_node *n = &g->nodes[bufs[b]];
@@ -343,7 +350,7 @@ static em_status run_index_select(cuda_device *d, const em_op_call *c, em_tensor
     k_kernel *k = cuda_gather_kernel(x, dim, idx, out);
     if (!k) return em_last_status();
     const cuda_kernel *ck = NULL;
-    s = cuda_kernel_get(d, k, cuda_eager_cache(), &eager_stats, &ck);
+    s = cuda_kernel_get(d, k, cuda_eager_cache(), cuda_eager_log(), &eager_stats, &ck);
     void *ptrs[3] = {em_data(x), em_data(idx), em_data(out)};
     if (s == EM_OK) s = cuda_kernel_launch(d, ck, ptrs, NULL);
     kir_free(k);

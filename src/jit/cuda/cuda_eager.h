@@ -6,6 +6,7 @@
 
 #include "cache.h"
 #include "cuda_lib.h"
+#include "engine.h"
 
 #ifdef EMBER_HAVE_CUDA
 
@@ -17,6 +18,8 @@ em_status cuda_matmul(cuda_device *d, const em_op_call *c, em_tensor *out);
  * it could not be opened), and how many kernels eager ops compiled and
  * loaded so far in this process. */
 kc_cache *cuda_eager_cache(void);
+/* The log eager ops' kernel lookups report to (EMBER_LOG, opened once). */
+const jit_log *cuda_eager_log(void);
 void cuda_eager_stats(int64_t *compiled, int64_t *loaded);
 
 #endif

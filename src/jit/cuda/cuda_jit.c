@@ -93,7 +93,7 @@ static em_status cuda_compile(int index, const char *target, k_kernel *const *ks
     for (int i = 0; i < n; i++) {
         if (res[i] == EM_OK) continue;
         jit_logf(env->log, JIT_LOG_CODE, "cuda: kernel %d not compiled: %s", i, why[i]);
-        if (res[i] == EM_ERR_NOMEM) s = em_error(EM_ERR_NOMEM, "cuda: %s", why[i]);
+        if (res[i] == EM_ERR_NOMEM || n == 1) s = em_error(res[i], "%s", why[i]); /* an eager op's */
     }
     em_free(tid), em_free(jobs), em_free(res), em_free(why);
     return s;
@@ -191,23 +191,25 @@ const char *jit_cuda_nvrtc_version(void) {
     return v;
 }
 
-em_status cuda_kernel_get(cuda_device *d, const k_kernel *k, kc_cache *cache,
+em_status cuda_kernel_get(cuda_device *d, const k_kernel *k, kc_cache *cache, const jit_log *log,
                           cuda_get_stats *stats, const cuda_kernel **out) {
     char target[256];
     kc_key key;
-    jit_env env = {.cache = cache};
+    jit_env env = {.cache = cache, .log = log};
     if (!cuda_target(d->index, NULL, target, sizeof target) || !cuda_key(k, target, &key))
         return em_last_status();
-    jit_kernel *got = cuda_find(d->index, &key);
+    jit_kernel *got = cuda_find(d->index, &key); /* every eager op: quiet on a hit */
     if (got) {
-        stats->loaded++;
+        env.loaded = 1;
     } else {
         k_kernel *ks[1] = {(k_kernel *)k};
         em_status s = jit_get_kernels(&jit_cuda_device, d->index, &env, ks, &key, 1, &got);
         if (s != EM_OK) return s;
-        stats->compiled += env.compiled;
-        stats->loaded += env.loaded;
     }
+    pthread_mutex_lock(&d->lock);
+    stats->compiled += env.compiled;
+    stats->loaded += env.loaded;
+    pthread_mutex_unlock(&d->lock);
     *out = (const cuda_kernel *)got;
     return EM_OK;
 }

@@ -14,7 +14,7 @@
 #include "cache.h"
 #include "cuda_emit.h"
 #include "cuda_lib.h"
-#include "schedule.h"
+#include "engine.h"
 
 #ifdef EMBER_HAVE_CUDA
 
@@ -44,9 +44,10 @@ typedef struct cuda_get_stats {
 
 /* The loaded kernel for k on device d (an eager op's one-node graph),
  * through the engine's kernel cache sequence; cache may be NULL (no disk
- * tier).  *out is owned by the device. */
+ * tier), log too (quiet).  stats is updated under d->lock.  *out is owned
+ * by the device. */
 em_status cuda_kernel_get(cuda_device *d, const k_kernel *k, kc_cache *cache,
-                          cuda_get_stats *stats, const cuda_kernel **out);
+                          const jit_log *log, cuda_get_stats *stats, const cuda_kernel **out);
 /* Launches ck on d's stream: bufs[i] is device pointer of buffer #i,
  * sizes[i] size parameter #i (NULL when it has none). */
 em_status cuda_kernel_launch(cuda_device *d, const cuda_kernel *ck, void *const *bufs,

@@ -1,5 +1,5 @@
 /* log.c - EMBER_LOG: which events a compiled function reports, and where. */
-#include "jit.h"
+#include "engine.h"
 
 #include <stdarg.h>
 #include <stdlib.h>
@@ -60,7 +60,7 @@ void jit_log_close(jit_log *l) {
 }
 
 void jit_logf(const jit_log *l, unsigned flag, const char *fmt, ...) {
-    if (flag && !(l->flags & flag)) return;
+    if (!l || !l->f || (flag && !(l->flags & flag))) return;
     va_list ap;
     va_start(ap, fmt);
     fputs("[ember] ", l->f);
