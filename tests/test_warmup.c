@@ -362,7 +362,7 @@ START_TEST(export_import_round_trip_and_refusals) {
     ck_assert_int_eq(tool(out, sizeof out, "--dir %s/d --json stats", d.root), 0);
     ck_assert_msg(strstr(out, "\"entries\":0,"), "%s", out);
     /* a tag this machine lacks */
-    snprintf(cmd, sizeof cmd, "sed 's/^tag cpu=/tag cuda=sm_90 /' %s > %s", bundle, other);
+    snprintf(cmd, sizeof cmd, "sed 's/^tag cpu=/tag tpu=v5 /' %s > %s", bundle, other);
     ck_assert_int_eq(system(cmd), 0);
     ck_assert_int_eq(tool(out, sizeof out, "--dir %s/d import %s", d.root, other), 1);
     ck_assert_msg(strstr(out, "which this machine does not have"), "%s", out);

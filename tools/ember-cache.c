@@ -9,6 +9,8 @@
 #include "jit.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <inttypes.h>
 #include <limits.h>
 #include <poll.h>
@@ -122,14 +124,39 @@ static bool open_cache(tool *t) {
  * the same ones.  The CUDA ones (with a GPU here, or --target): the
  * target (architecture, generator, the NVRTC Ember is built for) and the
  * NVRTC version as loaded here, which made the images. */
-static int machine_tags(const tool *t, bool import, char tags[][256], const char **ptrs) {
+/* Whether the bundle at path has a "tag <prefix>..." line among its
+ * first lines (a peek: kc_import reads and checks it for real). */
+static bool bundle_has_tag(const char *path, const char *prefix) {
+    /* never blocks on a FIFO: only a regular file is read (kc_import
+     * refuses the others with its own message) */
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    struct stat st;
+    if (fd >= 0 && (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))) {
+        close(fd);
+        fd = -1;
+    }
+    FILE *f = fd >= 0 ? fdopen(fd, "r") : NULL;
+    if (fd >= 0 && !f) close(fd);
+    char line[512];
+    bool found = false;
+    for (int i = 0; f && !found && i < 16 && fgets(line, sizeof line, f); i++)
+        found = !strncmp(line, "tag ", 4) && !strncmp(line + 4, prefix, strlen(prefix));
+    if (f) fclose(f);
+    return found;
+}
+
+/* import: the bundle's path, whose CUDA tags (if any) decide whether the
+ * GPU is asked for its architecture (initializing the driver costs about
+ * 100 MB: a CPU-only bundle's import does not pay it); NULL: export. */
+static int machine_tags(const tool *t, const char *import, char tags[][256], const char **ptrs) {
     int n = 0;
     snprintf(tags[n++], 256, "cache-format=%u", KC_FORMAT_VERSION);
     const char *cpu = jit_backend_target(&jit_cpu_backend);
     if (cpu) snprintf(tags[n++], 256, "cpu=%s", cpu);
     char cuda[200];
     jit_env env = {.target = t->target};
-    if (jit_cuda_device.target(0, &env, cuda, sizeof cuda)) {
+    bool ask = !import || t->target || bundle_has_tag(import, "cuda=") || bundle_has_tag(import, "nvrtc=");
+    if (ask && jit_cuda_device.target(0, &env, cuda, sizeof cuda)) {
         /* a bundle without CUDA entries (made without a GPU) may lack them */
         snprintf(tags[n++], 256, "%scuda=%s", import ? "?" : "", cuda);
         const char *nv = jit_cuda_nvrtc_version();
@@ -402,7 +429,7 @@ static int cmd_clear(tool *t) {
 static int cmd_export(tool *t, const char *path) {
     char tags[8][256];
     const char *ptrs[8];
-    int nt = machine_tags(t, false, tags, ptrs);
+    int nt = machine_tags(t, NULL, tags, ptrs);
     uint64_t done, skipped;
     if (kc_export(t->cache, path, ptrs, nt, &done, &skipped) != EM_OK) return fail("export");
     if (t->json) {
@@ -418,7 +445,7 @@ static int cmd_export(tool *t, const char *path) {
 static int cmd_import(tool *t, const char *path) {
     char tags[8][256];
     const char *ptrs[8];
-    int nt = machine_tags(t, true, tags, ptrs);
+    int nt = machine_tags(t, path, tags, ptrs);
     uint64_t done;
     if (kc_import(t->cache, path, ptrs, nt, &done) != EM_OK) return fail("import");
     if (t->json) {

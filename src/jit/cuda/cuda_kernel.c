@@ -197,8 +197,7 @@ em_status cuda_kernel_load(cuda_device *d, const void *img, const kc_key *key, c
     cuda_kernel *ck = calloc(1, sizeof *ck); /* owned by the device, process-long */
     if (!ck) return em_error(EM_ERR_NOMEM, "cuda: out of host memory");
     const char *name = JIT_KERNEL_NAME;
-    em_status s = cuda_check(cu->CtxSetCurrent(d->ctx), "cuCtxSetCurrent");
-    if (s == EM_OK) s = cuda_check(cu->ModuleLoadData(&ck->module, img), "cuModuleLoadData");
+    em_status s = cuda_check(cu->ModuleLoadData(&ck->module, img), "cuModuleLoadData");
     if (s == EM_OK) s = check_key(d, ck->module, name, key);
     if (s == EM_OK) s = read_launch(d, ck->module, name, ck);
     if (s == EM_OK) s = cuda_check(cu->ModuleGetFunction(&ck->fn, ck->module, name), "cuModuleGetFunction");

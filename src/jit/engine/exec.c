@@ -109,9 +109,7 @@ static const tr_node *step_node(const tr_graph *g, const jit_spec *sp, const sc_
  * a whole-model graph (lazy mode makes those) take several times eager
  * mode's memory, and the fresh pages (page faults, zeroing) cost more than
  * fusion saved (MiniLM under EMBER_JIT=1). */
-static int *last_steps(const jit_compiled *st, const tr_graph *g, const jit_spec *sp) {
-    int *last = em_malloc(sizeof(int) * ((size_t)g->nnodes + 1));
-    if (!last) return NULL;
+static int *last_steps(const jit_compiled *st, const tr_graph *g, const jit_spec *sp, int *last) {
     for (int v = 0; v < g->nnodes; v++) last[v] = -1;
     for (int i = 0; i < st->plan.nsteps; i++) {
         const sc_step *step = &st->plan.steps[i];
@@ -158,12 +156,20 @@ em_status jit_exec(const jit_compiled *st, const tr_graph *g, const jit_spec *sp
                    em_tensor *const *in, em_tensor **out) {
     const em_meta *metas = sp ? sp->metas : NULL;
     int64_t *const *sizes = sp ? sp->sizes : NULL;
-    em_tensor **vals = em_calloc((size_t)g->nnodes + 1, sizeof *vals);
-    int *last = vals ? last_steps(st, g, sp) : NULL;
+    /* small graphs (tiny_chain: a few microseconds a call) allocate nothing
+     * here: the values and last steps live on the stack */
+    enum { STACK = 64 };
+    em_tensor *vstack[STACK];
+    int lstack[STACK];
+    bool small = g->nnodes <= STACK;
+    em_tensor **vals = small ? vstack : em_malloc(sizeof *vals * ((size_t)g->nnodes + 1));
+    int *last = small ? lstack : vals ? em_malloc(sizeof(int) * ((size_t)g->nnodes + 1)) : NULL;
     if (!last) {
-        em_free(vals);
+        if (!small) em_free(vals);
         return em_last_status();
     }
+    memset(vals, 0, sizeof *vals * (size_t)g->nnodes);
+    last_steps(st, g, sp, last);
     em_status s = EM_OK;
     int depth = em_scope_begin();
     for (int i = 0; i < g->nnodes; i++) {
@@ -193,8 +199,10 @@ em_status jit_exec(const jit_compiled *st, const tr_graph *g, const jit_spec *sp
         out[i] = s == EM_OK ? em_keep(v) : NULL;
     }
     em_scope_end();
-    em_free(last);
-    em_free(vals);
+    if (!small) {
+        em_free(last);
+        em_free(vals);
+    }
     return s;
 }
 
