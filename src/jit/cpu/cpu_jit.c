@@ -52,7 +52,7 @@ static em_status compile_here(const k_kernel *k, jit_artifact *out) {
  * exit tears the process down around it. */
 static const char *no_compile_here(void) {
     if (jit_workers_exiting()) return "the process is exiting";
-    if (jit_queue_on_queue_thread())
+    if (jit_on_background_thread())
         return "no compile worker could compile it, and a background compile does not run "
                "libgccjit in process";
     return NULL;

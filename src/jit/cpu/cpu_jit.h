@@ -6,11 +6,6 @@
 
 #include "engine.h"
 
-/* Whether the calling thread is one of the compile queue's
- * (runtime/compile_queue.c): such a thread must not run libgccjit in
- * process. */
-bool jit_queue_on_queue_thread(void);
-
 extern const jit_device jit_cpu_device;
 
 #endif

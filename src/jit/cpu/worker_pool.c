@@ -22,7 +22,7 @@
 #include <stdio.h>
 
 #include "cpu_gccjit.h"
-#include "jit.h"
+#include "engine.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -16,7 +16,7 @@
  * Either way the graph's shapes must follow other sizes (inferred again at
  * probe sizes), and kernels are checked again for every new set of sizes
  * (backend_cpu.c). */
-#include "jit.h"
+#include "engine.h"
 
 #include <math.h>
 #include <string.h>

@@ -149,6 +149,14 @@ em_status jit_get_kernels(const jit_device *d, int index, jit_env *env, k_kernel
 bool jit_load_kernels(const jit_device *d, int index, jit_env *env, const kc_key *keys,
                       const bool *live, int n, jit_kernel **out);
 
+/* Marks the calling thread as a background compile thread (the runtime's
+ * compile queue), for good: a device must not run in-process compilers
+ * that are unsafe there (libgccjit, whose driver calls putenv while it
+ * makes a shared object, and which must not start while exit tears the
+ * process down). */
+void jit_set_background_thread(void);
+bool jit_on_background_thread(void);
+
 /* ---- dynamic shapes (dynamic.c) ---- */
 
 /* An attribute size that follows a dynamic size: node's attrs.sizes[j] is

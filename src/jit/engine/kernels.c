@@ -15,6 +15,13 @@
 #include <string.h>
 #include <unistd.h>
 
+/* Per thread by nature: which thread runs a compile. */
+static _Thread_local bool background_thread;
+
+void jit_set_background_thread(void) { background_thread = true; }
+
+bool jit_on_background_thread(void) { return background_thread; }
+
 bool jit_kernel_key(const char *name, const char *target, const k_kernel *k, kc_key *key) {
     char *text = NULL;
     size_t len = 0;

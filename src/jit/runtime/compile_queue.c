@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "eager.h"
+#include "engine.h"
 #include "worker.h"
 
 #define MAX_THREADS 16
@@ -50,9 +51,7 @@ static struct {
  * (registered at its first compile, so before the queue's own exit
  * handler) while the thread may be inside a compile; seen as
  * use-after-free and SIGSEGV at exit.  The compile workers run it. */
-static _Thread_local bool on_queue_thread;
-
-bool jit_queue_on_queue_thread(void) { return on_queue_thread; }
+bool jit_queue_on_queue_thread(void) { return jit_on_background_thread(); }
 
 static int max_threads(void) {
     long n = sysconf(_SC_NPROCESSORS_ONLN);
@@ -98,7 +97,7 @@ static void run_job(jit_job *j) {
 
 static void *queue_thread(void *arg) {
     (void)arg;
-    on_queue_thread = true;
+    jit_set_background_thread();
     pthread_mutex_lock(&q.m);
     for (;;) {
         jit_job *j = next_job();
