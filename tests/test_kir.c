@@ -189,20 +189,21 @@ static k_kernel *alu_kernel(k_alu op, em_dtype d, em_dtype out) {
 START_TEST(verifier_rejects_bad_dtypes) {
     k_kernel *k;
     /* ALU ops on dtypes they do not take */
-    expect_rejected(alu_kernel(KA_EXP, EM_I32, EM_I32), "instruction %9 (exp)",
-                    "i32 operands: exp takes float ones");
-    expect_rejected(alu_kernel(KA_MOD, EM_F32, EM_F32), "instruction %9 (mod)",
-                    "f32 operands: mod takes integer ones");
-    expect_rejected(alu_kernel(KA_IDIV, EM_BOOL, EM_BOOL), "instruction %9 (idiv)",
-                    "bool operands: idiv takes integer ones");
-    expect_rejected(alu_kernel(KA_DIV, EM_I64, EM_I64), "instruction %9 (div)",
-                    "i64 operands: div takes float ones");
-    expect_rejected(alu_kernel(KA_POW, EM_I32, EM_I32), "instruction %9 (pow)",
-                    "i32 operands: pow takes float ones");
-    expect_rejected(alu_kernel(KA_NEG, EM_BOOL, EM_BOOL), "instruction %9 (neg)",
-                    "bool operands: neg takes float or integer ones");
-    expect_rejected(alu_kernel(KA_RELU, EM_BOOL, EM_BOOL), "instruction %9 (relu)",
-                    "bool operands: relu takes float or integer ones");
+    static const struct {
+        k_alu op;
+        em_dtype d;
+        const char *where, *why;
+    } wrong[] = {
+        {KA_EXP, EM_I32, "instruction %9 (exp)", "i32 operands: exp takes float ones"},
+        {KA_MOD, EM_F32, "instruction %9 (mod)", "f32 operands: mod takes integer ones"},
+        {KA_IDIV, EM_BOOL, "instruction %9 (idiv)", "bool operands: idiv takes integer ones"},
+        {KA_DIV, EM_I64, "instruction %9 (div)", "i64 operands: div takes float ones"},
+        {KA_POW, EM_I32, "instruction %9 (pow)", "i32 operands: pow takes float ones"},
+        {KA_NEG, EM_BOOL, "instruction %9 (neg)", "bool operands: neg takes float or integer ones"},
+        {KA_RELU, EM_BOOL, "instruction %9 (relu)", "bool operands: relu takes float or integer ones"},
+    };
+    for (size_t i = 0; i < sizeof wrong / sizeof wrong[0]; i++)
+        expect_rejected(alu_kernel(wrong[i].op, wrong[i].d, wrong[i].d), wrong[i].where, wrong[i].why);
     /* a result of the wrong dtype: a compare not bool, an add not its operands' */
     k = alu_kernel(KA_LT, EM_F32, EM_F32);
     k->insts[9].dtype = EM_F32;

@@ -188,9 +188,10 @@ static void unary(egen *G, k_alu op, em_dtype d, const char *x) {
 
 static void binary(egen *G, k_alu op, em_dtype d, const char *a, const char *b) {
     FILE *f = G->f;
-    static const char *const cmp[] = {"==", "!=", "<", "<=", ">", ">="};
-    if (op >= KA_EQ && op <= KA_GE) {
-        fprintf(f, "(%s %s %s)", a, cmp[op - KA_EQ], b);
+    static const char *const cmp[KA_COUNT] = {[KA_EQ] = "==", [KA_NE] = "!=", [KA_LT] = "<",
+                                              [KA_LE] = "<=", [KA_GT] = ">",  [KA_GE] = ">="};
+    if (kir_alu_info(op)->shape == KS_COMPARE) {
+        fprintf(f, "(%s %s %s)", a, cmp[op], b);
         return;
     }
     if (is_float(d)) {
