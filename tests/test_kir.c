@@ -200,10 +200,12 @@ START_TEST(verifier_rejects_bad_dtypes) {
         {KA_DIV, EM_I64, "instruction %9 (div)", "i64 operands: div takes float ones"},
         {KA_POW, EM_I32, "instruction %9 (pow)", "i32 operands: pow takes float ones"},
         {KA_NEG, EM_BOOL, "instruction %9 (neg)", "bool operands: neg takes float or integer ones"},
-        {KA_RELU, EM_BOOL, "instruction %9 (relu)", "bool operands: relu takes float or integer ones"},
+        {KA_RELU, EM_BOOL, "instruction %9 (relu)",
+         "bool operands: relu takes float or integer ones"},
     };
     for (size_t i = 0; i < sizeof wrong / sizeof wrong[0]; i++)
-        expect_rejected(alu_kernel(wrong[i].op, wrong[i].d, wrong[i].d), wrong[i].where, wrong[i].why);
+        expect_rejected(alu_kernel(wrong[i].op, wrong[i].d, wrong[i].d), wrong[i].where,
+                        wrong[i].why);
     /* a result of the wrong dtype: a compare not bool, an add not its operands' */
     k = alu_kernel(KA_LT, EM_F32, EM_F32);
     k->insts[9].dtype = EM_F32;
@@ -244,7 +246,8 @@ START_TEST(verifier_rejects_bad_accumulators) {
     k = kir_new("k");
     int acc = kir_acc(k, KA_ADD, kir_const_f(k, EM_F32, 0));
     k->insts[acc].dtype = EM_F64;
-    expect_rejected(k, "instruction %1 (acc)", "initial value of dtype f32 for an accumulator of f64");
+    expect_rejected(k, "instruction %1 (acc)",
+                    "initial value of dtype f32 for an accumulator of f64");
     /* one that combines with something other than add, max or min */
     k = kir_new("k");
     acc = kir_acc(k, KA_MAX, kir_const_f(k, EM_F32, 0));
@@ -289,7 +292,8 @@ START_TEST(verifier_rejects_bad_form) {
     k->name[0] = '-';
     em_clear_error();
     ck_assert_int_eq(kir_verify(k), EM_ERR_ARG);
-    ck_assert_msg(strstr(em_last_error(), "kernel name '-' is not a C identifier"), "%s", em_last_error());
+    ck_assert_msg(strstr(em_last_error(), "kernel name '-' is not a C identifier"), "%s",
+                  em_last_error());
     kir_free(k);
     /* a kernel one of whose builders failed is incomplete */
     k = valid_kernel();
@@ -319,7 +323,8 @@ START_TEST(generator_dtypes) {
     ck_assert_str_eq(em_last_error(), "gen: k: instruction %1 (buf): f16 values are not supported");
     k->insts[h].dtype = EM_F32; /* now the cast is the first f16 value */
     ck_assert_int_eq(kir_check_dtypes(k, all & ~KIR_DTYPE(EM_F16), "gen"), EM_ERR_UNSUPPORTED);
-    ck_assert_str_eq(em_last_error(), "gen: k: instruction %5 (cast): f16 values are not supported");
+    ck_assert_str_eq(em_last_error(),
+                     "gen: k: instruction %5 (cast): f16 values are not supported");
     kir_free(k);
 }
 END_TEST

@@ -9,7 +9,7 @@
 
 static const k_alu_info alu_table[KA_COUNT] = {
     [KA_NONE] = {"none", KS_NONE, 0, 0, 0},
-#define ALU(NAME, name, shape, dtypes, cost)                                                        \
+#define ALU(NAME, name, shape, dtypes, cost)                                                    \
     [KA_##NAME] = {name, shape, shape == KS_UNARY ? 1 : shape == KS_SELECT ? 3 : 2, dtypes, cost},
 #include "kir_alu.def"
 #undef ALU
@@ -17,7 +17,8 @@ static const k_alu_info alu_table[KA_COUNT] = {
 
 /* A new ALU op needs a case in each generator's switch: this catches a
  * row added without them. */
-_Static_assert(KA_COUNT == 31, "kir_alu.def changed: update both generators, the tests and this count");
+_Static_assert(KA_COUNT == 31,
+               "kir_alu.def changed: update both generators' switches, the tests and this count");
 
 static const k_alu_info invalid_alu = {"invalid", KS_NONE, 0, 0, 0};
 
@@ -33,11 +34,15 @@ unsigned kir_dtype_class(em_dtype d) {
     return d == EM_BOOL ? KD_BOOL : KD_INT;
 }
 
-bool kir_alu_accepts(k_alu a, em_dtype d) { return (kir_alu_info(a)->dtypes & kir_dtype_class(d)) != 0; }
+bool kir_alu_accepts(k_alu a, em_dtype d) {
+    return (kir_alu_info(a)->dtypes & kir_dtype_class(d)) != 0;
+}
 
-em_dtype kir_alu_result(k_alu a, em_dtype d) { return kir_alu_info(a)->shape == KS_COMPARE ? EM_BOOL : d; }
+em_dtype kir_alu_result(k_alu a, em_dtype d) {
+    return kir_alu_info(a)->shape == KS_COMPARE ? EM_BOOL : d;
+}
 
-/* The op table's alu column (ops.def) */
+/* The op table's alu column (ops.def). */
 static const k_alu alu_of_op[EM_OP_COUNT] = {
 #define OP(NAME, name, kind, nin, attrs, infer, cpu, alu) [EM_OP_##NAME] = KA_##alu,
 #include "ops.def"
@@ -135,7 +140,8 @@ int kir_load(k_kernel *k, int buf, int index) {
 }
 
 int kir_store(k_kernel *k, int buf, int index, int value) {
-    if (!ok(k, buf) || !ok(k, index) || !ok(k, value)) return fail(k, "store of undefined operands");
+    if (!ok(k, buf) || !ok(k, index) || !ok(k, value))
+        return fail(k, "store of undefined operands");
     return push(k, (k_inst){.op = K_STORE, .dtype = EM_DTYPE_COUNT, .nsrc = 3,
                             .src = {buf, index, value}});
 }
@@ -175,7 +181,8 @@ int kir_convert(k_kernel *k, int value, em_dtype d) {
 }
 
 int kir_acc(k_kernel *k, k_alu combine, int init) {
-    if (!ok(k, init) || k->insts[init].op != K_CONST) return fail(k, "accumulator without a constant");
+    if (!ok(k, init) || k->insts[init].op != K_CONST)
+        return fail(k, "accumulator without a constant");
     if (combine != KA_ADD && combine != KA_MAX && combine != KA_MIN)
         return fail(k, "accumulators combine with add, max or min");
     return push(k, (k_inst){.op = K_ACC, .alu = combine, .dtype = k->insts[init].dtype,
@@ -385,7 +392,8 @@ static em_status check_types(const k_kernel *k, int i) {
     case K_SIZE:
         if (in->ival < 0 || in->ival >= k->nsizes)
             return bad(k, i, "size number %lld, not in [0, %d)", (long long)in->ival, k->nsizes);
-        if (in->dtype != EM_I64) return bad(k, i, "a size of %s, not i64", em_dtype_name(in->dtype));
+        if (in->dtype != EM_I64)
+            return bad(k, i, "a size of %s, not i64", em_dtype_name(in->dtype));
         return EM_OK;
     case K_CONST:
         if ((in->dtype == EM_I32 && (in->ival < INT32_MIN || in->ival > INT32_MAX)) ||
@@ -465,11 +473,13 @@ em_status kir_verify(const k_kernel *k) {
         return em_error(EM_ERR_ARG, "kernel IR verifier: kernel name '%s' is not a C identifier",
                         k->name ? k->name : "(null)");
     if (k->failed)
-        return em_error(EM_ERR_ARG, "kernel IR verifier: %s: incomplete (a builder failed)", k->name);
+        return em_error(EM_ERR_ARG, "kernel IR verifier: %s: incomplete (a builder failed)",
+                        k->name);
     if (k->n < 0 || (k->n > 0 && !k->insts))
         return em_error(EM_ERR_ARG, "kernel IR verifier: %s: no instruction array", k->name);
     size_t n = (size_t)k->n + 1;
-    scopes sc = {em_calloc(n, sizeof(int)), em_calloc(n, sizeof(int)), em_calloc(n, sizeof(int)), 0, 0};
+    scopes sc = {.open = em_calloc(n, sizeof(int)), .depth_of = em_calloc(n, sizeof(int)),
+                 .closed_at = em_calloc(n, sizeof(int))};
     em_status s = sc.open && sc.depth_of && sc.closed_at ? EM_OK : em_last_status();
     for (int i = 0; i < k->n && s == EM_OK; i++) {
         s = check_form(k, i);
@@ -488,8 +498,9 @@ em_status kir_check_dtypes(const k_kernel *k, unsigned dtypes, const char *gener
     for (int i = 0; i < k->n; i++) {
         const k_inst *in = &k->insts[i];
         if (has_value(in->op) && !(dtypes & KIR_DTYPE(in->dtype)))
-            return em_error(EM_ERR_UNSUPPORTED, "%s: %s: instruction %%%d (%s): %s values are not supported",
-                            generator, k->name, i, inst_name(in), em_dtype_name(in->dtype));
+            return em_error(EM_ERR_UNSUPPORTED,
+                            "%s: %s: instruction %%%d (%s): %s values are not supported", generator,
+                            k->name, i, inst_name(in), em_dtype_name(in->dtype));
     }
     return EM_OK;
 }
