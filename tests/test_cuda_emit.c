@@ -288,11 +288,23 @@ START_TEST(errors) {
     cuda_src src;
     ck_assert_int_eq(cuda_emit(k, &src), EM_ERR_UNSUPPORTED);
     ck_assert_ptr_null(src.text);
+    ck_assert_msg(strstr(em_last_error(), "instruction %0 (buf): f16 values"), "%s", em_last_error());
     kir_free(k);
-    /* IR that fails the verifier */
+    /* IR that fails the verifier: unbalanced ranges; an op on a dtype the
+     * IR does not give it (the rule every backend gets from kir_verify) */
     k = kir_new("k1");
     kir_range(k, kir_const_i(k, EM_I64, 4), K_PARALLEL);
     ck_assert_int_eq(cuda_emit(k, &src), EM_ERR_ARG);
+    kir_free(k);
+    k = kir_new("k2");
+    b = kir_buf(k, EM_BOOL);
+    r = kir_range(k, kir_const_i(k, EM_I64, 4), K_PARALLEL);
+    kir_store(k, b, r, kir_alu(k, KA_NEG, kir_load(k, b, r), -1, -1));
+    kir_end(k);
+    ck_assert_int_eq(cuda_emit(k, &src), EM_ERR_ARG);
+    ck_assert_msg(strstr(em_last_error(), "cuda_emit: kernel IR verifier: k2: instruction %4 (neg): "
+                                          "bool operands"), "%s", em_last_error());
+    ck_assert_ptr_null(src.text);
     kir_free(k);
 #ifdef EMBER_HAVE_CUDA
     /* NVRTC's own error comes back with its log */

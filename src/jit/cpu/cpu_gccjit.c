@@ -28,92 +28,21 @@ struct jit_cpu_kernel {
     const em_allocator *alloc;
 };
 
-/* ---- checks beyond kir_verify ---- */
+/* ---- checks ---- */
 
-static int arity(const k_inst *in) {
-    switch (in->op) {
-    case K_RANGE:
-    case K_CAST:
-    case K_ACC: return 1;
-    case K_LOAD:
-    case K_ACC_UPDATE: return 2;
-    case K_STORE: return 3;
-    case K_ALU:
-        if (in->alu >= KA_NEG && in->alu <= KA_ERF) return 1;
-        if (in->alu >= KA_ADD && in->alu <= KA_GE) return 2;
-        return in->alu == KA_WHERE ? 3 : -1;
-    default: return 0;
-    }
-}
+/* The dtypes this generator implements (f16, bf16: not yet). */
+#define CPU_DTYPES                                                                                 \
+    (KIR_DTYPE(EM_F32) | KIR_DTYPE(EM_F64) | KIR_DTYPE(EM_I32) | KIR_DTYPE(EM_I64) |               \
+     KIR_DTYPE(EM_BOOL))
 
-/* What is wrong with instruction in (after kir_verify), or NULL; *unsup:
- * valid IR the generator does not implement. */
-static const char *check_inst(const k_kernel *k, const k_inst *in, bool *unsup) {
-    const k_inst *s0 = in->nsrc > 0 ? &k->insts[in->src[0]] : NULL;
-    em_dtype d = in->dtype;
-    *unsup = false;
-    if (in->op != K_STORE && in->op != K_END && (unsigned)d >= EM_DTYPE_COUNT)
-        return "invalid dtype";
-    *unsup = true;
-    if (in->op != K_STORE && in->op != K_END && (d == EM_F16 || d == EM_BF16))
-        return "f16/bf16 values are not supported";
-    if (in->op == K_CAST && (s0->dtype == EM_F16 || s0->dtype == EM_BF16))
-        return "f16/bf16 values are not supported";
-    if (in->op == K_ALU) {
-        em_dtype od = k->insts[in->src[in->alu == KA_WHERE ? 1 : 0]].dtype;
-        *unsup = false;
-        if (d != (cg_is_compare(in->alu) ? EM_BOOL : od)) return "alu result dtype";
-        *unsup = true;
-        if (!cg_alu_supported(in->alu, od)) return "this alu op is not supported on its dtype";
-    }
-    *unsup = false;
-    switch (in->op) {
-    case K_BUF: return in->ival < 0 || in->ival >= k->nbufs ? "buffer number out of range" : NULL;
-    case K_SIZE:
-        if (in->ival < 0 || in->ival >= k->nsizes) return "size number out of range";
-        return d != EM_I64 ? "size not i64" : NULL;
-    case K_RANGE: return d != EM_I64 ? "range variable not i64" : NULL;
-    case K_LOAD: return d != s0->dtype ? "load dtype differs from the buffer's" : NULL;
-    case K_ACC:
-        if (d != s0->dtype) return "accumulator dtype differs from its init";
-        return in->alu != KA_ADD && in->alu != KA_MAX && in->alu != KA_MIN ? "accumulator op"
-                                                                           : NULL;
-    case K_ACC_UPDATE:
-        return k->insts[in->src[1]].dtype != s0->dtype
-                   ? "update dtype differs from the accumulator's"
-                   : NULL;
-    default: return NULL;
-    }
-}
-
+/* The IR's rules (kir_verify), then what this generator adds: a name that
+ * fits its buffers, and its dtypes. */
 static em_status check_kernel(const k_kernel *k) {
     if (!k) return em_error_null("jit_cpu_compile", "k");
-    if (!k->name || !k->name[0] || strlen(k->name) > CG_MAX_NAME)
-        return em_error(EM_ERR_ARG, "jit_cpu: kernel name missing or too long");
-    for (const char *c = k->name; *c; c++)
-        if (!(*c == '_' || (*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') ||
-              (c > k->name && *c >= '0' && *c <= '9')))
-            return em_error(EM_ERR_ARG, "jit_cpu: kernel name '%s' is not a C identifier", k->name);
-    if (k->n < 0 || (k->n > 0 && !k->insts))
-        return em_error(EM_ERR_ARG, "jit_cpu: %s: no instructions", k->name);
-    /* shape first, so that kir_verify reads only what exists */
-    for (int i = 0; i < k->n; i++)
-        if ((unsigned)k->insts[i].op > K_ACC_UPDATE || k->insts[i].nsrc != arity(&k->insts[i]))
-            return em_error(EM_ERR_ARG, "jit_cpu: %s: instruction %%%d: bad opcode or operands",
-                            k->name, i);
-    if (kir_verify(k) != EM_OK) {
-        char msg[512];
-        snprintf(msg, sizeof msg, "%s", em_last_error());
-        return em_error(EM_ERR_ARG, "%s", msg);
-    }
-    for (int i = 0; i < k->n; i++) {
-        bool unsup;
-        const char *why = check_inst(k, &k->insts[i], &unsup);
-        if (why)
-            return em_error(unsup ? EM_ERR_UNSUPPORTED : EM_ERR_ARG,
-                            "jit_cpu: %s: instruction %%%d: %s", k->name, i, why);
-    }
-    return EM_OK;
+    if (kir_verify(k) != EM_OK) return em_error_context("jit_cpu");
+    if (strlen(k->name) > CG_MAX_NAME)
+        return em_error(EM_ERR_ARG, "jit_cpu: kernel name longer than %d characters", CG_MAX_NAME);
+    return kir_check_dtypes(k, CPU_DTYPES, "jit_cpu");
 }
 
 /* ---- contexts ---- */

@@ -47,9 +47,9 @@ typedef struct jit_cpu_kernel jit_cpu_kernel;
 typedef void (*jit_cpu_fn)(void *const *bufs, const int64_t *sizes, int64_t begin, int64_t end);
 
 /* Compiles k in process.  EM_ERR_ARG for IR that fails kir_verify (or a
- * kernel name that is not a C identifier), EM_ERR_UNSUPPORTED for dtypes or
- * ops the generator lacks, EM_ERR_STATE with libgccjit's first error
- * message when compilation fails. */
+ * kernel name longer than 200 characters), EM_ERR_UNSUPPORTED for dtypes
+ * the generator lacks (f16, bf16), EM_ERR_STATE with libgccjit's first
+ * error message when compilation fails. */
 em_status jit_cpu_compile(const k_kernel *k, jit_cpu_kernel **out);
 /* Runs the whole iteration space, split over threads when it pays. */
 em_status jit_cpu_run(const jit_cpu_kernel *ck, void *const *bufs, const int64_t *sizes);

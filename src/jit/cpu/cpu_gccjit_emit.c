@@ -333,23 +333,11 @@ static int parallel_range(const k_kernel *k, const int *match, bool *serial) {
     return p;
 }
 
-/* Rough cost in vector-lane operations: transcendentals count 10. */
+/* Rough cost in vector-lane operations (an ALU op's: kir_alu.def). */
 static double inst_cost(const k_inst *in) {
     if (in->op != K_ALU)
         return in->op == K_LOAD || in->op == K_STORE || in->op == K_CAST || in->op == K_ACC_UPDATE;
-    switch (in->alu) {
-    case KA_EXP:
-    case KA_LOG:
-    case KA_SIN:
-    case KA_COS:
-    case KA_TANH:
-    case KA_SIGMOID:
-    case KA_GELU:
-    case KA_GELU_TANH:
-    case KA_ERF:
-    case KA_POW: return 10;
-    default: return 1;
-    }
+    return kir_alu_info(in->alu)->cost;
 }
 
 static void mark_needed(const k_kernel *k, int v, bool *need) {

@@ -73,7 +73,6 @@ cg_val cg_or(cg *g, cg_val a, cg_val b);
 
 static inline bool cg_is_float(em_dtype d) { return d == EM_F32 || d == EM_F64; }
 static inline bool cg_is_int(em_dtype d) { return d == EM_I32 || d == EM_I64; }
-static inline bool cg_is_compare(k_alu a) { return a >= KA_EQ && a <= KA_GE; }
 
 /* The value type of a dtype: float, double, int32, int64; bool is uint8 0/1. */
 gcc_jit_type *cg_dtype(const cg_types *t, em_dtype d);
@@ -118,11 +117,10 @@ typedef struct cg_lib {
     bool uses_libm; /* link with -lm */
 } cg_lib;
 
-/* Whether cg_alu implements op on operands of dtype d. */
-bool cg_alu_supported(k_alu op, em_dtype d);
-/* op (a[, b[, c]]) on operands of dtype d (for where: of b and c): the
- * result has dtype d, or bool (uint8) for comparisons.  Semantics are the
- * eager CPU kernels' (see cpu_gccjit.h). */
+/* op (a[, b[, c]]) on operands of dtype d (for where: of b and c), a
+ * combination kir_verify accepts: the result has dtype d, or bool (uint8)
+ * for comparisons.  Semantics are the eager CPU kernels' (see
+ * cpu_gccjit.h). */
 cg_val cg_alu(cg *g, cg_lib *lib, k_alu op, em_dtype d, cg_val a, cg_val b, cg_val c);
 /* v converted from dtype from to dtype to. */
 cg_val cg_convert(cg *g, cg_val v, em_dtype from, em_dtype to);

@@ -357,15 +357,6 @@ gcc_jit_type *cg_dtype(const cg_types *t, em_dtype d) {
     }
 }
 
-bool cg_alu_supported(k_alu a, em_dtype d) {
-    if (cg_is_compare(a) || a == KA_WHERE) return true;
-    if (cg_is_float(d)) return a != KA_IDIV && a != KA_MOD;
-    if (cg_is_int(d))
-        return a == KA_NEG || a == KA_ABS || a == KA_RELU || a == KA_ADD || a == KA_SUB ||
-               a == KA_MUL || a == KA_MAX || a == KA_MIN || a == KA_IDIV || a == KA_MOD;
-    return a == KA_ADD || a == KA_SUB || a == KA_MUL || a == KA_MAX || a == KA_MIN;
-}
-
 /* ---- scalar operations of the kernel IR ---- */
 
 static cg_val ext_call(cg *g, cg_lib *lib, cg_extfn f, cg_val a, cg_val b) {
@@ -500,15 +491,17 @@ static cg_val binary(cg *g, cg_lib *lib, k_alu op, em_dtype d, cg_val a, cg_val 
 }
 
 cg_val cg_alu(cg *g, cg_lib *lib, k_alu op, em_dtype d, cg_val a, cg_val b, cg_val c) {
-    if (cg_is_compare(op)) {
-        static const enum gcc_jit_comparison cmp[] = {GCC_JIT_COMPARISON_EQ, GCC_JIT_COMPARISON_NE,
-                                                      GCC_JIT_COMPARISON_LT, GCC_JIT_COMPARISON_LE,
-                                                      GCC_JIT_COMPARISON_GT, GCC_JIT_COMPARISON_GE};
-        return cg_cast(g, cg_cmp(g, cmp[op - KA_EQ], a, b), g->t->u8);
+    k_alu_shape shape = kir_alu_info(op)->shape;
+    if (shape == KS_COMPARE) {
+        static const enum gcc_jit_comparison cmp[KA_COUNT] = {
+            [KA_EQ] = GCC_JIT_COMPARISON_EQ, [KA_NE] = GCC_JIT_COMPARISON_NE,
+            [KA_LT] = GCC_JIT_COMPARISON_LT, [KA_LE] = GCC_JIT_COMPARISON_LE,
+            [KA_GT] = GCC_JIT_COMPARISON_GT, [KA_GE] = GCC_JIT_COMPARISON_GE};
+        return cg_cast(g, cg_cmp(g, cmp[op], a, b), g->t->u8);
     }
-    if (op == KA_WHERE)
+    if (shape == KS_SELECT)
         return cg_select(g, cg_cmp(g, GCC_JIT_COMPARISON_NE, a, zero_of(g, g->t->u8)), b, c);
-    if (op >= KA_ADD) return binary(g, lib, op, d, a, b);
+    if (shape == KS_BINARY) return binary(g, lib, op, d, a, b);
     if (cg_is_float(d)) return unary_float(g, lib, op, d == EM_F32, a);
     if (d == EM_BOOL) return NULL;
     gcc_jit_type *t = cg_dtype(g->t, d), *ut = cg_utype(g, t);

@@ -189,9 +189,10 @@ static void unary(egen *G, k_alu op, em_dtype d, const char *x) {
 
 static void binary(egen *G, k_alu op, em_dtype d, const char *a, const char *b) {
     FILE *f = G->f;
-    static const char *const cmp[] = {"==", "!=", "<", "<=", ">", ">="};
-    if (op >= KA_EQ && op <= KA_GE) {
-        fprintf(f, "(%s %s %s)", a, cmp[op - KA_EQ], b);
+    static const char *const cmp[KA_COUNT] = {[KA_EQ] = "==", [KA_NE] = "!=", [KA_LT] = "<",
+                                              [KA_LE] = "<=", [KA_GT] = ">",  [KA_GE] = ">="};
+    if (kir_alu_info(op)->shape == KS_COMPARE) {
+        fprintf(f, "(%s %s %s)", a, cmp[op], b);
         return;
     }
     if (is_float(d)) {
@@ -732,24 +733,16 @@ static void emit_kernel(egen *G, cuda_src *out) {
     fputs("}\n", f);
 }
 
-static bool dtypes_ok(const k_kernel *k) {
-    for (int i = 0; i < k->n; i++) {
-        const k_inst *in = &k->insts[i];
-        if (in->op == K_STORE || in->op == K_END || in->op == K_RANGE) continue;
-        if (!ctype(in->dtype)) return false;
-    }
-    return true;
-}
+/* The dtypes this generator prints (ctype's; f16, bf16: not yet). */
+#define CUDA_DTYPES                                                                                \
+    (KIR_DTYPE(EM_F32) | KIR_DTYPE(EM_F64) | KIR_DTYPE(EM_I32) | KIR_DTYPE(EM_I64) |               \
+     KIR_DTYPE(EM_BOOL))
 
 em_status cuda_emit(const k_kernel *k, cuda_src *out) {
     memset(out, 0, sizeof *out);
-    em_status s = kir_verify(k);
-    if (s != EM_OK) { /* the message is copied first: em_error writes over it */
-        char why[256];
-        snprintf(why, sizeof why, "%s", em_last_error());
-        return em_error(EM_ERR_ARG, "cuda_emit: %s", why);
-    }
-    if (!dtypes_ok(k)) return em_error(EM_ERR_UNSUPPORTED, "cuda_emit: %s: f16/bf16 values", k->name);
+    if (kir_verify(k) != EM_OK) return em_error_context("cuda_emit");
+    em_status s = kir_check_dtypes(k, CUDA_DTYPES, "cuda_emit");
+    if (s != EM_OK) return s;
     size_t nn = (size_t)k->n + 1;
     egen G = {.k = k};
     G.match = em_calloc(nn, sizeof(int));

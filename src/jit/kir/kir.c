@@ -2,29 +2,53 @@
 #include "kir.h"
 
 #include <math.h>
+#include <stdarg.h>
 #include <string.h>
 
-static const char *const alu_names[KA_COUNT] = {
-    [KA_NONE] = "none", [KA_NEG] = "neg", [KA_ABS] = "abs", [KA_EXP] = "exp",
-    [KA_LOG] = "log", [KA_SQRT] = "sqrt", [KA_RSQRT] = "rsqrt", [KA_SIN] = "sin",
-    [KA_COS] = "cos", [KA_TANH] = "tanh", [KA_SIGMOID] = "sigmoid", [KA_RELU] = "relu",
-    [KA_GELU] = "gelu", [KA_GELU_TANH] = "gelu_tanh", [KA_ERF] = "erf", [KA_ADD] = "add",
-    [KA_SUB] = "sub", [KA_MUL] = "mul", [KA_DIV] = "div", [KA_POW] = "pow", [KA_MAX] = "max",
-    [KA_MIN] = "min", [KA_IDIV] = "idiv", [KA_MOD] = "mod", [KA_EQ] = "eq", [KA_NE] = "ne",
-    [KA_LT] = "lt", [KA_LE] = "le", [KA_GT] = "gt", [KA_GE] = "ge", [KA_WHERE] = "where",
+/* ---- the ALU table (kir_alu.def) ---- */
+
+static const k_alu_info alu_table[KA_COUNT] = {
+    [KA_NONE] = {"none", KS_NONE, 0, 0, 0},
+#define ALU(NAME, name, shape, dtypes, cost)                                                    \
+    [KA_##NAME] = {name, shape, shape == KS_UNARY ? 1 : shape == KS_SELECT ? 3 : 2, dtypes, cost},
+#include "kir_alu.def"
+#undef ALU
 };
 
-const char *kir_alu_name(k_alu a) { return (unsigned)a < KA_COUNT ? alu_names[a] : "invalid"; }
+/* A new ALU op needs a case in each generator's switch: this catches a
+ * row added without them. */
+_Static_assert(KA_COUNT == 31,
+               "kir_alu.def changed: update both generators' switches, the tests and this count");
 
-/* Operands of an alu op: 1, 2 or 3. */
-static int alu_arity(k_alu a) {
-    if (a >= KA_NEG && a <= KA_ERF) return 1;
-    if (a >= KA_ADD && a <= KA_GE) return 2;
-    if (a == KA_WHERE) return 3;
-    return 0;
+static const k_alu_info invalid_alu = {"invalid", KS_NONE, 0, 0, 0};
+
+const k_alu_info *kir_alu_info(k_alu a) {
+    return (unsigned)a < KA_COUNT ? &alu_table[a] : &invalid_alu;
 }
 
-static bool alu_is_compare(k_alu a) { return a >= KA_EQ && a <= KA_GE; }
+const char *kir_alu_name(k_alu a) { return kir_alu_info(a)->name; }
+
+unsigned kir_dtype_class(em_dtype d) {
+    if ((unsigned)d >= EM_DTYPE_COUNT) return 0;
+    if (em_dtype_is_float(d)) return KD_FLOAT;
+    return d == EM_BOOL ? KD_BOOL : KD_INT;
+}
+
+bool kir_alu_accepts(k_alu a, em_dtype d) {
+    return (kir_alu_info(a)->dtypes & kir_dtype_class(d)) != 0;
+}
+
+em_dtype kir_alu_result(k_alu a, em_dtype d) {
+    return kir_alu_info(a)->shape == KS_COMPARE ? EM_BOOL : d;
+}
+
+/* The op table's alu column (ops.def). */
+static const k_alu alu_of_op[EM_OP_COUNT] = {
+#define OP(NAME, name, kind, nin, attrs, infer, cpu, alu) [EM_OP_##NAME] = KA_##alu,
+#include "ops.def"
+};
+
+k_alu kir_alu_of_op(em_op op) { return (unsigned)op < EM_OP_COUNT ? alu_of_op[op] : KA_NONE; }
 
 k_kernel *kir_new(const char *name) {
     k_kernel *k = em_calloc(1, sizeof *k);
@@ -49,7 +73,10 @@ static int push(k_kernel *k, k_inst in) {
     if (k->n == k->cap) {
         int cap = k->cap ? 2 * k->cap : 64;
         k_inst *p = em_malloc(sizeof *p * (size_t)cap);
-        if (!p) return -1;
+        if (!p) {
+            k->failed = true;
+            return -1;
+        }
         if (k->insts) memcpy(p, k->insts, sizeof *p * (size_t)k->n);
         em_free(k->insts);
         k->insts = p;
@@ -73,8 +100,12 @@ static int push(k_kernel *k, k_inst in) {
 /* An operand must exist: builders given -1 (a failed earlier build) fail. */
 static bool ok(const k_kernel *k, int v) { return v >= 0 && v < k->n; }
 
-static int fail(const char *what) {
-    em_error(EM_ERR_ARG, "kernel IR: %s", what);
+/* A builder's failure: the kernel is incomplete from here on.  The first
+ * error is kept (an undefined operand is the -1 of an earlier failure,
+ * which said why). */
+static int fail(k_kernel *k, const char *what) {
+    if (!k->failed) em_error(EM_ERR_ARG, "kernel IR: %s", what);
+    k->failed = true;
     return -1;
 }
 
@@ -95,7 +126,7 @@ int kir_const_i(k_kernel *k, em_dtype d, int64_t v) {
 }
 
 int kir_range(k_kernel *k, int extent, unsigned flags) {
-    if (!ok(k, extent)) return fail("range of an undefined extent");
+    if (!ok(k, extent)) return fail(k, "range of an undefined extent");
     return push(k, (k_inst){.op = K_RANGE, .dtype = EM_I64, .nsrc = 1, .src = {extent},
                             .flags = flags});
 }
@@ -103,30 +134,31 @@ int kir_range(k_kernel *k, int extent, unsigned flags) {
 int kir_end(k_kernel *k) { return push(k, (k_inst){.op = K_END, .dtype = EM_DTYPE_COUNT}); }
 
 int kir_load(k_kernel *k, int buf, int index) {
-    if (!ok(k, buf) || !ok(k, index)) return fail("load of undefined operands");
+    if (!ok(k, buf) || !ok(k, index)) return fail(k, "load of undefined operands");
     return push(k, (k_inst){.op = K_LOAD, .dtype = k->insts[buf].dtype, .nsrc = 2,
                             .src = {buf, index}});
 }
 
 int kir_store(k_kernel *k, int buf, int index, int value) {
-    if (!ok(k, buf) || !ok(k, index) || !ok(k, value)) return fail("store of undefined operands");
+    if (!ok(k, buf) || !ok(k, index) || !ok(k, value))
+        return fail(k, "store of undefined operands");
     return push(k, (k_inst){.op = K_STORE, .dtype = EM_DTYPE_COUNT, .nsrc = 3,
                             .src = {buf, index, value}});
 }
 
 int kir_alu(k_kernel *k, k_alu op, int a, int b, int c) {
-    int n = alu_arity(op);
+    const k_alu_info *info = kir_alu_info(op);
+    int n = info->nsrc;
     int src[3] = {a, b, c};
-    if (n == 0) return fail("invalid alu op");
+    if (n == 0) return fail(k, "invalid alu op");
     for (int i = 0; i < n; i++)
-        if (!ok(k, src[i])) return fail("alu of undefined operands");
-    em_dtype d = k->insts[op == KA_WHERE ? b : a].dtype;
-    if (alu_is_compare(op)) d = EM_BOOL;
+        if (!ok(k, src[i])) return fail(k, "alu of undefined operands");
+    em_dtype d = kir_alu_result(op, k->insts[info->shape == KS_SELECT ? b : a].dtype);
     return push(k, (k_inst){.op = K_ALU, .alu = op, .dtype = d, .nsrc = n, .src = {a, b, c}});
 }
 
 int kir_cast(k_kernel *k, int value, em_dtype d) {
-    if (!ok(k, value)) return fail("cast of an undefined operand");
+    if (!ok(k, value)) return fail(k, "cast of an undefined operand");
     return push(k, (k_inst){.op = K_CAST, .dtype = d, .nsrc = 1, .src = {value}});
 }
 
@@ -134,7 +166,7 @@ int kir_cast(k_kernel *k, int value, em_dtype d) {
  * NaN (NaN < 2^b is false), so its K_CAST is defined; x >= 2^b then
  * selects the integer's maximum.  -2^b converts exactly to the minimum. */
 int kir_convert(k_kernel *k, int value, em_dtype d) {
-    if (!ok(k, value)) return fail("conversion of an undefined operand");
+    if (!ok(k, value)) return fail(k, "conversion of an undefined operand");
     em_dtype from = k->insts[value].dtype;
     if ((from != EM_F32 && from != EM_F64) || (d != EM_I32 && d != EM_I64))
         return kir_cast(k, value, d);
@@ -149,16 +181,17 @@ int kir_convert(k_kernel *k, int value, em_dtype d) {
 }
 
 int kir_acc(k_kernel *k, k_alu combine, int init) {
-    if (!ok(k, init) || k->insts[init].op != K_CONST) return fail("accumulator without a constant");
+    if (!ok(k, init) || k->insts[init].op != K_CONST)
+        return fail(k, "accumulator without a constant");
     if (combine != KA_ADD && combine != KA_MAX && combine != KA_MIN)
-        return fail("accumulators combine with add, max or min");
+        return fail(k, "accumulators combine with add, max or min");
     return push(k, (k_inst){.op = K_ACC, .alu = combine, .dtype = k->insts[init].dtype,
                             .nsrc = 1, .src = {init}});
 }
 
 int kir_acc_update(k_kernel *k, int acc, int value) {
     if (!ok(k, acc) || !ok(k, value) || k->insts[acc].op != K_ACC)
-        return fail("update of something that is not an accumulator");
+        return fail(k, "update of something that is not an accumulator");
     return push(k, (k_inst){.op = K_ACC_UPDATE, .dtype = k->insts[acc].dtype, .nsrc = 2,
                             .src = {acc, value}});
 }
@@ -228,100 +261,248 @@ em_status kir_print(const k_kernel *k, FILE *f) {
 
 /* ---- verifier ---- */
 
-static em_status bad(const k_kernel *k, int i, const char *what) {
-    return em_error(EM_ERR_STATE, "kernel IR verifier: %s: instruction %%%d: %s", k->name, i, what);
+/* Operands of each opcode (K_ALU: its op's, kir_alu_info). */
+static const int opcode_nsrc[] = {
+    [K_BUF] = 0,  [K_SIZE] = 0, [K_CONST] = 0, [K_RANGE] = 1, [K_END] = 0,        [K_LOAD] = 2,
+    [K_STORE] = 3, [K_ALU] = 0, [K_CAST] = 1,  [K_ACC] = 1,   [K_ACC_UPDATE] = 2,
+};
+
+static const char *const opcode_names[] = {
+    [K_BUF] = "buf",     [K_SIZE] = "size", [K_CONST] = "const", [K_RANGE] = "range",
+    [K_END] = "end",     [K_LOAD] = "load", [K_STORE] = "store", [K_ALU] = "alu",
+    [K_CAST] = "cast",   [K_ACC] = "acc",   [K_ACC_UPDATE] = "update",
+};
+
+static bool opcode_valid(k_opcode op) { return (unsigned)op <= K_ACC_UPDATE; }
+
+/* What the text form calls instruction in: "load", "exp"... */
+static const char *inst_name(const k_inst *in) {
+    if (!opcode_valid(in->op)) return "?";
+    return in->op == K_ALU ? kir_alu_name(in->alu) : opcode_names[in->op];
+}
+
+/* Whether instruction op defines a value (and so has a dtype). */
+static bool has_value(k_opcode op) { return op != K_STORE && op != K_END; }
+
+static em_status bad(const k_kernel *k, int i, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static em_status bad(const k_kernel *k, int i, const char *fmt, ...) {
+    char why[200];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, sizeof why, fmt, ap);
+    va_end(ap);
+    return em_error(EM_ERR_ARG, "kernel IR verifier: %s: instruction %%%d (%s): %s", k->name, i,
+                    inst_name(&k->insts[i]), why);
+}
+
+static const char *class_name(unsigned dtypes) {
+    switch (dtypes) {
+    case KD_FLOAT: return "float";
+    case KD_INT: return "integer";
+    case KD_NUM: return "float or integer";
+    case KD_ANY: return "any";
+    default: return "some other";
+    }
+}
+
+static bool is_identifier(const char *s) {
+    if (!s || !*s) return false;
+    for (const char *c = s; *c; c++)
+        if (!(*c == '_' || (*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') ||
+              (c > s && *c >= '0' && *c <= '9')))
+            return false;
+    return true;
+}
+
+/* Instruction i's opcode, operand count, and (values) dtype, read before
+ * anything reads its operands. */
+static em_status check_form(const k_kernel *k, int i) {
+    const k_inst *in = &k->insts[i];
+    if (!opcode_valid(in->op)) return bad(k, i, "unknown opcode %d", (int)in->op);
+    if (in->op == K_ALU && kir_alu_info(in->alu)->nsrc == 0)
+        return bad(k, i, "invalid alu op %d", (int)in->alu);
+    int n = in->op == K_ALU ? kir_alu_info(in->alu)->nsrc : opcode_nsrc[in->op];
+    if (in->nsrc != n) return bad(k, i, "%d operands, not %d", in->nsrc, n);
+    if (has_value(in->op) && kir_dtype_class(in->dtype) == 0)
+        return bad(k, i, "invalid dtype %d", (int)in->dtype);
+    return EM_OK;
+}
+
+static em_dtype dtype_of(const k_kernel *k, const k_inst *in, int s) {
+    return k->insts[in->src[s]].dtype;
+}
+
+static em_status check_alu(const k_kernel *k, int i) {
+    const k_inst *in = &k->insts[i];
+    const k_alu_info *a = kir_alu_info(in->alu);
+    int first = a->shape == KS_SELECT ? 1 : 0; /* the first value operand */
+    em_dtype d = dtype_of(k, in, first);
+    if (a->shape == KS_SELECT && dtype_of(k, in, 0) != EM_BOOL)
+        return bad(k, i, "the condition is %s, not bool", em_dtype_name(dtype_of(k, in, 0)));
+    for (int j = first + 1; j < in->nsrc; j++)
+        if (dtype_of(k, in, j) != d)
+            return bad(k, i, "operands of different dtypes (%s, %s)", em_dtype_name(d),
+                       em_dtype_name(dtype_of(k, in, j)));
+    if (!kir_alu_accepts(in->alu, d))
+        return bad(k, i, "%s operands: %s takes %s ones", em_dtype_name(d), a->name,
+                   class_name(a->dtypes));
+    if (in->dtype != kir_alu_result(in->alu, d))
+        return bad(k, i, "result dtype %s, not %s", em_dtype_name(in->dtype),
+                   em_dtype_name(kir_alu_result(in->alu, d)));
+    return EM_OK;
+}
+
+static em_status check_acc(const k_kernel *k, int i) {
+    const k_inst *in = &k->insts[i];
+    if (k->insts[in->src[0]].op != K_CONST) return bad(k, i, "the initial value is not a constant");
+    if (in->alu != KA_ADD && in->alu != KA_MAX && in->alu != KA_MIN)
+        return bad(k, i, "combines with %s, not add, max or min", kir_alu_name(in->alu));
+    if (!kir_alu_accepts(in->alu, in->dtype))
+        return bad(k, i, "%s takes %s operands, not %s", kir_alu_name(in->alu),
+                   class_name(kir_alu_info(in->alu)->dtypes), em_dtype_name(in->dtype));
+    if (dtype_of(k, in, 0) != in->dtype)
+        return bad(k, i, "initial value of dtype %s for an accumulator of %s",
+                   em_dtype_name(dtype_of(k, in, 0)), em_dtype_name(in->dtype));
+    return EM_OK;
+}
+
+static em_status check_memory(const k_kernel *k, int i) {
+    const k_inst *in = &k->insts[i];
+    const k_inst *buf = &k->insts[in->src[0]];
+    if (buf->op != K_BUF) return bad(k, i, "the address is not a buffer");
+    if (dtype_of(k, in, 1) != EM_I64)
+        return bad(k, i, "the index is %s, not i64", em_dtype_name(dtype_of(k, in, 1)));
+    em_dtype d = in->op == K_LOAD ? in->dtype : dtype_of(k, in, 2);
+    if (d != buf->dtype)
+        return bad(k, i, "%s %s of a buffer of %s", in->op == K_LOAD ? "load" : "store",
+                   em_dtype_name(d), em_dtype_name(buf->dtype));
+    return EM_OK;
+}
+
+/* The dtype rules of instruction i (its operands are defined and valid). */
+static em_status check_types(const k_kernel *k, int i) {
+    const k_inst *in = &k->insts[i];
+    switch (in->op) {
+    case K_BUF:
+        if (in->ival < 0 || in->ival >= k->nbufs)
+            return bad(k, i, "buffer number %lld, not in [0, %d)", (long long)in->ival, k->nbufs);
+        return EM_OK;
+    case K_SIZE:
+        if (in->ival < 0 || in->ival >= k->nsizes)
+            return bad(k, i, "size number %lld, not in [0, %d)", (long long)in->ival, k->nsizes);
+        if (in->dtype != EM_I64)
+            return bad(k, i, "a size of %s, not i64", em_dtype_name(in->dtype));
+        return EM_OK;
+    case K_CONST:
+        if ((in->dtype == EM_I32 && (in->ival < INT32_MIN || in->ival > INT32_MAX)) ||
+            (in->dtype == EM_BOOL && in->ival != 0 && in->ival != 1))
+            return bad(k, i, "integer constant %lld out of %s's range", (long long)in->ival,
+                       em_dtype_name(in->dtype));
+        return EM_OK;
+    case K_RANGE:
+        if (dtype_of(k, in, 0) != EM_I64 || in->dtype != EM_I64)
+            return bad(k, i, "range extent or variable not i64");
+        return EM_OK;
+    case K_LOAD:
+    case K_STORE: return check_memory(k, i);
+    case K_ALU: return check_alu(k, i);
+    case K_ACC: return check_acc(k, i);
+    case K_ACC_UPDATE:
+        if (k->insts[in->src[0]].op != K_ACC) return bad(k, i, "update of a non-accumulator");
+        if (dtype_of(k, in, 1) != dtype_of(k, in, 0) || in->dtype != dtype_of(k, in, 0))
+            return bad(k, i, "update of an accumulator of %s with %s",
+                       em_dtype_name(dtype_of(k, in, 0)), em_dtype_name(dtype_of(k, in, 1)));
+        return EM_OK;
+    default: return EM_OK; /* K_END; K_CAST converts between any two dtypes */
+    }
+}
+
+/* Loop structure while verifying: open[d] is the K_RANGE of depth d;
+ * depth_of[i] the depth at which value i was defined; closed_at[i] the
+ * K_END after which it is dead (-1: alive). */
+typedef struct scopes {
+    int *open, *depth_of, *closed_at;
+    int depth, nranges;
+} scopes;
+
+/* Instruction i's operands are defined, alive and values; its place in
+ * the loop structure is valid (updates the structure at K_RANGE/K_END). */
+static em_status check_scope(const k_kernel *k, int i, scopes *sc) {
+    const k_inst *in = &k->insts[i];
+    sc->depth_of[i] = sc->depth;
+    sc->closed_at[i] = -1;
+    for (int j = 0; j < in->nsrc; j++) {
+        int v = in->src[j];
+        if (v < 0 || v >= i) return bad(k, i, "operand %d not defined before", v);
+        if (sc->closed_at[v] >= 0 && k->insts[v].op != K_ACC)
+            return bad(k, i, "operand %%%d defined in a loop that has ended", v);
+        if (!has_value(k->insts[v].op)) return bad(k, i, "operand %%%d has no value", v);
+    }
+    switch (in->op) {
+    case K_BUF:
+    case K_SIZE:
+        if (sc->depth) return bad(k, i, "parameter inside a loop");
+        return EM_OK;
+    case K_RANGE:
+        if ((in->flags & K_PARALLEL) && (sc->depth || sc->nranges))
+            return bad(k, i, "only the first, outermost range may be parallel");
+        sc->open[sc->depth++] = i;
+        sc->nranges++;
+        return EM_OK;
+    case K_END:
+        if (sc->depth == 0) return bad(k, i, "end without range");
+        sc->depth--;
+        /* every value defined inside the loop dies here */
+        for (int v = sc->open[sc->depth]; v < i; v++)
+            if (sc->closed_at[v] < 0 && sc->depth_of[v] > sc->depth) sc->closed_at[v] = i;
+        sc->closed_at[sc->open[sc->depth]] = i;
+        return EM_OK;
+    case K_ACC_UPDATE:
+        if (sc->depth_of[in->src[0]] > sc->depth)
+            return bad(k, i, "update outside the accumulator's loop");
+        return EM_OK;
+    default: return EM_OK;
+    }
 }
 
 em_status kir_verify(const k_kernel *k) {
     if (!k) return em_error(EM_ERR_NULL, "kir_verify: NULL kernel");
-    /* scope[i]: the loop depth at which value i was defined, and whether
-     * that loop is still open (a value of a closed loop is dead) */
-    int *open = em_calloc((size_t)(k->n + 1), sizeof(int)); /* stack of open RANGE indices */
-    int *depth_of = em_calloc((size_t)(k->n + 1), sizeof(int));
-    int *closed_at = em_calloc((size_t)(k->n + 1), sizeof(int));
-    if (!open || !depth_of || !closed_at) {
-        em_free(open), em_free(depth_of), em_free(closed_at);
-        return em_last_status();
-    }
-    em_status s = EM_OK;
-    int depth = 0, nranges = 0;
+    if (!is_identifier(k->name))
+        return em_error(EM_ERR_ARG, "kernel IR verifier: kernel name '%s' is not a C identifier",
+                        k->name ? k->name : "(null)");
+    if (k->failed)
+        return em_error(EM_ERR_ARG, "kernel IR verifier: %s: incomplete (a builder failed)",
+                        k->name);
+    if (k->n < 0 || (k->n > 0 && !k->insts))
+        return em_error(EM_ERR_ARG, "kernel IR verifier: %s: no instruction array", k->name);
+    size_t n = (size_t)k->n + 1;
+    scopes sc = {.open = em_calloc(n, sizeof(int)), .depth_of = em_calloc(n, sizeof(int)),
+                 .closed_at = em_calloc(n, sizeof(int))};
+    em_status s = sc.open && sc.depth_of && sc.closed_at ? EM_OK : em_last_status();
     for (int i = 0; i < k->n && s == EM_OK; i++) {
-        const k_inst *in = &k->insts[i];
-        depth_of[i] = depth;
-        closed_at[i] = -1;
-        for (int j = 0; j < in->nsrc && s == EM_OK; j++) {
-            int v = in->src[j];
-            if (v < 0 || v >= i) s = bad(k, i, "operand not defined before");
-            else if (closed_at[v] >= 0 && k->insts[v].op != K_ACC)
-                s = bad(k, i, "operand defined in a loop that has ended");
-            else if (k->insts[v].op == K_STORE || k->insts[v].op == K_END)
-                s = bad(k, i, "operand has no value");
-        }
-        if (s != EM_OK) break;
-        switch (in->op) {
-        case K_BUF:
-        case K_SIZE:
-            if (depth) s = bad(k, i, "parameter inside a loop");
-            break;
-        case K_CONST:
-            if ((in->dtype == EM_I32 && (in->ival < INT32_MIN || in->ival > INT32_MAX)) ||
-                (in->dtype == EM_BOOL && in->ival != 0 && in->ival != 1))
-                s = bad(k, i, "integer constant out of its dtype's range");
-            break;
-        case K_RANGE:
-            if (k->insts[in->src[0]].dtype != EM_I64) s = bad(k, i, "range extent not i64");
-            if ((in->flags & K_PARALLEL) && (depth || nranges))
-                s = bad(k, i, "only the first, outermost range may be parallel");
-            open[depth++] = i;
-            nranges++;
-            break;
-        case K_END:
-            if (depth == 0) {
-                s = bad(k, i, "end without range");
-                break;
-            }
-            depth--;
-            /* every value defined inside the loop dies here */
-            for (int v = open[depth]; v < i; v++)
-                if (closed_at[v] < 0 && depth_of[v] > depth) closed_at[v] = i;
-            closed_at[open[depth]] = i;
-            break;
-        case K_LOAD:
-        case K_STORE:
-            if (k->insts[in->src[0]].op != K_BUF) s = bad(k, i, "address is not a buffer");
-            else if (k->insts[in->src[1]].dtype != EM_I64) s = bad(k, i, "index is not i64");
-            else if (in->op == K_STORE && k->insts[in->src[2]].dtype != k->insts[in->src[0]].dtype)
-                s = bad(k, i, "stored value's dtype differs from the buffer's");
-            break;
-        case K_ALU: {
-            int n = alu_arity(in->alu);
-            if (n == 0 || n != in->nsrc) {
-                s = bad(k, i, "alu arity");
-                break;
-            }
-            int first = in->alu == KA_WHERE ? 1 : 0;
-            if (in->alu == KA_WHERE && k->insts[in->src[0]].dtype != EM_BOOL)
-                s = bad(k, i, "where's condition is not bool");
-            for (int j = first + 1; j < n && s == EM_OK; j++)
-                if (k->insts[in->src[j]].dtype != k->insts[in->src[first]].dtype)
-                    s = bad(k, i, "alu operands of different dtypes");
-            break;
-        }
-        case K_CAST: break;
-        case K_ACC:
-            if (k->insts[in->src[0]].op != K_CONST) s = bad(k, i, "accumulator init not constant");
-            break;
-        case K_ACC_UPDATE:
-            if (k->insts[in->src[0]].op != K_ACC) s = bad(k, i, "update of a non-accumulator");
-            else if (k->insts[in->src[1]].dtype != in->dtype) s = bad(k, i, "update dtype");
-            else if (depth_of[in->src[0]] > depth) s = bad(k, i, "update outside the accumulator's loop");
-            break;
-        default: s = bad(k, i, "unknown opcode");
-        }
+        s = check_form(k, i);
+        if (s == EM_OK) s = check_scope(k, i, &sc);
+        if (s == EM_OK) s = check_types(k, i);
     }
-    if (s == EM_OK && depth != 0) s = em_error(EM_ERR_STATE, "kernel IR verifier: %s: unclosed range", k->name);
-    em_free(open), em_free(depth_of), em_free(closed_at);
+    if (s == EM_OK && sc.depth != 0)
+        s = em_error(EM_ERR_ARG, "kernel IR verifier: %s: unclosed range", k->name);
+    em_free(sc.open), em_free(sc.depth_of), em_free(sc.closed_at);
     return s;
+}
+
+/* ---- what a code generator implements ---- */
+
+em_status kir_check_dtypes(const k_kernel *k, unsigned dtypes, const char *generator) {
+    for (int i = 0; i < k->n; i++) {
+        const k_inst *in = &k->insts[i];
+        if (has_value(in->op) && !(dtypes & KIR_DTYPE(in->dtype)))
+            return em_error(EM_ERR_UNSUPPORTED,
+                            "%s: %s: instruction %%%d (%s): %s values are not supported", generator,
+                            k->name, i, inst_name(in), em_dtype_name(in->dtype));
+    }
+    return EM_OK;
 }
 
 /* ---- kernels with size parameters (dynamic shapes) ---- */

@@ -50,22 +50,45 @@ typedef enum k_opcode {
     K_ACC_UPDATE, /* src0 (a K_ACC) = alu_of(src0)(src0, src1) */
 } k_opcode;
 
-/* Scalar operations: a subset of the op table's pointwise ops plus index
- * arithmetic.  Every code generator implements each of them; float
- * transcendental ones use vmath.h's approximations on the CPU. */
+/* Scalar operations (kir_alu.def, the one list: names, shapes, dtype
+ * rules): the op table's pointwise ops, each named by its row's alu column
+ * (ops.def), plus index arithmetic.  Every code generator implements each
+ * of them; float transcendental ones use vmath.h's approximations on the
+ * CPU. */
 typedef enum k_alu {
     KA_NONE,
-    /* unary */
-    KA_NEG, KA_ABS, KA_EXP, KA_LOG, KA_SQRT, KA_RSQRT, KA_SIN, KA_COS, KA_TANH,
-    KA_SIGMOID, KA_RELU, KA_GELU, KA_GELU_TANH, KA_ERF,
-    /* binary */
-    KA_ADD, KA_SUB, KA_MUL, KA_DIV, KA_POW, KA_MAX, KA_MIN,
-    KA_IDIV, KA_MOD,            /* integer index arithmetic (non-negative operands) */
-    KA_EQ, KA_NE, KA_LT, KA_LE, KA_GT, KA_GE, /* result bool */
-    /* ternary */
-    KA_WHERE,                   /* src0 (bool) ? src1 : src2 */
+#define ALU(NAME, name, shape, dtypes, cost) KA_##NAME,
+#include "kir_alu.def"
+#undef ALU
     KA_COUNT
 } k_alu;
+
+/* An ALU op's operands and result (kir_alu.def's shape column). */
+typedef enum k_alu_shape {
+    KS_NONE,    /* KA_NONE and invalid values */
+    KS_UNARY,   /* op(a) */
+    KS_BINARY,  /* op(a, b), a and b of one dtype */
+    KS_COMPARE, /* op(a, b), a and b of one dtype; result bool */
+    KS_SELECT   /* c ? a : b, c bool, a and b of one dtype */
+} k_alu_shape;
+
+/* Dtype classes (kir_alu.def's dtypes column). */
+enum {
+    KD_FLOAT = 1 << 0, /* f32, f64, f16, bf16 */
+    KD_INT = 1 << 1,   /* i32, i64 */
+    KD_BOOL = 1 << 2,
+    KD_NUM = KD_FLOAT | KD_INT,
+    KD_ANY = KD_NUM | KD_BOOL
+};
+
+/* One row of kir_alu.def. */
+typedef struct k_alu_info {
+    const char *name;  /* in the text form */
+    k_alu_shape shape;
+    int nsrc;          /* operands: 1, 2 or 3 (0: KA_NONE, invalid values) */
+    unsigned dtypes;   /* KD_* classes of the operands (select: of the values) */
+    int cost;          /* vector-lane operations (transcendentals 10) */
+} k_alu_info;
 
 enum { K_PARALLEL = 1 };
 
@@ -85,12 +108,15 @@ typedef struct k_kernel {
     k_inst *insts;
     int n, cap;
     int nbufs, nsizes;   /* parameters, by number */
+    bool failed;         /* a builder failed (out of memory, undefined operands):
+                            the kernel is incomplete and fails kir_verify */
 } k_kernel;
 
 /* ---- kir.c: building ---- */
 k_kernel *kir_new(const char *name);
 void kir_free(k_kernel *k);
-/* Each returns the new instruction's index, or -1 (error set). */
+/* Each returns the new instruction's index, or -1 (error set, and the
+ * kernel marked failed: callers may check once, at the end). */
 int kir_buf(k_kernel *k, em_dtype elem);          /* next buffer parameter */
 int kir_size(k_kernel *k);                        /* next size parameter */
 int kir_const_f(k_kernel *k, em_dtype d, double v);
@@ -109,15 +135,50 @@ int kir_convert(k_kernel *k, int value, em_dtype d);
 int kir_acc(k_kernel *k, k_alu combine, int init);
 int kir_acc_update(k_kernel *k, int acc, int value);
 
-/* ---- text form and checks ---- */
+/* ---- kir.c: the ALU table ---- */
+/* a's row; KA_NONE and invalid values get a row of shape KS_NONE named
+ * "none" or "invalid". */
+const k_alu_info *kir_alu_info(k_alu a);
 const char *kir_alu_name(k_alu a);
+/* The dtype class (KD_*) of d; 0 for an invalid dtype. */
+unsigned kir_dtype_class(em_dtype d);
+/* Whether a takes operands (select: values) of dtype d. */
+bool kir_alu_accepts(k_alu a, em_dtype d);
+/* The dtype of a's result on operands (select: values) of dtype d. */
+em_dtype kir_alu_result(k_alu a, em_dtype d);
+/* The ALU op the op table's row op lowers to (its alu column in ops.def),
+ * or KA_NONE. */
+k_alu kir_alu_of_op(em_op op);
+
+/* ---- text form and checks ---- */
 em_status kir_print(const k_kernel *k, FILE *f);
-/* Invariants: operands defined earlier and visible (not inside a closed
- * loop, except accumulators read after theirs); ranges balanced; at most
- * the outermost range parallel; operand dtypes fit each op; loads and
- * stores address buffers with i64 indices; integer constants within their
- * dtype's range. */
+/* The IR's invariants, the same for every backend; each code generator
+ * runs it once on the kernel it is given.  EM_ERR_ARG, naming the
+ * instruction and the rule, for a kernel that breaks one of them:
+ *  - the kernel's name is a C identifier (it names the generated function);
+ *  - opcodes, ALU ops and operand counts are valid; operands are defined
+ *    earlier and visible (not inside a closed loop, except accumulators
+ *    read after theirs); ranges are balanced; at most the first, outermost
+ *    range is parallel; parameters are outside loops;
+ *  - every value has a valid dtype; buffer and size numbers are in range;
+ *    sizes, range extents and variables, load and store indices are i64;
+ *    loads and stores address buffers, and have the buffer's dtype;
+ *    integer constants are within their dtype's range;
+ *  - ALU operands (select: values) have one dtype, one the op takes
+ *    (kir_alu.def), a select's condition is bool, and the result has
+ *    kir_alu_result's dtype;
+ *  - an accumulator combines with add, max or min on its dtype, starts
+ *    from a constant of its dtype, and is updated with values of its
+ *    dtype inside its own loop. */
 em_status kir_verify(const k_kernel *k);
+
+/* ---- what a code generator implements ---- */
+#define KIR_DTYPE(d) (1u << (d))
+/* For a generator that implements only the dtypes in the mask `dtypes`
+ * (KIR_DTYPE bits): EM_ERR_UNSUPPORTED, naming the generator and the first
+ * instruction whose value has another dtype; EM_OK otherwise.  Run after
+ * kir_verify. */
+em_status kir_check_dtypes(const k_kernel *k, unsigned dtypes, const char *generator);
 
 /* ---- size parameters (dynamic shapes): a kernel lowered for two sets of
  * sizes, compared instruction by instruction ----

@@ -144,17 +144,6 @@ static int offset(lower *L, int b) {
     return off;
 }
 
-static const k_alu alu_of_op[EM_OP_COUNT] = {
-    [EM_OP_NEG] = KA_NEG, [EM_OP_ABS] = KA_ABS, [EM_OP_EXP] = KA_EXP, [EM_OP_LOG] = KA_LOG,
-    [EM_OP_SQRT] = KA_SQRT, [EM_OP_RSQRT] = KA_RSQRT, [EM_OP_SIN] = KA_SIN, [EM_OP_COS] = KA_COS,
-    [EM_OP_TANH] = KA_TANH, [EM_OP_SIGMOID] = KA_SIGMOID, [EM_OP_RELU] = KA_RELU,
-    [EM_OP_GELU] = KA_GELU, [EM_OP_GELU_TANH] = KA_GELU_TANH, [EM_OP_ERF] = KA_ERF,
-    [EM_OP_ADD] = KA_ADD, [EM_OP_SUB] = KA_SUB, [EM_OP_MUL] = KA_MUL, [EM_OP_DIV] = KA_DIV,
-    [EM_OP_POW] = KA_POW, [EM_OP_MAXIMUM] = KA_MAX, [EM_OP_MINIMUM] = KA_MIN, [EM_OP_EQ] = KA_EQ,
-    [EM_OP_NE] = KA_NE, [EM_OP_LT] = KA_LT, [EM_OP_LE] = KA_LE, [EM_OP_GT] = KA_GT,
-    [EM_OP_GE] = KA_GE, [EM_OP_WHERE] = KA_WHERE,
-};
-
 /* Whether node v varies along the inner dims (then it cannot be computed
  * in row scope). */
 static bool varies_inner(const lower *L, int v) {
@@ -186,7 +175,7 @@ static int compute(lower *L, int v) {
         fail(L, "a reduction used before its pass");
         return -1;
     }
-    k_alu a = alu_of_op[n->op];
+    k_alu a = kir_alu_of_op(n->op); /* the op table's alu column */
     if (a == KA_NONE) {
         fail(L, em_op_table[n->op].name);
         return -1;
@@ -459,7 +448,9 @@ k_kernel *sc_lower(const sc_schedule *s, int gi, int *bufs, int *nbufs, int *nou
     if (!k) goto done;
     for (int b = 0; b < L.nbufs; b++) L.param[b] = kir_buf(k, g->nodes[L.bufs[b]].meta.dtype);
     emit(&L, nin);
-    if (L.failed || kir_verify(k) != EM_OK) {
+    /* not verified here: the code generator it goes to runs kir_verify,
+     * once per kernel */
+    if (L.failed || k->failed) {
         kir_free(k);
         k = NULL;
         goto done;
