@@ -162,8 +162,9 @@ const em_backend *em_backend_for(em_device d);
  * lazy mode, src/jit/runtime/lazy.c) register themselves when the library
  * is loaded (a constructor in their own file; docs/architecture.md says
  * how static links keep them).  The registry is process-wide because what
- * it holds is: a device's table is the same for every thread, and a
- * thread's mode must start on threads Ember never sees created.  Each
+ * it holds is: a device's table is the same for every thread, and the
+ * mode start must reach threads the program creates, which Ember never
+ * sees start (so it cannot live in a thread's context).  Each
  * slot is written once (compare-and-swap), so registering is thread-safe
  * and idempotent, and a lookup is one atomic load. */
 /* Makes b the table of device type t (EM_CPU's is built in).  EM_OK also

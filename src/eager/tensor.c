@@ -80,10 +80,7 @@ const em_backend *em_registered_device(em_device_type t) {
     return device_type_valid(t) ? atomic_load_explicit(&device_tables[t], memory_order_acquire) : NULL;
 }
 
-bool em_device_available(em_device d) {
-    const em_backend *b = em_registered_device(d.type);
-    return b && b->available(d);
-}
+bool em_device_available(em_device d) { return em_backend_for(d) != NULL; }
 
 const em_backend *em_backend_for(em_device d) {
     char name[32];

@@ -384,10 +384,11 @@ static const em_backend cuda_eager_backend = {
 };
 
 /* Registered when the library is loaded: eager names nothing of src/jit.
- * Only the table's address is stored (no CUDA call, no allocation), so
- * this cannot fail; CUDA itself starts at the first available().  A static
- * link must keep this file for the constructor to run (Makefile.am's
- * EMBER_CORE_LDADD links the core whole). */
+ * Only the table's address is stored (no CUDA call, no allocation), so it
+ * fails only if another EM_CUDA table came first, which nothing in Ember
+ * registers; CUDA itself starts at the first available().  A static link
+ * must keep this file for the constructor to run (Makefile.am's
+ * EMBER_CORE_WHOLE links the core whole). */
 __attribute__((constructor)) static void cuda_eager_register(void) {
     em_register_device(EM_CUDA, &cuda_eager_backend);
 }

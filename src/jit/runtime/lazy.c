@@ -1123,5 +1123,5 @@ static void mode_autostart(void) {
 }
 
 /* Registered with eager when the library is loaded (cuda_eager.c's table
- * does the same; Makefile.am's EMBER_CORE_LDADD keeps both in static links). */
+ * does the same; Makefile.am's EMBER_CORE_WHOLE keeps both in static links). */
 __attribute__((constructor)) static void lazy_register(void) { em_register_mode_start(mode_autostart); }
