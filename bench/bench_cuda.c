@@ -19,18 +19,21 @@
  * reads.  tiny_chain's times there are wall time per call (2000 calls, one
  * synchronize), the other workloads' medians of CUDA-event times. */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
 
-#include "cuda_lib.h"
-#include "eager.h"
+#include "config.h"
+#include "cuda_jit.h" /* the cuda folder's offer: sync, device copy, event timers */
+#include "ember.h"
 #include "workloads.h"
 
 #ifdef EMBER_HAVE_CUDA
 
-#define GPU em_cuda(0)
+#define GPU_INDEX 0
+#define GPU em_cuda(GPU_INDEX)
 
 static double now(void) {
     struct timespec t;
@@ -56,41 +59,35 @@ static void die(const char *what) {
 /* ---- event timing on Ember's stream ---- */
 typedef void (*body_fn)(void *ud);
 
+static void sync_gpu(void) {
+    if (cuda_stream_sync(GPU_INDEX) != EM_OK) die("synchronize");
+}
+
 static double time_events(body_fn body, void *ud, int reps) {
-    const cu_api *cu = cuda_driver();
-    cuda_device *d = cuda_device_get(0);
-    CUevent e0, e1;
-    cu->EventCreate(&e0, CU_EVENT_DEFAULT);
-    cu->EventCreate(&e1, CU_EVENT_DEFAULT);
+    cuda_timer *t = cuda_timer_new(GPU_INDEX);
+    if (!t) die("timer");
     for (int i = 0; i < 3; i++) body(ud);
-    cuda_sync(d);
+    sync_gpu();
     double *ts = malloc(sizeof(double) * (size_t)reps);
     for (int i = 0; i < reps; i++) {
-        cu->EventRecord(e0, d->stream);
+        if (cuda_timer_start(t) != EM_OK) die("timer start");
         body(ud);
-        cu->EventRecord(e1, d->stream);
-        cu->EventSynchronize(e1);
-        float ms = 0;
-        cu->EventElapsedTime(&ms, e0, e1);
-        ts[i] = ms * 1e-3;
+        if (cuda_timer_stop(t, &ts[i]) != EM_OK) die("timer stop");
     }
     double m = median(ts, reps);
     free(ts);
-    cu->EventDestroy(e0);
-    cu->EventDestroy(e1);
+    cuda_timer_free(t);
     return m;
 }
 
 /* ---- floors ---- */
 typedef struct copy_ud {
-    void *dst, *src;
-    size_t n;
+    em_tensor *dst, *src;
 } copy_ud;
 
 static void copy_body(void *ud) {
     copy_ud *c = ud;
-    cuda_device *d = cuda_device_get(0);
-    cuda_driver()->MemcpyDtoDAsync((CUdeviceptr)(uintptr_t)c->dst, (CUdeviceptr)(uintptr_t)c->src, c->n, d->stream);
+    if (cuda_stream_copy(c->dst, c->src) != EM_OK) die("device copy");
 }
 
 typedef struct mm_ud {
@@ -241,12 +238,11 @@ static void lazy_body(void *ud) {
 
 /* Wall time per call of body over n calls, one synchronize at the end. */
 static double wall_per_call(body_fn body, void *ud, int n) {
-    cuda_device *d = cuda_device_get(0);
     for (int i = 0; i < 10; i++) body(ud);
-    cuda_sync(d);
+    sync_gpu();
     double a = now();
     for (int i = 0; i < n; i++) body(ud);
-    cuda_sync(d);
+    sync_gpu();
     return (now() - a) / n;
 }
 
@@ -258,7 +254,7 @@ static double first_call(workload *w, em_compiled **fp) {
     call_ud ud = {f, w->in};
     double t0 = now();
     call_body(&ud);
-    cuda_sync(cuda_device_get(0));
+    sync_gpu();
     double t = now() - t0;
     if (fp) *fp = f;
     else em_compiled_free(f);
@@ -334,7 +330,7 @@ static int first_call_child(const char *name) {
     em_generator *g = em_generator_new(0);
     workload w = {.name = name};
     setup(&w, g);
-    cuda_sync(cuda_device_get(0));
+    sync_gpu();
     printf("%.6f\n", first_call(&w, NULL));
     for (int k = 0; k < w.nin; k++) em_release(w.in[k]);
     em_generator_free(g);
@@ -381,18 +377,18 @@ int main(int argc, char **argv) {
         fprintf(stderr, "bench_cuda: cannot write %s\n", json);
         return 1;
     }
-    cuda_device *d = cuda_device_get(0);
-    char name[128] = "?";
-    cuda_driver()->DeviceGetName(name, sizeof name, d->dev);
+    cuda_device_info info;
+    if (cuda_device_info_get(GPU_INDEX, &info) != EM_OK) die("device info");
+    char *name = info.name;
     for (char *c = name; *c; c++)
         if (*c == '"' || *c == '\\') *c = ' ';
-    printf("device %s, sm_%d%d, %d SMs, tf32 %s\n", name, d->major, d->minor, d->sm_count,
-           cuda_tf32_enabled() ? "on" : "off");
+    printf("device %s, sm_%d%d, %d SMs, tf32 %s\n", name, info.major, info.minor, info.sm_count,
+           info.tf32 ? "on" : "off");
     /* floors: 1 GiB device copy (read + write), f32 GEMM 8192^3 */
     int64_t n = (int64_t)1 << 28;
     em_tensor *a = em_empty(1, &n, EM_F32, GPU), *b = em_empty(1, &n, EM_F32, GPU);
     if (!a || !b) die("alloc");
-    copy_ud cu = {em_data(b), em_data(a), (size_t)n * 4};
+    copy_ud cu = {b, a};
     double tc = time_events(copy_body, &cu, 20), copy_bw = 2.0 * n * 4 / tc;
     em_release(a);
     em_release(b);

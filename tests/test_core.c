@@ -1,6 +1,7 @@
 /* test_core.c - tensors, scopes, errors, allocation, views, host I/O. */
+#include "config.h" /* EMBER_HAVE_CUDA */
 #include "testutil.h"
-#include "eager.h" /* em_parallel_for */
+#include "eager.h" /* em_parallel_for, the device registry */
 
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -608,6 +609,107 @@ START_TEST(pool_runs_each_index_once) {
 }
 END_TEST
 
+/* ---- the registry (eager.h): what src/jit plugs into eager ---- */
+
+/* The tests link the core statically (Makefile.am's EMBER_CORE_WHOLE): the
+ * files that register themselves from constructors are linked and have run. */
+START_TEST(registry_holds_what_jit_registered) {
+    ck_assert_ptr_eq(em_registered_device(EM_CPU), &em_cpu_backend);
+    ck_assert_ptr_eq(em_backend_for(CPU), &em_cpu_backend);
+    ck_assert_ptr_null(em_registered_device(EM_DEVICE_TYPE_COUNT));
+    ck_assert_ptr_null(em_registered_device((em_device_type)-1));
+#ifdef EMBER_HAVE_CUDA
+    const em_backend *cuda = em_registered_device(EM_CUDA);
+    ck_assert_ptr_nonnull(cuda);
+    ck_assert_str_eq(cuda->name, "cuda");
+    ck_assert_int_eq(em_register_device(EM_CUDA, cuda), EM_OK); /* idempotent */
+    ck_assert_ptr_eq(em_registered_device(EM_CUDA), cuda);
+    if (!em_device_available(em_cuda(0))) { /* registered, but no GPU here */
+        em_clear_error();
+        ck_assert_ptr_null(em_backend_for(em_cuda(0)));
+        ck_assert_int_eq(em_last_status(), EM_ERR_DEVICE);
+        /* the reason is the CUDA table's (no driver, no device), not the registry's */
+        ck_assert_msg(!strstr(em_last_error(), "registered"), "%s", em_last_error());
+    }
+#else
+    ck_assert_ptr_null(em_registered_device(EM_CUDA));
+    ck_assert_ptr_null(em_backend_for(em_cuda(0)));
+    ck_assert_msg(strstr(em_last_error(), "no CUDA backend"), "%s", em_last_error());
+#endif
+}
+END_TEST
+
+static bool fake_available(em_device d) {
+    if (d.index == 0) return true;
+    em_error(EM_ERR_DEVICE, "fake device: only index 0");
+    return false;
+}
+static int fake_allocs, fake_frees;
+static em_status fake_alloc(em_device d, size_t n, void **p) {
+    fake_allocs++;
+    *p = calloc(1, n ? n : 1);
+    return *p ? EM_OK : em_error(EM_ERR_NOMEM, "fake device: out of memory");
+}
+static void fake_free(em_device d, void *p) { fake_frees++, free(p); }
+static em_status fake_copy(void *dst, em_device dd, const void *src, em_device sd, size_t n) {
+    memcpy(dst, src, n);
+    return EM_OK;
+}
+static em_status fake_run(const em_op_call *c, em_tensor *out) {
+    if (c->op == EM_OP_EMPTY) return EM_OK; /* its storage is all there is */
+    return em_error(EM_ERR_UNSUPPORTED, "fake device: no kernels");
+}
+static const em_backend fake_backend = {"fake", fake_available, fake_alloc, fake_free, fake_copy, fake_run};
+
+START_TEST(registry_refuses_bad_registrations) {
+    ck_assert_int_eq(em_register_device(EM_CUDA, NULL), EM_ERR_NULL);
+    ck_assert_msg(strstr(em_last_error(), "cuda table is NULL"), "%s", em_last_error());
+    ck_assert_int_eq(em_register_device(EM_DEVICE_TYPE_COUNT, &fake_backend), EM_ERR_ARG);
+    ck_assert_msg(strstr(em_last_error(), "invalid device type 2"), "%s", em_last_error());
+    ck_assert_int_eq(em_register_device((em_device_type)-1, &fake_backend), EM_ERR_ARG);
+    em_backend no_run = fake_backend;
+    no_run.run = NULL;
+    ck_assert_int_eq(em_register_device(EM_CUDA, &no_run), EM_ERR_ARG);
+    ck_assert_msg(strstr(em_last_error(), "lacks a required member"), "%s", em_last_error());
+    /* a type's table is written once: the CPU's is built in */
+    ck_assert_int_eq(em_register_device(EM_CPU, &fake_backend), EM_ERR_STATE);
+    ck_assert_msg(strstr(em_last_error(), "cpu already has a table (\"cpu\")"), "%s", em_last_error());
+    ck_assert_ptr_eq(em_registered_device(EM_CPU), &em_cpu_backend);
+    ck_assert_int_eq(em_register_device(EM_CPU, &em_cpu_backend), EM_OK);
+    /* lazy mode's start (EMBER_JIT=1) is registered: a second one is refused */
+    ck_assert_int_eq(em_register_mode_start(NULL), EM_ERR_NULL);
+    ck_assert_int_eq(em_register_mode_start(em_clear_error), EM_ERR_STATE);
+    ck_assert_msg(strstr(em_last_error(), "another mode start"), "%s", em_last_error());
+}
+END_TEST
+
+/* A device type without a table (EM_CUDA in a build without the CUDA
+ * headers) takes a table registered later; with CUDA's table there, the
+ * fake one is refused and CUDA's stays. */
+START_TEST(registry_finds_a_registered_device) {
+    const em_backend *before = em_registered_device(EM_CUDA);
+    em_status s = em_register_device(EM_CUDA, &fake_backend);
+    if (before) {
+        ck_assert_int_eq(s, EM_ERR_STATE);
+        ck_assert_msg(strstr(em_last_error(), "\"fake\" cannot replace it"), "%s", em_last_error());
+        ck_assert_ptr_eq(em_registered_device(EM_CUDA), before);
+        return;
+    }
+    ck_assert_int_eq(s, EM_OK);
+    ck_assert_ptr_eq(em_registered_device(EM_CUDA), &fake_backend);
+    ck_assert(em_device_available(em_cuda(0)));
+    ck_assert(!em_device_available(em_cuda(1)));
+    em_tensor *t = em_empty(1, TU_SIZES(4), EM_F32, em_cuda(0));
+    ck_assert_ptr_nonnull(t);
+    ck_assert_int_eq(em_device_of(t).type, EM_CUDA);
+    ck_assert_int_eq(fake_allocs, 1);
+    em_tensor_discard(t);
+    ck_assert_int_eq(fake_frees, 1);
+    tu_check_fails(em_empty(1, TU_SIZES(4), EM_F32, em_cuda(1)), EM_ERR_DEVICE);
+    ck_assert_str_eq(em_last_error(), "fake device: only index 0");
+}
+END_TEST
+
 static Suite *suite(void) {
     Suite *s = suite_create("core");
     TCase *tc = tcase_create("errors");
@@ -648,6 +750,12 @@ static Suite *suite(void) {
     tcase_add_test(tc, slice_python_semantics);
     tcase_add_test(tc, expand_squeeze_unsqueeze);
     tcase_add_test(tc, contiguous_aliases_or_copies);
+    suite_add_tcase(s, tc);
+    /* last: without fork (valgrind), a fake device stays registered */
+    tc = tcase_create("registry");
+    tcase_add_test(tc, registry_holds_what_jit_registered);
+    tcase_add_test(tc, registry_refuses_bad_registrations);
+    tcase_add_test(tc, registry_finds_a_registered_device);
     suite_add_tcase(s, tc);
     return s;
 }

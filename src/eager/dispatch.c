@@ -13,10 +13,22 @@
  * recording, em_force, a host read, em_call) must save the mode's hook, or
  * a mode started inside would be dropped by the restore, and the hook it
  * displaced (a recorder) would miss the ops after it. */
+static void (*_Atomic mode_start_fn)(void); /* the registry's mode slot (eager.h) */
+
+em_status em_register_mode_start(void (*fn)(void)) {
+    if (!fn) return em_error(EM_ERR_NULL, "em_register_mode_start: the function is NULL");
+    void (*old)(void) = NULL;
+    if (atomic_compare_exchange_strong_explicit(&mode_start_fn, &old, fn, memory_order_acq_rel,
+                                                memory_order_acquire) || old == fn)
+        return EM_OK;
+    return em_error(EM_ERR_STATE, "em_register_mode_start: another mode start is registered");
+}
+
 static void mode_start(em_context *c) {
     if (c->mode_started) return;
     c->mode_started = true;
-    if (em_mode_autostart) em_mode_autostart();
+    void (*fn)(void) = atomic_load_explicit(&mode_start_fn, memory_order_acquire);
+    if (fn) fn();
 }
 
 em_dispatch_hook em_set_dispatch_hook(em_dispatch_hook h) {

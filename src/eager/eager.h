@@ -151,13 +151,35 @@ typedef struct em_backend {
 } em_backend;
 
 extern const em_backend em_cpu_backend;
-/* EM_CUDA's table, in builds with the CUDA headers.  It is defined in
- * src/jit/cuda_backend.c, not here: an eager CUDA op is a one-node graph
- * compiled by the JIT (no hand-written kernels), which eager must not
- * know; eager reaches it only through em_backend_for. */
-extern const em_backend em_cuda_backend;
-/* The table for d's type, or NULL (with an error set) if not built/available. */
+/* The table for d's type, or NULL (with an error set) if none is
+ * registered or d is not available. */
 const em_backend *em_backend_for(em_device d);
+
+/* ---- Registry: what layers above eager plug into it ----
+ * Eager names no symbol of src/jit: the devices whose tables live there
+ * (EM_CUDA: an eager CUDA op is a one-node graph compiled by the JIT, in
+ * src/jit/cuda/cuda_eager.c) and the mode a thread starts in (EMBER_JIT=1:
+ * lazy mode, src/jit/runtime/lazy.c) register themselves when the library
+ * is loaded (a constructor in their own file; docs/architecture.md says
+ * how static links keep them).  The registry is process-wide because what
+ * it holds is: a device's table is the same for every thread, and the
+ * mode start must reach threads the program creates, which Ember never
+ * sees start (so it cannot live in a thread's context).  Each
+ * slot is written once (compare-and-swap), so registering is thread-safe
+ * and idempotent, and a lookup is one atomic load. */
+/* Makes b the table of device type t (EM_CPU's is built in).  EM_OK also
+ * when b is already t's table; EM_ERR_NULL for a NULL b, EM_ERR_ARG for an
+ * invalid t or a table without a required member, EM_ERR_STATE when t
+ * has another table. */
+em_status em_register_device(em_device_type t, const em_backend *b);
+/* t's registered table, whether or not a device of it is available; NULL
+ * (no error set) when there is none or t is invalid. */
+const em_backend *em_registered_device(em_device_type t);
+/* Makes fn the thread mode's start: called once on each thread, before
+ * its dispatch hook is first seen or changed (em_set_dispatch_hook).
+ * EM_OK also when fn is already registered; EM_ERR_NULL for NULL,
+ * EM_ERR_STATE when another function is. */
+em_status em_register_mode_start(void (*fn)(void));
 
 /* ---- Dispatch ----
  * Every op goes through em_dispatch: it checks the inputs, infers the
@@ -178,16 +200,13 @@ typedef struct em_dispatch_hook {
     void (*on_read)(void *ud, const em_tensor *t, const char *what);
 } em_dispatch_hook;
 /* Installs h on this thread and returns the previous hook (to restore).
- * The thread's mode (em_mode_autostart) starts first, so the hook returned
- * is the mode's when it has one. */
+ * The thread's mode (em_register_mode_start) starts first, so the hook
+ * returned is the mode's when it has one. */
 em_dispatch_hook em_set_dispatch_hook(em_dispatch_hook h);
 /* Gives t its values if a mode deferred them (lazy mode): EM_OK when t
  * has storage afterwards, else the error that prevented it.  Runs with the
  * thread's hook uninstalled. */
 em_status em_force(const em_tensor *t);
-/* Called at a thread's first dispatch when defined (lazy.c: EMBER_JIT=1
- * turns lazy mode on for every thread).  Weak, so that eager alone links. */
-void em_mode_autostart(void) __attribute__((weak));
 /* Tells the hook that the host is about to read t, then uninstalls it until
  * em_end_host_read (the read's own ops are not the program's). */
 em_dispatch_hook em_begin_host_read(const em_tensor *t, const char *what);
@@ -206,7 +225,7 @@ typedef struct em_context {
     em_scope_frame *scopes; /* scopes[0] is the outermost */
     int nscopes, capscopes;
     em_dispatch_hook hook;
-    bool mode_started;     /* em_mode_autostart ran on this thread */
+    bool mode_started;     /* the registered mode start ran on this thread */
 } em_context;
 
 em_context *em_ctx(void);

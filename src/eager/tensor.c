@@ -7,6 +7,7 @@
 #include "eager.h"
 #include "cpu.h"
 
+#include <stdatomic.h>
 #include <string.h>
 
 static const size_t dtype_sizes[EM_DTYPE_COUNT] = {
@@ -52,29 +53,54 @@ const char *em_device_name(em_device d, char *buf, size_t n) {
     return buf;
 }
 
-bool em_device_available(em_device d) {
-    const em_backend *b = NULL;
-    if (d.type == EM_CPU) b = &em_cpu_backend;
-#ifdef EMBER_HAVE_CUDA
-    if (d.type == EM_CUDA) b = &em_cuda_backend;
-#endif
-    return b && b->available(d);
+/* ---- The device registry (eager.h says why it is process-wide) ---- */
+
+static const char *const device_type_names[EM_DEVICE_TYPE_COUNT] = {[EM_CPU] = "cpu", [EM_CUDA] = "cuda"};
+static const em_backend *_Atomic device_tables[EM_DEVICE_TYPE_COUNT] = {[EM_CPU] = &em_cpu_backend};
+
+static bool device_type_valid(em_device_type t) { return (unsigned)t < EM_DEVICE_TYPE_COUNT; }
+
+em_status em_register_device(em_device_type t, const em_backend *b) {
+    if (!device_type_valid(t))
+        return em_error(EM_ERR_ARG, "em_register_device: invalid device type %d", (int)t);
+    const char *tn = device_type_names[t];
+    if (!b) return em_error(EM_ERR_NULL, "em_register_device: the %s table is NULL", tn);
+    if (!b->name || !b->available || !b->alloc || !b->free || !b->copy || !b->run)
+        return em_error(EM_ERR_ARG, "em_register_device: the %s table lacks a required member "
+                        "(name, available, alloc, free, copy and run are)", tn);
+    const em_backend *old = NULL;
+    if (atomic_compare_exchange_strong_explicit(&device_tables[t], &old, b, memory_order_acq_rel,
+                                                memory_order_acquire) || old == b)
+        return EM_OK;
+    return em_error(EM_ERR_STATE, "em_register_device: device type %s already has a table (\"%s\"); "
+                    "\"%s\" cannot replace it", tn, old->name, b->name);
 }
+
+const em_backend *em_registered_device(em_device_type t) {
+    return device_type_valid(t) ? atomic_load_explicit(&device_tables[t], memory_order_acquire) : NULL;
+}
+
+bool em_device_available(em_device d) { return em_backend_for(d) != NULL; }
 
 const em_backend *em_backend_for(em_device d) {
     char name[32];
-    if (d.type == EM_CPU) return &em_cpu_backend;
-    if (d.type == EM_CUDA) {
-#ifdef EMBER_HAVE_CUDA
-        /* available() sets the reason (no driver, no such device) */
-        return em_cuda_backend.available(d) ? &em_cuda_backend : NULL;
-#endif
-        em_error(EM_ERR_DEVICE, "device %s: this build of Ember has no CUDA backend",
-                 em_device_name(d, name, sizeof name));
+    if (d.type == EM_CPU) return &em_cpu_backend; /* every op's path: no indirect call */
+    if (!device_type_valid(d.type)) {
+        em_error(EM_ERR_DEVICE, "invalid device type %d", (int)d.type);
         return NULL;
     }
-    em_error(EM_ERR_DEVICE, "invalid device type %d", (int)d.type);
-    return NULL;
+    const em_backend *b = em_registered_device(d.type);
+    if (!b) {
+#ifdef EMBER_HAVE_CUDA
+        const char *why = "no backend is registered for its type";
+#else
+        const char *why = d.type == EM_CUDA ? "this build of Ember has no CUDA backend"
+                                            : "no backend is registered for its type";
+#endif
+        em_error(EM_ERR_DEVICE, "device %s: %s", em_device_name(d, name, sizeof name), why);
+        return NULL;
+    }
+    return b->available(d) ? b : NULL; /* available() sets the reason (no driver, no such device) */
 }
 
 /* ---- Shapes ---- */

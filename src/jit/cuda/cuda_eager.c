@@ -5,8 +5,9 @@
  * IR like any compiled graph (schedule.c, lower.c), printed as CUDA C and
  * compiled once by NVRTC (cuda_kernel.c: memoized per kernel text in the
  * process and in the kernel cache on disk).  That needs trace, jit and
- * cache, which eager must not know; eager only sees this table, through
- * em_backend_for, as it sees the CPU's.
+ * cache, which eager must not know; eager only sees this table, which
+ * registers itself with eager's device registry (the end of this file),
+ * as it sees the CPU's.
  *
  * What runs how:
  *  - pointwise ops, casts, contiguous copies, full, and sum/mean/amax/amin/
@@ -380,7 +381,7 @@ static em_status cuda_run(const em_op_call *c, em_tensor *out) {
     return run_on_host(c, out);
 }
 
-const em_backend em_cuda_backend = {
+static const em_backend cuda_eager_backend = {
     .name = "cuda",
     .available = cuda_available,
     .alloc = cuda_alloc,
@@ -388,5 +389,15 @@ const em_backend em_cuda_backend = {
     .copy = cuda_copy,
     .run = cuda_run,
 };
+
+/* Registered when the library is loaded: eager names nothing of src/jit.
+ * Only the table's address is stored (no CUDA call, no allocation), so it
+ * fails only if another EM_CUDA table came first, which nothing in Ember
+ * registers; CUDA itself starts at the first available().  A static link
+ * must keep this file for the constructor to run (Makefile.am's
+ * EMBER_CORE_WHOLE links the core whole). */
+__attribute__((constructor)) static void cuda_eager_register(void) {
+    em_register_device(EM_CUDA, &cuda_eager_backend);
+}
 
 #endif /* EMBER_HAVE_CUDA */

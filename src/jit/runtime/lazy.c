@@ -1109,7 +1109,7 @@ em_status em_lazy_get_stats(em_lazy_stats *out) {
 /* EMBER_JIT=1: every thread starts in lazy mode.  It starts inside
  * whatever call first touches the thread's hook; if it cannot (memory),
  * the thread runs eagerly and that call's error state is left as it was. */
-void em_mode_autostart(void) {
+static void mode_autostart(void) {
     char buf[16];
     const char *e = em_getenv("EMBER_JIT", buf, sizeof buf);
     if (!e || strcmp(e, "1") != 0) return;
@@ -1121,3 +1121,7 @@ void em_mode_autostart(void) {
     c->status = s;
     memcpy(c->message, msg, sizeof msg);
 }
+
+/* Registered with eager when the library is loaded (cuda_eager.c's table
+ * does the same; Makefile.am's EMBER_CORE_WHOLE keeps both in static links). */
+__attribute__((constructor)) static void lazy_register(void) { em_register_mode_start(mode_autostart); }
