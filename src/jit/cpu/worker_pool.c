@@ -172,12 +172,32 @@ static int remove_entry(const char *path, const struct stat *sb, int flag, struc
     return 0;
 }
 
+/* Whether process pid is gone or a zombie (it can write no more files). */
+static bool is_dead(pid_t pid) {
+    if (kill(pid, 0) != 0) return true;
+    char path[64], buf[256];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    ssize_t n = fd >= 0 ? read(fd, buf, sizeof buf - 1) : -1;
+    if (fd >= 0) close(fd);
+    if (n <= 0) return true;
+    buf[n] = '\0';
+    const char *p = strrchr(buf, ')'); /* "pid (comm) S ...": comm may hold spaces */
+    return p && p[1] == ' ' && (p[2] == 'Z' || p[2] == 'X');
+}
+
 void jit_workers_shutdown(void) {
     pthread_mutex_lock(&wp.m);
     if (wp.owner == getpid()) {
         wp.shutdown = true;
         for (int i = 0; i < MAX_LIVE; i++)
             if (wp.live[i] > 0) kill(wp.live[i], SIGKILL); /* their waiters reap them */
+        /* SIGKILL is delivered asynchronously: a worker in the middle of a
+         * write could still create a file in the directory after it is
+         * emptied, and it would stay behind.  Wait (a bounded 2 s) until
+         * every killed worker is dead. */
+        for (int i = 0; i < MAX_LIVE; i++)
+            for (int t = 0; wp.live[i] > 0 && t < 2000 && !is_dead(wp.live[i]); t++) usleep(1000);
         if (wp.dir[0]) nftw(wp.dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
         wp.dir[0] = '\0';
         if (dir_fd >= 0) close(dir_fd);
