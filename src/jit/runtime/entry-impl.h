@@ -117,7 +117,8 @@ typedef struct jit_table {
 bool jit_table_add(jit_table *t, jit_entry *e);
 /* The i-th most recently used entry. */
 jit_entry *jit_table_recent(const jit_table *t, int i);
-/* The entry with key (lazy mode), or NULL. */
+/* The entry with key (lazy mode), or NULL: by the 128-bit key alone, as
+ * the kernel cache trusts its keys. */
 jit_entry *jit_table_find_key(const jit_table *t, const kc_key *key);
 /* The most recently used entry that serves the call (jit_entry_serves),
  * made the most recent; NULL: none.  *declined: some dynamic entry passed

@@ -65,16 +65,21 @@ void jit_entry_free(jit_entry *e) {
     em_free(e);
 }
 
-bool jit_entry_serves(const jit_owner *o, jit_entry *e, em_tensor *const *in,
-                      const double *scalars, void **spec) {
+/* Whether e's kernels take the sizes of in (which passed its guards). */
+static bool kernels_serve(const jit_owner *o, jit_entry *e, em_tensor *const *in, void **spec) {
     *spec = NULL;
-    if (e->guards && !gd_check(e->guards, in, scalars)) return false;
     if (!(e->ready && e->dynamic && e->backend->specialize)) return true;
     const em_allocator *caller = em_get_allocator();
     em_set_allocator(o->alloc); /* the state keeps what it makes */
     bool serves = e->backend->specialize(e->state, e->graph, in, spec);
     em_set_allocator(caller);
     return serves;
+}
+
+bool jit_entry_serves(const jit_owner *o, jit_entry *e, em_tensor *const *in,
+                      const double *scalars, void **spec) {
+    *spec = NULL;
+    return (!e->guards || gd_check(e->guards, in, scalars)) && kernels_serve(o, e, in, spec);
 }
 
 em_status jit_entry_run(const jit_entry *e, bool ready, void *spec, em_tensor *const *in,
@@ -85,7 +90,7 @@ em_status jit_entry_run(const jit_entry *e, bool ready, void *spec, em_tensor *c
     return e->backend->run(e->state, e->graph, in, out);
 }
 
-/* ---- the key index ---- */
+/* ---- the key index: open addressing, linear probing ---- */
 
 static const kc_key *rec_key(const void *rec) { return rec; }
 
@@ -155,7 +160,7 @@ jit_entry *jit_table_find(const jit_owner *o, jit_table *t, em_tensor *const *in
     for (int i = t->n - 1; i >= 0; i--) {
         jit_entry *e = t->entries[i];
         if (e->guards && !gd_check(e->guards, in, scalars)) continue;
-        if (!jit_entry_serves(o, e, in, scalars, spec)) {
+        if (!kernels_serve(o, e, in, spec)) {
             *declined = true;
             continue;
         }
