@@ -456,10 +456,10 @@ static bool dynamic_dims(const em_compiled *f, em_tensor *const *in, const doubl
     if (near) jit_dyn_mask(near, in, f->ninputs, dyn);
     bool any = false;
     for (int i = 0; i < f->ninputs; i++) {
-        if (!near) dyn[i] = ~0u; /* forced */
+        uint32_t want = near ? dyn[i] : ~0u; /* forced: every dim */
+        dyn[i] = 0;
         for (int d = 0; d < in[i]->ndim; d++)
-            if (in[i]->sizes[d] < 2) dyn[i] &= ~(1u << d);
-        dyn[i] &= in[i]->ndim < 32 ? (1u << in[i]->ndim) - 1 : ~0u;
+            if ((want >> d & 1) && in[i]->sizes[d] >= 2) dyn[i] |= 1u << d;
         any |= dyn[i] != 0;
     }
     return any;
