@@ -1,7 +1,8 @@
 /* test_lazy.c - lazy mode: every op gives the values eager mode gives;
  * what defers and what computes (materialization points); errors at the
  * op; the per-structure limit; whole programs (MLP, attention) against
- * float64; graph breaks in em_compile run as segments. */
+ * float64; graph breaks in em_compile run as segments; em_compile and lazy
+ * mode share one entry machinery (the same counts for the same shapes). */
 #include "testutil.h"
 
 #include "eager.h"
@@ -920,6 +921,130 @@ START_TEST(threads_reading_one_pending_tensor_at_once_get_its_values) {
 }
 END_TEST
 
+/* ---- one entry machinery: em_compile and lazy mode count alike ---- */
+
+/* A sequence of row counts of x [rows, 8] through y = softmax(x) * w, and
+ * what it gave: entries compiled, dynamic ones among them, and sizes run
+ * op by op past the recompile limit. */
+typedef struct shape_run {
+    const int64_t *rows;
+    int n;
+    em_tensor *w;
+    int64_t compiled, dynamic, eager;
+    bool ok;             /* every value matched float64 */
+} shape_run;
+
+#define SH_COLS 8
+
+static em_status softmax_w(void *ctx, em_tensor *const *in, const double *scalars,
+                           em_tensor **out) {
+    (void)scalars;
+    out[0] = em_mul(em_softmax(in[0], -1), ctx);
+    return out[0] ? EM_OK : em_last_status();
+}
+
+/* Whether y (rows x SH_COLS floats) is softmax(x) * w to float rounding,
+ * from x's and w's values in float64. */
+static bool softmax_w_matches(const em_tensor *y, const em_tensor *x, const em_tensor *w) {
+    double *yv = tu_values(y), *xv = tu_values(x), *wv = tu_values(w);
+    bool ok = yv && xv && wv;
+    for (int64_t r = 0; ok && r < x->sizes[0]; r++) {
+        const double *xr = xv + r * SH_COLS;
+        double m = -INFINITY, sum = 0;
+        for (int c = 0; c < SH_COLS; c++) m = fmax(m, xr[c]);
+        for (int c = 0; c < SH_COLS; c++) sum += exp(xr[c] - m);
+        for (int c = 0; c < SH_COLS; c++)
+            ok &= fabs(yv[r * SH_COLS + c] - exp(xr[c] - m) / sum * wv[c]) < 1e-6 * (1 + fabs(wv[c]));
+    }
+    free(yv);
+    free(xv);
+    free(wv);
+    return ok;
+}
+
+static em_tensor *shape_input(const shape_run *r, int i) {
+    return tu_random(300 + (uint64_t)i, 2, TU_SIZES(r->rows[i], SH_COLS), EM_F32, 1);
+}
+
+/* The sequence through em_compile (its limit and dynamic mode from the
+ * environment, as lazy mode's). */
+static void run_compiled(shape_run *r) {
+    em_compile_options o = {.ninputs = 1, .noutputs = 1, .name = "softmax_w"};
+    em_compiled *f = em_compile(softmax_w, r->w, &o);
+    r->ok = f != NULL;
+    for (int i = 0; r->ok && i < r->n; i++) {
+        em_scope_begin();
+        em_tensor *x = shape_input(r, i), *y = NULL;
+        r->ok = em_call(f, &x, NULL, &y) == EM_OK && softmax_w_matches(y, x, r->w);
+        em_release(y);
+        em_scope_end();
+    }
+    em_compile_stats st = {0};
+    em_compiled_stats(f, &st);
+    r->compiled = st.traces, r->dynamic = st.dynamic_entries, r->eager = st.eager;
+    em_compiled_free(f);
+}
+
+/* The sequence in lazy mode, on a fresh thread (its state reads the
+ * environment). */
+static void *lazy_shapes_body(void *arg) {
+    shape_run *r = arg;
+    r->ok = true;
+    for (int i = 0; r->ok && i < r->n; i++) {
+        em_scope_begin();
+        em_tensor *x = shape_input(r, i); /* made before lazy mode: it is an input */
+        em_lazy_begin();
+        em_tensor *y = em_mul(em_softmax(x, -1), r->w);
+        r->ok = y && !y->storage && em_realize(y) == EM_OK;
+        em_lazy_end();
+        r->ok = r->ok && softmax_w_matches(y, x, r->w);
+        em_scope_end();
+    }
+    em_lazy_stats st;
+    em_lazy_get_stats(&st);
+    r->compiled = st.graphs_compiled, r->dynamic = st.dynamic_graphs, r->eager = st.eager_graphs;
+    return NULL;
+}
+
+/* Runs rows through both and checks both gave the expected counts. */
+static void check_shapes_alike(const int64_t *rows, int n, int64_t compiled, int64_t dynamic,
+                               int64_t eager) {
+    em_tensor *w = tu_random(299, 1, TU_SIZES(SH_COLS), EM_F32, 1);
+    shape_run c = {rows, n, w, 0, 0, 0, false}, l = c;
+    run_compiled(&c);
+    on_thread(lazy_shapes_body, &l);
+    em_release(w);
+    ck_assert_msg(c.ok && l.ok, "values: em_compile %d, lazy mode %d", c.ok, l.ok);
+    ck_assert_msg(c.compiled == compiled && c.dynamic == dynamic && c.eager == eager,
+                  "em_compile: %lld compiled, %lld dynamic, %lld eager", (long long)c.compiled,
+                  (long long)c.dynamic, (long long)c.eager);
+    ck_assert_msg(l.compiled == compiled && l.dynamic == dynamic && l.eager == eager,
+                  "lazy mode: %lld compiled, %lld dynamic, %lld eager", (long long)l.compiled,
+                  (long long)l.dynamic, (long long)l.eager);
+}
+
+/* Both run on entry.c: a static entry for the first size, a dynamic one
+ * at the second (promotion), which serves every later size >= 2; a size
+ * of 1 stays specialized (its own static entry), and is found again. */
+START_TEST(dynamic_promotion_counts_the_same_in_em_compile_and_lazy_mode) {
+    static const int64_t rows[] = {2, 3, 5, 1, 7, 4, 1};
+    check_shapes_alike(rows, 7, 3, 1, 0);
+}
+END_TEST
+
+/* The one recompile limit: with EMBER_RECOMPILE_LIMIT=2 and no dynamic
+ * shapes, two sizes compile and the next new ones run eagerly (each new
+ * size once here: em_compile counts eager calls, lazy mode eager graphs). */
+START_TEST(the_recompile_limit_counts_the_same_in_em_compile_and_lazy_mode) {
+    static const int64_t rows[] = {2, 3, 5, 3, 1, 2};
+    setenv("EMBER_RECOMPILE_LIMIT", "2", 1);
+    setenv("EMBER_DYNAMIC", "0", 1);
+    check_shapes_alike(rows, 6, 2, 0, 2);
+    unsetenv("EMBER_RECOMPILE_LIMIT");
+    unsetenv("EMBER_DYNAMIC");
+}
+END_TEST
+
 int main(void) {
     const tu_test tests[] = {
         {"every_op_lazy_equals_eager", every_op_lazy_equals_eager},
@@ -938,6 +1063,8 @@ int main(void) {
         {"a_graph_break_splits_the_function_into_compiled_segments", a_graph_break_splits_the_function_into_compiled_segments},
         {"lazy_modes_tables_free_with_the_allocator_that_made_the_state", lazy_modes_tables_free_with_the_allocator_that_made_the_state},
         {"threads_reading_one_pending_tensor_at_once_get_its_values", threads_reading_one_pending_tensor_at_once_get_its_values},
+        {"dynamic_promotion_counts_the_same_in_em_compile_and_lazy_mode", dynamic_promotion_counts_the_same_in_em_compile_and_lazy_mode},
+        {"the_recompile_limit_counts_the_same_in_em_compile_and_lazy_mode", the_recompile_limit_counts_the_same_in_em_compile_and_lazy_mode},
     };
     return tu_run(tu_suite("lazy", tests, sizeof tests / sizeof tests[0], 600));
 }

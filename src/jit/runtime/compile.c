@@ -1,35 +1,16 @@
-/* compile.c - em_compile and em_call: entries, guards, recompiles, the
- * recompile limit, graph breaks.
+/* compile.c - em_compile and em_call: guards, recompiles, graph breaks.
+ * The entries, their table, the recompile limit, dynamic entries and
+ * background compiles are the shared machinery of entry.c.
  *
- * Ownership: a compiled function owns its entries; an entry owns its graph
- * (and through it references to captured constants), its guards and its
- * backend state.  em_compiled_free releases everything. */
-#include "jit.h"
-#include "compile_queue.h"
-#include "plan.h"
+ * Ownership: a compiled function owns its entries (entry-impl.h says what
+ * an entry owns).  em_compiled_free releases everything. */
+#include "entry-impl.h"
 
 #include <ctype.h>
 #include <stdlib.h>
 #include <string.h>
 
 #define MAX_ARGS 64
-#define DEFAULT_RECOMPILE_LIMIT 8
-
-typedef struct jit_entry {
-    const jit_backend *backend; /* f's, or for "auto" the one of the graph's device */
-    tr_graph *graph;
-    gd_guards *guards;
-    void *state;          /* the backend's (NULL while compiling) */
-    bool dynamic;         /* some dims dynamic: run with specialize/run_dynamic */
-    bool follows;         /* some attribute sizes follow dynamic sizes (jit_dyn):
-                             the graph as recorded serves only its own sizes */
-    jit_dyn *follow;      /* those sizes (no probe), for later entries to inherit */
-    /* Async compile: until ready, calls that match run op by op (replay).
-     * ready, dynamic, state and the guards change only under the lock. */
-    bool ready;
-    bool failed;          /* the background compile failed: replay for good */
-    jit_job *job;         /* its background compile (compile_queue.c), or NULL */
-} jit_entry;
 
 struct em_compiled {
     em_fn fn;
@@ -39,12 +20,11 @@ struct em_compiled {
     char **input_names;
     em_tensor *const **watch;
     int nwatch;
-    int limit;
     bool verify;          /* run the graph verifier after every pass (EMBER_VERIFY=1) */
     const jit_backend *backend;
-    jit_entry **entries;  /* most recently used first */
-    int nentries;
-    bool limit_logged;
+    jit_table entries;    /* jit_table_recent(0): the most recently used */
+    jit_limit limit;      /* the recompile limit: limit.entries == entries.n */
+    jit_owner own;        /* what the entry machinery needs: lock, log, env, allocator */
     em_compile_stats stats;
     jit_log log;
     jit_env env;          /* the kernel cache and compile counters */
@@ -56,13 +36,6 @@ struct em_compiled {
     bool async;           /* compile new entries in background threads */
     int lazy_trace;       /* em_compile_options.lazy_trace */
 };
-
-/* A background compile (async): what the thread needs, owned by it. */
-typedef struct compile_job {
-    em_compiled *f;
-    jit_entry *e;
-    jit_dyn *dyn;         /* dynamic entries: jit_dyn_check's result */
-} compile_job;
 
 /* ---- creation ---- */
 
@@ -113,34 +86,53 @@ static em_status check_options(em_fn fn, const em_compile_options *o) {
     return EM_OK;
 }
 
-int jit_env_recompile_limit(const jit_log *log) {
-    char buf[64];
-    const char *e = em_getenv("EMBER_RECOMPILE_LIMIT", buf, sizeof buf);
-    if (!e || !*e) return DEFAULT_RECOMPILE_LIMIT;
-    char *end;
-    long v = strtol(e, &end, 10);
-    if (*end || v < 0 || v > 1 << 20) {
-        jit_logf(log, 0, "EMBER_RECOMPILE_LIMIT=%s is not a count: using %d", e,
-                 DEFAULT_RECOMPILE_LIMIT);
-        return DEFAULT_RECOMPILE_LIMIT;
+/* ---- what the entry machinery (entry.c) calls back ---- */
+
+static em_compiled *owner_fn(const jit_owner *o) {
+    return (em_compiled *)((char *)o - offsetof(em_compiled, own));
+}
+
+/* "x[0], w[1]": the dynamic dims of gs, for logs. */
+static void dims_str(const gd_guards *gs, char *buf, size_t n) {
+    size_t len = 0;
+    buf[0] = '\0';
+    for (int i = 0; i < gs->ntensors; i++)
+        for (int d = 0; d < gs->tensors[i].ndim; d++)
+            if ((gs->tensors[i].dyn >> d & 1) && len < n)
+                len += (size_t)snprintf(buf + len, n - len, "%s%s[%d]", len ? ", " : "",
+                                        gs->names[i], d);
+}
+
+/* EMBER_LOG=recompiles: the dims a new entry makes dynamic (once its graph
+ * is checked), or why it is static. */
+static void log_dynamic(const jit_owner *o, const jit_entry *e, bool compiled, const char *why) {
+    const em_compiled *f = owner_fn(o);
+    if (why) {
+        jit_logf(&f->log, JIT_LOG_RECOMPILES, "%s: the new entry is static: %s", f->name, why);
+    } else if (!compiled) {
+        char dims[256];
+        dims_str(e->guards, dims, sizeof dims);
+        jit_logf(&f->log, JIT_LOG_RECOMPILES, "%s: dynamic dims %s%s", f->name, dims,
+                 e->follows ? " (reshape or expand sizes follow them)" : "");
     }
-    return (int)v;
 }
 
-int jit_env_dynamic(const jit_log *log) {
-    char buf[64];
-    const char *e = em_getenv("EMBER_DYNAMIC", buf, sizeof buf);
-    if (!e || !*e || !strcmp(e, "1") || !strcmp(e, "auto")) return 0;
-    if (!strcmp(e, "0") || !strcmp(e, "off")) return -1;
-    if (!strcmp(e, "force")) return 1;
-    jit_logf(log, 0, "EMBER_DYNAMIC=%s is not 0, 1, auto, off or force: using auto", e);
-    return 0;
-}
-
-bool jit_env_flag(const char *name) {
-    char buf[64];
-    const char *e = em_getenv(name, buf, sizeof buf);
-    return e && *e && strcmp(e, "0") != 0;
+/* Counters of a finished compile, under the lock.  One that failed in the
+ * caller's thread leaves no entry: only its kernels count. */
+static void count_compile(jit_owner *o, jit_entry *e, jit_compile_end how) {
+    em_compiled *f = owner_fn(o);
+    f->env.compiled += e->kernels_compiled;
+    f->env.loaded += e->kernels_loaded;
+    f->env.plans_loaded += e->plans_loaded;
+    f->env.plans_stored += e->plans_stored;
+    f->env.lowered += e->lowered;
+    if (how == JIT_COMPILED_NOW && e->failed) return;
+    f->stats.kernels = e->backend->kernels && e->state ? e->backend->kernels(e->state) : 0;
+    f->stats.kernels_compiled = f->env.compiled;
+    f->stats.kernels_loaded = f->env.loaded;
+    f->stats.graphs_loaded = f->env.plans_loaded;
+    f->stats.graphs_lowered = f->env.lowered;
+    f->stats.dynamic_entries += e->dynamic;
 }
 
 em_compiled *em_compile(em_fn fn, void *ctx, const em_compile_options *opts) {
@@ -155,7 +147,8 @@ em_compiled *em_compile(em_fn fn, void *ctx, const em_compile_options *opts) {
     f->backend = jit_backend_find(opts->backend);
     f->alloc = em_get_allocator();
     jit_log_open(&f->log);
-    f->limit = opts->recompile_limit ? opts->recompile_limit : jit_env_recompile_limit(&f->log);
+    f->limit.limit = opts->recompile_limit ? opts->recompile_limit
+                                           : jit_env_recompile_limit(&f->log);
     f->dynamic = opts->dynamic ? opts->dynamic : jit_env_dynamic(&f->log);
     f->async = opts->async_compile ? opts->async_compile > 0 : jit_env_flag("EMBER_ASYNC_COMPILE");
     f->lazy_trace = opts->lazy_trace;
@@ -168,9 +161,8 @@ em_compiled *em_compile(em_fn fn, void *ctx, const em_compile_options *opts) {
     f->name = dup_str(opts->name ? opts->name : "fn");
     f->input_names = em_calloc((size_t)(f->ninputs ? f->ninputs : 1), sizeof(char *));
     f->watch = em_calloc((size_t)(opts->nwatch ? opts->nwatch : 1), sizeof *f->watch);
-    f->entries = em_calloc((size_t)(f->limit ? f->limit : 1), sizeof *f->entries);
-    bool ok = f->name && f->input_names && f->watch && f->entries && (f->record || !rec || !*rec ||
-                                                                       !jit_backend_has_artifacts(f->backend));
+    bool ok = f->name && f->input_names && f->watch && (f->record || !rec || !*rec ||
+                                                       !jit_backend_has_artifacts(f->backend));
     for (int i = 0; ok && i < f->ninputs; i++) {
         char buf[32];
         snprintf(buf, sizeof buf, "in%d", i);
@@ -183,40 +175,30 @@ em_compiled *em_compile(em_fn fn, void *ctx, const em_compile_options *opts) {
              (em_error(EM_ERR_NOMEM, "em_compile: cannot make the function's lock"), false);
     }
     if (!ok) {
-        f->nentries = 0;
         jit_log_close(&f->log);
         for (int i = 0; f->input_names && i < f->ninputs; i++) em_free(f->input_names[i]);
         em_free(f->input_names);
         em_free(f->watch);
-        em_free(f->entries);
         em_free(f->name);
         em_free(f->record);
         kc_close(f->env.cache);
         em_free(f);
         return NULL;
     }
+    f->own = (jit_owner){.name = f->name, .lock = &f->lock, .log = &f->log, .env = &f->env,
+                         .alloc = f->alloc, .async = f->async, .compiled = count_compile,
+                         .log_dynamic = log_dynamic};
     return f;
-}
-
-static void entry_free(const em_compiled *f, jit_entry *e) {
-    if (!e) return;
-    jit_queue_wait(e->job); /* never cancelled here: it frees its job */
-    em_free(e->follow);
-    if (e->state) e->backend->free(e->state);
-    gd_free(e->guards);
-    tr_graph_free(e->graph);
-    em_free(e);
 }
 
 void em_compiled_free(em_compiled *f) {
     if (!f) return;
     const em_allocator *saved = em_get_allocator();
     em_set_allocator(f->alloc); /* free with the allocator that made it */
-    for (int i = 0; i < f->nentries; i++) entry_free(f, f->entries[i]);
+    jit_table_free(&f->entries);
     for (int i = 0; i < f->ninputs; i++) em_free(f->input_names[i]);
     em_free(f->input_names);
     em_free(f->watch);
-    em_free(f->entries);
     em_free(f->name);
     em_free(f->record);
     kc_close(f->env.cache);
@@ -294,21 +276,14 @@ static const em_allocator *use_own_alloc(const em_compiled *f) {
     return caller;
 }
 
-/* Moves entry i to the front (most recently used). */
-static void touch(em_compiled *f, int i) {
-    jit_entry *e = f->entries[i];
-    memmove(&f->entries[1], &f->entries[0], sizeof *f->entries * (size_t)i);
-    f->entries[0] = e;
-}
-
 static void log_entry(const em_compiled *f, const jit_entry *e) {
     if (f->log.flags & JIT_LOG_GRAPH) {
         jit_logf(&f->log, JIT_LOG_GRAPH, "captured graph of %s (entry %d):", f->name,
-                 f->nentries);
+                 f->entries.n);
         tr_print(e->graph, f->log.f);
     }
     if (f->log.flags & JIT_LOG_GUARDS) {
-        jit_logf(&f->log, JIT_LOG_GUARDS, "guards of %s (entry %d):", f->name, f->nentries);
+        jit_logf(&f->log, JIT_LOG_GUARDS, "guards of %s (entry %d):", f->name, f->entries.n);
         gd_print(e->guards, f->log.f);
     }
     fflush(f->log.f);
@@ -326,168 +301,24 @@ static void record_entry(em_compiled *f, const jit_entry *e) {
     em_clear_error();
 }
 
-static jit_dyn *dyn_new(int ninputs) {
-    jit_dyn *d = em_calloc(1, sizeof *d);
-    if (d && !(d->probe = em_calloc((size_t)ninputs + 1, sizeof *d->probe))) {
-        em_free(d);
-        return NULL;
-    }
-    return d;
-}
-
-static void dyn_free(jit_dyn *d) {
-    if (d) em_free(d->probe);
-    em_free(d);
-}
-
-/* "x[0], w[1]": the dynamic dims of gs, for logs. */
-static void dims_str(const gd_guards *gs, char *buf, size_t n) {
-    size_t len = 0;
-    buf[0] = '\0';
-    for (int i = 0; i < gs->ntensors; i++)
-        for (int d = 0; d < gs->tensors[i].ndim; d++)
-            if ((gs->tensors[i].dyn >> d & 1) && len < n)
-                len += (size_t)snprintf(buf + len, n - len, "%s%s[%d]", len ? ", " : "",
-                                        gs->names[i], d);
-}
-
-/* Counters of a finished compile, under the lock. */
-static void count_compile(em_compiled *f, const jit_entry *e, const jit_env *env) {
-    if (env != &f->env) {
-        f->env.compiled += env->compiled;
-        f->env.loaded += env->loaded;
-        f->env.plans_loaded += env->plans_loaded;
-        f->env.plans_stored += env->plans_stored;
-        f->env.lowered += env->lowered;
-    }
-    f->stats.kernels = e->backend->kernels && e->state ? e->backend->kernels(e->state) : 0;
-    f->stats.kernels_compiled = f->env.compiled;
-    f->stats.kernels_loaded = f->env.loaded;
-    f->stats.graphs_loaded = f->env.plans_loaded;
-    f->stats.graphs_lowered = f->env.lowered;
-    f->stats.dynamic_entries += e->dynamic;
-}
-
-/* The backend compile of entry e (dyn: what makes it dynamic).
- * A backend that cannot make the kernels dynamic compiles them for the
- * traced sizes; the guards then check the traced sizes again. */
-static em_status compile_entry(em_compiled *f, jit_entry *e, const jit_dyn *dyn, jit_env *env,
-                               void **state, bool *dynamic) {
-    char why[256] = "";
-    if (!*dynamic) return e->backend->compile(e->graph, env, state);
-    em_status s = e->backend->compile_dynamic(e->graph, dyn, env, state, dynamic, why, sizeof why);
-    if (s == EM_OK && !*dynamic)
-        jit_logf(&f->log, JIT_LOG_RECOMPILES, "%s: the new entry is static: %s", f->name, why);
-    return s;
-}
-
-/* The background compile of job->e, on a queue thread; run false: the
- * process is exiting, and the entry keeps running op by op. */
-static void compile_job_run(void *arg, bool run) {
-    compile_job *job = arg;
-    em_compiled *f = job->f;
-    jit_entry *e = job->e;
-    em_set_allocator(f->alloc);
-    jit_env env = {.cache = f->env.cache, .log = &f->log};
-    void *state = NULL;
-    bool dynamic = e->dynamic; /* set before the job was queued, read-only until ready */
-    em_status s = run ? compile_entry(f, e, job->dyn, &env, &state, &dynamic) : EM_ERR_STATE;
-    lock(f);
-    if (s == EM_OK) {
-        if (!dynamic) gd_make_static(e->guards);
-        e->dynamic = dynamic;
-        e->follows = dynamic && e->follows;
-        e->state = state;
-        e->ready = true;
-    } else {
-        if (state) e->backend->free(state);
-        e->failed = true;
-        if (run)
-            jit_logf(&f->log, 0, "%s: background compile failed (%s); the entry runs op by op",
-                     f->name, em_last_error());
-        em_clear_error();
-    }
-    count_compile(f, e, &env);
-    unlock(f);
-    dyn_free(job->dyn);
-    em_free(job);
-}
-
-/* Queues e's compile on the process's compile queue (the job takes dyn);
- * false when it could not be queued.  Identical graphs (of other
- * functions) compile one after the other, the second from the cache. */
-static bool start_compile(em_compiled *f, jit_entry *e, jit_dyn *dyn) {
-    compile_job *job = em_malloc(sizeof *job);
-    if (!job) return false;
-    *job = (compile_job){f, e, dyn};
-    kc_key key;
-    bool keyed = jit_graph_key(e->graph, e->backend->name, "em_compile", &key);
-    if (!jit_queue_submit(keyed ? &key : NULL, compile_job_run, job, &e->job)) {
-        em_free(job);
-        return false;
-    }
-    return true;
-}
-
-/* Marks the dims in mask dynamic in e's guards, when the graph allows it;
- * fills dyn for the backend. */
-static void make_dynamic(em_compiled *f, jit_entry *e, em_tensor *const *in, const uint32_t *mask,
-                         const jit_entry *prev, jit_dyn *dyn) {
-    for (int i = 0; mask && i < f->ninputs; i++) gd_set_dynamic(e->guards, i, mask[i]);
-    if (!gd_is_dynamic(e->guards)) return;
-    char why[256], dims[256];
-    if (!e->backend->compile_dynamic) {
-        snprintf(why, sizeof why, "the %s backend has no dynamic kernels", e->backend->name);
-    } else if (jit_dyn_check(e->graph, prev ? prev->graph : NULL, prev ? prev->follow : NULL,
-                             e->guards, in, dyn, why, sizeof why)) {
-        e->dynamic = true;
-        e->follows = dyn->nsizes > 0;
-        if (e->follows && (e->follow = em_malloc(sizeof *e->follow))) {
-            *e->follow = *dyn;
-            e->follow->probe = NULL;
-        }
-        dims_str(e->guards, dims, sizeof dims);
-        jit_logf(&f->log, JIT_LOG_RECOMPILES, "%s: dynamic dims %s%s", f->name, dims,
-                 e->follows ? " (reshape or expand sizes follow them)" : "");
-        return;
-    }
-    gd_make_static(e->guards);
-    jit_logf(&f->log, JIT_LOG_RECOMPILES, "%s: the new entry is static: %s", f->name, why);
-}
-
-/* Builds an entry from a recorded graph (which it takes); the dims in dyn
- * (a mask per input, or NULL) may become dynamic, prev being the graph of
- * the entry that differed only in sizes (NULL: forced).  Async: the entry
- * is returned before its compile finishes. */
+/* Builds an entry from a recorded graph (which it takes); the dims in mask
+ * (a mask per input, or NULL) may become dynamic, prev being the entry
+ * that differed only in sizes (NULL: forced).  Async: the entry is
+ * returned before its compile finishes. */
 static jit_entry *make_entry(em_compiled *f, tr_graph *g, em_tensor *const *in,
                              const double *scalars, const uint32_t *mask, const jit_entry *prev) {
-    jit_entry *e = em_calloc(1, sizeof *e);
-    jit_dyn *dyn = dyn_new(f->ninputs);
-    if (!e || !dyn) {
-        em_free(e);
-        dyn_free(dyn);
-        tr_graph_free(g);
-        return NULL;
-    }
-    e->graph = g;
-    e->backend = jit_backend_for_graph(f->backend, g);
-    if (tr_optimize(g, f->verify) != EM_OK ||
+    jit_entry *e = jit_entry_new(g, jit_backend_for_graph(f->backend, g), NULL);
+    if (!e) tr_graph_free(g);
+    jit_dyn *dyn = e ? jit_dyn_new(f->ninputs) : NULL;
+    if (!dyn || tr_optimize(g, f->verify) != EM_OK ||
         !(e->guards = gd_build(g, in, scalars, f->nscalars, f->watch, f->nwatch)))
         goto fail;
-    make_dynamic(f, e, in, mask, prev, dyn);
-    if (f->async && start_compile(f, e, dyn)) return e; /* the job owns dyn */
-    bool dynamic = e->dynamic;
-    if (compile_entry(f, e, dyn, &f->env, &e->state, &dynamic) != EM_OK) goto fail;
-    if (!dynamic) gd_make_static(e->guards);
-    e->dynamic = dynamic;
-    e->follows = dynamic && e->follows;
-    e->ready = true;
-    dyn_free(dyn);
-    count_compile(f, e, &f->env);
-    return e;
+    if (mask) jit_entry_make_dynamic(&f->own, e, in, mask, prev, dyn);
+    if (jit_entry_compile(&f->own, e, dyn) == EM_OK) return e; /* it takes dyn */
+    dyn = NULL;
 fail:
-    dyn_free(dyn);
-    entry_free(f, e);
+    jit_dyn_free(dyn);
+    jit_entry_free(e);
     return NULL;
 }
 
@@ -505,8 +336,9 @@ static bool trace_lazily(const em_compiled *f, em_tensor *const *in) {
     return false;
 }
 
-static em_status run_entry(em_compiled *f, jit_entry *e, bool ready, bool follows, void *spec,
-                           em_tensor *const *in, const double *scalars, em_tensor **out);
+static em_status run_entry(em_compiled *f, const jit_entry *e, bool ready, bool follows,
+                           void *spec, em_tensor *const *in, const double *scalars,
+                           em_tensor **out);
 
 static bool has_random(const tr_graph *g) {
     for (int i = 0; i < g->nnodes; i++)
@@ -573,12 +405,14 @@ static em_status trace(em_compiled *f, em_tensor *const *in, const double *scala
     }
     caller = use_own_alloc(f);
     jit_entry *e = g ? make_entry(f, g, in, scalars, dyn, prev) : NULL;
+    if (e && !jit_table_add(&f->entries, e)) {
+        jit_entry_free(e);
+        e = NULL;
+    }
     if (e) {
-        memmove(&f->entries[1], &f->entries[0], sizeof *f->entries * (size_t)f->nentries);
-        f->entries[0] = e;
-        f->nentries++;
+        f->limit.entries = f->entries.n;
         f->stats.traces++;
-        f->stats.entries = f->nentries;
+        f->stats.entries = f->entries.n;
         log_entry(f, e);
         record_entry(f, e);
     }
@@ -615,22 +449,19 @@ static bool differs_in_sizes_only(const em_compiled *f, const jit_entry *e, em_t
  * specialized.  false: none. */
 static bool dynamic_dims(const em_compiled *f, em_tensor *const *in, const double *scalars,
                          uint32_t *dyn, const jit_entry **prev) {
-    memset(dyn, 0, sizeof *dyn * (size_t)(f->ninputs ? f->ninputs : 1));
     const jit_entry *near = NULL;
-    for (int i = 0; f->dynamic == 0 && !near && i < f->nentries; i++)
-        if (differs_in_sizes_only(f, f->entries[i], in, scalars)) near = f->entries[i];
+    for (int i = 0; f->dynamic == 0 && !near && i < f->entries.n; i++)
+        if (differs_in_sizes_only(f, jit_table_recent(&f->entries, i), in, scalars))
+            near = jit_table_recent(&f->entries, i);
     if (f->dynamic < 0 || (f->dynamic == 0 && !near)) return false;
     *prev = near;
+    if (near) jit_dyn_mask(near, in, f->ninputs, dyn);
     bool any = false;
     for (int i = 0; i < f->ninputs; i++) {
-        for (int d = 0; d < in[i]->ndim; d++) {
-            bool want = f->dynamic > 0;
-            if (near) {
-                const gd_tensor *g = &near->guards->tensors[i];
-                want = (g->dyn >> d & 1) || g->sizes[d] != in[i]->sizes[d];
-            }
-            if (want && in[i]->sizes[d] >= 2) dyn[i] |= 1u << d;
-        }
+        uint32_t want = near ? dyn[i] : ~0u; /* forced: every dim */
+        dyn[i] = 0;
+        for (int d = 0; d < in[i]->ndim; d++)
+            if ((want >> d & 1) && in[i]->sizes[d] >= 2) dyn[i] |= 1u << d;
         any |= dyn[i] != 0;
     }
     return any;
@@ -639,36 +470,11 @@ static bool dynamic_dims(const em_compiled *f, em_tensor *const *in, const doubl
 /* Runs entry e (the lock is released): compiled, or while its compile is
  * pending, op by op (fn itself when attribute sizes follow the sizes: the
  * recorded graph holds the traced ones). */
-static em_status run_entry(em_compiled *f, jit_entry *e, bool ready, bool follows, void *spec,
-                           em_tensor *const *in, const double *scalars, em_tensor **out) {
+static em_status run_entry(em_compiled *f, const jit_entry *e, bool ready, bool follows,
+                           void *spec, em_tensor *const *in, const double *scalars,
+                           em_tensor **out) {
     if (!ready && follows) return run_eager(f, in, scalars, out);
-    if (!ready) return jit_replay_backend.run(NULL, e->graph, in, out);
-    if (e->dynamic && e->backend->run_dynamic)
-        return e->backend->run_dynamic(e->state, spec, e->graph, in, out);
-    return e->backend->run(e->state, e->graph, in, out);
-}
-
-/* The entry that serves the call, moved to the front (or -1).  *declined:
- * some dynamic entry passed its guards but not its kernels' check. */
-static int find_entry(em_compiled *f, em_tensor *const *in, const double *scalars, void **spec,
-                      bool *declined) {
-    *declined = false;
-    for (int i = 0; i < f->nentries; i++) {
-        jit_entry *e = f->entries[i];
-        if (!gd_check(e->guards, in, scalars)) continue;
-        *spec = NULL;
-        const em_allocator *caller = use_own_alloc(f); /* the state keeps what it makes */
-        bool serves = !(e->ready && e->dynamic && e->backend->specialize) ||
-                      e->backend->specialize(e->state, e->graph, in, spec);
-        em_set_allocator(caller);
-        if (!serves) {
-            *declined = true;
-            continue;
-        }
-        touch(f, i);
-        return 0;
-    }
-    return -1;
+    return jit_entry_run(e, ready, spec, in, out);
 }
 
 static em_status call_entries(em_compiled *f, em_tensor *const *in, const double *scalars,
@@ -720,8 +526,8 @@ static em_status call_entries(em_compiled *f, em_tensor *const *in, const double
     }
     void *spec = NULL;
     bool declined;
-    if (find_entry(f, in, scalars, &spec, &declined) == 0) {
-        jit_entry *e = f->entries[0];
+    jit_entry *e = jit_table_find(&f->own, &f->entries, in, scalars, &spec, &declined);
+    if (e) {
         bool ready = e->ready, follows = e->follows;
         f->stats.hits++;
         f->stats.pending += !ready;
@@ -729,29 +535,26 @@ static em_status call_entries(em_compiled *f, em_tensor *const *in, const double
         return run_entry(f, e, ready, follows, spec, in, scalars, out);
     }
     /* explain with the entry that came closest to matching */
-    for (int i = 0, best = -1; i < f->nentries; i++) {
+    for (int i = 0, best = -1; i < f->entries.n; i++) {
         char why[sizeof f->stats.last_failure];
-        int passed = gd_explain(f->entries[i]->guards, in, scalars, why, sizeof why);
+        int passed = gd_explain(jit_table_recent(&f->entries, i)->guards, in, scalars, why,
+                                sizeof why);
         if (!why[0]) snprintf(why, sizeof why, "the sizes need kernels of another structure");
         if (passed > best) {
             best = passed;
             memcpy(f->stats.last_failure, why, sizeof why);
         }
     }
-    if (f->nentries >= f->limit) {
+    if (!jit_limit_admit(&f->limit, &f->log, "%s hit the recompile limit (%d entries); calls "
+                         "that match no entry run eagerly. Last failure: %s", f->name,
+                         f->limit.limit, f->stats.last_failure[0] ? f->stats.last_failure : "none")) {
         f->stats.eager++;
-        if (!f->limit_logged) {
-            f->limit_logged = true;
-            jit_logf(&f->log, 0, "%s hit the recompile limit (%d entries); calls that match no "
-                     "entry run eagerly. Last failure: %s", f->name, f->limit,
-                     f->stats.last_failure[0] ? f->stats.last_failure : "none");
-        }
         unlock(f);
         return run_eager(f, in, scalars, out);
     }
-    if (f->nentries > 0)
+    if (f->entries.n > 0)
         jit_logf(&f->log, JIT_LOG_RECOMPILES, "recompiling %s (entry %d of at most %d): %s",
-                 f->name, f->nentries + 1, f->limit, f->stats.last_failure);
+                 f->name, f->entries.n + 1, f->limit.limit, f->stats.last_failure);
     uint32_t dyn[MAX_ARGS];
     const jit_entry *prev = NULL;
     /* sizes a dynamic entry's kernels cannot take get an exact entry */
@@ -775,10 +578,10 @@ em_status em_compiled_print(const em_compiled *f, int entry, bool dot, FILE *out
     if (!out) return em_error(EM_ERR_NULL, "em_compiled_print: out is NULL");
     pthread_mutex_lock((pthread_mutex_t *)&f->lock);
     em_status s;
-    if (entry < 0 || entry >= f->nentries) {
-        s = em_error(EM_ERR_INDEX, "em_compiled_print: entry %d of %d", entry, f->nentries);
+    if (entry < 0 || entry >= f->entries.n) {
+        s = em_error(EM_ERR_INDEX, "em_compiled_print: entry %d of %d", entry, f->entries.n);
     } else {
-        const jit_entry *e = f->entries[entry];
+        const jit_entry *e = jit_table_recent(&f->entries, entry);
         s = dot ? tr_print_dot(e->graph, out) : tr_print(e->graph, out);
         if (s == EM_OK && !dot) gd_print(e->guards, out);
     }
@@ -797,11 +600,12 @@ em_status em_compiled_save(const em_compiled *f, const char *path) {
     pthread_mutex_lock((pthread_mutex_t *)&f->lock);
     em_status s = EM_OK;
     /* oldest first, as EMBER_RECORD would have appended them; entries of a
-     * backend without artifacts (cuda, for now) have nothing to warm up */
-    for (int i = f->nentries - 1; i >= 0 && s == EM_OK; i--)
-        if (f->entries[i]->backend->target)
-            s = jit_record_append(path, f->name, f->entries[i]->backend->name,
-                                  f->entries[i]->graph, f->entries[i]->guards);
+     * backend without artifacts (replay) have nothing to warm up */
+    for (int i = 0; i < f->entries.n && s == EM_OK; i++) {
+        const jit_entry *e = f->entries.entries[i];
+        if (e->backend->target)
+            s = jit_record_append(path, f->name, e->backend->name, e->graph, e->guards);
+    }
     pthread_mutex_unlock((pthread_mutex_t *)&f->lock);
     return s;
 }

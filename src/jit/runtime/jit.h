@@ -97,7 +97,7 @@ jit_warm_result jit_warmup(const jit_record *r, kc_cache *cache, const char *tar
  * NULL for a backend without artifacts. */
 const char *jit_backend_target(const jit_backend *b);
 
-/* ---- settings from the environment (compile.c), read by em_compile and
+/* ---- settings from the environment (entry.c), read by em_compile and
  * by lazy mode; bad values are logged on log and replaced by the default */
 /* EMBER_RECOMPILE_LIMIT: entries before falling back to eager (default 8). */
 int jit_env_recompile_limit(const struct jit_log *log);

@@ -24,41 +24,24 @@
  *
  * Ownership: a thunk owns references to its inputs and to the thread's
  * lazy state; the state (entry table, cache) lives until its thread exits
- * and the last thunk made on it dies. */
-#include "jit.h"
-#include "compile_queue.h"
+ * and the last thunk made on it dies.  Its entries, their table, the
+ * recompile limit, dynamic entries and background compiles are the
+ * machinery em_compile shares (entry.c). */
+#include "entry-impl.h"
 
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
 #define LZ_MAX_DEPTH 256  /* pending ops on the longest path below a tensor before it is forced */
-#define LZ_TABLE_MIN 64
 
-typedef struct lz_entry {
-    kc_key key;          /* cut_keys' */
-    tr_graph *graph;
-    void *state;         /* the backend's; NULL: run op by op (replay) */
-    const jit_backend *backend;
-    bool compiling;      /* EMBER_ASYNC_COMPILE: a thread compiles it; until then
-                            it runs op by op.  state, backend and compiling
-                            change only under the state's lock */
-} lz_entry;
-
-/* A structure's dynamic entry: one compiled state for many sizes. */
-typedef struct lz_dyn {
-    tr_graph *graph;
-    gd_guards *guards;   /* which sizes it serves */
-    void *state;
-    const jit_backend *backend;
-} lz_dyn;
-
+/* A graph structure (the cut's shape-free key): its size variants are one
+ * group under the recompile limit. */
 typedef struct lz_structure {
-    kc_key key;          /* cut_keys' shape-free key */
-    int entries;
-    bool logged;
-    int first;           /* its first entry (the sizes first seen), or -1 */
-    lz_dyn *dyn;         /* made at the second size variant, when it can be */
+    kc_key key;          /* cut_keys' shape-free key (jit_index reads it first) */
+    jit_limit limit;     /* its entries (size variants and its dynamic entry) */
+    const jit_entry *first; /* its first entry (the sizes first seen), or NULL */
+    jit_entry *dyn;      /* made at the second size variant, when it can be */
     bool dyn_refused;    /* it could not: sizes stay specialized */
 } lz_structure;
 
@@ -70,7 +53,8 @@ typedef struct lz_state {
                             of an atomic reference each saves ~10 ns an op */
     int depth;           /* em_lazy_begin nesting on the thread */
     em_dispatch_hook prev;
-    pthread_mutex_t lock; /* the tables (held across a compile) */
+    pthread_mutex_t lock; /* the tables and the entries' compiled states (held across a
+                            compile in the flush's thread) */
     pthread_mutex_t force_lock; /* held by a force (walk, run, adopt) of this state's
                             tensors: two threads reading one pending tensor must not
                             both compute it, nor one walk recipes the other's adopt
@@ -78,12 +62,8 @@ typedef struct lz_state {
     pthread_spinlock_t pending_lock; /* pending and nthunks: held for a few pointer
                             writes, by the recording thread or one releasing a
                             thunk; a mutex cost ~100 instructions an op */
-    lz_entry *entries;
-    int nentries, capentries;
-    struct lz_index { int *slots; int cap; } entry_index; /* key -> entry */
-    lz_structure *structs;
-    int nstructs, capstructs;
-    struct lz_index struct_index; /* shape-free key -> structure */
+    jit_table entries;   /* by the cut's key; never removed */
+    jit_index structs;   /* shape-free key -> lz_structure */
     int limit;           /* entries per structure before running eagerly */
     bool dynamic;        /* EMBER_DYNAMIC is not 0: a structure seen at a second
                             size gets a dynamic entry */
@@ -91,6 +71,7 @@ typedef struct lz_state {
     struct lz_thunk *pending; /* live thunks, for em_sync */
     jit_log log;
     jit_env env;
+    jit_owner own;       /* what the entry machinery needs: lock, log, env, allocator */
     em_lazy_stats stats;
     const em_allocator *alloc;
 } lz_state;
@@ -120,28 +101,18 @@ static void make_key(void) { pthread_key_create(&state_key, thread_exit); }
 
 /* ---- the thread's state ---- */
 
-static void entry_clear(lz_entry *e) {
-    if (e->state) e->backend->free(e->state);
-    tr_graph_free(e->graph);
-}
-
 static void state_release(lz_state *st) {
     if (!st || atomic_fetch_sub(&st->refs, 1) != 1) return;
     const em_allocator *saved = em_get_allocator();
     em_set_allocator(st->alloc);
-    for (int i = 0; i < st->nentries; i++) entry_clear(&st->entries[i]);
-    for (int i = 0; i < st->nstructs; i++) {
-        lz_dyn *d = st->structs[i].dyn;
-        if (!d) continue;
-        if (d->state) d->backend->free(d->state);
-        gd_free(d->guards);
-        tr_graph_free(d->graph);
-        em_free(d);
+    jit_table_free(&st->entries);
+    for (int i = 0; i < st->structs.cap; i++) {
+        lz_structure *sg = (lz_structure *)st->structs.slots[i];
+        if (!sg) continue;
+        jit_entry_free(sg->dyn);
+        em_free(sg);
     }
-    em_free(st->entries);
-    em_free(st->structs);
-    em_free(st->entry_index.slots);
-    em_free(st->struct_index.slots);
+    jit_index_free(&st->structs);
     kc_close(st->env.cache);
     jit_log_close(&st->log);
     pthread_mutex_destroy(&st->lock);
@@ -158,6 +129,36 @@ static bool recursive_mutex_init(pthread_mutex_t *m) {
               pthread_mutex_init(m, &a) == 0;
     pthread_mutexattr_destroy(&a);
     return ok;
+}
+
+/* ---- what the entry machinery (entry.c) calls back ---- */
+
+static lz_state *owner_state(const jit_owner *o) {
+    return (lz_state *)((char *)o - offsetof(lz_state, own));
+}
+
+/* A background compile holds a reference to the state. */
+static void state_hold(jit_owner *o) { atomic_fetch_add(&owner_state(o)->refs, 1); }
+static void state_drop(jit_owner *o) { state_release(owner_state(o)); }
+
+/* Counts one graph compiled and its kernels (under the lock).  A
+ * structure's dynamic entry is counted by lookup, once it is kept. */
+static void count_compile(jit_owner *o, jit_entry *e, jit_compile_end how) {
+    lz_state *st = owner_state(o);
+    if (how == JIT_COMPILE_CANCELLED || e->guards) return;
+    st->stats.graphs_compiled++;
+    st->stats.kernels_compiled += e->kernels_compiled;
+    st->stats.kernels_loaded += e->kernels_loaded;
+}
+
+static void log_dynamic(const jit_owner *o, const jit_entry *e, bool compiled, const char *why) {
+    (void)e;
+    if (why)
+        jit_logf(o->log, JIT_LOG_RECOMPILES, "lazy mode: a graph structure stays specialized "
+                 "to its sizes: %s", why);
+    else if (compiled)
+        jit_logf(o->log, JIT_LOG_RECOMPILES, "lazy mode: a graph structure seen at a second "
+                 "size has a dynamic entry now");
 }
 
 static lz_state *state_get(bool create) {
@@ -178,6 +179,10 @@ static lz_state *state_get(bool create) {
     bool spin = pthread_spin_init(&st->pending_lock, PTHREAD_PROCESS_PRIVATE) == 0;
     bool locked = spin && pthread_mutex_init(&st->lock, NULL) == 0;
     bool forcing = locked && recursive_mutex_init(&st->force_lock);
+    st->own = (jit_owner){.name = "lazy mode", .lock = &st->lock, .log = &st->log,
+                          .env = &st->env, .alloc = st->alloc, .async = st->async,
+                          .hold = state_hold, .drop = state_drop, .compiled = count_compile,
+                          .log_dynamic = log_dynamic};
     if (!forcing || pthread_setspecific(state_key, st) != 0) {
         if (forcing) pthread_mutex_destroy(&st->force_lock);
         if (locked) pthread_mutex_destroy(&st->lock);
@@ -543,194 +548,47 @@ static em_status cut_graph(cut *c) {
 
 /* ---- the entry table ---- */
 
-/* Open addressing (linear probing) over an array of records that start
- * with their kc_key: a slot holds a record's index, or -1.  The key is a
- * uniform hash already, so its first bytes choose the slot. */
-typedef struct lz_index lz_index; /* slots: a power of two of them, or none */
-
-_Static_assert(offsetof(lz_entry, key) == 0, "lz_index reads an entry's key at its start");
-_Static_assert(offsetof(lz_structure, key) == 0, "lz_index reads a structure's key at its start");
-
-static const kc_key *record_key(const void *recs, size_t size, int i) {
-    return (const kc_key *)((const char *)recs + size * (size_t)i);
-}
-
-/* The slot holding key, or the empty slot where it would go. */
-static int index_probe(const lz_index *ix, const void *recs, size_t size, const kc_key *key) {
-    uint64_t h;
-    memcpy(&h, key->bytes, sizeof h);
-    int i = (int)(h & (uint64_t)(ix->cap - 1));
-    while (ix->slots[i] >= 0 && !kc_key_equal(record_key(recs, size, ix->slots[i]), key))
-        i = (i + 1) & (ix->cap - 1);
-    return i;
-}
-
-/* The index of the record with key, or -1. */
-static int index_find(const lz_index *ix, const void *recs, size_t size, const kc_key *key) {
-    return ix->cap ? ix->slots[index_probe(ix, recs, size, key)] : -1;
-}
-
-/* Adds record n (its key already in recs[n]); the index stays at most half
- * full. */
-static bool index_add(lz_index *ix, const void *recs, size_t size, int n) {
-    if (2 * (n + 1) > ix->cap) {
-        int cap = ix->cap ? 2 * ix->cap : 2 * LZ_TABLE_MIN;
-        while (2 * (n + 1) > cap) cap *= 2;
-        int *slots = em_malloc(sizeof(int) * (size_t)cap);
-        if (!slots) return false;
-        em_free(ix->slots);
-        ix->slots = slots;
-        ix->cap = cap;
-        memset(slots, 0xff, sizeof(int) * (size_t)cap); /* every slot -1 */
-        for (int i = 0; i < n; i++) ix->slots[index_probe(ix, recs, size, record_key(recs, size, i))] = i;
-    }
-    ix->slots[index_probe(ix, recs, size, record_key(recs, size, n))] = n;
-    return true;
-}
-
-/* Room for one more record in *recs (n of *cap used). */
-static bool reserve(void **recs, size_t size, int n, int *cap, int min) {
-    if (n < *cap) return true;
-    int nc = *cap ? 2 * *cap : min;
-    void *p = em_malloc(size * (size_t)nc);
-    if (!p) return false;
-    if (n) memcpy(p, *recs, size * (size_t)n);
-    em_free(*recs);
-    *recs = p;
-    *cap = nc;
-    return true;
-}
+_Static_assert(offsetof(lz_structure, key) == 0, "jit_index reads a structure's key at its start");
 
 static lz_structure *structure_of(lz_state *st, const kc_key *sk) {
-    int i = index_find(&st->struct_index, st->structs, sizeof *st->structs, sk);
-    if (i >= 0) return &st->structs[i];
-    if (!reserve((void **)&st->structs, sizeof *st->structs, st->nstructs, &st->capstructs, 16))
+    lz_structure *sg = jit_index_find(&st->structs, sk);
+    if (sg) return sg;
+    if (!(sg = em_calloc(1, sizeof *sg))) return NULL;
+    sg->key = *sk;
+    sg->limit.limit = st->limit;
+    if (!jit_index_add(&st->structs, sg)) {
+        em_free(sg);
         return NULL;
-    lz_structure *s = &st->structs[st->nstructs];
-    memset(s, 0, sizeof *s);
-    s->key = *sk;
-    s->first = -1;
-    if (!index_add(&st->struct_index, st->structs, sizeof *st->structs, st->nstructs)) return NULL;
-    st->nstructs++;
-    return s;
-}
-
-/* By the graph's 128-bit key alone, as the kernel cache trusts its keys. */
-static lz_entry *entry_find(lz_state *st, const kc_key *key) {
-    int i = index_find(&st->entry_index, st->entries, sizeof *st->entries, key);
-    return i >= 0 ? &st->entries[i] : NULL;
-}
-
-/* Compiles g with *b; on failure *b becomes the replay backend (op by
- * op) and the state is NULL.  Takes no lock: g and *b do not change. */
-static void *compile_graph(const tr_graph *g, const jit_backend **b, jit_env *env) {
-    void *state = NULL;
-    if ((*b)->compile(g, env, &state) == EM_OK) return state;
-    if (state) (*b)->free(state);
-    *b = &jit_replay_backend;
-    em_clear_error();
-    return NULL;
-}
-
-/* Counts one graph compiled and its kernels (call with the lock held). */
-static void count_compile(lz_state *st, int64_t compiled, int64_t loaded) {
-    st->stats.graphs_compiled++;
-    st->stats.kernels_compiled += compiled;
-    st->stats.kernels_loaded += loaded;
-}
-
-/* Compiles entry e in this flush (the lock is held). */
-static void compile_entry(lz_state *st, lz_entry *e) {
-    int64_t compiled = st->env.compiled, loaded = st->env.loaded;
-    e->state = compile_graph(e->graph, &e->backend, &st->env);
-    count_compile(st, st->env.compiled - compiled, st->env.loaded - loaded);
-}
-
-typedef struct compile_job {
-    lz_state *st;
-    int index;           /* entries move when the table grows: by index */
-} compile_job;
-
-/* The background compile of an entry, on a queue thread: the graph and
- * backend do not change while it is compiling, so the compile itself runs
- * unlocked.  run false (the process is exiting): it stays op by op. */
-static void compile_job_run(void *arg, bool run) {
-    compile_job *job = arg;
-    lz_state *st = job->st;
-    em_set_allocator(st->alloc);
-    pthread_mutex_lock(&st->lock);
-    const tr_graph *g = st->entries[job->index].graph;
-    const jit_backend *b = run ? st->entries[job->index].backend : &jit_replay_backend;
-    pthread_mutex_unlock(&st->lock);
-    jit_env env = {.cache = st->env.cache, .log = &st->log};
-    void *state = run ? compile_graph(g, &b, &env) : NULL;
-    pthread_mutex_lock(&st->lock);
-    lz_entry *e = &st->entries[job->index];
-    e->state = state;
-    e->backend = b;
-    e->compiling = false;
-    if (run) count_compile(st, env.compiled, env.loaded);
-    pthread_mutex_unlock(&st->lock);
-    em_free_with(st->alloc, job);
-    state_release(st);
-}
-
-/* Queues entry index's compile on the process's compile queue, holding a
- * reference to st; false when it could not be queued.  The entry's key
- * deduplicates: another thread's identical graph compiles after this one,
- * from the cache. */
-static bool start_compile(lz_state *st, int index) {
-    compile_job *job = em_malloc(sizeof *job);
-    if (!job) {
-        em_clear_error();
-        return false;
     }
-    *job = (compile_job){st, index};
-    st->entries[index].compiling = true;
-    atomic_fetch_add(&st->refs, 1);
-    bool ok = jit_queue_submit(&st->entries[index].key, compile_job_run, job, NULL);
-    if (!ok) {
-        st->entries[index].compiling = false;
-        atomic_fetch_sub(&st->refs, 1);
-        em_free(job);
-    }
-    return ok;
+    return sg;
 }
 
-/* A new entry for graph g (taken): compiled (in a thread with
- * EMBER_ASYNC_COMPILE=1), or, past the structure's limit, run op by op. */
-static lz_entry *entry_add(lz_state *st, tr_graph *g, const kc_key *key, const kc_key *sk) {
-    if (!reserve((void **)&st->entries, sizeof *st->entries, st->nentries, &st->capentries, LZ_TABLE_MIN))
-        return NULL;
+/* A new entry for graph g (the entry's on success): compiled (on the
+ * compile queue with EMBER_ASYNC_COMPILE=1), or, past the structure's
+ * limit, run op by op. */
+static jit_entry *entry_add(lz_state *st, tr_graph *g, const kc_key *key, const kc_key *sk) {
     lz_structure *sg = structure_of(st, sk);
-    if (!sg) return NULL;
-    lz_entry *e = &st->entries[st->nentries];
-    memset(e, 0, sizeof *e);
-    e->key = *key;
-    if (!index_add(&st->entry_index, st->entries, sizeof *st->entries, st->nentries)) return NULL;
-    e->graph = g;
-    e->backend = jit_backend_for_graph(jit_backend_find(NULL), g);
-    if (sg->entries >= st->limit) {
+    jit_entry *e = sg ? jit_entry_new(g, jit_backend_for_graph(jit_backend_find(NULL), g), key) : NULL;
+    if (!e || !jit_table_add(&st->entries, e)) {
+        if (e) e->graph = NULL; /* still the caller's */
+        jit_entry_free(e);
+        return NULL;
+    }
+    if (!jit_limit_admit(&sg->limit, &st->log, "lazy mode: a graph structure hit the recompile "
+                         "limit (%d size variants); new sizes of it run eagerly", st->limit)) {
         e->backend = &jit_replay_backend;
+        e->ready = true;
         st->stats.eager_graphs++;
-        if (!sg->logged)
-            jit_logf(&st->log, 0, "lazy mode: a graph structure hit the recompile limit (%d "
-                     "size variants); new sizes of it run eagerly", st->limit);
-        sg->logged = true;
     } else {
-        if (sg->entries++ == 0) sg->first = st->nentries;
-        if (tr_optimize(g, false) != EM_OK) {
-            e->backend = &jit_replay_backend;
-            em_clear_error();
-        } else if (!(st->async && start_compile(st, st->nentries))) {
-            compile_entry(st, e);
-        }
+        if (sg->limit.entries++ == 0) sg->first = e;
+        if (tr_optimize(g, false) != EM_OK) e->failed = true; /* op by op */
+        else jit_entry_compile(&st->own, e, NULL);            /* a failure: op by op */
+        em_clear_error();
     }
     if (st->log.flags & JIT_LOG_GRAPH) {
-        jit_logf(&st->log, JIT_LOG_GRAPH, "lazy mode: new graph (entry %d):", st->nentries);
+        jit_logf(&st->log, JIT_LOG_GRAPH, "lazy mode: new graph (entry %d):", st->entries.n - 1);
         tr_print(g, st->log.f);
     }
-    st->nentries++;
     return e;
 }
 
@@ -754,72 +612,50 @@ static void adopt(em_tensor *t, em_tensor *v) {
 
 /* ---- dynamic entries ---- */
 
-/* The meta of input i of g. */
-static const em_meta *input_meta(const tr_graph *g, int i) {
-    for (int n = 0; n < g->nnodes; n++)
-        if (g->nodes[n].kind == TR_INPUT && g->nodes[n].index == i) return &g->nodes[n].meta;
+/* Makes sg's dynamic entry from the cut's graph (taken on success): the
+ * input dims whose sizes differ from the structure's first entry become
+ * dynamic, if the graph allows it and the backend can compile it so
+ * (jit_entry_make_dynamic, jit_entry_compile_now: never in the
+ * background, the compile decides whether the entry is kept).  Otherwise
+ * the structure stays specialized for good, and the log says why. */
+static jit_entry *dyn_make(lz_state *st, lz_structure *sg, cut *c) {
+    tr_graph *g = c->g;
+    int n = g->ninputs;
+    jit_entry *e = jit_entry_new(g, jit_backend_for_graph(jit_backend_find(NULL), g), NULL);
+    jit_dyn *dyn = e ? jit_dyn_new(n) : NULL;
+    uint32_t *mask = dyn ? em_calloc((size_t)n + 1, sizeof *mask) : NULL;
+    bool ok = mask && tr_optimize(g, false) == EM_OK &&
+              (e->guards = gd_build(g, c->inputs, NULL, 0, NULL, 0));
+    if (ok) jit_dyn_mask(sg->first, c->inputs, n, mask);
+    if (ok && jit_entry_make_dynamic(&st->own, e, c->inputs, mask, sg->first, dyn)) {
+        ok = jit_entry_compile_now(&st->own, e, dyn) == EM_OK;
+        dyn = NULL;
+        if (!ok)
+            jit_logf(&st->log, JIT_LOG_RECOMPILES, "lazy mode: a graph structure stays "
+                     "specialized to its sizes: %s", em_last_error());
+        ok = ok && e->dynamic;
+    } else {
+        if (!ok) log_dynamic(&st->own, e, false, em_last_error());
+        ok = false;
+    }
+    em_free(mask);
+    jit_dyn_free(dyn);
+    em_clear_error();
+    if (ok) {
+        c->g = NULL;
+        return e;
+    }
+    if (e) e->graph = NULL; /* still the cut's */
+    jit_entry_free(e);
     return NULL;
 }
 
-/* Whether d serves the inputs in; *spec gets what its run needs. */
-static bool dyn_serves(const lz_dyn *d, em_tensor *const *in, void **spec) {
-    *spec = NULL;
-    return gd_check(d->guards, in, NULL) &&
-           (!d->backend->specialize || d->backend->specialize(d->state, d->graph, in, spec));
-}
-
-/* Makes sg's dynamic entry from the cut's graph (taken on success): the
- * input dims whose sizes differ from the structure's first entry become
- * dynamic, if the graph allows it (jit_dyn_check) and the backend can
- * compile it so (compile_dynamic).  Otherwise the structure stays
- * specialized for good, and the log says why. */
-static lz_dyn *dyn_make(lz_state *st, lz_structure *sg, cut *c) {
-    const tr_graph *prev = st->entries[sg->first].graph;
-    tr_graph *g = c->g;
-    const jit_backend *b = jit_backend_for_graph(jit_backend_find(NULL), g);
-    char why[256] = "the backend has no dynamic kernels";
-    em_meta *probe = em_calloc((size_t)g->ninputs + 1, sizeof *probe);
-    gd_guards *gs = probe && b->compile_dynamic && tr_optimize(g, false) == EM_OK
-                        ? gd_build(g, c->inputs, NULL, 0, NULL, 0) : NULL;
-    lz_dyn *d = NULL;
-    for (int i = 0; gs && i < g->ninputs; i++) {
-        const em_meta *a = input_meta(prev, i), *m = input_meta(g, i);
-        uint32_t mask = 0;
-        for (int k = 0; a && m && k < m->ndim && k < a->ndim; k++)
-            if (a->sizes[k] != m->sizes[k]) mask |= 1u << k;
-        gd_set_dynamic(gs, i, mask);
-    }
-    bool dynamic = false;
-    void *state = NULL;
-    jit_dyn dd = {.probe = probe};
-    if (gs && gd_is_dynamic(gs) && jit_dyn_check(g, prev, NULL, gs, c->inputs, &dd, why, sizeof why) &&
-        b->compile_dynamic(g, &dd, &st->env, &state, &dynamic, why, sizeof why) == EM_OK &&
-        dynamic && (d = em_calloc(1, sizeof *d))) {
-        *d = (lz_dyn){g, gs, state, b};
-        c->g = NULL;
-        gs = NULL;
-        state = NULL;
-        jit_logf(&st->log, JIT_LOG_RECOMPILES, "lazy mode: a graph structure seen at a second "
-                 "size has a dynamic entry now");
-    } else {
-        jit_logf(&st->log, JIT_LOG_RECOMPILES, "lazy mode: a graph structure stays specialized "
-                 "to its sizes: %s", why[0] ? why : em_last_error());
-    }
-    if (state) b->free(state);
-    gd_free(gs);
-    em_free(probe);
-    em_clear_error();
-    return d;
-}
-
-/* What a flush runs: an entry's graph with its state, or a structure's
- * dynamic entry with what its run needs for these sizes. */
+/* What a flush runs: an entry (a structure's dynamic entry with what its
+ * run needs for these sizes), compiled or not. */
 typedef struct lz_run {
-    const jit_backend *backend;
-    void *state;
+    const jit_entry *e;
+    bool ready;          /* e->ready, read under the lock */
     void *spec;          /* dynamic: the backend's specialize result */
-    const tr_graph *graph;
-    bool dynamic;        /* run with run_dynamic when the backend has it */
 } lz_run;
 
 /* Finds (or makes, compiling it) what runs the cut's graph; st's lock is
@@ -827,29 +663,27 @@ typedef struct lz_run {
 static em_status lookup(lz_state *st, cut *c, lz_run *run) {
     kc_key key, sk;
     cut_keys(c, &key, &sk);
-    lz_entry *e = entry_find(st, &key);
+    jit_entry *e = jit_table_find_key(&st->entries, &key);
     lz_structure *sg = e ? NULL : structure_of(st, &sk);
     void *spec = NULL;
     if (!e && !sg) return em_last_status();
-    if (sg && st->dynamic && !sg->dyn && !sg->dyn_refused && sg->first >= 0 &&
-        sg->entries < st->limit && cut_graph(c) == EM_OK) {
-        int64_t before = st->env.compiled, loaded = st->env.loaded;
+    if (sg && st->dynamic && !sg->dyn && !sg->dyn_refused && sg->first &&
+        jit_limit_room(&sg->limit) && cut_graph(c) == EM_OK) {
         sg->dyn = dyn_make(st, sg, c);
         sg->dyn_refused = !sg->dyn;
         if (sg->dyn) {
-            sg->entries++;
+            sg->limit.entries++;
             st->stats.graphs_compiled++;
             st->stats.dynamic_graphs++;
-            st->stats.kernels_compiled += st->env.compiled - before;
-            st->stats.kernels_loaded += st->env.loaded - loaded;
+            st->stats.kernels_compiled += sg->dyn->kernels_compiled;
+            st->stats.kernels_loaded += sg->dyn->kernels_loaded;
         }
     }
-    if (sg && sg->dyn && dyn_serves(sg->dyn, c->inputs, &spec)) {
+    if (sg && sg->dyn && jit_entry_serves(&st->own, sg->dyn, c->inputs, NULL, &spec)) {
         /* one state for this structure's sizes: runs unlocked, as entries */
-        lz_dyn *d = sg->dyn;
         st->stats.graph_hits++;
         st->stats.flushes++;
-        *run = (lz_run){d->backend, d->state, spec, d->graph, true};
+        *run = (lz_run){sg->dyn, true, spec};
         return EM_OK;
     }
     if (e) {
@@ -862,9 +696,8 @@ static em_status lookup(lz_state *st, cut *c, lz_run *run) {
     st->stats.flushes++;
     /* entries are never removed; a compiled entry never changes again, one
      * still compiling runs op by op: safe to run unlocked */
-    st->stats.async_runs += e->compiling;
-    *run = (lz_run){e->compiling ? &jit_replay_backend : e->backend,
-                    e->compiling ? NULL : e->state, NULL, e->graph, false};
+    st->stats.async_runs += !e->ready && !e->failed;
+    *run = (lz_run){e, e->ready, NULL};
     return EM_OK;
 }
 
@@ -884,9 +717,7 @@ static em_status run_outputs(lz_state *st, cut *c, em_tensor **vals) {
     c->g = NULL;
     em_set_allocator(caller);
     if (s != EM_OK) return s;
-    if (run.dynamic && run.backend->run_dynamic)
-        return run.backend->run_dynamic(run.state, run.spec, run.graph, c->inputs, vals);
-    return run.backend->run(run.state, run.graph, c->inputs, vals);
+    return jit_entry_run(run.e, run.ready, run.spec, c->inputs, vals);
 }
 
 /* Computes the pending tensors roots[0..n) (all made on state st) in one

@@ -1,0 +1,373 @@
+/* entry.c - entries, the entry table, the recompile limit, the
+ * dynamic-entry builder and the compile job: what em_compile (compile.c)
+ * and lazy mode (lazy.c) share (entry-impl.h). */
+#include "entry-impl.h"
+#include "plan.h"
+
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define DEFAULT_RECOMPILE_LIMIT 8
+#define INDEX_MIN 64
+
+/* ---- settings from the environment ---- */
+
+int jit_env_recompile_limit(const jit_log *log) {
+    char buf[64];
+    const char *e = em_getenv("EMBER_RECOMPILE_LIMIT", buf, sizeof buf);
+    if (!e || !*e) return DEFAULT_RECOMPILE_LIMIT;
+    char *end;
+    long v = strtol(e, &end, 10);
+    if (*end || v < 0 || v > 1 << 20) {
+        jit_logf(log, 0, "EMBER_RECOMPILE_LIMIT=%s is not a count: using %d", e,
+                 DEFAULT_RECOMPILE_LIMIT);
+        return DEFAULT_RECOMPILE_LIMIT;
+    }
+    return (int)v;
+}
+
+int jit_env_dynamic(const jit_log *log) {
+    char buf[64];
+    const char *e = em_getenv("EMBER_DYNAMIC", buf, sizeof buf);
+    if (!e || !*e || !strcmp(e, "1") || !strcmp(e, "auto")) return 0;
+    if (!strcmp(e, "0") || !strcmp(e, "off")) return -1;
+    if (!strcmp(e, "force")) return 1;
+    jit_logf(log, 0, "EMBER_DYNAMIC=%s is not 0, 1, auto, off or force: using auto", e);
+    return 0;
+}
+
+bool jit_env_flag(const char *name) {
+    char buf[64];
+    const char *e = em_getenv(name, buf, sizeof buf);
+    return e && *e && strcmp(e, "0") != 0;
+}
+
+/* ---- entries ---- */
+
+jit_entry *jit_entry_new(tr_graph *g, const jit_backend *b, const kc_key *key) {
+    jit_entry *e = em_calloc(1, sizeof *e);
+    if (!e) return NULL;
+    e->graph = g;
+    e->backend = b;
+    if (key) e->key = *key;
+    e->keyed = key != NULL;
+    return e;
+}
+
+void jit_entry_free(jit_entry *e) {
+    if (!e) return;
+    jit_queue_wait(e->job); /* never cancelled here: it frees its job */
+    em_free(e->follow);
+    if (e->state) e->backend->free(e->state);
+    gd_free(e->guards);
+    tr_graph_free(e->graph);
+    em_free(e);
+}
+
+/* Whether e's kernels take the sizes of in (which passed its guards). */
+static bool kernels_serve(const jit_owner *o, jit_entry *e, em_tensor *const *in, void **spec) {
+    *spec = NULL;
+    if (!(e->ready && e->dynamic && e->backend->specialize)) return true;
+    const em_allocator *caller = em_get_allocator();
+    em_set_allocator(o->alloc); /* the state keeps what it makes */
+    bool serves = e->backend->specialize(e->state, e->graph, in, spec);
+    em_set_allocator(caller);
+    return serves;
+}
+
+bool jit_entry_serves(const jit_owner *o, jit_entry *e, em_tensor *const *in,
+                      const double *scalars, void **spec) {
+    *spec = NULL;
+    return (!e->guards || gd_check(e->guards, in, scalars)) && kernels_serve(o, e, in, spec);
+}
+
+em_status jit_entry_run(const jit_entry *e, bool ready, void *spec, em_tensor *const *in,
+                        em_tensor **out) {
+    if (!ready) return jit_replay_backend.run(NULL, e->graph, in, out);
+    if (e->dynamic && e->backend->run_dynamic)
+        return e->backend->run_dynamic(e->state, spec, e->graph, in, out);
+    return e->backend->run(e->state, e->graph, in, out);
+}
+
+/* ---- the key index: open addressing, linear probing ---- */
+
+static const kc_key *rec_key(const void *rec) { return rec; }
+
+/* The slot holding key, or the empty slot where it would go. */
+static int index_probe(const jit_index *ix, const kc_key *key) {
+    uint64_t h;
+    memcpy(&h, key->bytes, sizeof h);
+    int i = (int)(h & (uint64_t)(ix->cap - 1));
+    while (ix->slots[i] && !kc_key_equal(rec_key(ix->slots[i]), key)) i = (i + 1) & (ix->cap - 1);
+    return i;
+}
+
+void *jit_index_find(const jit_index *ix, const kc_key *key) {
+    return ix->cap ? (void *)ix->slots[index_probe(ix, key)] : NULL;
+}
+
+bool jit_index_add(jit_index *ix, const void *rec) {
+    if (2 * (ix->n + 1) > ix->cap) {
+        int cap = ix->cap ? 2 * ix->cap : 2 * INDEX_MIN;
+        const void **slots = em_calloc((size_t)cap, sizeof *slots);
+        if (!slots) return false;
+        jit_index old = *ix;
+        ix->slots = slots;
+        ix->cap = cap;
+        for (int i = 0; i < old.cap; i++)
+            if (old.slots[i]) ix->slots[index_probe(ix, rec_key(old.slots[i]))] = old.slots[i];
+        em_free(old.slots);
+    }
+    ix->slots[index_probe(ix, rec_key(rec))] = rec;
+    ix->n++;
+    return true;
+}
+
+void jit_index_free(jit_index *ix) {
+    em_free(ix->slots);
+    *ix = (jit_index){0};
+}
+
+/* ---- the entry table ---- */
+
+_Static_assert(offsetof(jit_entry, key) == 0, "jit_index reads an entry's key at its start");
+
+bool jit_table_add(jit_table *t, jit_entry *e) {
+    if (t->n == t->cap) {
+        int cap = t->cap ? 2 * t->cap : 8;
+        jit_entry **p = em_malloc(sizeof *p * (size_t)cap);
+        if (!p) return false;
+        if (t->n) memcpy(p, t->entries, sizeof *p * (size_t)t->n);
+        em_free(t->entries);
+        t->entries = p;
+        t->cap = cap;
+    }
+    if (e->keyed && !jit_index_add(&t->index, e)) return false;
+    t->entries[t->n++] = e;
+    return true;
+}
+
+jit_entry *jit_table_recent(const jit_table *t, int i) { return t->entries[t->n - 1 - i]; }
+
+jit_entry *jit_table_find_key(const jit_table *t, const kc_key *key) {
+    return jit_index_find(&t->index, key);
+}
+
+jit_entry *jit_table_find(const jit_owner *o, jit_table *t, em_tensor *const *in,
+                          const double *scalars, void **spec, bool *declined) {
+    *declined = false;
+    for (int i = t->n - 1; i >= 0; i--) {
+        jit_entry *e = t->entries[i];
+        if (e->guards && !gd_check(e->guards, in, scalars)) continue;
+        if (!kernels_serve(o, e, in, spec)) {
+            *declined = true;
+            continue;
+        }
+        memmove(&t->entries[i], &t->entries[i + 1], sizeof *t->entries * (size_t)(t->n - 1 - i));
+        t->entries[t->n - 1] = e;
+        return e;
+    }
+    return NULL;
+}
+
+void jit_table_free(jit_table *t) {
+    for (int i = 0; i < t->n; i++) jit_entry_free(t->entries[i]);
+    em_free(t->entries);
+    jit_index_free(&t->index);
+    *t = (jit_table){0};
+}
+
+/* ---- the recompile limit ---- */
+
+bool jit_limit_room(const jit_limit *l) { return l->entries < l->limit; }
+
+bool jit_limit_admit(jit_limit *l, const jit_log *log, const char *fmt, ...) {
+    if (jit_limit_room(l)) return true;
+    if (!l->logged) {
+        l->logged = true;
+        char msg[512];
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(msg, sizeof msg, fmt, ap);
+        va_end(ap);
+        jit_logf(log, 0, "%s", msg);
+    }
+    return false;
+}
+
+/* ---- the dynamic-entry builder ---- */
+
+jit_dyn *jit_dyn_new(int ninputs) {
+    jit_dyn *d = em_calloc(1, sizeof *d);
+    if (d && !(d->probe = em_calloc((size_t)ninputs + 1, sizeof *d->probe))) {
+        em_free(d);
+        return NULL;
+    }
+    return d;
+}
+
+void jit_dyn_free(jit_dyn *d) {
+    if (d) em_free(d->probe);
+    em_free(d);
+}
+
+/* The sizes input i of e was traced at (its guard's, else its graph's
+ * input meta), and its dynamic dims; NULL: the graph has no such input. */
+static const int64_t *traced_sizes(const jit_entry *e, int i, uint32_t *dyn) {
+    *dyn = 0;
+    if (e->guards) {
+        *dyn = e->guards->tensors[i].dyn;
+        return e->guards->tensors[i].sizes;
+    }
+    for (int n = 0; n < e->graph->nnodes; n++)
+        if (e->graph->nodes[n].kind == TR_INPUT && e->graph->nodes[n].index == i)
+            return e->graph->nodes[n].meta.sizes;
+    return NULL;
+}
+
+void jit_dyn_mask(const jit_entry *prev, em_tensor *const *in, int ninputs, uint32_t *mask) {
+    for (int i = 0; i < ninputs; i++) {
+        uint32_t dyn;
+        const int64_t *sizes = traced_sizes(prev, i, &dyn);
+        mask[i] = dyn;
+        for (int d = 0; sizes && d < in[i]->ndim; d++)
+            if (sizes[d] != in[i]->sizes[d]) mask[i] |= 1u << d;
+    }
+}
+
+static void log_dynamic(const jit_owner *o, const jit_entry *e, bool compiled, const char *why) {
+    if (o->log_dynamic) o->log_dynamic(o, e, compiled, why);
+}
+
+bool jit_entry_make_dynamic(const jit_owner *o, jit_entry *e, em_tensor *const *in,
+                            const uint32_t *mask, const jit_entry *prev, jit_dyn *dyn) {
+    for (int i = 0; mask && i < e->guards->ntensors; i++) gd_set_dynamic(e->guards, i, mask[i]);
+    char why[256];
+    if (!gd_is_dynamic(e->guards)) {
+        snprintf(why, sizeof why, "no dim of size 2 or more changed its size");
+    } else if (!e->backend->compile_dynamic) {
+        snprintf(why, sizeof why, "the %s backend has no dynamic kernels", e->backend->name);
+    } else if (jit_dyn_check(e->graph, prev ? prev->graph : NULL, prev ? prev->follow : NULL,
+                             e->guards, in, dyn, why, sizeof why)) {
+        e->dynamic = true;
+        e->follows = dyn->nsizes > 0;
+        if (e->follows && (e->follow = em_malloc(sizeof *e->follow))) {
+            *e->follow = *dyn;
+            e->follow->probe = NULL;
+        }
+        log_dynamic(o, e, false, NULL);
+        return true;
+    }
+    gd_make_static(e->guards);
+    log_dynamic(o, e, false, why);
+    return false;
+}
+
+/* ---- the compile job ---- */
+
+/* The backend compile of e into *state, counted in env.  A dynamic entry
+ * whose backend cannot make its kernels dynamic gets them for the traced
+ * sizes (*dynamic false, logged). */
+static em_status compile_state(const jit_owner *o, const jit_entry *e, const jit_dyn *dyn,
+                               jit_env *env, void **state, bool *dynamic) {
+    char why[256] = "";
+    *dynamic = e->dynamic && dyn;
+    if (!*dynamic) return e->backend->compile(e->graph, env, state);
+    em_status s = e->backend->compile_dynamic(e->graph, dyn, env, state, dynamic, why, sizeof why);
+    if (s == EM_OK && !*dynamic) log_dynamic(o, e, true, why);
+    return s;
+}
+
+/* Installs a finished compile's result in e (under the owner's lock): the
+ * state first, ready last, so that whoever reads ready (under the lock, or
+ * with an acquire load) sees the state it goes with. */
+static void publish(jit_owner *o, jit_entry *e, em_status s, void *state, bool dynamic,
+                    const jit_env *env, jit_compile_end how) {
+    e->kernels_compiled += env->compiled;
+    e->kernels_loaded += env->loaded;
+    e->plans_loaded += env->plans_loaded;
+    e->plans_stored += env->plans_stored;
+    e->lowered += env->lowered;
+    if (s == EM_OK) {
+        if (!dynamic && e->guards) gd_make_static(e->guards);
+        e->dynamic = dynamic;
+        e->follows = dynamic && e->follows;
+        e->state = state;
+        __atomic_store_n(&e->ready, true, __ATOMIC_RELEASE);
+    } else {
+        if (state) e->backend->free(state);
+        e->failed = true;
+    }
+    if (s == EM_OK && dynamic) log_dynamic(o, e, true, NULL);
+    o->compiled(o, e, how);
+}
+
+em_status jit_entry_compile_now(jit_owner *o, jit_entry *e, jit_dyn *dyn) {
+    jit_env env = {.cache = o->env->cache, .log = o->log};
+    void *state = NULL;
+    bool dynamic;
+    em_status s = compile_state(o, e, dyn, &env, &state, &dynamic);
+    publish(o, e, s, state, dynamic, &env, JIT_COMPILED_NOW);
+    jit_dyn_free(dyn);
+    return s;
+}
+
+/* A background compile: what the queue thread needs, owned by it. */
+typedef struct compile_job {
+    jit_owner *o;
+    jit_entry *e;
+    jit_dyn *dyn;               /* dynamic entries: jit_dyn_check's result */
+} compile_job;
+
+/* The background compile of job->e, on a queue thread: e's graph, backend
+ * and dynamic flag are set before the job is queued and read-only until
+ * it publishes, so the compile runs unlocked.  run false: the process is
+ * exiting, and the entry keeps running op by op. */
+static void compile_job_run(void *arg, bool run) {
+    compile_job *job = arg;
+    jit_owner *o = job->o;
+    jit_entry *e = job->e;
+    em_set_allocator(o->alloc);
+    jit_env env = {.cache = o->env->cache, .log = o->log};
+    void *state = NULL;
+    bool dynamic = false;
+    em_status s = run ? compile_state(o, e, job->dyn, &env, &state, &dynamic) : EM_ERR_STATE;
+    pthread_mutex_lock(o->lock);
+    publish(o, e, s, state, dynamic, &env, run ? JIT_COMPILED_BACKGROUND : JIT_COMPILE_CANCELLED);
+    if (s != EM_OK && run)
+        jit_logf(o->log, 0, "%s: background compile failed (%s); the entry runs op by op",
+                 o->name, em_last_error());
+    em_clear_error();
+    pthread_mutex_unlock(o->lock);
+    jit_dyn_free(job->dyn);
+    em_free_with(o->alloc, job);
+    if (o->drop) o->drop(o); /* last: it may free the owner */
+}
+
+/* Queues e's compile on the process's compile queue (the job takes dyn);
+ * false when it could not be queued.  The queue never runs libgccjit on
+ * its threads (jit_queue_submit refuses without a compile worker): the
+ * caller then compiles in its own thread. */
+static bool start_compile(jit_owner *o, jit_entry *e, jit_dyn *dyn) {
+    compile_job *job = em_malloc(sizeof *job);
+    if (!job) {
+        em_clear_error();
+        return false;
+    }
+    *job = (compile_job){o, e, dyn};
+    kc_key key = e->key;
+    bool keyed = e->keyed || jit_graph_key(e->graph, e->backend->name, "em_compile", &key);
+    if (o->hold) o->hold(o);
+    if (!jit_queue_submit(keyed ? &key : NULL, compile_job_run, job, o->hold ? NULL : &e->job)) {
+        if (o->drop) o->drop(o);
+        em_free(job);
+        return false;
+    }
+    return true;
+}
+
+em_status jit_entry_compile(jit_owner *o, jit_entry *e, jit_dyn *dyn) {
+    if (o->async && start_compile(o, e, dyn)) return EM_OK; /* the job owns dyn */
+    return jit_entry_compile_now(o, e, dyn);
+}
