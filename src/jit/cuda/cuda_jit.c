@@ -26,10 +26,8 @@ static bool cuda_target(int index, const jit_env *env, char *buf, size_t n) {
             em_error(EM_ERR_ARG, "cuda: target '%s' is not sm_<arch> (e.g. sm_90)", env->target);
             return false;
         }
-    } else {
-        cuda_device *d = cuda_device_get(index);
-        if (!d) return false;
-        arch = d->major * 10 + d->minor;
+    } else if ((arch = cuda_device_arch(index)) < 0) {
+        return false;
     }
     if (cuda_target_string(arch, buf, n)) return true;
     em_error(EM_ERR_ARG, "cuda: target string too long");

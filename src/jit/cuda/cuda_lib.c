@@ -213,6 +213,27 @@ static em_status device_init(cuda_device *d, int index) {
     return s;
 }
 
+int cuda_device_arch(int index) {
+    cuda_device *d = index >= 0 && index < MAX_DEVICES
+                         ? atomic_load_explicit(&devices[index], memory_order_acquire) : NULL;
+    if (d) return d->major * 10 + d->minor;
+    int n = cuda_device_count();
+    if (n < 0) return -1;
+    if (index < 0 || index >= n) {
+        em_error(EM_ERR_DEVICE, "cuda:%d: no such device (%d CUDA device%s)", index, n, n == 1 ? "" : "s");
+        return -1;
+    }
+    CUdevice dev;
+    int major = 0, minor = 0;
+    if (cuda_check(cu.DeviceGet(&dev, index), "cuDeviceGet") != EM_OK ||
+        cuda_check(cu.DeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev),
+                   "cuDeviceGetAttribute") != EM_OK ||
+        cuda_check(cu.DeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev),
+                   "cuDeviceGetAttribute") != EM_OK)
+        return -1;
+    return major * 10 + minor;
+}
+
 cuda_device *cuda_device_get(int index) {
     if (index >= 0 && index < MAX_DEVICES) { /* fast path: already set up */
         cuda_device *d = atomic_load_explicit(&devices[index], memory_order_acquire);

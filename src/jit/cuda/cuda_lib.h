@@ -132,6 +132,10 @@ int cuda_device_count(void);
  * made current on the calling thread; NULL with an error for a bad index
  * or a missing driver. */
 cuda_device *cuda_device_get(int index);
+/* cuda:index's compute capability as major * 10 + minor, without setting
+ * the device up (no context: ember-cache reads it for bundle tags, and a
+ * context costs ~100 MB); -1 with the error set. */
+int cuda_device_arch(int index);
 
 /* ---- the caching allocator ----
  * Sizes are rounded up to a bucket (powers of two up to 64 MiB, then
