@@ -3,6 +3,7 @@
  * does, printed, and compiled by NVRTC to PTX and to an sm_90 cubin.  Only
  * libnvrtc is needed; without it the program skips (exit 77). */
 #include <string.h>
+#include <sys/wait.h>
 
 #include "config.h"
 #include "cpu_gccjit.h"
@@ -418,6 +419,81 @@ START_TEST(no_gpu_is_an_error) {
 }
 END_TEST
 
+
+/* ---- warmup for a named GPU, without one (issue 13) ---- */
+
+/* Runs the built ember-cache with args: its exit status and output. */
+static int run_tool(const char *args, char *text, size_t n) {
+    const char *exe = getenv("EMBER_CACHE_TOOL");
+    ck_assert_msg(exe != NULL, "EMBER_CACHE_TOOL is not set (run through make check)");
+    char cmd[4200];
+    snprintf(cmd, sizeof cmd, "'%s' %s 2>&1", exe, args);
+    FILE *p = popen(cmd, "r");
+    ck_assert_ptr_nonnull(p);
+    size_t got = fread(text, 1, n - 1, p);
+    text[got] = '\0';
+    int status = pclose(p);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+/* Entries of kind under the cache directory dir. */
+static int count_kind(const char *dir, const char *kind) {
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "ls %s/v1/*/*.%s 2>/dev/null | wc -l", dir, kind);
+    FILE *p = popen(cmd, "r");
+    int n = -1;
+    ck_assert_ptr_nonnull(p);
+    ck_assert_int_eq(fscanf(p, "%d", &n), 1);
+    pclose(p);
+    return n;
+}
+
+/* A recorded CUDA graph (written as EMBER_RECORD writes one: this machine
+ * may have no GPU to trace on) warmed with --target sm_90: NVRTC alone
+ * compiles its kernel and stores the cubin and the plan; a second warmup
+ * finds them; the bundle is tagged for sm_90, refused for another GPU
+ * (naming both) and imported for that one. */
+START_TEST(warmup_for_a_named_gpu_needs_no_gpu) {
+    char dir[] = "/tmp/ember-emit-warm-XXXXXX", list[128], args[800], text[4096];
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    snprintf(list, sizeof list, "%s/warm.list", dir);
+    FILE *f = fopen(list, "w");
+    ck_assert_ptr_nonnull(f);
+    fputs("ember-record 1 backend=cuda name=gelu_bias\n"
+          "graph(%x: f32[64, 256]{256, 1}@cuda:0, %b: f32[256]{1}@cuda:0) {\n"
+          "  %2 = add(%x, %b) : f32[64, 256]{256, 1}@cuda:0\n"
+          "  %3 = gelu_tanh(%2) : f32[64, 256]{256, 1}@cuda:0\n"
+          "  return (%3)\n"
+          "}\n", f);
+    fclose(f);
+    snprintf(args, sizeof args, "--dir '%s/c' --target sm_90 warmup '%s'", dir, list);
+    ck_assert_msg(run_tool(args, text, sizeof text) == 0, "%s", text);
+    ck_assert_msg(strstr(text, "1 compiled, 0 already present, 0 failed"), "%s", text);
+    snprintf(args, sizeof args, "%s/c", dir);
+    ck_assert_int_eq(count_kind(args, "cubin"), 1);
+    ck_assert_int_eq(count_kind(args, "plan"), 1);
+    snprintf(args, sizeof args, "--dir '%s/c' --target sm_90 warmup '%s'", dir, list);
+    ck_assert_msg(run_tool(args, text, sizeof text) == 0, "%s", text);
+    ck_assert_msg(strstr(text, "0 compiled, 1 already present"), "%s", text);
+    snprintf(args, sizeof args, "--dir '%s/c' --target sm_90 export '%s/b.ember'", dir, dir);
+    ck_assert_msg(run_tool(args, text, sizeof text) == 0, "%s", text);
+    snprintf(args, sizeof args, "--dir '%s/d' --target sm_80 import '%s/b.ember'", dir, dir);
+    ck_assert_int_eq(run_tool(args, text, sizeof text), 1);
+    ck_assert_msg(strstr(text, "made for cuda=sm_90") && strstr(text, "this machine has cuda=sm_80"),
+                  "%s", text);
+    snprintf(args, sizeof args, "--dir '%s/d' --target sm_90 import '%s/b.ember'", dir, dir);
+    ck_assert_msg(run_tool(args, text, sizeof text) == 0, "%s", text);
+    snprintf(args, sizeof args, "%s/d", dir);
+    ck_assert_int_eq(count_kind(args, "cubin"), 1);
+    /* a bad target is a usage error */
+    snprintf(args, sizeof args, "--dir '%s/c' --target gfx90a warmup '%s'", dir, list);
+    ck_assert_int_eq(run_tool(args, text, sizeof text), 2);
+    ck_assert_msg(strstr(text, "sm_90"), "%s", text);
+    snprintf(args, sizeof args, "rm -rf '%s'", dir);
+    ck_assert_int_eq(system(args), 0);
+}
+END_TEST
+
 int main(void) {
     if (!have_nvrtc()) {
         printf("SKIP: no NVRTC: %s\n", em_last_error());
@@ -429,6 +505,7 @@ int main(void) {
         {"golden_text", golden_text}, {"errors", errors},
         {"float_to_int_saturates_in_the_ir", float_to_int_saturates_in_the_ir},
         {"no_gpu_is_an_error", no_gpu_is_an_error}, {"gather_kernel", gather_kernel},
+        {"warmup_for_a_named_gpu_needs_no_gpu", warmup_for_a_named_gpu_needs_no_gpu},
 #ifdef EMBER_HAVE_CUDA
         {"kernel_table", kernel_table},
 #endif
