@@ -705,20 +705,6 @@ static warm_counts run_warm_child(const char *cache, const char *record) {
     return c;
 }
 
-/* Runs the built ember-cache with args; its exit status, and what it
- * printed (stdout and stderr) into text. */
-static int run_tool(const char *args, char *text, size_t n) {
-    const char *exe = getenv("EMBER_CACHE_TOOL");
-    ck_assert_msg(exe != NULL, "EMBER_CACHE_TOOL is not set (run through make check)");
-    char cmd[4200];
-    snprintf(cmd, sizeof cmd, "'%s' %s 2>&1", exe, args);
-    FILE *p = popen(cmd, "r");
-    ck_assert_ptr_nonnull(p);
-    size_t got = fread(text, 1, n - 1, p);
-    text[got] = '\0';
-    int status = pclose(p);
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
 
 static void temp_dir(char *buf, size_t n, const char *what) {
     snprintf(buf, n, "/tmp/ember-cuda-%s-XXXXXX", what);
@@ -745,12 +731,12 @@ START_TEST(warmup_round_trip_on_the_gpu) {
     ck_assert_int_gt(first.compiled, 0);
     ck_assert_int_gt(first.lowered, 0);
     snprintf(args, sizeof args, "--dir '%s' warmup '%s'", b, rec);
-    ck_assert_msg(run_tool(args, text, sizeof text) == 0, "warmup: %s", text);
+    ck_assert_msg(tu_tool(text, sizeof text, "%s", args) == 0, "warmup: %s", text);
     ck_assert_msg(strstr(text, "1 compiled"), "warmup: %s", text);
     snprintf(args, sizeof args, "--dir '%s' export '%s/b.bundle'", b, a);
-    ck_assert_msg(run_tool(args, text, sizeof text) == 0, "export: %s", text);
+    ck_assert_msg(tu_tool(text, sizeof text, "%s", args) == 0, "export: %s", text);
     snprintf(args, sizeof args, "--dir '%s' import '%s/b.bundle'", c, a);
-    ck_assert_msg(run_tool(args, text, sizeof text) == 0, "import: %s", text);
+    ck_assert_msg(tu_tool(text, sizeof text, "%s", args) == 0, "import: %s", text);
     warm_counts fleet = run_warm_child(c, NULL);
     ck_assert(fleet.values_ok);
     ck_assert_int_eq(fleet.compiled, 0);
@@ -772,17 +758,17 @@ START_TEST(a_bundle_for_another_gpu_is_refused) {
     snprintf(rec, sizeof rec, "%s/warm.list", a);
     ck_assert(run_warm_child(a, rec).values_ok);
     snprintf(args, sizeof args, "--dir '%s' --target sm_80 warmup '%s'", b, rec);
-    ck_assert_msg(run_tool(args, text, sizeof text) == 0, "warmup --target: %s", text);
+    ck_assert_msg(tu_tool(text, sizeof text, "%s", args) == 0, "warmup --target: %s", text);
     ck_assert_msg(strstr(text, "1 compiled"), "warmup --target: %s", text);
     snprintf(args, sizeof args, "--dir '%s' --target sm_80 export '%s/b.bundle'", b, a);
-    ck_assert_msg(run_tool(args, text, sizeof text) == 0, "export: %s", text);
+    ck_assert_msg(tu_tool(text, sizeof text, "%s", args) == 0, "export: %s", text);
     snprintf(args, sizeof args, "--dir '%s' import '%s/b.bundle'", c, a);
-    ck_assert_int_eq(run_tool(args, text, sizeof text), 1);
+    ck_assert_int_eq(tu_tool(text, sizeof text, "%s", args), 1);
     ck_assert_msg(strstr(text, "cuda=sm_80") && strstr(text, "this machine has cuda=sm_"),
                   "import: %s", text);
     /* named explicitly, the same target is accepted */
     snprintf(args, sizeof args, "--dir '%s' --target sm_80 import '%s/b.bundle'", c, a);
-    ck_assert_msg(run_tool(args, text, sizeof text) == 0, "import --target: %s", text);
+    ck_assert_msg(tu_tool(text, sizeof text, "%s", args) == 0, "import --target: %s", text);
     remove_dir(a), remove_dir(b), remove_dir(c);
 }
 END_TEST

@@ -422,19 +422,6 @@ END_TEST
 
 /* ---- warmup for a named GPU, without one (issue 13) ---- */
 
-/* Runs the built ember-cache with args: its exit status and output. */
-static int run_tool(const char *args, char *text, size_t n) {
-    const char *exe = getenv("EMBER_CACHE_TOOL");
-    ck_assert_msg(exe != NULL, "EMBER_CACHE_TOOL is not set (run through make check)");
-    char cmd[4200];
-    snprintf(cmd, sizeof cmd, "'%s' %s 2>&1", exe, args);
-    FILE *p = popen(cmd, "r");
-    ck_assert_ptr_nonnull(p);
-    size_t got = fread(text, 1, n - 1, p);
-    text[got] = '\0';
-    int status = pclose(p);
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
 
 /* Entries of kind under the cache directory dir. */
 static int count_kind(const char *dir, const char *kind) {
@@ -467,27 +454,27 @@ START_TEST(warmup_for_a_named_gpu_needs_no_gpu) {
           "}\n", f);
     fclose(f);
     snprintf(args, sizeof args, "--dir '%s/c' --target sm_90 warmup '%s'", dir, list);
-    ck_assert_msg(run_tool(args, text, sizeof text) == 0, "%s", text);
+    ck_assert_msg(tu_tool(text, sizeof text, "%s", args) == 0, "%s", text);
     ck_assert_msg(strstr(text, "1 compiled, 0 already present, 0 failed"), "%s", text);
     snprintf(args, sizeof args, "%s/c", dir);
     ck_assert_int_eq(count_kind(args, "cubin"), 1);
     ck_assert_int_eq(count_kind(args, "plan"), 1);
     snprintf(args, sizeof args, "--dir '%s/c' --target sm_90 warmup '%s'", dir, list);
-    ck_assert_msg(run_tool(args, text, sizeof text) == 0, "%s", text);
+    ck_assert_msg(tu_tool(text, sizeof text, "%s", args) == 0, "%s", text);
     ck_assert_msg(strstr(text, "0 compiled, 1 already present"), "%s", text);
     snprintf(args, sizeof args, "--dir '%s/c' --target sm_90 export '%s/b.ember'", dir, dir);
-    ck_assert_msg(run_tool(args, text, sizeof text) == 0, "%s", text);
+    ck_assert_msg(tu_tool(text, sizeof text, "%s", args) == 0, "%s", text);
     snprintf(args, sizeof args, "--dir '%s/d' --target sm_80 import '%s/b.ember'", dir, dir);
-    ck_assert_int_eq(run_tool(args, text, sizeof text), 1);
+    ck_assert_int_eq(tu_tool(text, sizeof text, "%s", args), 1);
     ck_assert_msg(strstr(text, "made for cuda=sm_90") && strstr(text, "this machine has cuda=sm_80"),
                   "%s", text);
     snprintf(args, sizeof args, "--dir '%s/d' --target sm_90 import '%s/b.ember'", dir, dir);
-    ck_assert_msg(run_tool(args, text, sizeof text) == 0, "%s", text);
+    ck_assert_msg(tu_tool(text, sizeof text, "%s", args) == 0, "%s", text);
     snprintf(args, sizeof args, "%s/d", dir);
     ck_assert_int_eq(count_kind(args, "cubin"), 1);
     /* a bad target is a usage error */
     snprintf(args, sizeof args, "--dir '%s/c' --target gfx90a warmup '%s'", dir, list);
-    ck_assert_int_eq(run_tool(args, text, sizeof text), 2);
+    ck_assert_int_eq(tu_tool(text, sizeof text, "%s", args), 2);
     ck_assert_msg(strstr(text, "sm_90"), "%s", text);
     snprintf(args, sizeof args, "rm -rf '%s'", dir);
     ck_assert_int_eq(system(args), 0);

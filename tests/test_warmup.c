@@ -67,25 +67,7 @@ static void remove_dirs(const dirs *d) {
     ck_assert_int_eq(system(cmd), 0);
 }
 
-/* Runs the ember-cache tool with args; returns its exit status and its
- * stdout (and stderr) in out. */
-static int tool(char *out, size_t n, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int tool(char *out, size_t n, const char *fmt, ...) {
-    const char *exe = getenv("EMBER_CACHE_TOOL");
-    ck_assert_msg(exe != NULL, "EMBER_CACHE_TOOL is not set (run through make check)");
-    char args[1024], cmd[1400];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(args, sizeof args, fmt, ap);
-    va_end(ap);
-    snprintf(cmd, sizeof cmd, "%s %s 2>&1", exe, args);
-    FILE *p = popen(cmd, "r");
-    ck_assert_ptr_nonnull(p);
-    size_t got = fread(out, 1, n - 1, p);
-    out[got] = '\0';
-    int st = pclose(p);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
+#define tool tu_tool
 
 typedef struct run_result {
     int64_t compiled, loaded, graphs_loaded;

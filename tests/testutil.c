@@ -1,6 +1,7 @@
 #include "testutil.h"
 
 #include <ftw.h>
+#include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
@@ -233,4 +234,21 @@ void tu_tagged_free(void *ud, void *q) {
     memset(p, 0, sizeof tag);
     t->live--;
     free(p);
+}
+
+int tu_tool(char *out, size_t n, const char *fmt, ...) {
+    const char *exe = getenv("EMBER_CACHE_TOOL");
+    ck_assert_msg(exe != NULL, "EMBER_CACHE_TOOL is not set (run through make check)");
+    char args[2048], cmd[2600];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(args, sizeof args, fmt, ap);
+    va_end(ap);
+    snprintf(cmd, sizeof cmd, "'%s' %s 2>&1", exe, args);
+    FILE *p = popen(cmd, "r");
+    ck_assert_ptr_nonnull(p);
+    size_t got = fread(out, 1, n - 1, p);
+    out[got] = '\0';
+    int st = pclose(p);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }

@@ -66,6 +66,11 @@ Suite *tu_suite(const char *name, const tu_test *tests, size_t n, double timeout
 /* Runs a suite (CK_ENV verbosity) and returns the process exit status. */
 int tu_run(Suite *s);
 
+/* Runs the built ember-cache (EMBER_CACHE_TOOL, set by make check) with
+ * the arguments fmt makes; its exit status, and its stdout and stderr in
+ * out. */
+int tu_tool(char *out, size_t n, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
 /* Per-test scope: every tensor a test makes is released at teardown. */
 /* Whether cuda:0 works, asked in a child process so that the caller never
  * initializes CUDA (Check forks a process per test, and a forked child
