@@ -80,7 +80,8 @@ static jit_kernel *lookup(const jit_device *d, int index, jit_env *env, const k_
     char hex[KC_KEY_HEX_SIZE];
     kc_key_hex(key, hex);
     jit_kernel *got = d->find && !env->target ? d->find(index, key) : NULL;
-    if (!got && env->cache && !env->target) got = load_cached(d, index, env, key);
+    if (!got && env->cache && !env->target && (got = load_cached(d, index, env, key)) && d->add)
+        d->add(index, key, got); /* the next lookup (every eager CUDA op) finds it loaded */
     if (!got && env->target && present(d, env, key)) {
         jit_logf(env->log, JIT_LOG_CACHE, "cache hit: kernel %s (%s), %s", k->name, hex, env->target);
         env->loaded++;
