@@ -46,10 +46,12 @@ typedef struct nvrtc_job {
     em_status *res;
     char (*why)[256];
     int n, step, first, arch;
+    const em_allocator *alloc; /* the caller's: it frees the images */
 } nvrtc_job;
 
 static void *compile_some(void *arg) {
     const nvrtc_job *j = arg;
+    em_set_allocator(j->alloc);
     for (int i = j->first; i < j->n; i += j->step) {
         j->res[i] = cuda_kernel_compile(j->ks[i], &j->keys[i], j->arch, &j->out[i].bytes, &j->out[i].n);
         if (j->res[i] != EM_OK) snprintf(j->why[i], sizeof j->why[i], "%s", em_last_error());
@@ -74,7 +76,8 @@ static em_status cuda_compile(int index, const char *target, k_kernel *const *ks
         return em_last_status();
     }
     for (int t = 0; t < nt; t++) {
-        jobs[t] = (nvrtc_job){ks, keys, out, res, why, n, nt, t, cuda_target_arch(target)};
+        jobs[t] = (nvrtc_job){ks, keys, out, res, why, n, nt, t, cuda_target_arch(target),
+                              em_get_allocator()};
         if (t > 0 && pthread_create(&tid[t], NULL, compile_some, &jobs[t]) != 0)
             jobs[t].step = -1; /* not started: its share runs on this thread below */
     }
