@@ -1081,6 +1081,52 @@ START_TEST(nested_compiled_call_is_inlined) {
 }
 END_TEST
 
+
+/* relu(x) @ w, relu'd again: two fused groups with the same kernel (same
+ * IR, buffers of one layout), as a model's repeated layers give. */
+static em_status twice_relu_fn(void *ctx, em_tensor *const *in, const double *s, em_tensor **out) {
+    (void)ctx, (void)s;
+    out[0] = em_relu(em_matmul(em_relu(in[0]), in[1]));
+    return out[0] ? EM_OK : em_last_status();
+}
+
+/* Identical kernels of one graph compile once (issue 22, item 4): the
+ * second is loaded from the cache the first was stored in; the values are
+ * right; a second compiled function finds the plan and both kernels. */
+START_TEST(identical_kernels_of_a_graph_compile_once) {
+    char dir[] = "/tmp/ember-dedupe-XXXXXX";
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    setenv("EMBER_CACHE_DIR", dir, 1); /* a fresh cache: this test's counts only */
+    em_tensor *in[2] = {tu_random(5, 2, TU_SIZES(8, 8), EM_F32, 1), tu_random(6, 2, TU_SIZES(8, 8), EM_F32, 1)};
+    em_compile_options o = {.ninputs = 2, .noutputs = 1, .name = "twice_relu"};
+    for (int process = 0; process < 2; process++) {
+        em_compiled *f = em_compile(twice_relu_fn, NULL, &o);
+        em_tensor *y;
+        ck_assert_msg(em_call(f, in, NULL, &y) == EM_OK, "%s", em_last_error());
+        double *x = tu_values(in[0]), *w = tu_values(in[1]), ref[64];
+        for (int i = 0; i < 8; i++) {
+            for (int j = 0; j < 8; j++) {
+                double acc = 0;
+                for (int k = 0; k < 8; k++) acc += fmax(x[i * 8 + k], 0) * w[k * 8 + j];
+                ref[i * 8 + j] = fmax(acc, 0);
+            }
+        }
+        tu_check_close(y, ref, 2, TU_SIZES(8, 8), 1e-5, 1e-6);
+        free(x), free(w);
+        em_compile_stats st;
+        ck_assert_int_eq(em_compiled_stats(f, &st), EM_OK);
+        ck_assert_int_eq(st.kernels, 2);
+        /* first: one compile, the twin loaded; later: the plan and both kernels */
+        ck_assert_int_eq(st.kernels_compiled, process == 0 ? 1 : 0);
+        ck_assert_int_eq(st.kernels_loaded, process == 0 ? 1 : 2);
+        em_compiled_free(f);
+    }
+    char rm[100];
+    snprintf(rm, sizeof rm, "rm -rf '%s'", dir);
+    ck_assert_int_eq(system(rm), 0);
+}
+END_TEST
+
 static Suite *suite(void) {
     Suite *s = suite_create("compile");
     TCase *tc = tcase_create("capture");
@@ -1114,6 +1160,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, function_errors_propagate_and_add_no_entry);
     tcase_add_test(tc, outputs_belong_to_the_callers_scope);
     tcase_add_test(tc, concurrent_calls);
+    tcase_add_test(tc, identical_kernels_of_a_graph_compile_once);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -134,8 +134,9 @@ bool jit_kernel_key(const char *name, const char *target, const k_kernel *k, kc_
 
 /* The one kernel cache sequence, for every device: for each ks[i]
  * (NULL: skip), its key keys[i] -> the device's loaded table -> the disk
- * cache -> compiled (all misses in one device compile) -> stored -> loaded
- * back from the verified store; out[i] gets the kernel (NULL when it could
+ * cache -> compiled (all misses in one device compile; kernels of one key
+ * compiled once) -> stored -> loaded back from the verified store; out[i]
+ * gets the kernel (NULL when it could
  * not be compiled: the caller runs the graph op by op).  With
  * env->target, nothing is loaded: the misses are compiled and stored.
  * Counts into env->compiled and env->loaded; logs under EMBER_LOG=cache. */

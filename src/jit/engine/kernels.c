@@ -143,6 +143,13 @@ static em_status store_and_load(const jit_device *d, int index, jit_env *env, co
     return load_direct(d, index, a, key, out);
 }
 
+/* The index of key among keys[0..n), or -1. */
+static int find_key(const kc_key *keys, int n, const kc_key *key) {
+    for (int t = 0; t < n; t++)
+        if (kc_key_equal(&keys[t], key)) return t;
+    return -1;
+}
+
 em_status jit_get_kernels(const jit_device *d, int index, jit_env *env, k_kernel *const *ks,
                           const kc_key *keys, int n, jit_kernel **out) {
     char target[256];
@@ -152,10 +159,18 @@ em_status jit_get_kernels(const jit_device *d, int index, jit_env *env, k_kernel
     int *at = em_calloc((size_t)n + 1, sizeof *at);
     jit_artifact *arts = em_calloc((size_t)n + 1, sizeof *arts);
     em_status s = miss && mkeys && at && arts ? EM_OK : em_last_status();
+    /* identical kernels of one graph (a model's repeated layers) compile
+     * once: the others are looked up again once it is stored (or, for a
+     * named target, are present then) */
+    int *dup = em_malloc(sizeof(int) * ((size_t)n + 1));
+    bool dedupe = env->cache || d->find || env->target;
+    if (s == EM_OK && !dup) s = em_last_status();
     int m = 0;
     for (int i = 0; s == EM_OK && i < n; i++) {
         out[i] = NULL;
+        dup[i] = -1;
         if (!ks[i]) continue; /* a dead group */
+        if (dedupe && (dup[i] = find_key(mkeys, m, &keys[i])) >= 0) continue;
         if ((out[i] = lookup(d, index, env, ks[i], &keys[i]))) continue;
         if (env->target && present(d, env, &keys[i])) continue; /* stored for the named target */
         miss[m] = ks[i], mkeys[m] = keys[i], at[m] = i;
@@ -171,6 +186,9 @@ em_status jit_get_kernels(const jit_device *d, int index, jit_env *env, k_kernel
     for (int t = 0; s == EM_OK && t < m; t++) /* not compiled (logged): the graph runs op by op */
         if (env->target ? !arts[t].path && !arts[t].bytes : !out[at[t]])
             s = em_error(EM_ERR_UNSUPPORTED, "%s: kernel %s was not compiled", d->name, miss[t]->name);
+    for (int i = 0; s == EM_OK && !env->target && i < n; i++)
+        if (dup[i] >= 0 && !(out[i] = lookup(d, index, env, ks[i], &keys[i])))
+            s = em_error(EM_ERR_UNSUPPORTED, "%s: kernel %s was not compiled", d->name, ks[i]->name);
     for (int t = 0; arts && t < m; t++) {
         if (arts[t].loaded && d->unload) d->unload(arts[t].loaded);
         artifact_clear(&arts[t]);
@@ -179,6 +197,7 @@ em_status jit_get_kernels(const jit_device *d, int index, jit_env *env, k_kernel
     em_free(mkeys);
     em_free(at);
     em_free(arts);
+    em_free(dup);
     return s;
 }
 
