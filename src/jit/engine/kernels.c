@@ -74,26 +74,32 @@ static jit_kernel *load_cached(const jit_device *d, int index, jit_env *env, con
     return NULL;
 }
 
-/* From the device's table or the disk cache, else NULL (a miss, logged). */
-static jit_kernel *lookup(const jit_device *d, int index, jit_env *env, const k_kernel *k,
-                          const kc_key *key) {
+/* The kernel under key: loaded from the device's table or the disk cache (*out),
+ * or, for a named target, only present there; false on a miss (logged). */
+static bool lookup(const jit_device *d, int index, jit_env *env, const k_kernel *k, const kc_key *key,
+                   jit_kernel **out) {
     char hex[KC_KEY_HEX_SIZE];
     kc_key_hex(key, hex);
-    jit_kernel *got = d->find && !env->target ? d->find(index, key) : NULL;
-    if (!got && env->cache && !env->target && (got = load_cached(d, index, env, key)) && d->add)
-        d->add(index, key, got); /* the next lookup (every eager CUDA op) finds it loaded */
-    if (!got && env->target && present(d, env, key)) {
-        jit_logf(env->log, JIT_LOG_CACHE, "cache hit: kernel %s (%s), %s", k->name, hex, env->target);
-        env->loaded++;
-        return NULL; /* present: nothing to compile for the named target */
+    *out = NULL;
+    if (env->target) { /* compiled for another machine: present or not, nothing to load */
+        bool have = present(d, env, key);
+        if (have) env->loaded++;
+        jit_logf(env->log, JIT_LOG_CACHE, have ? "cache hit: kernel %s (%s), %s"
+                                                 : "cache miss: kernel %s (%s), %s: compiling",
+                 k->name, hex, env->target);
+        return have;
     }
+    jit_kernel *got = d->find ? d->find(index, key) : NULL;
+    if (!got && env->cache && (got = load_cached(d, index, env, key)) && d->add)
+        d->add(index, key, got); /* the next lookup (every eager CUDA op) finds it loaded */
     if (got) {
         env->loaded++;
         jit_logf(env->log, JIT_LOG_CACHE, "cache hit: kernel %s (%s)", k->name, hex);
-        return got;
+        *out = got;
+        return true;
     }
     jit_logf(env->log, JIT_LOG_CACHE, "cache miss: kernel %s (%s): compiling", k->name, hex);
-    return NULL;
+    return false;
 }
 
 static void artifact_clear(jit_artifact *a) {
@@ -171,8 +177,7 @@ em_status jit_get_kernels(const jit_device *d, int index, jit_env *env, k_kernel
         dup[i] = -1;
         if (!ks[i]) continue; /* a dead group */
         if (dedupe && (dup[i] = find_key(mkeys, m, &keys[i])) >= 0) continue;
-        if ((out[i] = lookup(d, index, env, ks[i], &keys[i]))) continue;
-        if (env->target && present(d, env, &keys[i])) continue; /* stored for the named target */
+        if (lookup(d, index, env, ks[i], &keys[i], &out[i])) continue; /* loaded, or present for a target */
         miss[m] = ks[i], mkeys[m] = keys[i], at[m] = i;
         m++;
     }
@@ -187,7 +192,7 @@ em_status jit_get_kernels(const jit_device *d, int index, jit_env *env, k_kernel
         if (env->target ? !arts[t].path && !arts[t].bytes : !out[at[t]])
             s = em_error(EM_ERR_UNSUPPORTED, "%s: kernel %s was not compiled", d->name, miss[t]->name);
     for (int i = 0; s == EM_OK && !env->target && i < n; i++)
-        if (dup[i] >= 0 && !(out[i] = lookup(d, index, env, ks[i], &keys[i])))
+        if (dup[i] >= 0 && !lookup(d, index, env, ks[i], &keys[i], &out[i]))
             s = em_error(EM_ERR_UNSUPPORTED, "%s: kernel %s was not compiled", d->name, ks[i]->name);
     for (int t = 0; arts && t < m; t++) {
         if (arts[t].loaded && d->unload) d->unload(arts[t].loaded);
