@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -31,7 +32,8 @@ static const char USAGE[] =
     "                          (EMBER_RECORD=FILE or em_compiled_save) into the cache,\n"
     "                          in N worker processes (default: one per core)\n"
     "  ls                      list the entries: key, kind, backend, size, age, last use\n"
-    "  stats                   entry counts and sizes by kind\n"
+    "  stats [--remote]        entry counts and sizes by kind (of the remote tier with\n"
+    "                          --remote)\n"
     "  verify [--remove]       check every entry's header and checksum; report bad\n"
     "                          entries (exit 1), and with --remove delete them\n"
     "  prune --max-size SIZE   remove least recently used entries until the cache holds\n"
@@ -41,6 +43,12 @@ static const char USAGE[] =
     "  export FILE             write every good entry into one portable bundle FILE\n"
     "  import FILE             add a bundle's entries; refused when it was made for\n"
     "                          another compiler, code generator, CPU target or GPU\n"
+    "  push [FILE]             publish every good entry (with FILE: a bundle's, imported\n"
+    "                          first) to the remote tier, replacing what it holds\n"
+    "  pull                    fetch the remote tier's entries this cache lacks, each\n"
+    "                          checked against its signature before it is written\n"
+    "  keygen FILE             write a new signing key for the remote tier to FILE\n"
+    "                          (created 0600; an existing FILE is never replaced)\n"
     "  help                    this text\n"
     "\n"
     "Options:\n"
@@ -50,6 +58,9 @@ static const char USAGE[] =
     "  --target sm_XY  the GPU architecture CUDA entries are for (warmup compiles\n"
     "              them with NVRTC alone, no GPU needed; export and import tag and\n"
     "              check bundles with it); default: this machine's GPU, if any\n"
+    "\n"
+    "The remote tier (push, pull, stats --remote, and every lookup) is the Redis\n"
+    "server EMBER_CACHE_REMOTE names, with the key EMBER_CACHE_KEY_FILE names.\n"
     "\n"
     "Exit status: 0 success, 1 a command failed (or found bad entries), 2 usage.\n";
 
@@ -66,10 +77,11 @@ typedef struct tool {
 typedef struct command {
     const char *name;
     bool remove;          /* verify --remove */
+    bool remote;          /* stats --remote */
     bool by_size;         /* prune: --max-size (else --older-than) */
     uint64_t max_size;    /* prune --max-size */
     int64_t age;          /* prune --older-than, seconds */
-    const char *file;     /* export, import */
+    const char *file;     /* export, import, keygen; push (may be NULL) */
     int jobs;             /* warmup -j; 0: one per core */
     char **files;         /* warmup */
     int nfiles;
@@ -456,6 +468,131 @@ static int cmd_import(tool *t, const char *path) {
     return 0;
 }
 
+/* ---- the remote tier: stats --remote, push, pull, keygen ---- */
+
+/* A progress bar on a terminal, for push and pull. */
+typedef struct bar {
+    const tool *t;
+    const char *what;
+    int shown; /* the last fill drawn, -1: none */
+} bar;
+
+static void bar_update(void *ud, uint64_t done, uint64_t total) {
+    bar *b = ud;
+    if (b->t->json || !isatty(STDERR_FILENO)) return;
+    int width = 30, fill = total ? (int)(done * (uint64_t)width / total) : width;
+    if (fill == b->shown && done != total) return; /* redrawn only when it moves */
+    b->shown = fill;
+    fprintf(stderr, "\r[%.*s%*s] %" PRIu64 "/%" PRIu64 " %s", fill,
+            "##############################", width - fill, "", done, total, b->what);
+    if (done == total) fputc('\n', stderr);
+    fflush(stderr);
+}
+
+static int cmd_remote_stats(tool *t) {
+    kc_remote_info r;
+    if (kc_remote_stats(t->cache, &r) != EM_OK) return fail("stats --remote");
+    char sz[32];
+    if (t->json) {
+        printf("{");
+        json_key(true, "remote"), json_str(kc_remote_url(t->cache));
+        json_key(false, "server"), json_str(r.server);
+        printf(",\"entries\":%" PRIu64 ",\"bytes\":%" PRIu64 ",\"kinds\":{", r.entries, r.bytes);
+        for (int k = 0; k < r.nkinds; k++) {
+            printf("%s", k ? "," : "");
+            json_str(r.kinds[k].kind);
+            printf(":{\"entries\":%" PRIu64 ",\"bytes\":%" PRIu64 "}", r.kinds[k].entries,
+                   r.kinds[k].bytes);
+        }
+        printf("}}\n");
+        return 0;
+    }
+    printf("remote %s (Redis %s): %" PRIu64 " entries, %s\n", kc_remote_url(t->cache), r.server,
+           r.entries, human_size(r.bytes, sz, sizeof sz));
+    for (int k = 0; k < r.nkinds; k++)
+        printf("  %-6s %-7s %6" PRIu64 " entries  %9s\n", r.kinds[k].kind,
+               backend_of(r.kinds[k].kind), r.kinds[k].entries,
+               human_size(r.kinds[k].bytes, sz, sizeof sz));
+    return 0;
+}
+
+static int cmd_push(tool *t, const char *bundle) {
+    if (bundle) {
+        int rc = cmd_import(t, bundle);
+        if (rc) return rc;
+    }
+    bar b = {t, "entries pushed", -1};
+    uint64_t pushed = 0;
+    em_status s = kc_push(t->cache, bar_update, &b, &pushed);
+    if (s != EM_OK) return fail("push");
+    if (t->json) {
+        printf("{");
+        json_key(true, "remote"), json_str(kc_remote_url(t->cache));
+        printf(",\"pushed\":%" PRIu64 "}\n", pushed);
+    } else {
+        printf("push: %" PRIu64 " entries to %s\n", pushed, kc_remote_url(t->cache));
+    }
+    return 0;
+}
+
+static int cmd_pull(tool *t) {
+    bar b = {t, "remote entries", -1};
+    uint64_t fetched = 0, present = 0, rejected = 0;
+    em_status s = kc_pull(t->cache, bar_update, &b, &fetched, &present, &rejected);
+    if (s != EM_OK) return fail("pull");
+    if (t->json) {
+        printf("{");
+        json_key(true, "remote"), json_str(kc_remote_url(t->cache));
+        printf(",\"fetched\":%" PRIu64 ",\"present\":%" PRIu64 ",\"rejected\":%" PRIu64 "}\n",
+               fetched, present, rejected);
+    } else {
+        printf("pull: %" PRIu64 " entries fetched from %s, %" PRIu64 " already here, %" PRIu64
+               " rejected%s\n", fetched, kc_remote_url(t->cache), present, rejected,
+               rejected ? " (not signed with this machine's key, or damaged: the warning above)" : "");
+    }
+    return rejected ? 1 : 0;
+}
+
+/* A new key: 32 random bytes as 64 hex digits, in a file made 0600 that
+ * did not exist (a key in use is never overwritten). */
+static int cmd_keygen(tool *t, const char *path) {
+    uint8_t k[32];
+    size_t got = 0;
+    while (got < sizeof k) {
+        ssize_t r = getrandom(k + got, sizeof k - got, 0);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) {
+            fprintf(stderr, "ember-cache: keygen: no random bytes: %s\n", strerror(errno));
+            return 1;
+        }
+        got += (size_t)r;
+    }
+    char hex[2 * sizeof k + 2];
+    for (size_t i = 0; i < sizeof k; i++) snprintf(hex + 2 * i, 3, "%02x", k[i]);
+    hex[2 * sizeof k] = '\n';
+    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    bool ok = fd >= 0 && write(fd, hex, 2 * sizeof k + 1) == (ssize_t)(2 * sizeof k + 1);
+    int err = errno;
+    if (fd >= 0 && close(fd) != 0 && ok) ok = false, err = errno;
+    memset(k, 0, sizeof k);
+    memset(hex, 0, sizeof hex);
+    if (!ok) {
+        fprintf(stderr, "ember-cache: keygen: cannot create %s: %s%s\n", path, strerror(err),
+                err == EEXIST ? " (a key is never overwritten: remove it first)" : "");
+        if (fd >= 0) unlink(path);
+        return 1;
+    }
+    if (t->json) {
+        printf("{");
+        json_key(true, "key_file"), json_str(path);
+        printf("}\n");
+    } else {
+        printf("keygen: a new key in %s: give the same file to every machine of the fleet "
+               "(EMBER_CACHE_KEY_FILE)\n", path);
+    }
+    return 0;
+}
+
 /* ---- warmup ---- */
 
 typedef struct warm_set {
@@ -659,6 +796,15 @@ static int parse_verify(command *c, int argc, char **argv) {
     return 0;
 }
 
+static int parse_stats(command *c, int argc, char **argv) {
+    for (int i = 0; i < argc; i++) {
+        if (strcmp(argv[i], "--remote") != 0)
+            return usage_error("stats: unknown argument '%s' (stats [--remote])", argv[i]);
+        c->remote = true;
+    }
+    return 0;
+}
+
 static int parse_prune(command *c, int argc, char **argv) {
     const char *opt = argc ? argv[0] : "";
     c->by_size = !strcmp(opt, "--max-size");
@@ -675,9 +821,9 @@ static int parse_prune(command *c, int argc, char **argv) {
     return 0;
 }
 
-/* export FILE, import FILE */
+/* export FILE, import FILE, push FILE, keygen FILE */
 static int parse_file(command *c, int argc, char **argv) {
-    if (argc == 0) return usage_error("%s needs a bundle FILE", c->name);
+    if (argc == 0) return usage_error("%s needs a %s", c->name, strcmp(c->name, "keygen") ? "bundle FILE" : "key FILE");
     if (argc > 1) return usage_error("%s takes one FILE; extra argument '%s'", c->name, argv[1]);
     if (!argv[0][0]) return usage_error("%s: the file name is empty", c->name);
     c->file = argv[0];
@@ -715,8 +861,11 @@ static int parse_warmup(command *c, int argc, char **argv) {
 static int parse_command(command *c, int argc, char **argv) {
     c->name = argv[0];
     argc--, argv++;
-    if (!strcmp(c->name, "ls") || !strcmp(c->name, "stats") || !strcmp(c->name, "clear"))
+    if (!strcmp(c->name, "ls") || !strcmp(c->name, "clear") || !strcmp(c->name, "pull"))
         return no_args(c->name, argc, argv);
+    if (!strcmp(c->name, "stats")) return parse_stats(c, argc, argv);
+    if (!strcmp(c->name, "push")) return argc ? parse_file(c, argc, argv) : 0;
+    if (!strcmp(c->name, "keygen")) return parse_file(c, argc, argv);
     if (!strcmp(c->name, "verify")) return parse_verify(c, argc, argv);
     if (!strcmp(c->name, "prune")) return parse_prune(c, argc, argv);
     if (!strcmp(c->name, "export") || !strcmp(c->name, "import")) return parse_file(c, argc, argv);
@@ -790,7 +939,9 @@ static int dir_from_env(tool *t) {
 static int run(tool *t, const command *c) {
     const char *n = c->name;
     if (!strcmp(n, "ls")) return cmd_ls(t);
-    if (!strcmp(n, "stats")) return cmd_stats(t);
+    if (!strcmp(n, "stats")) return c->remote ? cmd_remote_stats(t) : cmd_stats(t);
+    if (!strcmp(n, "push")) return cmd_push(t, c->file);
+    if (!strcmp(n, "pull")) return cmd_pull(t);
     if (!strcmp(n, "verify")) return cmd_verify(t, c->remove);
     if (!strcmp(n, "prune")) return cmd_prune(t, c);
     if (!strcmp(n, "clear")) return cmd_clear(t);
@@ -808,7 +959,9 @@ int main(int argc, char **argv) {
     int rc = parse_globals(&t, argc, argv, args, &n);
     if (rc < 0) rc = parse_command(&c, n, args);
     if (rc == 0 && c.name) rc = dir_from_env(&t);
-    if (rc == 0 && c.name) {
+    if (rc == 0 && c.name && !strcmp(c.name, "keygen")) {
+        rc = cmd_keygen(&t, c.file); /* needs no cache */
+    } else if (rc == 0 && c.name) {
         signal(SIGPIPE, SIG_IGN);
         rc = open_cache(&t) ? run(&t, &c) : 1;
         kc_close(t.cache);

@@ -1,6 +1,7 @@
 /* cache.c - the cache object: configuration from the environment, the
  * memory tier (a hash table of entries), the public get/put calls that
- * combine it with the disk tier (store.c), warnings and statistics. */
+ * combine it with the disk tier (store.c) and the remote tier (remote.c,
+ * seal.c), warnings and statistics. */
 #include "cache.h"
 
 #include "eager.h"
@@ -27,6 +28,7 @@ typedef struct kc_entry {
     kc_sum sum;
     char *path;       /* a verified file holding the payload, or NULL */
     bool in_session;  /* path is in the session directory (kc_close removes it) */
+    bool remote_bad;  /* the remote tier's copy was damaged: our put replaces it */
 } kc_entry;
 
 /* Warnings, each printed once per cache object. */
@@ -39,7 +41,10 @@ enum {
     W_PRUNE = 1 << 5,    /* pruning failed */
     W_SESSION = 1 << 6,  /* no session directory for a memory-only file */
     W_NOMEM = 1 << 7,    /* out of memory locating the directory (retried) */
-    W_LOAD = 1 << 8      /* no memory file to load code from */
+    W_LOAD = 1 << 8,     /* no memory file to load code from */
+    W_REMOTE_CFG = 1 << 9,  /* the remote tier is configured but cannot be used */
+    W_REMOTE_DOWN = 1 << 10, /* a remote call failed */
+    W_REMOTE_BAD = 1 << 11   /* a remote entry was rejected */
 };
 
 struct kc_cache {
@@ -50,6 +55,10 @@ struct kc_cache {
     char *session;             /* memory-only files (mkdtemp); made on first need */
     kc_log_fn log;
     void *log_ud;
+    kc_log_fn trace;           /* remote events (EMBER_LOG=cache), or NULL */
+    void *trace_ud;
+    kc_remote *remote;         /* the remote tier, or NULL; set at open */
+    kc_seal_key *seal;         /* its signing key (with remote) */
     char *want;                /* the directory kc_open was given (a copy), or NULL */
     bool retry;                /* the directory could not be located for want of
                                   memory: the next call tries again */
@@ -297,6 +306,87 @@ static void read_max_size(kc_cache *c) {
              "K, M, G or T (\"500M\"); no size limit", v);
 }
 
+/* ---- the remote tier: configuration ---- */
+
+/* Remote events, for EMBER_LOG=cache: none when no one listens. */
+static void trace(kc_cache *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void trace(kc_cache *c, const char *fmt, ...) {
+    if (!c->trace) return;
+    char msg[1024];
+    int n = snprintf(msg, sizeof msg, "cache remote ");
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg + n, sizeof msg - (size_t)n, fmt, ap);
+    va_end(ap);
+    c->trace(c->trace_ud, msg);
+}
+
+/* A remote tier setting: the option, else the variable (into buf). */
+static const char *setting(const char *opt, const char *var, char *buf) {
+    return opt ? opt : em_getenv(var, buf, EM_ENV_MAX);
+}
+
+/* EMBER_CACHE_REMOTE_TIMEOUT: milliseconds, 1 to 60000. */
+static int remote_timeout(kc_cache *c, const kc_options *o, char *buf) {
+    if (o->remote_timeout_ms > 0) return o->remote_timeout_ms;
+    const char *v = em_getenv("EMBER_CACHE_REMOTE_TIMEOUT", buf, EM_ENV_MAX);
+    char *end;
+    long ms = v && *v ? strtol(v, &end, 10) : 0;
+    if (v && *v && (*end || ms < 1 || ms > 60000)) {
+        warn(c, W_REMOTE_CFG, "ignoring EMBER_CACHE_REMOTE_TIMEOUT='%.32s': expected "
+             "milliseconds from 1 to 60000; using %d", v, KC_REMOTE_TIMEOUT_MS);
+        ms = 0;
+    }
+    return ms > 0 ? (int)ms : KC_REMOTE_TIMEOUT_MS;
+}
+
+/* EMBER_CACHE_REMOTE_PREFIX: the namespace, printable without spaces. */
+static bool prefix_valid(const char *p) {
+    size_t n = strlen(p);
+    for (size_t i = 0; i < n; i++)
+        if (p[i] <= ' ' || p[i] > '~') return false;
+    return n >= 1 && n <= 64;
+}
+
+/* Opens the remote tier the options or the environment name, with its key.
+ * Anything that stops it is said once; the cache works without it. */
+static void open_remote(kc_cache *c, const kc_options *o) {
+    char *buf = em_malloc(4 * EM_ENV_MAX);
+    if (!buf) return;
+    char *b0 = buf, *b1 = buf + EM_ENV_MAX, *b2 = buf + 2 * EM_ENV_MAX, *b3 = buf + 3 * EM_ENV_MAX;
+    const char *url = setting(o->remote, "EMBER_CACHE_REMOTE", b0);
+    const char *keyf = url && *url ? setting(o->key_file, "EMBER_CACHE_KEY_FILE", b1) : NULL;
+    const char *prefix = url && *url ? em_getenv("EMBER_CACHE_REMOTE_PREFIX", b2, EM_ENV_MAX) : NULL;
+    char why[1024] = "";
+    kc_seal_key *k = NULL;
+    if (!url || !*url) {
+        /* no remote tier asked for */
+    } else if (!keyf || !*keyf) {
+        warn(c, W_REMOTE_CFG, "EMBER_CACHE_REMOTE is set but EMBER_CACHE_KEY_FILE is not: the "
+             "remote tier is off (a shared cache is trusted only through signatures made with "
+             "that key; docs/cache.md)");
+    } else if (prefix && *prefix && !prefix_valid(prefix)) {
+        warn(c, W_REMOTE_CFG, "EMBER_CACHE_REMOTE_PREFIX must be 1 to 64 printable characters "
+             "without spaces: the remote tier is off");
+    } else if (!(k = own_alloc(c, sizeof *k)) || !kc_seal_key_load(keyf, k, why, sizeof why)) {
+        warn(c, W_REMOTE_CFG, "%s: the remote tier is off", k ? why : "out of memory");
+    } else {
+        int ms = remote_timeout(c, o, b3);
+        const char *pw = em_getenv("EMBER_CACHE_REMOTE_PASSWORD", b3, EM_ENV_MAX);
+        c->remote = kc_remote_open(url, pw, prefix && *prefix ? prefix : "ember:", ms, why,
+                                   sizeof why);
+        memset(b3, 0, EM_ENV_MAX); /* the password */
+        if (!c->remote) warn(c, W_REMOTE_CFG, "EMBER_CACHE_REMOTE: %s: the remote tier is off", why);
+    }
+    if (c->remote) {
+        c->seal = k;
+    } else if (k) {
+        memset(k, 0, sizeof *k);
+        own_free(c, k);
+    }
+    em_free(buf);
+}
+
 kc_cache *kc_open_with(const kc_options *o) {
     static const kc_options none = {0};
     if (!o) o = &none;
@@ -310,6 +400,8 @@ kc_cache *kc_open_with(const kc_options *o) {
     c->alloc = a;
     c->log = o->log;
     c->log_ud = o->log_ud;
+    c->trace = o->trace;
+    c->trace_ud = o->trace_ud;
     c->disk_bytes = -1;
     if (pthread_mutex_init(&c->lock, NULL) != 0) {
         em_free_with(a, c);
@@ -328,6 +420,7 @@ kc_cache *kc_open_with(const kc_options *o) {
         return NULL;
     }
     open_disk(c);
+    if (!(o->flags & KC_NO_REMOTE)) open_remote(c, o);
     return c;
 }
 
@@ -350,6 +443,9 @@ void kc_close(kc_cache *c) {
     own_free(c, c->session);
     own_free(c, c->dir);
     own_free(c, c->want);
+    kc_remote_close(c->remote);
+    if (c->seal) memset(c->seal, 0, sizeof *c->seal);
+    own_free(c, c->seal);
     pthread_mutex_destroy(&c->lock);
     em_free_with(c->alloc, c);
 }
@@ -449,6 +545,161 @@ static char *entry_name(const kc_key *k, const char *kind) {
     return kc_strfmt("%s.%s", hex, kind);
 }
 
+/* ---- the remote tier: lookups and publishing ---- */
+
+kc_remote *kc_remote_of(kc_cache *c) { return c ? c->remote : NULL; }
+
+const char *kc_remote_url(const kc_cache *c) {
+    return c && c->remote ? kc_remote_name(c->remote) : NULL;
+}
+
+/* A failed remote call: counted and traced, said once. */
+static void remote_failed(kc_cache *c, const char *why) {
+    pthread_mutex_lock(&c->lock);
+    c->st.remote_errors++;
+    warn(c, W_REMOTE_DOWN, "remote tier: %s; compiling and caching locally meanwhile "
+         "(EMBER_LOG=cache reports each remote error)", why);
+    pthread_mutex_unlock(&c->lock);
+    trace(c, "error: %s", why);
+}
+
+static void count(kc_cache *c, uint64_t *counter) {
+    pthread_mutex_lock(&c->lock);
+    (*counter)++;
+    pthread_mutex_unlock(&c->lock);
+}
+
+/* A rejected remote entry: counted, traced, said once; never stored.  A
+ * damaged one (not one signed with another key: that machine may be the
+ * one whose key is wrong) is replaced by the next put of (k, kind). */
+static void rejected(kc_cache *c, const kc_key *k, const char *kind, kc_read r, const char *name,
+                     const char *why) {
+    pthread_mutex_lock(&c->lock);
+    c->st.remote_rejected++;
+    kc_entry *e = r == KC_READ_CORRUPT ? table_add(c, k, kind) : NULL;
+    if (e) e->remote_bad = true;
+    warn(c, W_REMOTE_BAD, "remote entry %s rejected: %s (a miss: never loaded; further "
+         "rejections are only counted)", name, why);
+    pthread_mutex_unlock(&c->lock);
+    trace(c, "rejected: %s: %s", name, why);
+}
+
+static em_status put_locked(kc_cache *c, const kc_key *k, const char *kind, const void *data,
+                            size_t n);
+
+/* Stores a checked remote payload in the local tiers (not published
+ * again: it came from there). */
+static kc_read keep_fetched(kc_cache *c, const kc_key *k, const char *kind, const void *p,
+                            size_t n) {
+    pthread_mutex_lock(&c->lock);
+    em_status s = put_locked(c, k, kind, p, n);
+    if (s == EM_OK) c->st.remote_hits++;
+    pthread_mutex_unlock(&c->lock);
+    em_clear_error();
+    return s == EM_OK ? KC_READ_OK : KC_READ_NOMEM;
+}
+
+kc_read kc_fetch(kc_cache *c, const kc_key *k, const char *kind) {
+    char *name = c && c->remote ? entry_name(k, kind) : NULL;
+    if (!name) return KC_READ_ABSENT;
+    void *env = NULL;
+    size_t n = 0;
+    char why[1024] = "";
+    kc_read r = KC_READ_ABSENT;
+    kc_remote_status st = kc_remote_get(c->remote, name, &env, &n, why, sizeof why);
+    if (st == KC_REMOTE_MISS) {
+        count(c, &c->st.remote_misses);
+        trace(c, "miss: %s", name);
+    } else if (st == KC_REMOTE_ERROR) {
+        remote_failed(c, why);
+    } else if (st == KC_REMOTE_OK) {
+        const void *p = NULL;
+        size_t np = 0;
+        r = kc_unseal(c->seal, k, kind, env, n, &p, &np, why, sizeof why);
+        if (r == KC_READ_OK) r = keep_fetched(c, k, kind, p, np);
+        if (r == KC_READ_OK) trace(c, "hit: %s (%zu bytes), now in the local cache", name, np);
+        else if (r != KC_READ_NOMEM) rejected(c, k, kind, r, name, why);
+    }
+    em_free(env);
+    em_free(name);
+    return r;
+}
+
+/* On a local miss: whether the remote tier had (k, kind), now local. */
+static bool remote_fill(kc_cache *c, const kc_key *k, const char *kind) {
+    return c->remote && kc_fetch(c, k, kind) == KC_READ_OK;
+}
+
+/* The second lookup after a remote fill found the entry the fill stored:
+ * counted as the one remote hit the lookup was, not as a miss and a hit. */
+static void recount(kc_cache *c, const kc_counters *was) {
+    c->st.hits_mem = was->hits_mem;
+    c->st.hits_disk = was->hits_disk;
+    c->st.misses = was->misses - (was->misses > 0);
+}
+
+/* Whether the server's copy of (k, kind) was found damaged (then forgotten:
+ * one put replaces it). */
+static bool take_remote_bad(kc_cache *c, const kc_key *k, const char *kind) {
+    pthread_mutex_lock(&c->lock);
+    kc_entry *e = table_find(c, k, kind);
+    bool bad = e && e->remote_bad;
+    if (e) e->remote_bad = false;
+    pthread_mutex_unlock(&c->lock);
+    return bad;
+}
+
+kc_remote_status kc_publish(kc_cache *c, const kc_key *k, const char *kind, const void *data,
+                            size_t n, bool replace) {
+    if (!c || !c->remote) return KC_REMOTE_DOWN;
+    replace = take_remote_bad(c, k, kind) || replace;
+    char *name = entry_name(k, kind);
+    size_t ne = 0;
+    void *env = name && n <= KC_REMOTE_MAX ? kc_seal(c->seal, k, kind, data, n, &ne) : NULL;
+    char why[1024] = "";
+    kc_remote_status st = KC_REMOTE_ERROR;
+    if (env) st = kc_remote_set(c->remote, name, env, ne, replace, why, sizeof why);
+    else snprintf(why, sizeof why, n > KC_REMOTE_MAX ? "%s is larger than the remote tier takes"
+                  : "cannot sign %s", name ? name : "an entry");
+    em_clear_error();
+    if (st == KC_REMOTE_OK) {
+        count(c, &c->st.remote_writes);
+        trace(c, "publish: %s (%zu bytes)%s", name, n, replace ? ", replacing the server's copy" : "");
+    } else if (st == KC_REMOTE_PRESENT) {
+        trace(c, "publish: %s is on the server already", name);
+    } else if (st == KC_REMOTE_ERROR) {
+        remote_failed(c, why);
+    }
+    em_free(env);
+    em_free(name);
+    return st;
+}
+
+/* Publishes the file a kc_put_file stored, from the descriptor it was
+ * checksummed through, if its bytes are still the ones checksummed. */
+static void publish_fd(kc_cache *c, const kc_key *k, const char *kind, int fd, uint64_t size,
+                       const kc_sum *sum) {
+    if (size > KC_REMOTE_MAX) {
+        (void)kc_publish(c, k, kind, NULL, (size_t)size, false); /* says why not */
+        return;
+    }
+    uint8_t *p = em_malloc(size ? (size_t)size : 1);
+    size_t got = 0;
+    while (p && got < size) {
+        ssize_t r = pread(fd, p + got, (size_t)size - got, (off_t)got);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) break;
+        got += (size_t)r;
+    }
+    kc_sum now = p && got == size ? kc_checksum(p, got) : (kc_sum){{0}};
+    if (p && got == size && !memcmp(now.bytes, sum->bytes, sizeof now.bytes))
+        (void)kc_publish(c, k, kind, p, got, false);
+    else
+        remote_failed(c, "a stored file changed before it could be published");
+    em_free(p);
+    em_clear_error();
+}
+
 /* ---- get ---- */
 
 static em_status get_locked(kc_cache *c, const kc_key *k, const char *kind, void **data,
@@ -516,6 +767,13 @@ em_status kc_get(kc_cache *c, const kc_key *key, const char *kind, void **data, 
     pthread_mutex_lock(&c->lock);
     s = get_locked(c, key, kind, data, n);
     pthread_mutex_unlock(&c->lock);
+    if (s == EM_OK && !*data && remote_fill(c, key, kind)) {
+        pthread_mutex_lock(&c->lock);
+        kc_counters was = c->st;
+        s = get_locked(c, key, kind, data, n);
+        recount(c, &was);
+        pthread_mutex_unlock(&c->lock);
+    }
     return s;
 }
 
@@ -583,6 +841,13 @@ em_status kc_get_file(kc_cache *c, const kc_key *key, const char *kind, char **p
     pthread_mutex_lock(&c->lock);
     s = get_file_locked(c, key, kind, path);
     pthread_mutex_unlock(&c->lock);
+    if (s == EM_OK && !*path && remote_fill(c, key, kind)) {
+        pthread_mutex_lock(&c->lock);
+        kc_counters was = c->st;
+        s = get_file_locked(c, key, kind, path);
+        recount(c, &was);
+        pthread_mutex_unlock(&c->lock);
+    }
     return s;
 }
 
@@ -643,6 +908,13 @@ em_status kc_get_fd(kc_cache *c, const kc_key *key, const char *kind, int *fd) {
     pthread_mutex_lock(&c->lock);
     s = get_fd_locked(c, key, kind, fd);
     pthread_mutex_unlock(&c->lock);
+    if (s == EM_OK && *fd < 0 && remote_fill(c, key, kind)) {
+        pthread_mutex_lock(&c->lock);
+        kc_counters was = c->st;
+        s = get_fd_locked(c, key, kind, fd);
+        recount(c, &was);
+        pthread_mutex_unlock(&c->lock);
+    }
     return s;
 }
 
@@ -699,6 +971,7 @@ em_status kc_put(kc_cache *c, const kc_key *key, const char *kind, const void *d
     pthread_mutex_lock(&c->lock);
     s = put_locked(c, key, kind, data, n);
     pthread_mutex_unlock(&c->lock);
+    if (s == EM_OK && c->remote) (void)kc_publish(c, key, kind, data, n, false);
     return s;
 }
 
@@ -764,6 +1037,7 @@ em_status kc_put_file(kc_cache *c, const kc_key *key, const char *kind, const ch
         pthread_mutex_lock(&c->lock);
         s = put_file_locked(c, key, kind, fd, path, size, &sum);
         pthread_mutex_unlock(&c->lock);
+        if (s == EM_OK && c->remote) publish_fd(c, key, kind, fd, size, &sum);
     }
     close(fd);
     return s;

@@ -109,7 +109,8 @@ kc_key kc_hasher_digest(const kc_hasher *h);
 typedef struct kc_cache kc_cache;
 
 enum {
-    KC_MEMORY_ONLY = 1u << 0 /* no disk tier, whatever the environment says */
+    KC_MEMORY_ONLY = 1u << 0, /* no disk tier (nor remote), whatever the environment says */
+    KC_NO_REMOTE = 1u << 1    /* no remote tier, whatever the environment says */
 };
 
 /* Receives each warning once per cache object, as "cache: ..." with no
@@ -124,6 +125,14 @@ typedef struct kc_options {
     void *log_ud;
     uint64_t max_size; /* prune to this many bytes after each put; 0:
                           EMBER_CACHE_MAX_SIZE, or no limit */
+    const char *remote;   /* the remote tier, "redis://host:port/db"; NULL:
+                             EMBER_CACHE_REMOTE; "": none */
+    const char *key_file; /* the remote tier's signing key; NULL:
+                             EMBER_CACHE_KEY_FILE */
+    int remote_timeout_ms; /* each remote wait; 0: EMBER_CACHE_REMOTE_TIMEOUT, else 200 */
+    kc_log_fn trace;      /* optional: every remote hit, miss, publish and error
+                             (EMBER_LOG=cache), as "cache remote ..." */
+    void *trace_ud;
 } kc_options;
 
 /* Opens a cache.  A disk tier that cannot be used (refused, not creatable,
@@ -191,6 +200,11 @@ typedef struct kc_counters {
     uint64_t refused;       /* disk entries refused by the trust checks (each a miss too) */
     uint64_t evicted;       /* disk entries removed by kc_prune */
     uint64_t entries;       /* entries in the memory table */
+    uint64_t remote_hits;   /* lookups served by the remote tier (then written to disk) */
+    uint64_t remote_misses; /* lookups the remote tier did not have either */
+    uint64_t remote_writes; /* entries published to the remote tier */
+    uint64_t remote_errors; /* remote calls that failed (down, timed out, refused) */
+    uint64_t remote_rejected; /* remote entries refused: unsigned, wrongly signed, damaged */
 } kc_counters;
 
 em_status kc_stats(kc_cache *c, kc_counters *out);
@@ -248,6 +262,48 @@ em_status kc_export(kc_cache *c, const char *path, const char *const *tags, int 
  * file that becomes the entry only when the checksum matches. */
 em_status kc_import(kc_cache *c, const char *path, const char *const *tags, int ntags,
                     uint64_t *imported);
+
+/* ---- the remote tier (remote.c, seal.c, fleet.c) ----
+ * A Redis server many machines share (EMBER_CACHE_REMOTE).  Lookups go
+ * memory -> disk -> remote -> (the caller compiles); a remote hit is
+ * checked and written to the disk tier; every kc_put/kc_put_file is
+ * published.  Entries travel signed (HMAC-SHA256 with the key in
+ * EMBER_CACHE_KEY_FILE) and a reader checks the signature before anything
+ * reaches its disk; without a key the remote tier is off, with a warning.
+ * A remote failure never fails a call: the cache goes on locally, warns
+ * once and rests the tier (KC_REMOTE_RETRY_S).  docs/cache.md. */
+
+/* The remote tier's address (no password), or NULL when there is none. */
+const char *kc_remote_url(const kc_cache *c);
+
+/* Reports progress: done of total items. */
+typedef void (*kc_progress_fn)(void *ud, uint64_t done, uint64_t total);
+
+/* Publishes every verified disk entry to the remote tier.  EM_ERR_STATE
+ * without a remote tier or a disk tier; EM_ERR_IO when the server fails
+ * (*pushed says how far it got). */
+em_status kc_push(kc_cache *c, kc_progress_fn progress, void *ud, uint64_t *pushed);
+/* Fetches every entry of the remote tier's namespace that the disk tier
+ * lacks, each checked as a lookup checks it: *fetched written to disk,
+ * *present already there, *rejected refused (unsigned, wrongly signed,
+ * damaged).  Errors as kc_push. */
+em_status kc_pull(kc_cache *c, kc_progress_fn progress, void *ud, uint64_t *fetched,
+                  uint64_t *present, uint64_t *rejected);
+
+typedef struct kc_remote_kind {
+    char kind[KC_KIND_MAX + 1];
+    uint64_t entries, bytes; /* bytes: as stored remotely (signed envelopes) */
+} kc_remote_kind;
+
+typedef struct kc_remote_info {
+    char server[64];          /* the server's version */
+    uint64_t entries, bytes;  /* in Ember's namespace, this format version */
+    kc_remote_kind kinds[16]; /* by kind, the most common first */
+    int nkinds;
+} kc_remote_info;
+
+/* What the remote tier holds.  Errors as kc_push. */
+em_status kc_remote_stats(kc_cache *c, kc_remote_info *out);
 
 /* ==== Internals shared by the files of src/cache ==== */
 
@@ -336,6 +392,85 @@ bool kc_move_file(int fd, const char *src, const char *dir, const char *name, ch
 /* Writes data to dir/name atomically (mkstemp, fsync, rename). */
 bool kc_write_file(const char *dir, const char *name, const void *data, size_t n, char *why,
                    size_t nwhy);
+
+/* ---- seal.c: signed envelopes ---- */
+
+#define KC_SEAL_KEY_MIN 16   /* bytes: a shorter secret is guessable */
+#define KC_SEAL_KEY_MAX 1024
+
+typedef struct kc_seal_key {
+    uint8_t bytes[KC_SEAL_KEY_MAX];
+    size_t n;
+    char id[17]; /* 16 hex: names the key in messages, reveals nothing of it */
+} kc_seal_key;
+
+/* Reads the key file at path (a regular file writable by no one else and
+ * not readable by everyone; trailing whitespace is not part of the key).
+ * false with the reason in why. */
+bool kc_seal_key_load(const char *path, kc_seal_key *k, char *why, size_t nwhy);
+/* The signed envelope of an entry (em_malloc'd, *out_n bytes); NULL with
+ * the error set when libcrypto fails. */
+void *kc_seal(const kc_seal_key *k, const kc_key *key, const char *kind, const void *data,
+              size_t n, size_t *out_n);
+/* Checks an envelope for (key, kind): KC_READ_OK with *payload pointing
+ * into env; KC_READ_REFUSED (signed with another key) or KC_READ_CORRUPT
+ * (no envelope, damaged, a signature that does not match, another name)
+ * with why set. */
+kc_read kc_unseal(const kc_seal_key *k, const kc_key *key, const char *kind, const void *env,
+                  size_t n, const void **payload, size_t *np, char *why, size_t nwhy);
+
+/* ---- remote.c: the connection to the server ---- */
+
+#define KC_REMOTE_TIMEOUT_MS 200   /* default wait: a LAN round trip is < 1 ms */
+#define KC_REMOTE_RETRY_S 5        /* rest after a failure before reconnecting */
+#define KC_REMOTE_MAX (256u << 20) /* the largest entry published (Redis takes 512 MiB) */
+
+typedef struct kc_remote kc_remote;
+
+typedef enum kc_remote_status {
+    KC_REMOTE_OK,
+    KC_REMOTE_MISS,  /* the server has no such entry */
+    KC_REMOTE_DOWN,  /* not tried: the tier rests after a failure */
+    KC_REMOTE_ERROR, /* failed now (why says how); the tier rests from now */
+    KC_REMOTE_PRESENT /* not written: the server has the entry already */
+} kc_remote_status;
+
+/* Parses url (redis://[[user]:password@]host[:port][/db]); connects at the
+ * first call.  password (EMBER_CACHE_REMOTE_PASSWORD) replaces the URL's.
+ * NULL with why set for a bad address or a build without hiredis. */
+kc_remote *kc_remote_open(const char *url, const char *password, const char *prefix,
+                          int timeout_ms, char *why, size_t nwhy);
+void kc_remote_close(kc_remote *r);
+/* redis://host:port/db: never the password. */
+const char *kc_remote_name(const kc_remote *r);
+int kc_remote_timeout(const kc_remote *r);
+/* name is "<32 hex key>.<kind>"; the server's key is prefix "v1:" name. */
+kc_remote_status kc_remote_get(kc_remote *r, const char *name, void **data, size_t *n, char *why,
+                               size_t nwhy);
+/* replace false: only if the server lacks the name (SET NX), else
+ * KC_REMOTE_PRESENT; true: whatever it holds. */
+kc_remote_status kc_remote_set(kc_remote *r, const char *name, const void *data, size_t n,
+                               bool replace, char *why, size_t nwhy);
+kc_remote_status kc_remote_scan(kc_remote *r, void (*each)(void *ud, const char *name), void *ud,
+                                char *why, size_t nwhy);
+kc_remote_status kc_remote_strlen(kc_remote *r, const char *name, uint64_t *n, char *why,
+                                  size_t nwhy);
+kc_remote_status kc_remote_version(kc_remote *r, char *out, size_t nout, char *why, size_t nwhy);
+
+/* ---- cache.c: the remote tier inside a cache, for fleet.c ---- */
+
+/* The cache's remote connection, or NULL. */
+kc_remote *kc_remote_of(kc_cache *c);
+/* Fetches (k, kind) from the remote tier, checks it and writes it to the
+ * local tiers: KC_READ_OK, KC_READ_ABSENT (not there, or the tier is
+ * down), KC_READ_REFUSED/CORRUPT (rejected, warned once). */
+kc_read kc_fetch(kc_cache *c, const kc_key *k, const char *kind);
+/* Publishes (k, kind) to the remote tier: the status of the SET.  An entry
+ * the server has already stays (a machine with another key cannot replace
+ * a fleet's entries) unless replace, or unless this cache found the
+ * server's copy damaged (then a good one replaces it). */
+kc_remote_status kc_publish(kc_cache *c, const kc_key *k, const char *kind, const void *data,
+                            size_t n, bool replace);
 
 /* ---- prune.c ---- */
 

@@ -49,6 +49,9 @@ typedef struct jit_log {
  * the log itself and ignored. */
 void jit_log_open(jit_log *l);
 void jit_log_close(jit_log *l);
+/* The kernel cache (kc_open's defaults) reporting its remote-tier events
+ * under l's EMBER_LOG=cache; l must outlive it. */
+kc_cache *jit_cache_open(const jit_log *l);
 /* Prints "[ember] " + the message + newline when flag is on (flag 0:
  * always).  l may be NULL (nothing printed). */
 void jit_logf(const jit_log *l, unsigned flag, const char *fmt, ...)

@@ -69,3 +69,12 @@ void jit_logf(const jit_log *l, unsigned flag, const char *fmt, ...) {
     va_end(ap);
     fflush(l->f);
 }
+
+/* Remote-tier events of the cache, as EMBER_LOG=cache lines. */
+static void log_cache_event(void *ud, const char *msg) { jit_logf(ud, JIT_LOG_CACHE, "%s", msg); }
+
+kc_cache *jit_cache_open(const jit_log *l) {
+    kc_options o = {.trace = l && (l->flags & JIT_LOG_CACHE) ? log_cache_event : NULL,
+                    .trace_ud = (void *)l};
+    return kc_open_with(&o);
+}

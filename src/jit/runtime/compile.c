@@ -154,7 +154,7 @@ em_compiled *em_compile(em_fn fn, void *ctx, const em_compile_options *opts) {
     f->lazy_trace = opts->lazy_trace;
     f->env.log = &f->log;
     f->verify = jit_env_flag("EMBER_VERIFY");
-    if (f->backend != &jit_replay_backend) f->env.cache = kc_open(NULL, 0);
+    if (f->backend != &jit_replay_backend) f->env.cache = jit_cache_open(&f->log);
     char rbuf[EM_ENV_MAX];
     const char *rec = em_getenv("EMBER_RECORD", rbuf, sizeof rbuf);
     if (rec && *rec && jit_backend_has_artifacts(f->backend)) f->record = dup_str(rec);

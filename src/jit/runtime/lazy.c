@@ -175,7 +175,7 @@ static lz_state *state_get(bool create) {
     st->async = jit_env_flag("EMBER_ASYNC_COMPILE");
     st->dynamic = jit_env_dynamic(&st->log) >= 0;
     st->env.log = &st->log;
-    st->env.cache = kc_open(NULL, 0);
+    st->env.cache = jit_cache_open(&st->log);
     bool spin = pthread_spin_init(&st->pending_lock, PTHREAD_PROCESS_PRIVATE) == 0;
     bool locked = spin && pthread_mutex_init(&st->lock, NULL) == 0;
     bool forcing = locked && recursive_mutex_init(&st->force_lock);
