@@ -295,7 +295,12 @@ static redisReply *run(kc_remote *r, int argc, const char **argv, const size_t *
     if (*st != KC_REMOTE_OK) return NULL;
     redisReply *rp = command(r, argc, argv, lens);
     if (!rp) {
-        *st = failed(r, why, nwhy, what, ((redisContext *)r->ctx)->errstr);
+        /* a wait that ran out shows as EAGAIN: say what it means */
+        redisContext *c = r->ctx;
+        char late[64];
+        snprintf(late, sizeof late, "no answer within %d ms", r->timeout_ms);
+        bool timed_out = c->err == REDIS_ERR_IO && strstr(c->errstr, "temporarily unavailable");
+        *st = failed(r, why, nwhy, what, timed_out ? late : c->errstr);
         return NULL;
     }
     if (rp->type == REDIS_REPLY_ERROR) {
