@@ -379,8 +379,12 @@ kc_read kc_file_read_to(const char *path, uint64_t size, const kc_sum *sum, int 
 int kc_memfd_new(const char *name, char *why, size_t nwhy);
 /* Seals a memory file against any change and rewinds it. */
 bool kc_memfd_seal(int fd, char *why, size_t nwhy);
-/* Writes an entry atomically from bytes.  false with the reason in why. */
-bool kc_store_write(const char *root, const kc_meta *m, const void *data, char *why,
+/* Writes an entry atomically from bytes.  false with the reason in why.
+ * Without sync the files are not fsync'ed: after a crash the entry may be
+ * torn, which every read's size and checksum check turns into a miss; for
+ * entries that are cheap to get again (fetched from the remote tier), not
+ * for compiled ones. */
+bool kc_store_write(const char *root, const kc_meta *m, const void *data, bool sync, char *why,
                     size_t nwhy);
 /* Moves the open regular file fd (at src, of header m) into place as an
  * entry's payload under root, then writes the header. */

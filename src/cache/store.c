@@ -450,11 +450,11 @@ static int make_tmp(const char *dir, char **tmp, char *why, size_t nwhy) {
     return fd;
 }
 
-/* fsync and close fd (holding tmp); removes tmp on failure.  ok says
- * whether the caller's writes succeeded. */
-static bool finish_tmp(int fd, const char *tmp, bool ok, char *why, size_t nwhy) {
+/* fsync (when sync) and close fd (holding tmp); removes tmp on failure.
+ * ok says whether the caller's writes succeeded. */
+static bool finish_tmp(int fd, const char *tmp, bool ok, bool sync, char *why, size_t nwhy) {
     if (!ok) set_why(why, nwhy, "cannot write %s: %s", tmp, strerror(errno));
-    if (ok && fsync(fd) != 0) {
+    if (ok && sync && fsync(fd) != 0) {
         set_why(why, nwhy, "cannot sync %s: %s", tmp, strerror(errno));
         ok = false;
     }
@@ -488,7 +488,7 @@ static bool rename_over(const char *tmp, const char *dir, const char *name, char
  * on failure.  Frees tmp. */
 static bool commit_tmp(int fd, char *tmp, const char *dir, const char *name, bool ok,
                        char *why, size_t nwhy) {
-    ok = finish_tmp(fd, tmp, ok, why, nwhy) && rename_over(tmp, dir, name, why, nwhy);
+    ok = finish_tmp(fd, tmp, ok, true, why, nwhy) && rename_over(tmp, dir, name, why, nwhy);
     if (!ok) (void)unlink(tmp);
     em_free(tmp);
     return ok;
@@ -534,7 +534,7 @@ static bool tmp_from_file(int fd, const char *src, const char *dir, char **tmp, 
     }
     /* Another file system (EXDEV), or src gone already (a failed earlier
      * move): copy from the open descriptor. */
-    if (!finish_tmp(out, *tmp, copy_fd(fd, out), why, nwhy)) {
+    if (!finish_tmp(out, *tmp, copy_fd(fd, out), true, why, nwhy)) {
         em_free(*tmp);
         *tmp = NULL;
         return false;
@@ -553,12 +553,13 @@ bool kc_move_file(int fd, const char *src, const char *dir, const char *name, ch
     return ok;
 }
 
-/* Writes n bytes to a new temporary file in dir, synced: its path in *tmp. */
-static bool tmp_from_bytes(const char *dir, const void *data, size_t n, char **tmp, char *why,
-                           size_t nwhy) {
+/* Writes n bytes to a new temporary file in dir, synced when sync: its
+ * path in *tmp. */
+static bool tmp_from_bytes(const char *dir, const void *data, size_t n, bool sync, char **tmp,
+                           char *why, size_t nwhy) {
     int fd = make_tmp(dir, tmp, why, nwhy);
     if (fd < 0) return false;
-    if (finish_tmp(fd, *tmp, kc_write_all(fd, data, n), why, nwhy)) return true;
+    if (finish_tmp(fd, *tmp, kc_write_all(fd, data, n), sync, why, nwhy)) return true;
     em_free(*tmp);
     *tmp = NULL;
     return false;
@@ -570,7 +571,7 @@ static bool tmp_from_bytes(const char *dir, const void *data, size_t n, char **t
  * the entry as it was; it never leaves a new payload without its header.
  * A reader that sees the new header sees the new payload. */
 static bool store_entry(const char *root, const kc_meta *m, const void *data, int fd,
-                        const char *src, char *why, size_t nwhy) {
+                        const char *src, bool sync, char *why, size_t nwhy) {
     char *dir = fan_dir(root, &m->key, why, nwhy);
     if (!dir) return false;
     char hex[KC_KEY_HEX_SIZE], text[KC_META_MAX];
@@ -582,8 +583,8 @@ static bool store_entry(const char *root, const kc_meta *m, const void *data, in
     bool ok = name && mname;
     if (!ok) set_why(why, nwhy, "out of memory");
     if (ok) ok = src ? tmp_from_file(fd, src, dir, &ptmp, why, nwhy)
-                     : tmp_from_bytes(dir, data, (size_t)m->size, &ptmp, why, nwhy);
-    if (ok) ok = tmp_from_bytes(dir, text, tn, &mtmp, why, nwhy);
+                     : tmp_from_bytes(dir, data, (size_t)m->size, sync, &ptmp, why, nwhy);
+    if (ok) ok = tmp_from_bytes(dir, text, tn, sync, &mtmp, why, nwhy);
     bool placed = ok && rename_over(ptmp, dir, name, why, nwhy);
     if (placed) {
         em_free(ptmp); /* renamed: the name may be another writer's by now */
@@ -608,12 +609,12 @@ static bool store_entry(const char *root, const kc_meta *m, const void *data, in
     return placed;
 }
 
-bool kc_store_write(const char *root, const kc_meta *m, const void *data, char *why,
+bool kc_store_write(const char *root, const kc_meta *m, const void *data, bool sync, char *why,
                     size_t nwhy) {
-    return store_entry(root, m, data, -1, NULL, why, nwhy);
+    return store_entry(root, m, data, -1, NULL, sync, why, nwhy);
 }
 
 bool kc_store_move(const char *root, const kc_meta *m, int fd, const char *src, char *why,
                    size_t nwhy) {
-    return store_entry(root, m, NULL, fd, src, why, nwhy);
+    return store_entry(root, m, NULL, fd, src, true, why, nwhy);
 }
