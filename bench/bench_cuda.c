@@ -18,6 +18,7 @@
  * is unset) and writes bench_eager's JSON schema, which bench/report.py
  * reads.  tiny_chain's times there are wall time per call (2000 calls, one
  * synchronize), the other workloads' medians of CUDA-event times. */
+#include "bench_stats.h"
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -41,15 +42,6 @@ static double now(void) {
     return t.tv_sec + t.tv_nsec * 1e-9;
 }
 
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n) {
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 static void die(const char *what) {
     fprintf(stderr, "bench_cuda: %s: %s\n", what, em_last_error());

@@ -13,6 +13,7 @@
  * is a fresh temporary directory.  --async compiles with async_compile
  * (docs/compile.md); with --first-call I it also prints, on a second line,
  * how long until a call is served by the compiled entry. */
+#include "bench_stats.h"
 #include <ember.h>
 
 #include <math.h>
@@ -32,15 +33,6 @@ static double now(void) {
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-static int cmp(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *v, int n) {
-    qsort(v, (size_t)n, sizeof *v, cmp);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 /* t seconds as "12.345 ms", or "0.390 us" below 0.1 ms. */
 static const char *fmt_time(double t, char *buf) {

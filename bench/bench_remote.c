@@ -11,6 +11,7 @@
  *
  * Needs EMBER_CACHE_REMOTE and EMBER_CACHE_KEY_FILE (make bench-remote sets
  * them).  Prints a table; --json FILE writes the figures. */
+#include "bench_stats.h"
 #include "cache.h"
 #include "eager.h"
 
@@ -32,15 +33,6 @@ static double now_s(void) {
     return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
 }
 
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n) {
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 static kc_key key_of(int i) {
     kc_hasher h;

@@ -313,18 +313,39 @@ static redisReply *run(kc_remote *r, int argc, const char **argv, const size_t *
     return rp;
 }
 
+/* cmd (GET, STRLEN) on the entry name: its reply, or NULL with the status
+ * in *st.  A reply is the caller's (freeReplyObject) and needs no lock. */
+static redisReply *on_name(kc_remote *r, const char *cmd, const char *name, kc_remote_status *st,
+                           char *why, size_t nwhy, const char *what) {
+    char full[256];
+    size_t nf = full_name(r, name, full, sizeof full);
+    if (!nf) {
+        snprintf(why, nwhy, "a name too long");
+        *st = KC_REMOTE_ERROR;
+        return NULL;
+    }
+    const char *argv[2] = {cmd, full};
+    size_t lens[2] = {strlen(cmd), nf};
+    pthread_mutex_lock(&r->lock);
+    redisReply *rp = run(r, 2, argv, lens, st, why, nwhy, what);
+    pthread_mutex_unlock(&r->lock);
+    return rp;
+}
+
+/* A reply of the wrong type: the server is not behaving as Redis does. */
+static kc_remote_status unexpected(kc_remote *r, char *why, size_t nwhy, const char *what) {
+    pthread_mutex_lock(&r->lock);
+    kc_remote_status st = failed(r, why, nwhy, what, "an unexpected reply");
+    pthread_mutex_unlock(&r->lock);
+    return st;
+}
+
 kc_remote_status kc_remote_get(kc_remote *r, const char *name, void **data, size_t *n, char *why,
                                size_t nwhy) {
     *data = NULL;
     *n = 0;
-    char full[256];
-    size_t nf = full_name(r, name, full, sizeof full);
-    if (!nf) return snprintf(why, nwhy, "a name too long"), KC_REMOTE_ERROR;
-    const char *argv[2] = {"GET", full};
-    size_t lens[2] = {3, nf};
     kc_remote_status st;
-    pthread_mutex_lock(&r->lock);
-    redisReply *rp = run(r, 2, argv, lens, &st, why, nwhy, "GET from");
+    redisReply *rp = on_name(r, "GET", name, &st, why, nwhy, "GET from");
     if (rp && rp->type == REDIS_REPLY_STRING) {
         if ((*data = em_malloc(rp->len ? rp->len : 1))) {
             memcpy(*data, rp->str, rp->len);
@@ -334,10 +355,9 @@ kc_remote_status kc_remote_get(kc_remote *r, const char *name, void **data, size
             snprintf(why, nwhy, "out of memory for a %zu-byte entry", rp->len);
         }
     } else if (rp) {
-        st = rp->type == REDIS_REPLY_NIL ? KC_REMOTE_MISS : failed(r, why, nwhy, "GET from", "an unexpected reply");
+        st = rp->type == REDIS_REPLY_NIL ? KC_REMOTE_MISS : unexpected(r, why, nwhy, "GET from");
     }
     if (rp) freeReplyObject(rp);
-    pthread_mutex_unlock(&r->lock);
     return st;
 }
 
@@ -410,17 +430,10 @@ kc_remote_status kc_remote_version(kc_remote *r, char *out, size_t nout, char *w
 
 kc_remote_status kc_remote_strlen(kc_remote *r, const char *name, uint64_t *n, char *why,
                                   size_t nwhy) {
-    char full[256];
-    size_t nf = full_name(r, name, full, sizeof full);
-    if (!nf) return snprintf(why, nwhy, "a name too long"), KC_REMOTE_ERROR;
-    const char *argv[2] = {"STRLEN", full};
-    size_t lens[2] = {6, nf};
     kc_remote_status st;
-    pthread_mutex_lock(&r->lock);
-    redisReply *rp = run(r, 2, argv, lens, &st, why, nwhy, "STRLEN on");
+    redisReply *rp = on_name(r, "STRLEN", name, &st, why, nwhy, "STRLEN on");
     *n = rp && rp->type == REDIS_REPLY_INTEGER && rp->integer > 0 ? (uint64_t)rp->integer : 0;
     if (rp) freeReplyObject(rp);
-    pthread_mutex_unlock(&r->lock);
     return st;
 }
 
