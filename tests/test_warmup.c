@@ -199,6 +199,89 @@ START_TEST(record_warmup_then_a_new_process_compiles_nothing) {
 }
 END_TEST
 
+/* In a new process with EMBER_CACHE_DIR=dir, EMBER_RECORD=list (when
+ * given) and lazy mode on: layer-norm-like math on x [rows, C], then a
+ * matmul by a weight made after x (lazy graphs meet that input between
+ * their calls), for each rows in sizes; values against float64. */
+static run_result run_lazy_child(const char *dir, const char *list, const int *sizes, int n) {
+    int p[2];
+    ck_assert_int_eq(pipe(p), 0);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        close(p[0]);
+        setenv("EMBER_CACHE_DIR", dir, 1);
+        if (list) setenv("EMBER_RECORD", list, 1);
+        else unsetenv("EMBER_RECORD");
+        run_result r = {.values_ok = true};
+        for (int t = 0; t < n; t++) {
+            int rows = sizes[t];
+            em_scope_begin();
+            em_tensor *x = tu_random(3 + (uint64_t)rows, 2, TU_SIZES(rows, C), EM_F32, 2);
+            em_tensor *w = tu_random(9, 2, TU_SIZES(C, 5), EM_F32, 0.3);
+            double *xv = tu_values(x), *wv = tu_values(w);
+            if (em_lazy_begin() != EM_OK) _exit(3);
+            em_tensor *c = em_sub(x, em_mean(x, 1, (int[]){1}, true));
+            em_tensor *y = em_relu(em_matmul(em_mul_scalar(c, 0.5), w));
+            double *yv = tu_values(y); /* forces the graph */
+            if (em_lazy_end() != EM_OK || !yv) _exit(3);
+            for (int i = 0; i < rows; i++) {
+                double m = 0;
+                for (int k = 0; k < C; k++) m += xv[i * C + k] / C;
+                for (int j = 0; j < 5; j++) {
+                    double acc = 0;
+                    for (int k = 0; k < C; k++) acc += 0.5 * (xv[i * C + k] - m) * wv[k * 5 + j];
+                    if (fabs(yv[i * 5 + j] - fmax(acc, 0)) > 1e-4 * (1 + fabs(acc))) r.values_ok = false;
+                }
+            }
+            free(xv);
+            free(wv);
+            free(yv);
+            em_scope_end();
+        }
+        em_lazy_stats st;
+        em_lazy_get_stats(&st);
+        r.compiled = st.kernels_compiled;
+        r.loaded = st.kernels_loaded;
+        ssize_t wr = write(p[1], &r, sizeof r);
+        _exit(wr == (ssize_t)sizeof r ? 0 : 4);
+    }
+    return child_result(p, pid);
+}
+
+START_TEST(lazy_mode_records_and_a_warmed_process_compiles_nothing) {
+    dirs d;
+    make_dirs(&d);
+    /* three sizes: a static entry, then a dynamic one serving the others */
+    const int sizes[] = {6, 7, 9};
+    run_result a = run_lazy_child(d.a, d.list, sizes, 3);
+    ck_assert(a.values_ok);
+    ck_assert_int_gt(a.compiled, 0);
+    jit_record *rs;
+    int n;
+    ck_assert_int_eq(jit_records_read(d.list, &rs, &n), EM_OK);
+    ck_assert_int_ge(n, 2);
+    bool dynamic = false;
+    for (int i = 0; i < n; i++) {
+        ck_assert_str_eq(rs[i].name, "lazy");
+        ck_assert_str_eq(rs[i].backend, "cpu");
+        dynamic = dynamic || rs[i].ndyn > 0;
+    }
+    ck_assert_msg(dynamic, "the dynamic entry was not recorded");
+    jit_records_free(rs, n);
+    char out[4096];
+    ck_assert_int_eq(tool(out, sizeof out, "--dir %s warmup %s", d.b, d.list), 0);
+    ck_assert_msg(strstr(out, " 0 failed"), "%s", out);
+    /* a new process on the warmed cache: the recorded sizes and one never seen */
+    const int again[] = {6, 7, 9, 13};
+    run_result b = run_lazy_child(d.b, NULL, again, 4);
+    ck_assert(b.values_ok);
+    ck_assert_int_eq(b.compiled, 0);
+    ck_assert_int_gt(b.loaded, 0);
+    remove_dirs(&d);
+}
+END_TEST
+
 START_TEST(a_bad_plan_is_a_miss_and_values_stay_right) {
     dirs d;
     make_dirs(&d);
@@ -822,6 +905,7 @@ int main(void) {
     setenv("EMBER_JIT_MARCH", "x86-64-v2", 1);
     const tu_test tests[] = {
         {"record_warmup_then_a_new_process_compiles_nothing", record_warmup_then_a_new_process_compiles_nothing},
+        {"lazy_mode_records_and_a_warmed_process_compiles_nothing", lazy_mode_records_and_a_warmed_process_compiles_nothing},
         {"a_bad_plan_is_a_miss_and_values_stay_right", a_bad_plan_is_a_miss_and_values_stay_right},
         {"plan_parser_rejects_what_does_not_fit_the_graph", plan_parser_rejects_what_does_not_fit_the_graph},
         {"save_api_and_warmup_list_errors", save_api_and_warmup_list_errors},

@@ -11,5 +11,9 @@ em_status tr_optimize(tr_graph *g, bool verify_each) {
         tr_dce(g);
         if (verify_each) s = tr_verify(g);
     }
+    if (s == EM_OK) {
+        tr_inputs_first(g);
+        if (verify_each) s = tr_verify(g);
+    }
     return s;
 }

@@ -106,6 +106,10 @@ em_status tr_infer_metas(const tr_graph *g, const em_meta *inputs, em_meta *out)
 /* One call node's part of it: metas[i] from the metas of its inputs. */
 em_status tr_infer_node(const tr_graph *g, int i, em_meta *metas);
 int tr_cse(tr_graph *g);                /* cse.c: returns nodes merged */
+/* order.c: the inputs moved to the front, by input number (the order the
+ * text form's parser builds), so that printing, parsing and printing again
+ * gives the same text; returns the nodes moved */
+int tr_inputs_first(tr_graph *g);
 em_status tr_optimize(tr_graph *g, bool verify_each);
 /* Invariants (tr_verify): nodes in topological order (inputs < index);
  * inputs numbered 0..ninputs-1 once each, with unique names; constants in

@@ -42,8 +42,8 @@ static cuda_get_stats eager_stats; /* updated under the device lock */
 static void open_cache(void) {
     const em_allocator *cur = em_get_allocator();
     em_set_allocator(NULL); /* the cache outlives any thread's allocator */
-    eager_cache = kc_open(NULL, 0);
     jit_log_open(&eager_log);
+    eager_cache = jit_cache_open(&eager_log); /* remote events under EMBER_LOG=cache too */
     em_set_allocator(cur);
     em_clear_error();
 }

@@ -292,13 +292,7 @@ static void log_entry(const em_compiled *f, const jit_entry *e) {
 /* EMBER_RECORD: appends a new entry to the warmup list.  A failure is
  * logged once and does not fail the call. */
 static void record_entry(em_compiled *f, const jit_entry *e) {
-    if (!f->record || f->record_failed) return;
-    if (!e->backend->target) return; /* nothing to compile ahead of time */
-    if (jit_record_append(f->record, f->name, e->backend->name, e->graph, e->guards) == EM_OK)
-        return;
-    f->record_failed = true;
-    jit_logf(&f->log, 0, "EMBER_RECORD: %s; %s is no longer recorded", em_last_error(), f->name);
-    em_clear_error();
+    jit_record_entry(f->record, &f->record_failed, &f->log, f->name, e);
 }
 
 /* Builds an entry from a recorded graph (which it takes); the dims in mask

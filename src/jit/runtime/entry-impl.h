@@ -164,6 +164,14 @@ void jit_dyn_mask(const jit_entry *prev, em_tensor *const *in, int ninputs, uint
 bool jit_entry_make_dynamic(const jit_owner *o, jit_entry *e, em_tensor *const *in,
                             const uint32_t *mask, const jit_entry *prev, jit_dyn *dyn);
 
+/* ---- recording (EMBER_RECORD) ---- */
+
+/* Appends entry e of function name to the warmup list at path (NULL: not
+ * recording), for ember-cache warmup: em_compile's and lazy mode's entries
+ * alike.  A failure is logged once (*failed set) and never fails a call. */
+void jit_record_entry(const char *path, bool *failed, const jit_log *log, const char *name,
+                      const jit_entry *e);
+
 /* ---- the compile job ---- */
 
 /* Compiles e now (the owner's lock held), dyn (taken; NULL: static)

@@ -303,6 +303,16 @@ static void publish(jit_owner *o, jit_entry *e, em_status s, void *state, bool d
     o->compiled(o, e, how);
 }
 
+void jit_record_entry(const char *path, bool *failed, const jit_log *log, const char *name,
+                      const jit_entry *e) {
+    if (!path || *failed || !e->graph) return;
+    if (!e->backend->target) return; /* nothing to compile ahead of time */
+    if (jit_record_append(path, name, e->backend->name, e->graph, e->guards) == EM_OK) return;
+    *failed = true;
+    jit_logf(log, 0, "EMBER_RECORD: %s; %s is no longer recorded", em_last_error(), name);
+    em_clear_error();
+}
+
 em_status jit_entry_compile_now(jit_owner *o, jit_entry *e, jit_dyn *dyn) {
     jit_env env = {.cache = o->env->cache, .log = o->log};
     void *state = NULL;

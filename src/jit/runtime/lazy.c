@@ -71,6 +71,8 @@ typedef struct lz_state {
     struct lz_thunk *pending; /* live thunks, for em_sync */
     jit_log log;
     jit_env env;
+    char *record;        /* EMBER_RECORD: the warmup list new graphs go to, or NULL */
+    bool record_failed;  /* a record could not be written (logged once) */
     jit_owner own;       /* what the entry machinery needs: lock, log, env, allocator */
     em_lazy_stats stats;
     const em_allocator *alloc;
@@ -115,11 +117,23 @@ static void state_release(lz_state *st) {
     jit_index_free(&st->structs);
     kc_close(st->env.cache);
     jit_log_close(&st->log);
+    em_free(st->record);
     pthread_mutex_destroy(&st->lock);
     pthread_mutex_destroy(&st->force_lock);
     pthread_spin_destroy(&st->pending_lock);
     em_free(st);
     em_set_allocator(saved);
+}
+
+/* EMBER_RECORD's file (em_malloc'd), or NULL: lazy graphs are recorded
+ * as em_compile's entries are, so any program can be warmed up. */
+static char *record_path(void) {
+    char buf[EM_ENV_MAX];
+    const char *p = em_getenv("EMBER_RECORD", buf, sizeof buf);
+    size_t n = p ? strlen(p) : 0;
+    char *d = n ? em_malloc(n + 1) : NULL;
+    if (d) memcpy(d, p, n + 1);
+    return d;
 }
 
 static bool recursive_mutex_init(pthread_mutex_t *m) {
@@ -176,6 +190,7 @@ static lz_state *state_get(bool create) {
     st->dynamic = jit_env_dynamic(&st->log) >= 0;
     st->env.log = &st->log;
     st->env.cache = jit_cache_open(&st->log);
+    st->record = record_path();
     bool spin = pthread_spin_init(&st->pending_lock, PTHREAD_PROCESS_PRIVATE) == 0;
     bool locked = spin && pthread_mutex_init(&st->lock, NULL) == 0;
     bool forcing = locked && recursive_mutex_init(&st->force_lock);
@@ -189,6 +204,7 @@ static lz_state *state_get(bool create) {
         if (spin) pthread_spin_destroy(&st->pending_lock);
         kc_close(st->env.cache);
         jit_log_close(&st->log);
+        em_free(st->record);
         em_free(st);
         em_error(EM_ERR_NOMEM, "lazy mode: cannot set up the thread's state");
         return NULL;
@@ -584,6 +600,8 @@ static jit_entry *entry_add(lz_state *st, tr_graph *g, const kc_key *key, const 
         if (tr_optimize(g, false) != EM_OK) e->failed = true; /* op by op */
         else jit_entry_compile(&st->own, e, NULL);            /* a failure: op by op */
         em_clear_error();
+        /* EMBER_RECORD: any program can be warmed, not only em_compile'd ones */
+        if (!e->failed) jit_record_entry(st->record, &st->record_failed, &st->log, "lazy", e);
     }
     if (st->log.flags & JIT_LOG_GRAPH) {
         jit_logf(&st->log, JIT_LOG_GRAPH, "lazy mode: new graph (entry %d):", st->entries.n - 1);
@@ -642,6 +660,7 @@ static jit_entry *dyn_make(lz_state *st, lz_structure *sg, cut *c) {
     jit_dyn_free(dyn);
     em_clear_error();
     if (ok) {
+        jit_record_entry(st->record, &st->record_failed, &st->log, "lazy", e);
         c->g = NULL;
         return e;
     }
