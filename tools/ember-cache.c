@@ -41,6 +41,9 @@ static const char USAGE[] =
     "  export FILE             write every good entry into one portable bundle FILE\n"
     "  import FILE             add a bundle's entries; refused when it was made for\n"
     "                          another compiler, code generator, CPU target or GPU\n"
+    "  explain FILE            whether the cache holds the plan and kernels of each graph\n"
+    "                          in the warmup list FILE, and why each one missed; compiles\n"
+    "                          and writes nothing (exit 0 all present, 1 some missing)\n"
     "  help                    this text\n"
     "\n"
     "Options:\n"
@@ -456,6 +459,96 @@ static int cmd_import(tool *t, const char *path) {
     return 0;
 }
 
+/* ---- explain ---- */
+
+/* explain FILE: one warmup list. */
+static int parse_explain(command *c, int argc, char **argv) {
+    if (argc != 1 || !argv[0][0]) return usage_error("explain takes one warmup list FILE");
+    c->file = argv[0];
+    return 0;
+}
+
+/* One record's outcome as a JSON object; lines: its misses, one a line. */
+static void explain_json(int no, const jit_record *r, bool ok, const jit_explained *e,
+                         const char *why, const char *lines) {
+    printf("%s\n {\"entry\":%d", no > 1 ? "," : "", no);
+    json_key(false, "name"), json_str(r->name);
+    json_key(false, "backend"), json_str(r->backend);
+    if (!ok) {
+        json_key(false, "error"), json_str(why);
+        printf("}");
+        return;
+    }
+    printf(",\"dynamic\":%s,\"plan\":%s,\"kernels\":%" PRId64 ",\"present\":%" PRId64
+           ",\"misses\":[", e->dynamic ? "true" : "false", e->plan ? "true" : "false", e->kernels,
+           e->present);
+    for (const char *p = lines; *p;) {
+        size_t n = strcspn(p, "\n");
+        char *line = strndup(p, n);
+        if (p != lines) putchar(',');
+        json_str(line ? line : "");
+        free(line);
+        p += n + (p[n] == '\n');
+    }
+    printf("]}");
+}
+
+static void explain_text(int no, const jit_record *r, bool ok, const jit_explained *e,
+                         const char *why, const char *lines) {
+    if (!ok) {
+        printf("entry %d %s (%s): cannot be looked up: %s\n", no, r->name, r->backend, why);
+        return;
+    }
+    printf("entry %d %s (%s, %" PRId64 " kernels): %s, %" PRId64 "/%" PRId64 " kernels present\n",
+           no, r->name, r->backend, e->kernels,
+           e->dynamic ? "dynamic (no plan)" : e->plan ? "plan hit" : "plan miss", e->present,
+           e->kernels);
+    for (const char *p = lines; *p;) {
+        size_t n = strcspn(p, "\n");
+        printf("  %.*s\n", (int)n, p);
+        p += n + (p[n] == '\n');
+    }
+}
+
+/* Record no of the list: 0 all present, 1 something missing, 2 it
+ * cannot be looked up. */
+static int explain_record(const tool *t, const jit_record *r, int no) {
+    char *lines = NULL, why[512];
+    size_t len = 0;
+    FILE *out = open_memstream(&lines, &len);
+    if (!out) return fail("explain") + 1;
+    jit_explained e;
+    bool ok = jit_explain(r, t->cache, t->target, out, &e, why, sizeof why);
+    fclose(out);
+    if (t->json) explain_json(no, r, ok, &e, why, lines ? lines : "");
+    else explain_text(no, r, ok, &e, why, lines ? lines : "");
+    free(lines);
+    return !ok ? 2 : (!e.dynamic && !e.plan) || e.present < e.kernels ? 1 : 0;
+}
+
+/* explain FILE: a dry run of warmup (jit_explain), nothing compiled or
+ * stored.  Exit 0 when every plan and kernel is present, 1 when something
+ * is missing, 2 when the list or an entry cannot be read. */
+static int cmd_explain(tool *t, const char *path) {
+    jit_record *rs;
+    int n, counts[3] = {0};
+    if (jit_records_read(path, &rs, &n) != EM_OK) return fail("explain") + 1;
+    if (t->json) {
+        printf("{");
+        json_key(true, "file"), json_str(path);
+        printf(",\"entries\":[");
+    }
+    for (int i = 0; i < n; i++) counts[explain_record(t, &rs[i], i + 1)]++;
+    if (t->json)
+        printf("%s],\"complete\":%d,\"missing\":%d,\"errors\":%d}\n", n ? "\n" : "", counts[0],
+               counts[1], counts[2]);
+    else
+        printf("explain: %d entries: %d complete, %d with something missing, %d not looked up\n", n,
+               counts[0], counts[1], counts[2]);
+    jit_records_free(rs, n);
+    return counts[2] ? 2 : counts[1] ? 1 : 0;
+}
+
 /* ---- warmup ---- */
 
 typedef struct warm_set {
@@ -721,6 +814,7 @@ static int parse_command(command *c, int argc, char **argv) {
     if (!strcmp(c->name, "prune")) return parse_prune(c, argc, argv);
     if (!strcmp(c->name, "export") || !strcmp(c->name, "import")) return parse_file(c, argc, argv);
     if (!strcmp(c->name, "warmup")) return parse_warmup(c, argc, argv);
+    if (!strcmp(c->name, "explain")) return parse_explain(c, argc, argv);
     return usage_error("unknown command '%s'", c->name);
 }
 
@@ -796,6 +890,7 @@ static int run(tool *t, const command *c) {
     if (!strcmp(n, "clear")) return cmd_clear(t);
     if (!strcmp(n, "export")) return cmd_export(t, c->file);
     if (!strcmp(n, "import")) return cmd_import(t, c->file);
+    if (!strcmp(n, "explain")) return cmd_explain(t, c->file);
     return cmd_warmup(t, c);
 }
 
