@@ -524,7 +524,7 @@ START_TEST(ember_cache_explain_says_what_a_warmup_list_lacks) {
     ck_assert_int_eq(tool(out, sizeof out, "--dir %s clear", d.cache), 0);
     char *before = file_list(d.cache);
     ck_assert_int_eq(tool(out, sizeof out, "--dir %s explain %s", d.cache, d.list), 1);
-    assert_has(out, "entry 1 exp_add (cpu, 1 kernels): plan miss, 0/1 kernels present");
+    assert_has(out, "entry 1 exp_add (cpu, 1 kernel): plan miss, 0/1 kernels present");
     assert_has(out, "  graph plan (");
     assert_has(out, "): no entry of this kind in the cache");
     assert_has(out, "explain: 2 entries: 0 complete, 2 with something missing, 0 not looked up");
@@ -535,11 +535,11 @@ START_TEST(ember_cache_explain_says_what_a_warmup_list_lacks) {
     /* after a warmup: all present */
     ck_assert_int_eq(tool(out, sizeof out, "--dir %s warmup -j 1 %s", d.cache, d.list), 0);
     ck_assert_int_eq(tool(out, sizeof out, "--dir %s explain %s", d.cache, d.list), 0);
-    assert_has(out, "entry 1 exp_add (cpu, 1 kernels): plan hit, 1/1 kernels present");
-    assert_has(out, "entry 2 exp_add (cpu, 1 kernels): plan hit, 1/1 kernels present");
+    assert_has(out, "entry 1 exp_add (cpu, 1 kernel): plan hit, 1/1 kernels present");
+    assert_has(out, "entry 2 exp_add (cpu, 1 kernel): plan hit, 1/1 kernels present");
     ck_assert_int_eq(tool(out, sizeof out, "--json --dir %s explain %s", d.cache, d.list), 0);
     assert_has(out, "\"entry\":1,\"name\":\"exp_add\",\"backend\":\"cpu\",\"dynamic\":false,"
-                    "\"plan\":true,\"kernels\":1,\"present\":1,\"misses\":[]}");
+                    "\"plan\":\"hit\",\"kernels\":1,\"present\":1,\"misses\":[]}");
     assert_has(out, "\"complete\":2,\"missing\":0,\"errors\":0}");
     /* one kernel removed: named, exit 1, and still nothing written */
     kc_cache *c = kc_open(d.cache, 0);
@@ -557,7 +557,7 @@ START_TEST(ember_cache_explain_says_what_a_warmup_list_lacks) {
     ck_assert(hex[0]);
     before = file_list(d.cache);
     ck_assert_int_eq(tool(out, sizeof out, "--dir %s explain %s", d.cache, d.list), 1);
-    assert_has(out, "plan miss, 0/1 kernels present");
+    assert_has(out, "plan unusable, 0/1 kernels present");
     assert_has(out, "in the cache, but bad or some of its kernels are missing");
     char want[200];
     snprintf(want, sizeof want, " (%s): the entry's manifest is in the cache but its artifact is missing", hex);

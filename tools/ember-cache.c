@@ -468,6 +468,11 @@ static int parse_explain(command *c, int argc, char **argv) {
     return 0;
 }
 
+/* The state of a record's plan, in a word. */
+static const char *plan_state(const jit_explained *e) {
+    return e->dynamic ? "none" : e->plan ? "hit" : e->unusable ? "unusable" : "miss";
+}
+
 /* One record's outcome as a JSON object; lines: its misses, one a line. */
 static void explain_json(int no, const jit_record *r, bool ok, const jit_explained *e,
                          const char *why, const char *lines) {
@@ -479,9 +484,8 @@ static void explain_json(int no, const jit_record *r, bool ok, const jit_explain
         printf("}");
         return;
     }
-    printf(",\"dynamic\":%s,\"plan\":%s,\"kernels\":%" PRId64 ",\"present\":%" PRId64
-           ",\"misses\":[", e->dynamic ? "true" : "false", e->plan ? "true" : "false", e->kernels,
-           e->present);
+    printf(",\"dynamic\":%s,\"plan\":\"%s\",\"kernels\":%" PRId64 ",\"present\":%" PRId64
+           ",\"misses\":[", e->dynamic ? "true" : "false", plan_state(e), e->kernels, e->present);
     for (const char *p = lines; *p;) {
         size_t n = strcspn(p, "\n");
         char *line = strndup(p, n);
@@ -499,9 +503,10 @@ static void explain_text(int no, const jit_record *r, bool ok, const jit_explain
         printf("entry %d %s (%s): cannot be looked up: %s\n", no, r->name, r->backend, why);
         return;
     }
-    printf("entry %d %s (%s, %" PRId64 " kernels): %s, %" PRId64 "/%" PRId64 " kernels present\n",
-           no, r->name, r->backend, e->kernels,
-           e->dynamic ? "dynamic (no plan)" : e->plan ? "plan hit" : "plan miss", e->present,
+    const char *plan = e->dynamic ? "dynamic (no plan)" : e->plan ? "plan hit"
+                       : e->unusable ? "plan unusable" : "plan miss";
+    printf("entry %d %s (%s, %" PRId64 " kernel%s): %s, %" PRId64 "/%" PRId64 " kernels present\n",
+           no, r->name, r->backend, e->kernels, e->kernels == 1 ? "" : "s", plan, e->present,
            e->kernels);
     for (const char *p = lines; *p;) {
         size_t n = strcspn(p, "\n");
@@ -516,7 +521,10 @@ static int explain_record(const tool *t, const jit_record *r, int no) {
     char *lines = NULL, why[512];
     size_t len = 0;
     FILE *out = open_memstream(&lines, &len);
-    if (!out) return fail("explain") + 1;
+    if (!out) {
+        fail("explain");
+        return 2;
+    }
     jit_explained e;
     bool ok = jit_explain(r, t->cache, t->target, out, &e, why, sizeof why);
     fclose(out);
@@ -532,7 +540,10 @@ static int explain_record(const tool *t, const jit_record *r, int no) {
 static int cmd_explain(tool *t, const char *path) {
     jit_record *rs;
     int n, counts[3] = {0};
-    if (jit_records_read(path, &rs, &n) != EM_OK) return fail("explain") + 1;
+    if (jit_records_read(path, &rs, &n) != EM_OK) {
+        fail("explain");
+        return 2;
+    }
     if (t->json) {
         printf("{");
         json_key(true, "file"), json_str(path);

@@ -233,6 +233,7 @@ static bool load_plan(jit_compiled *st, const tr_graph *g, jit_env *env, const k
     em_free(live);
     if (!ok) {
         jit_logf(env->log, JIT_LOG_CACHE, "graph plan %s unusable (bad or kernels missing): compiling", hex);
+        env->plans_unusable += env->dry_run;
         if (env->dry_run && env->explain) /* the kernels' lookups below say which are missing */
             fprintf(env->explain, "graph plan (%s): in the cache, but bad or some of its kernels "
                     "are missing\n", hex);

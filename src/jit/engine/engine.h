@@ -75,7 +75,8 @@ typedef struct jit_env {
     bool dry_run;
     FILE *explain;              /* dry_run: where explanations go, one line each; NULL: nowhere */
     int64_t missing;            /* dry_run: kernels not in the cache */
-    int64_t plans_missing;      /* dry_run: graphs whose plan is not in the cache */
+    int64_t plans_missing;      /* dry_run: graphs whose plan is not in the cache (or unusable) */
+    int64_t plans_unusable;     /* dry_run: of those, plans there but bad or missing kernels */
 } jit_env;
 
 /* ---- devices ---- */

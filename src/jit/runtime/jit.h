@@ -97,6 +97,7 @@ jit_warm_result jit_warmup(const jit_record *r, kc_cache *cache, const char *tar
 typedef struct jit_explained {
     bool dynamic;    /* a dynamic entry: kernels only, it has no plan */
     bool plan;       /* a static entry's plan is in the cache (and usable) */
+    bool unusable;   /* its plan is there, but bad or some kernels are missing */
     int64_t kernels; /* kernels the graph needs */
     int64_t present; /* of which the cache holds a verified artifact */
 } jit_explained;

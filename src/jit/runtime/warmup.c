@@ -108,6 +108,7 @@ bool jit_explain(const jit_record *r, kc_cache *cache, const char *target, FILE 
                    .target = b->device->type == EM_CUDA ? target : NULL};
     if (!compile_record(b, r, &env, &res->dynamic, why, nwhy)) return false;
     res->plan = env.plans_loaded > 0;
+    res->unusable = env.plans_unusable > 0;
     res->kernels = env.loaded + env.missing;
     res->present = env.loaded;
     if (res->dynamic || env.plans_loaded > 0 || env.plans_missing > 0) return true;
