@@ -162,13 +162,17 @@ void jit_store_manifest(const jit_env *env, const kc_manifest *m, const char *ki
  * gets the kernel (NULL when it could
  * not be compiled: the caller runs the graph op by op).  With
  * env->target, nothing is loaded: the misses are compiled and stored.
- * Counts into env->compiled and env->loaded; logs under EMBER_LOG=cache. */
+ * With env->dry_run, nothing is loaded, compiled or stored: the misses are
+ * counted into env->missing (out[i] NULL) and explained.  Each kernel
+ * stored gets its key's manifest beside it (kind "why_" + d->kind).
+ * Counts into env->compiled and env->loaded; logs under EMBER_LOG=cache,
+ * each miss with why it missed (jit_explain_miss). */
 em_status jit_get_kernels(const jit_device *d, int index, jit_env *env, k_kernel *const *ks,
                           const kc_key *keys, int n, jit_kernel **out);
 
 /* The kernels filed under keys[i] (where live[i]), from the device's
  * table or the disk cache, without their IR (a plan cache hit); with
- * env->target, only whether all are present.  false (out all NULL) on any
+ * env->target or env->dry_run, only whether all are present.  false (out all NULL) on any
  * miss. */
 bool jit_load_kernels(const jit_device *d, int index, jit_env *env, const kc_key *keys,
                       const bool *live, int n, jit_kernel **out);
