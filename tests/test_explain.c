@@ -264,6 +264,20 @@ START_TEST(explain_names_a_changed_target_option) {
     s = explain(c, &want);
     assert_has(s, "differs in target, libgccjit: cached '13.2.0', now '14.1.0'");
     em_free(s);
+    /* a CUDA target: the CUDA version, and the architecture (the first word) */
+    kc_manifest_clear(&cached);
+    plan_manifest(&cached, 3, "sm_90 cuda-emit-3 libnvrtc.so.13 from CUDA 13000 --std=c++17", GRAPH_8);
+    put_entry(c, &cached);
+    kc_manifest_clear(&want);
+    plan_manifest(&want, 3, "sm_90 cuda-emit-3 libnvrtc.so.13 from CUDA 12080 --std=c++17", GRAPH_8);
+    s = explain(c, &want);
+    assert_has(s, "differs in target, CUDA: cached '13000', now '12080'");
+    em_free(s);
+    kc_manifest_clear(&want);
+    plan_manifest(&want, 3, "sm_80 cuda-emit-3 libnvrtc.so.13 from CUDA 13000 --std=c++17", GRAPH_8);
+    s = explain(c, &want);
+    assert_has(s, "differs in target, word 1: cached 'sm_90', now 'sm_80'");
+    em_free(s);
     kc_manifest_clear(&want);
     kc_manifest_clear(&cached);
     kc_close(c);
@@ -430,6 +444,78 @@ START_TEST(explain_an_entry_whose_artifact_is_missing_or_corrupt) {
 }
 END_TEST
 
+/* ---- allocation failures ---- */
+
+typedef struct counting {
+    int allocs, fail_at;
+} counting;
+
+static void *count_alloc(void *ud, size_t size, size_t align) {
+    counting *c = ud;
+    if (++c->allocs == c->fail_at) return NULL;
+    void *p = NULL;
+    return posix_memalign(&p, align < sizeof(void *) ? sizeof(void *) : align, size ? size : 1) ? NULL : p;
+}
+
+static void count_free(void *ud, void *p) {
+    (void)ud;
+    free(p);
+}
+
+/* Builds, formats, parses and explains want under the current allocator;
+ * whatever fails comes back as a failure, never a crash or a leak
+ * (valgrind); true when everything succeeded. */
+static bool explain_everything(kc_cache *c) {
+    kc_manifest want = {0}, back = {0};
+    kc_fields f;
+    kc_fields_begin(&f, &want);
+    kc_fields_str(&f, "target", TARGET_V3);
+    kc_fields_str(&f, "graph", GRAPH_8);
+    kc_fields_u64(&f, "plan_format_version", 3);
+    kc_fields_digest(&f);
+    size_t n = 0;
+    char *text = want.failed ? NULL : kc_manifest_format(&want, &n);
+    bool parsed = text && kc_manifest_parse(text, n, &back) == EM_OK;
+    char *why = want.failed ? NULL : kc_explain(c, &want, "plan");
+    bool ok = !want.failed && text && parsed && why && strstr(why, "differs in target");
+    ck_assert(!why || why[0]);
+    em_free(why);
+    em_free(text);
+    kc_manifest_clear(&back);
+    kc_manifest_clear(&want);
+    em_clear_error();
+    return ok;
+}
+
+START_TEST(allocation_failures_fail_cleanly) {
+    dirs d;
+    make_dirs(&d);
+    kc_cache *c = kc_open(d.cache, 0);
+    kc_manifest cached = {0};
+    kc_fields f;
+    kc_fields_begin(&f, &cached);
+    kc_fields_str(&f, "target", TARGET_V4);
+    kc_fields_str(&f, "graph", GRAPH_8);
+    kc_fields_u64(&f, "plan_format_version", 3);
+    kc_fields_digest(&f);
+    put_entry(c, &cached);
+    bool completed = false;
+    for (int n = 1; n < 1000 && !completed; n++) {
+        counting cnt = {0, n};
+        em_allocator a = {count_alloc, count_free, &cnt};
+        em_set_allocator(&a);
+        bool ok = explain_everything(c);
+        em_set_allocator(NULL);
+        completed = cnt.fail_at > cnt.allocs;
+        ck_assert_msg(!completed || ok, "no failure injected, yet it failed");
+    }
+    ck_assert(completed);
+    kc_manifest_clear(&cached);
+    kc_close(c);
+    remove_dirs(&d);
+}
+END_TEST
+
 /* ---- a real compile ---- */
 
 static em_status exp_add_fn(void *ctx, em_tensor *const *in, const double *s, em_tensor **out) {
@@ -588,6 +674,7 @@ int main(void) {
         {"corrupt_manifests_are_skipped", corrupt_manifests_are_skipped},
         {"explain_an_entry_whose_artifact_is_missing_or_corrupt",
          explain_an_entry_whose_artifact_is_missing_or_corrupt},
+        {"allocation_failures_fail_cleanly", allocation_failures_fail_cleanly},
         {"ember_log_cache_explains_a_miss_at_another_shape", ember_log_cache_explains_a_miss_at_another_shape},
         {"ember_cache_explain_says_what_a_warmup_list_lacks", ember_cache_explain_says_what_a_warmup_list_lacks},
     };

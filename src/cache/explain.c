@@ -439,8 +439,9 @@ static void describe_all(FILE *f, const kc_manifest *cached, const kc_manifest *
 /* ---- finding the nearest entry ---- */
 
 /* Reads (k, kind) whole and verified without marking it used (as
- * kc_verify); NULL on any problem. */
-static char *read_quiet(const char *root, const kc_key *k, const char *kind, size_t *n) {
+ * kc_verify); NULL on any problem (*nomem: out of memory). */
+static char *read_quiet(const char *root, const kc_key *k, const char *kind, size_t *n,
+                        bool *nomem) {
     char *mpath = kc_store_path(root, k, kind, true);
     struct stat st;
     bool have_time = mpath && lstat(mpath, &st) == 0;
@@ -453,6 +454,7 @@ static char *read_quiet(const char *root, const kc_key *k, const char *kind, siz
         (void)utimensat(AT_FDCWD, mpath, t, AT_SYMLINK_NOFOLLOW);
     }
     em_free(mpath);
+    *nomem |= r == KC_READ_NOMEM || (!mpath && em_last_status() == EM_ERR_NOMEM);
     if (r != KC_READ_OK) {
         em_free(data);
         return NULL;
@@ -462,10 +464,13 @@ static char *read_quiet(const char *root, const kc_key *k, const char *kind, siz
 }
 
 /* The manifest of entry e, parsed and checked to hash to e's key. */
-static bool read_manifest(const char *root, const kc_entry_info *e, kc_manifest *m) {
+static bool read_manifest(const char *root, const kc_entry_info *e, kc_manifest *m, bool *nomem) {
+    memset(m, 0, sizeof *m);
     size_t n = 0;
-    char *text = read_quiet(root, &e->key, e->kind, &n);
-    bool ok = text && kc_manifest_parse(text, n, m) == EM_OK;
+    char *text = read_quiet(root, &e->key, e->kind, &n, nomem);
+    em_status s = text ? kc_manifest_parse(text, n, m) : EM_ERR_ARG;
+    *nomem |= s == EM_ERR_NOMEM;
+    bool ok = s == EM_OK;
     em_free(text);
     kc_key k;
     if (ok) k = kc_manifest_digest(m);
@@ -509,6 +514,7 @@ typedef struct nearest {
     const kc_entry_info *e;
     int score;
     int manifests, skipped, artifacts;
+    bool nomem;                /* a manifest could not be read for want of memory */
 } nearest;
 
 static void find_nearest(kc_cache *c, const kc_entry_info *es, size_t n, const kc_manifest *want,
@@ -518,7 +524,7 @@ static void find_nearest(kc_cache *c, const kc_entry_info *es, size_t n, const k
         if (strcmp(es[i].kind, wk) != 0) continue;
         b->manifests++;
         kc_manifest m;
-        if (!read_manifest(kc_dir(c), &es[i], &m)) {
+        if (!read_manifest(kc_dir(c), &es[i], &m, &b->nomem)) {
             b->skipped++;
             continue;
         }
@@ -538,6 +544,11 @@ static void explain_nearest(FILE *f, kc_cache *c, const kc_entry_info *es, size_
                             const kc_manifest *want, const char *kind, const char *wk) {
     nearest b = {0};
     find_nearest(c, es, n, want, kind, wk, &b);
+    if (b.nomem) { /* the nearest may be the one not read: say nothing wrong */
+        fprintf(f, "not explained: out of memory while reading the manifests");
+        kc_manifest_clear(&b.m);
+        return;
+    }
     if (!b.e) {
         if (b.manifests) fprintf(f, "no usable entry of this kind: %d manifests, all corrupt (skipped)",
                                  b.manifests);
