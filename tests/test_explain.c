@@ -653,6 +653,14 @@ START_TEST(ember_cache_explain_says_what_a_warmup_list_lacks) {
     ck_assert_str_eq(before, after);
     free(before);
     free(after);
+    /* a record that cannot be looked up: exit 2, named */
+    char cmd[400];
+    snprintf(cmd, sizeof cmd, "sed 's/backend=cpu/backend=replay/' %s > %s/replay.txt", d.list, d.root);
+    ck_assert_int_eq(system(cmd), 0);
+    ck_assert_int_eq(tool(out, sizeof out, "--dir %s explain %s/replay.txt", d.cache, d.root), 2);
+    assert_has(out, "entry 1 exp_add (replay): cannot be looked up: backend 'replay' has nothing "
+                    "to compile ahead of time");
+    assert_has(out, "explain: 2 entries: 0 complete, 0 with something missing, 2 not looked up");
     /* usage and unreadable lists */
     ck_assert_int_eq(tool(out, sizeof out, "--dir %s explain", d.cache), 2);
     ck_assert_int_eq(tool(out, sizeof out, "--dir %s explain %s/none", d.cache, d.root), 2);
