@@ -148,6 +148,7 @@ static void fixture_make(fixture *f) {
     unsetenv("EMBER_CACHE_REMOTE_PASSWORD");
     unsetenv("EMBER_LOG");
     unsetenv("EMBER_LOG_FILE");
+    unsetenv("EMBER_RECORD");
 }
 
 static void fixture_free(const fixture *f) {
@@ -306,11 +307,11 @@ START_TEST(two_cache_dirs_sharing_a_server_are_two_machines) {
     kc_entry_info *es;
     size_t n;
     ck_assert_int_eq(kc_list(c, &es, &n), EM_OK);
-    ck_assert_int_ge(n, (size_t)a.compiled + 1);
+    ck_assert_uint_eq(n, (size_t)a.compiled + 1); /* its kernels and the plan */
     em_free(es);
     kc_remote_info info;
     ck_assert_int_eq(kc_remote_stats(c, &info), EM_OK);
-    ck_assert_uint_eq(info.entries, n);
+    ck_assert_uint_eq(info.entries, 2 * n); /* and their key manifests (why_*) */
     kc_close(c);
     setenv("EMBER_CACHE_REMOTE", "", 1);
     run_result b2 = run_child(&f, "b", 6);
@@ -642,19 +643,27 @@ START_TEST(push_pull_and_remote_stats_through_the_tool) {
     run_result a = run_child(&f, "a", 6);
     ck_assert_int_gt(a.compiled, 0);
     setenv("EMBER_CACHE_REMOTE", shared.url, 1);
+    kc_cache *ca = open_cache(&f, "a", NULL);
+    kc_entry_info *es;
+    size_t ne;
+    ck_assert_int_eq(kc_list(ca, &es, &ne), EM_OK);
+    em_free(es);
+    kc_close(ca);
+    int na = (int)ne; /* kernels, plan, and their key manifests */
+    ck_assert_int_eq(na, 2 * ((int)a.compiled + 1));
     char out[8192];
     ck_assert_int_eq(tu_tool(out, sizeof out, "--dir %s/a push", f.root), 0);
     char want[192];
-    snprintf(want, sizeof want, "push: %d entries to %s", (int)a.compiled + 1, shared.url);
+    snprintf(want, sizeof want, "push: %d entries to %s", na, shared.url);
     ck_assert_msg(strstr(out, want), "%s", out);
     ck_assert_int_eq(tu_tool(out, sizeof out, "--json --dir %s/a stats --remote", f.root), 0);
-    snprintf(want, sizeof want, "\"entries\":%d,", (int)a.compiled + 1);
+    snprintf(want, sizeof want, "\"entries\":%d,", na);
     ck_assert_msg(strstr(out, want), "%s", out);
     ck_assert_int_eq(tu_tool(out, sizeof out, "--dir %s/b pull", f.root), 0);
-    snprintf(want, sizeof want, "pull: %d entries fetched", (int)a.compiled + 1);
+    snprintf(want, sizeof want, "pull: %d entries fetched", na);
     ck_assert_msg(strstr(out, want), "%s", out);
     ck_assert_int_eq(tu_tool(out, sizeof out, "--json --dir %s/b pull", f.root), 0);
-    snprintf(want, sizeof want, "\"fetched\":0,\"present\":%d,\"rejected\":0", (int)a.compiled + 1);
+    snprintf(want, sizeof want, "\"fetched\":0,\"present\":%d,\"rejected\":0", na);
     ck_assert_msg(strstr(out, want), "%s", out);
     ck_assert_int_eq(tu_tool(out, sizeof out, "--dir %s/b verify", f.root), 0);
     setenv("EMBER_CACHE_REMOTE", "", 1);
@@ -686,6 +695,45 @@ START_TEST(push_pull_and_remote_stats_through_the_tool) {
     ck_assert_int_eq(st.st_size, 65);
     ck_assert_int_eq(tu_tool(out, sizeof out, "keygen %s", kf), 1);
     ck_assert_msg(strstr(out, "never overwritten"), "%s", out);
+    fixture_free(&f);
+}
+END_TEST
+
+START_TEST(pull_of_a_warmup_list_fetches_what_its_graphs_need) {
+    fixture f;
+    fixture_make(&f);
+    char list[128];
+    path_in(&f, "graphs.txt", list, sizeof list);
+    setenv("EMBER_RECORD", list, 1);
+    run_result a = run_child(&f, "a", 6); /* compiles, publishes, records */
+    unsetenv("EMBER_RECORD");
+    ck_assert_int_gt(a.compiled, 0);
+    char out[8192], want[96];
+    /* explain looks at the directory alone: nothing fetched, all missing */
+    ck_assert_int_eq(tu_tool(out, sizeof out, "--dir %s/c explain %s", f.root, list), 1);
+    ck_assert_msg(strstr(out, "plan miss"), "%s", out);
+    kc_cache *c = open_cache(&f, "c", NULL);
+    kc_entry_info *es;
+    size_t n;
+    ck_assert_int_eq(kc_list(c, &es, &n), EM_OK);
+    ck_assert_uint_eq(n, 0);
+    em_free(es);
+    kc_close(c);
+    /* pull LIST fetches the plan and kernels, compiles nothing */
+    ck_assert_int_eq(tu_tool(out, sizeof out, "--dir %s/b pull %s", f.root, list), 0);
+    snprintf(want, sizeof want, "pull: 1 graphs: %d entries fetched", (int)a.compiled + 1);
+    ck_assert_msg(strstr(out, want), "%s", out);
+    ck_assert_int_eq(tu_tool(out, sizeof out, "--dir %s/b explain %s", f.root, list), 0);
+    setenv("EMBER_CACHE_REMOTE", "", 1);
+    run_result b = run_child(&f, "b", 6);
+    ck_assert(b.values_ok);
+    ck_assert_int_eq(b.compiled, 0);
+    /* a namespace without them: pull says what is missing (exit 1) */
+    setenv("EMBER_CACHE_REMOTE", shared.url, 1);
+    setenv("EMBER_CACHE_REMOTE_PREFIX", "empty-namespace:", 1);
+    ck_assert_int_eq(tu_tool(out, sizeof out, "--dir %s/d pull %s", f.root, list), 1);
+    ck_assert_msg(strstr(out, "0 entries fetched") && strstr(out, "1 with something the server lacks"),
+                  "%s", out);
     fixture_free(&f);
 }
 END_TEST
@@ -860,6 +908,7 @@ int main(void) {
         {"a_server_that_never_answers_costs_one_timeout", a_server_that_never_answers_costs_one_timeout},
         {"eight_processes_publishing_the_same_keys", eight_processes_publishing_the_same_keys},
         {"push_pull_and_remote_stats_through_the_tool", push_pull_and_remote_stats_through_the_tool},
+        {"pull_of_a_warmup_list_fetches_what_its_graphs_need", pull_of_a_warmup_list_fetches_what_its_graphs_need},
         {"configuration_errors_turn_the_tier_off_with_a_reason", configuration_errors_turn_the_tier_off_with_a_reason},
         {"a_password_works_and_never_reaches_a_log", a_password_works_and_never_reaches_a_log},
     };

@@ -45,10 +45,14 @@ static const char USAGE[] =
     "                          another compiler, code generator, CPU target or GPU\n"
     "  push [FILE]             publish every good entry (with FILE: a bundle's, imported\n"
     "                          first) to the remote tier, replacing what it holds\n"
-    "  pull                    fetch the remote tier's entries this cache lacks, each\n"
+    "  pull [FILE...]          fetch the remote tier's entries this cache lacks (with\n"
+    "                          FILE...: those the warmup lists' graphs need), each\n"
     "                          checked against its signature before it is written\n"
     "  keygen FILE             write a new signing key for the remote tier to FILE\n"
     "                          (created 0600; an existing FILE is never replaced)\n"
+    "  explain FILE            whether the cache holds the plan and kernels of each graph\n"
+    "                          in the warmup list FILE, and why each one missed; compiles\n"
+    "                          and writes nothing (exit 0 all present, 1 some missing)\n"
     "  help                    this text\n"
     "\n"
     "Options:\n"
@@ -118,8 +122,10 @@ static bool opened_where_asked(const tool *t) {
 }
 
 /* Opens the cache; the trust checks say why a directory is refused. */
-static bool open_cache(tool *t) {
-    kc_options o = {.dir = t->dir};
+static bool open_cache(tool *t, const command *c) {
+    /* explain reports on this directory alone: a lookup through the remote
+     * tier would fetch (write) what it finds */
+    kc_options o = {.dir = t->dir, .flags = !strcmp(c->name, "explain") ? KC_NO_REMOTE : 0};
     t->cache = kc_open_with(&o);
     if (!t->cache) return fail("cannot open the cache") == 0;
     if (!kc_on_disk(t->cache)) {
@@ -535,7 +541,51 @@ static int cmd_push(tool *t, const char *bundle) {
     return 0;
 }
 
-static int cmd_pull(tool *t) {
+/* pull FILE...: each record of the warmup lists looked up as warmup would
+ * (jit_explain: a dry run), through the remote tier, which fetches what
+ * this directory lacks; nothing is compiled. */
+static int pull_lists(tool *t, const command *c) {
+    kc_counters before, after;
+    kc_stats(t->cache, &before);
+    int graphs = 0, complete = 0, missing = 0, errors = 0;
+    for (int f = 0; f < c->nfiles; f++) {
+        jit_record *rs;
+        int n;
+        if (jit_records_read(c->files[f], &rs, &n) != EM_OK) return fail("pull");
+        for (int i = 0; i < n; i++) {
+            char why[512];
+            jit_explained e;
+            FILE *quiet = fopen("/dev/null", "w");
+            bool ok = quiet && jit_explain(&rs[i], t->cache, t->target, quiet, &e, why, sizeof why);
+            if (quiet) fclose(quiet);
+            graphs++;
+            if (!ok) errors++, fprintf(stderr, "ember-cache: pull: %s: %s\n", rs[i].name, why);
+            else if ((!e.dynamic && !e.plan) || e.present < e.kernels) missing++;
+            else complete++;
+        }
+        jit_records_free(rs, n);
+    }
+    kc_stats(t->cache, &after);
+    uint64_t fetched = after.remote_hits - before.remote_hits;
+    uint64_t rejected = after.remote_rejected - before.remote_rejected;
+    if (t->json)
+        printf("{\"graphs\":%d,\"fetched\":%" PRIu64 ",\"complete\":%d,\"missing\":%d,"
+               "\"rejected\":%" PRIu64 ",\"errors\":%d}\n", graphs, fetched, complete, missing,
+               rejected, errors);
+    else
+        printf("pull: %d graphs: %" PRIu64 " entries fetched from %s; %d complete here, %d with "
+               "something the server lacks too (ember-cache warmup compiles it)%s\n", graphs,
+               fetched, kc_remote_url(t->cache), complete, missing,
+               rejected ? "; some entries rejected (the warning above)" : "");
+    return errors ? 2 : missing || rejected ? 1 : 0;
+}
+
+static int cmd_pull(tool *t, const command *c) {
+    if (c->nfiles && !kc_remote_url(t->cache)) {
+        em_error(EM_ERR_STATE, "no remote tier (set EMBER_CACHE_REMOTE and EMBER_CACHE_KEY_FILE)");
+        return fail("pull");
+    }
+    if (c->nfiles) return pull_lists(t, c);
     bar b = {t, "remote entries", -1};
     uint64_t fetched = 0, present = 0, rejected = 0;
     em_status s = kc_pull(t->cache, bar_update, &b, &fetched, &present, &rejected);
@@ -591,6 +641,107 @@ static int cmd_keygen(tool *t, const char *path) {
                "(EMBER_CACHE_KEY_FILE)\n", path);
     }
     return 0;
+}
+
+/* ---- explain ---- */
+
+/* explain FILE: one warmup list. */
+static int parse_explain(command *c, int argc, char **argv) {
+    if (argc != 1 || !argv[0][0]) return usage_error("explain takes one warmup list FILE");
+    c->file = argv[0];
+    return 0;
+}
+
+/* The state of a record's plan, in a word. */
+static const char *plan_state(const jit_explained *e) {
+    return e->dynamic ? "none" : e->plan ? "hit" : e->unusable ? "unusable" : "miss";
+}
+
+/* One record's outcome as a JSON object; lines: its misses, one a line. */
+static void explain_json(int no, const jit_record *r, bool ok, const jit_explained *e,
+                         const char *why, const char *lines) {
+    printf("%s\n {\"entry\":%d", no > 1 ? "," : "", no);
+    json_key(false, "name"), json_str(r->name);
+    json_key(false, "backend"), json_str(r->backend);
+    if (!ok) {
+        json_key(false, "error"), json_str(why);
+        printf("}");
+        return;
+    }
+    printf(",\"dynamic\":%s,\"plan\":\"%s\",\"kernels\":%" PRId64 ",\"present\":%" PRId64
+           ",\"misses\":[", e->dynamic ? "true" : "false", plan_state(e), e->kernels, e->present);
+    for (const char *p = lines; *p;) {
+        size_t n = strcspn(p, "\n");
+        char *line = strndup(p, n);
+        if (p != lines) putchar(',');
+        json_str(line ? line : "");
+        free(line);
+        p += n + (p[n] == '\n');
+    }
+    printf("]}");
+}
+
+static void explain_text(int no, const jit_record *r, bool ok, const jit_explained *e,
+                         const char *why, const char *lines) {
+    if (!ok) {
+        printf("entry %d %s (%s): cannot be looked up: %s\n", no, r->name, r->backend, why);
+        return;
+    }
+    const char *plan = e->dynamic ? "dynamic (no plan)" : e->plan ? "plan hit"
+                       : e->unusable ? "plan unusable" : "plan miss";
+    printf("entry %d %s (%s, %" PRId64 " kernel%s): %s, %" PRId64 "/%" PRId64 " kernels present\n",
+           no, r->name, r->backend, e->kernels, e->kernels == 1 ? "" : "s", plan, e->present,
+           e->kernels);
+    for (const char *p = lines; *p;) {
+        size_t n = strcspn(p, "\n");
+        printf("  %.*s\n", (int)n, p);
+        p += n + (p[n] == '\n');
+    }
+}
+
+/* Record no of the list: 0 all present, 1 something missing, 2 it
+ * cannot be looked up. */
+static int explain_record(const tool *t, const jit_record *r, int no) {
+    char *lines = NULL, why[512];
+    size_t len = 0;
+    FILE *out = open_memstream(&lines, &len);
+    if (!out) {
+        fail("explain");
+        return 2;
+    }
+    jit_explained e;
+    bool ok = jit_explain(r, t->cache, t->target, out, &e, why, sizeof why);
+    fclose(out);
+    if (t->json) explain_json(no, r, ok, &e, why, lines ? lines : "");
+    else explain_text(no, r, ok, &e, why, lines ? lines : "");
+    free(lines);
+    return !ok ? 2 : (!e.dynamic && !e.plan) || e.present < e.kernels ? 1 : 0;
+}
+
+/* explain FILE: a dry run of warmup (jit_explain), nothing compiled or
+ * stored.  Exit 0 when every plan and kernel is present, 1 when something
+ * is missing, 2 when the list or an entry cannot be read. */
+static int cmd_explain(tool *t, const char *path) {
+    jit_record *rs;
+    int n, counts[3] = {0};
+    if (jit_records_read(path, &rs, &n) != EM_OK) {
+        fail("explain");
+        return 2;
+    }
+    if (t->json) {
+        printf("{");
+        json_key(true, "file"), json_str(path);
+        printf(",\"entries\":[");
+    }
+    for (int i = 0; i < n; i++) counts[explain_record(t, &rs[i], i + 1)]++;
+    if (t->json)
+        printf("%s],\"complete\":%d,\"missing\":%d,\"errors\":%d}\n", n ? "\n" : "", counts[0],
+               counts[1], counts[2]);
+    else
+        printf("explain: %d entries: %d complete, %d with something missing, %d not looked up\n", n,
+               counts[0], counts[1], counts[2]);
+    jit_records_free(rs, n);
+    return counts[2] ? 2 : counts[1] ? 1 : 0;
 }
 
 /* ---- warmup ---- */
@@ -796,6 +947,17 @@ static int parse_verify(command *c, int argc, char **argv) {
     return 0;
 }
 
+/* pull [FILE...]: warmup lists (none: everything on the server). */
+static int parse_lists(command *c, int argc, char **argv) {
+    c->files = argv;
+    for (int i = 0; i < argc; i++) {
+        if (!argv[i][0]) return usage_error("%s: an empty file name", c->name);
+        if (argv[i][0] == '-') return usage_error("%s: unknown option '%s'", c->name, argv[i]);
+        c->files[c->nfiles++] = argv[i];
+    }
+    return 0;
+}
+
 static int parse_stats(command *c, int argc, char **argv) {
     for (int i = 0; i < argc; i++) {
         if (strcmp(argv[i], "--remote") != 0)
@@ -861,8 +1023,8 @@ static int parse_warmup(command *c, int argc, char **argv) {
 static int parse_command(command *c, int argc, char **argv) {
     c->name = argv[0];
     argc--, argv++;
-    if (!strcmp(c->name, "ls") || !strcmp(c->name, "clear") || !strcmp(c->name, "pull"))
-        return no_args(c->name, argc, argv);
+    if (!strcmp(c->name, "ls") || !strcmp(c->name, "clear")) return no_args(c->name, argc, argv);
+    if (!strcmp(c->name, "pull")) return parse_lists(c, argc, argv);
     if (!strcmp(c->name, "stats")) return parse_stats(c, argc, argv);
     if (!strcmp(c->name, "push")) return argc ? parse_file(c, argc, argv) : 0;
     if (!strcmp(c->name, "keygen")) return parse_file(c, argc, argv);
@@ -870,6 +1032,7 @@ static int parse_command(command *c, int argc, char **argv) {
     if (!strcmp(c->name, "prune")) return parse_prune(c, argc, argv);
     if (!strcmp(c->name, "export") || !strcmp(c->name, "import")) return parse_file(c, argc, argv);
     if (!strcmp(c->name, "warmup")) return parse_warmup(c, argc, argv);
+    if (!strcmp(c->name, "explain")) return parse_explain(c, argc, argv);
     return usage_error("unknown command '%s'", c->name);
 }
 
@@ -941,12 +1104,13 @@ static int run(tool *t, const command *c) {
     if (!strcmp(n, "ls")) return cmd_ls(t);
     if (!strcmp(n, "stats")) return c->remote ? cmd_remote_stats(t) : cmd_stats(t);
     if (!strcmp(n, "push")) return cmd_push(t, c->file);
-    if (!strcmp(n, "pull")) return cmd_pull(t);
+    if (!strcmp(n, "pull")) return cmd_pull(t, c);
     if (!strcmp(n, "verify")) return cmd_verify(t, c->remove);
     if (!strcmp(n, "prune")) return cmd_prune(t, c);
     if (!strcmp(n, "clear")) return cmd_clear(t);
     if (!strcmp(n, "export")) return cmd_export(t, c->file);
     if (!strcmp(n, "import")) return cmd_import(t, c->file);
+    if (!strcmp(n, "explain")) return cmd_explain(t, c->file);
     return cmd_warmup(t, c);
 }
 
@@ -963,7 +1127,7 @@ int main(int argc, char **argv) {
         rc = cmd_keygen(&t, c.file); /* needs no cache */
     } else if (rc == 0 && c.name) {
         signal(SIGPIPE, SIG_IGN);
-        rc = open_cache(&t) ? run(&t, &c) : 1;
+        rc = open_cache(&t, &c) ? run(&t, &c) : 1;
         kc_close(t.cache);
     }
     free(args);

@@ -209,6 +209,91 @@ typedef struct kc_counters {
 
 em_status kc_stats(kc_cache *c, kc_counters *out);
 
+/* ---- keys with named fields, and why a lookup missed (explain.c) ----
+ * A key is built from fields, each a name and a value (kc_fields): the
+ * digest hashes the values exactly as kc_hasher_update_str and _u64 would
+ * (so a key is the one a bare kc_hasher gives), and the names and values
+ * are recorded in a manifest, so that the key and its description cannot
+ * drift apart.  A manifest is stored next to its artifact, under the same
+ * key with the kind "why_" + the artifact's kind (kc_put_manifest); on a
+ * miss, kc_explain reads the manifests of that kind and says in which
+ * fields the nearest one differs from the key wanted.  The text form
+ * (kc_manifest_format), line by line:
+ *
+ *   ember-manifest 1
+ *   key-format <the hasher's version, KC_FORMAT_VERSION>
+ *   key <32 hex: the key the fields hash to>
+ *   fields <count>
+ *   u64 <name> <decimal value>
+ *   str <name> <length in bytes>
+ *   <exactly that many bytes (newlines included), then a newline>
+ *   nul <name>                      (a NULL string)
+ *
+ * Names are [a-z0-9_]{1,31}.  The parser takes exactly this form, and a
+ * manifest whose fields do not hash to its key is not one (corrupt).
+ * Ownership: a kc_manifest owns its fields' strings (kc_manifest_clear);
+ * a kc_fields owns nothing (it may live on the stack). */
+
+#define KC_FIELD_NAME_MAX 31
+#define KC_MANIFEST_VERSION 1u
+
+typedef enum kc_field_type { KC_FIELD_STR, KC_FIELD_U64, KC_FIELD_NULL } kc_field_type;
+
+typedef struct kc_field {
+    char name[KC_FIELD_NAME_MAX + 1];
+    kc_field_type type;
+    uint64_t u; /* KC_FIELD_U64's value */
+    char *s;    /* KC_FIELD_STR's value (em_malloc'd, NUL-terminated), else NULL */
+    size_t n;   /* its length */
+} kc_field;
+
+typedef struct kc_manifest {
+    uint32_t version; /* the key derivation's (kc_hasher_reset_version) */
+    kc_key key;       /* what the fields hash to */
+    kc_field *fields; /* in the order they were hashed */
+    int n, cap;
+    bool failed;      /* recording ran out of memory (or a bad name): incomplete */
+} kc_manifest;
+
+/* A key being built: the hasher, and the manifest that records it (NULL:
+ * the key only, nothing allocated). */
+typedef struct kc_fields {
+    kc_hasher h;
+    kc_manifest *m;
+} kc_fields;
+
+/* Starts a key (kc_hasher_reset); m (may be NULL) is cleared, then records. */
+void kc_fields_begin(kc_fields *f, kc_manifest *m);
+/* One field: value hashed as kc_hasher_update_str (NULL distinct from ""). */
+void kc_fields_str(kc_fields *f, const char *name, const char *value);
+/* One field: v hashed as kc_hasher_update_u64. */
+void kc_fields_u64(kc_fields *f, const char *name, uint64_t v);
+/* The key (also into the manifest's key). */
+kc_key kc_fields_digest(kc_fields *f);
+
+void kc_manifest_clear(kc_manifest *m);
+/* The field called name, or NULL. */
+const kc_field *kc_manifest_field(const kc_manifest *m, const char *name);
+/* The key m's fields hash to (replaying them with m->version). */
+kc_key kc_manifest_digest(const kc_manifest *m);
+/* The text form (em_malloc'd, *n its length), or NULL (error set). */
+char *kc_manifest_format(const kc_manifest *m, size_t *n);
+/* Parses exactly what kc_manifest_format writes; EM_ERR_ARG (with the
+ * reason) on anything else, out then empty. */
+em_status kc_manifest_parse(const char *text, size_t n, kc_manifest *out);
+/* "why_" + kind into out; false when that is not a kind (too long). */
+bool kc_why_kind(const char *kind, char out[KC_KIND_MAX + 1]);
+/* Stores m under (m->key, "why_" + kind).  EM_ERR_STATE for an incomplete
+ * manifest. */
+em_status kc_put_manifest(kc_cache *c, const kc_manifest *m, const char *kind);
+/* Why a lookup of (want->key, kind) missed, as one paragraph without a
+ * final newline (em_malloc'd; NULL only when out of memory): the nearest
+ * manifest of kind "why_" + kind on disk (most fields equal; ties: the
+ * most recently used) and the fields it differs in, or why there is none.
+ * Reads the disk tier without marking entries used; a manifest that does
+ * not parse or hash to its key is skipped. */
+char *kc_explain(kc_cache *c, const kc_manifest *want, const char *kind);
+
 /* "500M", "2G", "64k", "123" (bytes); K, M, G, T are powers of 1024, an
  * optional trailing "B" or "iB" is accepted.  EM_ERR_ARG on anything else. */
 em_status kc_parse_size(const char *s, uint64_t *out);

@@ -118,7 +118,7 @@ static void emit_key(gcc_jit_context *ctx, const char *name, const kc_key *key) 
     if (g) gcc_jit_global_set_initializer(g, key->bytes, sizeof key->bytes);
 }
 
-bool jit_cpu_kernel_key(const k_kernel *k, kc_key *key) {
+bool jit_cpu_kernel_key(const k_kernel *k, kc_key *key, kc_manifest *m) {
     char *text = NULL;
     size_t len = 0;
     FILE *f = open_memstream(&text, &len);
@@ -128,12 +128,14 @@ bool jit_cpu_kernel_key(const k_kernel *k, kc_key *key) {
         free(text);
         return false;
     }
-    kc_hasher h;
-    kc_hasher_reset(&h);
-    kc_hasher_update_str(&h, "ember cpu kernel");
-    kc_hasher_update_str(&h, jit_cpu_target());
-    kc_hasher_update_str(&h, text);
-    *key = kc_hasher_digest(&h);
+    kc_fields fl;
+    kc_fields_begin(&fl, m);
+    kc_fields_str(&fl, "what", "ember cpu kernel");
+    /* "libgccjit X.Y.Z codegen N -march=... options": the compiler's
+     * version, the generator's, the CPU level and the code options */
+    kc_fields_str(&fl, "target", jit_cpu_target());
+    kc_fields_str(&fl, "kernel_ir", text);
+    *key = kc_fields_digest(&fl);
     free(text);
     return true;
 }
@@ -202,7 +204,7 @@ em_status jit_cpu_compile(const k_kernel *k, jit_cpu_kernel **out) {
 em_status jit_cpu_write_so(const k_kernel *k, const char *path) {
     if (!path) return em_error_null("jit_cpu_write_so", "path");
     kc_key key;
-    if (k && !jit_cpu_kernel_key(k, &key))
+    if (k && !jit_cpu_kernel_key(k, &key, NULL))
         return em_error(EM_ERR_NOMEM, "jit_cpu_write_so: out of memory");
     gcc_jit_context *ctx;
     em_status s = gen(k, k ? &key : NULL, &ctx);

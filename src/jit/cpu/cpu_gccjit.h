@@ -66,8 +66,9 @@ em_status jit_cpu_load_so(const char *path, const char *name, jit_cpu_kernel **o
  * the caller's (it may be closed once this returns). */
 em_status jit_cpu_load_fd(int fd, const char *name, const kc_key *key, jit_cpu_kernel **out);
 /* The cache key of k's shared object: the field "ember cpu kernel",
- * jit_cpu_target() and k's printed IR. */
-bool jit_cpu_kernel_key(const k_kernel *k, kc_key *key);
+ * jit_cpu_target() and k's printed IR; m (may be NULL) gets its manifest
+ * (fields what, target, kernel_ir). */
+bool jit_cpu_kernel_key(const k_kernel *k, kc_key *key, kc_manifest *m);
 void jit_cpu_free(jit_cpu_kernel *ck);
 /* What the generated code depends on besides the kernel IR: libgccjit's
  * version, the generator's version and the target options (part of every

@@ -24,9 +24,9 @@ static bool cpu_target(int index, const jit_env *env, char *buf, size_t n) {
 
 /* The key the shared object embeds (jit_cpu_write_so computes it too:
  * jit_cpu_target() is the target). */
-static bool cpu_key(const k_kernel *k, const char *target, kc_key *key) {
+static bool cpu_key(const k_kernel *k, const char *target, kc_key *key, kc_manifest *m) {
     (void)target;
-    return jit_cpu_kernel_key(k, key);
+    return jit_cpu_kernel_key(k, key, m);
 }
 
 /* Compiles k in this process: to a shared object at a temporary path

@@ -34,8 +34,8 @@ static bool cuda_target(int index, const jit_env *env, char *buf, size_t n) {
     return false;
 }
 
-static bool cuda_key(const k_kernel *k, const char *target, kc_key *key) {
-    return jit_kernel_key("cuda", target, k, key);
+static bool cuda_key(const k_kernel *k, const char *target, kc_key *key, kc_manifest *m) {
+    return jit_kernel_key("cuda", target, k, key, m);
 }
 
 /* One NVRTC compile (a thread's share of cuda_compile). */
@@ -197,7 +197,7 @@ em_status cuda_kernel_get(cuda_device *d, const k_kernel *k, kc_cache *cache, co
     char target[256];
     kc_key key;
     jit_env env = {.cache = cache, .log = log};
-    if (!cuda_target(d->index, NULL, target, sizeof target) || !cuda_key(k, target, &key))
+    if (!cuda_target(d->index, NULL, target, sizeof target) || !cuda_key(k, target, &key, NULL))
         return em_last_status();
     jit_kernel *got = cuda_find(d->index, &key); /* every eager op: quiet on a hit */
     if (got) {
@@ -223,8 +223,8 @@ static bool cuda_target(int index, const jit_env *env, char *buf, size_t n) {
     return false;
 }
 
-static bool cuda_key(const k_kernel *k, const char *target, kc_key *key) {
-    return jit_kernel_key("cuda", target, k, key);
+static bool cuda_key(const k_kernel *k, const char *target, kc_key *key, kc_manifest *m) {
+    return jit_kernel_key("cuda", target, k, key, m);
 }
 
 static em_status cuda_compile(int index, const char *target, k_kernel *const *ks, const kc_key *keys,

@@ -186,7 +186,7 @@ static em_status build(jit_compiled *st, const tr_graph *g, jit_env *env, const 
         if (!group_has_step(&st->plan, gi)) continue; /* dead, or run eagerly: nothing to compile */
         pk->bufs = em_malloc(sizeof(int) * ((size_t)g->nnodes + 1));
         ks[gi] = pk->bufs ? sc_lower(sched, gi, pk->bufs, &pk->nbufs, &pk->nouts) : NULL;
-        if (!ks[gi] || !st->dev->key(ks[gi], target, &pk->key))
+        if (!ks[gi] || !st->dev->key(ks[gi], target, &pk->key, NULL))
             s = em_last_status() ? em_last_status() : EM_ERR_UNSUPPORTED;
         else
             log_kernel(env, st->dev, ks[gi]);
@@ -205,14 +205,16 @@ static em_status build(jit_compiled *st, const tr_graph *g, jit_env *env, const 
 /* Loads g's plan and every kernel it names; false (st empty) on any miss.
  * The plan is checked against g (jit_plan_check), and each artifact
  * against its key, so nothing is scheduled or lowered. */
-static bool load_plan(jit_compiled *st, const tr_graph *g, jit_env *env, const kc_key *gkey) {
+static bool load_plan(jit_compiled *st, const tr_graph *g, jit_env *env, const kc_key *gkey,
+                      const kc_manifest *why) {
     void *text = NULL;
     size_t n = 0;
     char hex[KC_KEY_HEX_SIZE];
     kc_key_hex(gkey, hex);
     if (kc_get(env->cache, gkey, "plan", &text, &n) != EM_OK || !text) {
         em_clear_error();
-        jit_logf(env->log, JIT_LOG_CACHE, "cache miss: graph plan (%s)", hex);
+        if (why->n > 0) jit_explain_miss(env, "graph plan", why, "plan");
+        else jit_logf(env->log, JIT_LOG_CACHE, "cache miss: graph plan (%s)", hex);
         return false;
     }
     bool ok = jit_plan_parse(text, n, g, gkey, &st->plan) && jit_plan_check(g, &st->plan);
@@ -231,6 +233,10 @@ static bool load_plan(jit_compiled *st, const tr_graph *g, jit_env *env, const k
     em_free(live);
     if (!ok) {
         jit_logf(env->log, JIT_LOG_CACHE, "graph plan %s unusable (bad or kernels missing): compiling", hex);
+        env->plans_unusable += env->dry_run;
+        if (env->dry_run && env->explain) /* the kernels' lookups below say which are missing */
+            fprintf(env->explain, "graph plan (%s): in the cache, but bad or some of its kernels "
+                    "are missing\n", hex);
         drop_kernels(st);
         em_clear_error();
         return false;
@@ -241,7 +247,8 @@ static bool load_plan(jit_compiled *st, const tr_graph *g, jit_env *env, const k
     return true;
 }
 
-static void store_plan(jit_env *env, const kc_key *gkey, jit_plan *p) {
+/* Stores p under gkey, and beside it its key's manifest why. */
+static void store_plan(jit_env *env, const kc_key *gkey, const kc_manifest *why, jit_plan *p) {
     size_t n;
     p->key = *gkey; /* the plan carries the key it is filed under */
     char *text = jit_plan_format(p, &n);
@@ -250,6 +257,7 @@ static void store_plan(jit_env *env, const kc_key *gkey, jit_plan *p) {
         kc_key_hex(gkey, hex);
         jit_logf(env->log, JIT_LOG_CACHE, "cache write: graph plan (%s)", hex);
         env->plans_stored++;
+        jit_store_manifest(env, why, "plan");
     }
     em_free(text);
     em_clear_error(); /* a plan not stored only costs the next process a compile */
@@ -263,12 +271,20 @@ static em_status compile_static(jit_compiled *st, const tr_graph *g, jit_env *en
         return EM_OK;
     }
     kc_key gkey;
-    bool keyed = env->cache && jit_graph_key(g, st->dev->name, target, &gkey);
-    if (keyed && load_plan(st, g, env, &gkey)) return EM_OK;
+    kc_manifest why = {0}; /* the key's fields: explain a miss, stored beside the plan */
+    bool keyed = env->cache && jit_graph_key(g, st->dev->name, target, &gkey, &why);
+    if (why.failed) kc_manifest_clear(&why); /* out of memory: no manifest */
+    em_clear_error();
+    if (keyed && load_plan(st, g, env, &gkey, &why)) {
+        kc_manifest_clear(&why);
+        return EM_OK;
+    }
     em_status s = build(st, g, env, target);
+    if (s != EM_OK && s != EM_ERR_NOMEM) run_op_by_op(st, env);
+    else if (s == EM_OK && keyed && env->dry_run) env->plans_missing++; /* looked up only */
+    else if (s == EM_OK && keyed) store_plan(env, &gkey, &why, &st->plan);
+    kc_manifest_clear(&why);
     if (s == EM_ERR_NOMEM) return s;
-    if (s != EM_OK) run_op_by_op(st, env);
-    else if (keyed) store_plan(env, &gkey, &st->plan);
     return env->target && s != EM_OK ? EM_ERR_UNSUPPORTED : EM_OK;
 }
 
@@ -335,7 +351,7 @@ static bool dynamic_kernel(jit_compiled *st, const sc_schedule *sa, const sc_sch
     st->size_of[gi] = ka ? em_malloc(sizeof(int) * ((size_t)ka->n + 1)) : NULL;
     bool ok = kp && vary && st->size_of[gi] && kir_vary(ka, kp, vary) &&
               (ks[gi] = kir_parametrize(ka, vary, st->size_of[gi])) &&
-              st->dev->key(ks[gi], target, &keys[gi]);
+              st->dev->key(ks[gi], target, &keys[gi], NULL);
     if (ok) pk->key = keys[gi];
     kir_free(kp);
     em_free(vary);

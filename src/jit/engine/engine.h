@@ -71,6 +71,15 @@ typedef struct jit_env {
     int64_t plans_loaded;       /* graphs whose plan came from the cache */
     int64_t plans_stored;       /* graphs whose plan this env wrote to the cache */
     int64_t lowered;            /* graphs scheduled and lowered to kernel IR */
+    /* Look up only (ember-cache explain): a plan miss lowers the graph
+     * and looks each kernel up (only whether it is present: nothing is
+     * loaded); nothing is compiled or stored, and every miss is
+     * explained (kc_explain) into explain. */
+    bool dry_run;
+    FILE *explain;              /* dry_run: where explanations go, one line each; NULL: nowhere */
+    int64_t missing;            /* dry_run: kernels not in the cache */
+    int64_t plans_missing;      /* dry_run: graphs whose plan is not in the cache (or unusable) */
+    int64_t plans_unusable;     /* dry_run: of those, plans there but bad or missing kernels */
 } jit_env;
 
 /* ---- devices ---- */
@@ -106,8 +115,9 @@ typedef struct jit_device {
      * kernel can be made here. */
     bool (*target)(int index, const jit_env *env, char *buf, size_t n);
     /* The cache key of k's artifact for target (the key the artifact
-     * embeds and load checks). */
-    bool (*key)(const k_kernel *k, const char *target, kc_key *key);
+     * embeds and load checks); m (NULL: the key only) gets its manifest,
+     * the named fields it hashes (kc_fields). */
+    bool (*key)(const k_kernel *k, const char *target, kc_key *key, kc_manifest *m);
     /* Compiles ks[i] (NULL: skip) for target, keyed keys[i], into out[i];
      * n >= 1.  An item it cannot compile is left empty with the reason
      * logged (the graph then runs op by op); an error return stops all. */
@@ -132,8 +142,21 @@ typedef struct jit_device {
 } jit_device;
 
 /* A key for devices to use as their key function: the hash of "ember
- * kernel", name, target and k's printed IR. */
-bool jit_kernel_key(const char *name, const char *target, const k_kernel *k, kc_key *key);
+ * kernel", name, target and k's printed IR (fields what, device, target,
+ * kernel_ir of the manifest m, when not NULL). */
+bool jit_kernel_key(const char *name, const char *target, const k_kernel *k, kc_key *key,
+                    kc_manifest *m);
+
+/* Why the lookup of want's key (an artifact of kind, described as what:
+ * "graph plan", "kernel k0") missed: logged as "cache miss: <what>
+ * (<key>): <kc_explain's paragraph>" under EMBER_LOG=cache, and written
+ * to env->explain as "<what> (<key>): <paragraph>".  Scans the disk
+ * tier's manifests, so only when one of the two wants it. */
+void jit_explain_miss(const jit_env *env, const char *what, const kc_manifest *want,
+                      const char *kind);
+/* Stores m next to its artifact of kind (kc_put_manifest); a failure only
+ * costs a later miss its explanation (cleared, never an error). */
+void jit_store_manifest(const jit_env *env, const kc_manifest *m, const char *kind);
 
 /* The one kernel cache sequence, for every device: for each ks[i]
  * (NULL: skip), its key keys[i] -> the device's loaded table -> the disk
@@ -142,13 +165,17 @@ bool jit_kernel_key(const char *name, const char *target, const k_kernel *k, kc_
  * gets the kernel (NULL when it could
  * not be compiled: the caller runs the graph op by op).  With
  * env->target, nothing is loaded: the misses are compiled and stored.
- * Counts into env->compiled and env->loaded; logs under EMBER_LOG=cache. */
+ * With env->dry_run, nothing is loaded, compiled or stored: the misses are
+ * counted into env->missing (out[i] NULL) and explained.  Each kernel
+ * stored gets its key's manifest beside it (kind "why_" + d->kind).
+ * Counts into env->compiled and env->loaded; logs under EMBER_LOG=cache,
+ * each miss with why it missed (jit_explain_miss). */
 em_status jit_get_kernels(const jit_device *d, int index, jit_env *env, k_kernel *const *ks,
                           const kc_key *keys, int n, jit_kernel **out);
 
 /* The kernels filed under keys[i] (where live[i]), from the device's
  * table or the disk cache, without their IR (a plan cache hit); with
- * env->target, only whether all are present.  false (out all NULL) on any
+ * env->target or env->dry_run, only whether all are present.  false (out all NULL) on any
  * miss. */
 bool jit_load_kernels(const jit_device *d, int index, jit_env *env, const kc_key *keys,
                       const bool *live, int n, jit_kernel **out);

@@ -22,7 +22,8 @@ void jit_set_background_thread(void) { background_thread = true; }
 
 bool jit_on_background_thread(void) { return background_thread; }
 
-bool jit_kernel_key(const char *name, const char *target, const k_kernel *k, kc_key *key) {
+bool jit_kernel_key(const char *name, const char *target, const k_kernel *k, kc_key *key,
+                    kc_manifest *m) {
     char *text = NULL;
     size_t len = 0;
     FILE *f = open_memstream(&text, &len);
@@ -33,13 +34,13 @@ bool jit_kernel_key(const char *name, const char *target, const k_kernel *k, kc_
     bool ok = kir_print(k, f) == EM_OK;
     if (fclose(f) != 0 || !text) ok = false;
     if (ok) {
-        kc_hasher h;
-        kc_hasher_reset(&h);
-        kc_hasher_update_str(&h, "ember kernel");
-        kc_hasher_update_str(&h, name);
-        kc_hasher_update_str(&h, target);
-        kc_hasher_update_str(&h, text);
-        *key = kc_hasher_digest(&h);
+        kc_fields fl;
+        kc_fields_begin(&fl, m);
+        kc_fields_str(&fl, "what", "ember kernel");
+        kc_fields_str(&fl, "device", name);
+        kc_fields_str(&fl, "target", target);
+        kc_fields_str(&fl, "kernel_ir", text);
+        *key = kc_fields_digest(&fl);
     } else if (!em_last_status()) {
         em_error(EM_ERR_NOMEM, "%s: out of memory", name);
     }
@@ -75,18 +76,18 @@ static jit_kernel *load_cached(const jit_device *d, int index, jit_env *env, con
 }
 
 /* The kernel under key: loaded from the device's table or the disk cache (*out),
- * or, for a named target, only present there; false on a miss (logged). */
+ * or, for a named target or a dry run, only present there; false on a miss
+ * (the caller logs it). */
 static bool lookup(const jit_device *d, int index, jit_env *env, const k_kernel *k, const kc_key *key,
                    jit_kernel **out) {
     char hex[KC_KEY_HEX_SIZE];
     kc_key_hex(key, hex);
     *out = NULL;
-    if (env->target) { /* compiled for another machine: present or not, nothing to load */
+    if (env->target || env->dry_run) { /* nothing to load: present or not */
         bool have = present(d, env, key);
         if (have) env->loaded++;
-        jit_logf(env->log, JIT_LOG_CACHE, have ? "cache hit: kernel %s (%s), %s"
-                                                 : "cache miss: kernel %s (%s), %s: compiling",
-                 k->name, hex, env->target);
+        if (have) jit_logf(env->log, JIT_LOG_CACHE, "cache hit: kernel %s (%s), %s", k->name, hex,
+                           env->target ? env->target : "present");
         return have;
     }
     jit_kernel *got = d->find ? d->find(index, key) : NULL;
@@ -98,8 +99,48 @@ static bool lookup(const jit_device *d, int index, jit_env *env, const k_kernel 
         *out = got;
         return true;
     }
-    jit_logf(env->log, JIT_LOG_CACHE, "cache miss: kernel %s (%s): compiling", k->name, hex);
     return false;
+}
+
+/* After a miss of k under key: its manifest into *m (for the store after
+ * the compile; left empty without a cache), and the miss logged with why
+ * it missed (EMBER_LOG=cache; a dry run's explain). */
+static void note_miss(const jit_device *d, jit_env *env, const char *target, const k_kernel *k,
+                      const kc_key *key, kc_manifest *m) {
+    kc_key again;
+    bool have = env->cache && d->key(k, target, &again, m) && !m->failed && kc_key_equal(&again, key);
+    if (!have) kc_manifest_clear(m); /* (out of memory: no manifest, no explanation) */
+    em_clear_error();
+    char what[96];
+    snprintf(what, sizeof what, "kernel %s", k->name);
+    bool wanted = (env->log && (env->log->flags & JIT_LOG_CACHE)) || (env->dry_run && env->explain);
+    if (have && wanted) {
+        jit_explain_miss(env, what, m, d->kind);
+    } else {
+        char hex[KC_KEY_HEX_SIZE];
+        kc_key_hex(key, hex);
+        jit_logf(env->log, JIT_LOG_CACHE, "cache miss: %s (%s)", what, hex);
+    }
+}
+
+void jit_explain_miss(const jit_env *env, const char *what, const kc_manifest *want,
+                      const char *kind) {
+    bool log = env->log && (env->log->flags & JIT_LOG_CACHE);
+    FILE *to = env->dry_run ? env->explain : NULL;
+    if (!log && !to) return; /* kc_explain reads every manifest of the kind */
+    char hex[KC_KEY_HEX_SIZE];
+    kc_key_hex(&want->key, hex);
+    char *why = kc_explain(env->cache, want, kind);
+    const char *text = why ? why : "(not explained: out of memory)";
+    jit_logf(env->log, JIT_LOG_CACHE, "cache miss: %s (%s): %s", what, hex, text);
+    if (to) fprintf(to, "%s (%s): %s\n", what, hex, text);
+    em_free(why);
+    em_clear_error();
+}
+
+void jit_store_manifest(const jit_env *env, const kc_manifest *m, const char *kind) {
+    if (env->cache && m->n > 0 && !m->failed) (void)kc_put_manifest(env->cache, m, kind);
+    em_clear_error(); /* a manifest not stored only costs a later miss its explanation */
 }
 
 static void artifact_clear(jit_artifact *a) {
@@ -124,7 +165,8 @@ static em_status load_direct(const jit_device *d, int index, const jit_artifact 
 /* Stores artifact a under key (logged), then loads it back from the
  * cache; without a cache (or when the store fails), loads it directly. */
 static em_status store_and_load(const jit_device *d, int index, jit_env *env, const k_kernel *k,
-                                const kc_key *key, jit_artifact *a, jit_kernel **out) {
+                                const kc_key *key, const kc_manifest *m, jit_artifact *a,
+                                jit_kernel **out) {
     if (a->loaded) {
         *out = a->loaded;
         a->loaded = NULL;
@@ -138,6 +180,7 @@ static em_status store_and_load(const jit_device *d, int index, jit_env *env, co
         char hex[KC_KEY_HEX_SIZE];
         kc_key_hex(key, hex);
         jit_logf(env->log, JIT_LOG_CACHE, "cache write: kernel %s (%s)", k->name, hex);
+        jit_store_manifest(env, m, d->kind);
         if (env->target) return EM_OK; /* compiled for another machine: not loaded */
         if ((*out = load_cached(d, index, env, key))) return EM_OK;
         return em_error(EM_ERR_STATE, "%s: kernel %s not loadable from the cache after its write",
@@ -156,6 +199,13 @@ static int find_key(const kc_key *keys, int n, const kc_key *key) {
     return -1;
 }
 
+/* A dry run's end: each miss counted (explained at its lookup), each
+ * duplicate of a miss too; nothing compiled. */
+static void count_missing(jit_env *env, const int *dup, int n, int m) {
+    env->missing += m;
+    for (int i = 0; i < n; i++) env->missing += dup[i] >= 0;
+}
+
 em_status jit_get_kernels(const jit_device *d, int index, jit_env *env, k_kernel *const *ks,
                           const kc_key *keys, int n, jit_kernel **out) {
     char target[256];
@@ -164,7 +214,8 @@ em_status jit_get_kernels(const jit_device *d, int index, jit_env *env, k_kernel
     kc_key *mkeys = em_calloc((size_t)n + 1, sizeof *mkeys);
     int *at = em_calloc((size_t)n + 1, sizeof *at);
     jit_artifact *arts = em_calloc((size_t)n + 1, sizeof *arts);
-    em_status s = miss && mkeys && at && arts ? EM_OK : em_last_status();
+    kc_manifest *mans = em_calloc((size_t)n + 1, sizeof *mans); /* per miss: stored beside it */
+    em_status s = miss && mkeys && at && arts && mans ? EM_OK : em_last_status();
     /* identical kernels of one graph (a model's repeated layers) compile
      * once: the others are looked up again once it is stored (or, for a
      * named target, are present then) */
@@ -178,30 +229,34 @@ em_status jit_get_kernels(const jit_device *d, int index, jit_env *env, k_kernel
         if (!ks[i]) continue; /* a dead group */
         if (dedupe && (dup[i] = find_key(mkeys, m, &keys[i])) >= 0) continue;
         if (lookup(d, index, env, ks[i], &keys[i], &out[i])) continue; /* loaded, or present for a target */
+        note_miss(d, env, target, ks[i], &keys[i], &mans[m]);
         miss[m] = ks[i], mkeys[m] = keys[i], at[m] = i;
         m++;
     }
-    if (s == EM_OK && m > 0) s = d->compile(index, target, miss, mkeys, m, env, arts);
-    for (int t = 0; s == EM_OK && t < m; t++) {
+    if (s == EM_OK && env->dry_run) count_missing(env, dup, n, m);
+    if (s == EM_OK && m > 0 && !env->dry_run) s = d->compile(index, target, miss, mkeys, m, env, arts);
+    for (int t = 0; s == EM_OK && !env->dry_run && t < m; t++) {
         if (!arts[t].path && !arts[t].bytes && !arts[t].loaded) continue; /* not compiled: logged */
         env->compiled++;
-        s = store_and_load(d, index, env, miss[t], &mkeys[t], &arts[t], &out[at[t]]);
+        s = store_and_load(d, index, env, miss[t], &mkeys[t], &mans[t], &arts[t], &out[at[t]]);
         if (s == EM_OK && out[at[t]] && d->add) d->add(index, &mkeys[t], out[at[t]]);
     }
-    for (int t = 0; s == EM_OK && t < m; t++) /* not compiled (logged): the graph runs op by op */
+    for (int t = 0; s == EM_OK && !env->dry_run && t < m; t++) /* not compiled (logged): the graph runs op by op */
         if (env->target ? !arts[t].path && !arts[t].bytes : !out[at[t]])
             s = em_error(EM_ERR_UNSUPPORTED, "%s: kernel %s was not compiled", d->name, miss[t]->name);
-    for (int i = 0; s == EM_OK && !env->target && i < n; i++)
+    for (int i = 0; s == EM_OK && !env->target && !env->dry_run && i < n; i++)
         if (dup[i] >= 0 && !lookup(d, index, env, ks[i], &keys[i], &out[i]))
             s = em_error(EM_ERR_UNSUPPORTED, "%s: kernel %s was not compiled", d->name, ks[i]->name);
     for (int t = 0; arts && t < m; t++) {
         if (arts[t].loaded && d->unload) d->unload(arts[t].loaded);
         artifact_clear(&arts[t]);
+        kc_manifest_clear(&mans[t]);
     }
     em_free(miss);
     em_free(mkeys);
     em_free(at);
     em_free(arts);
+    em_free(mans);
     em_free(dup);
     return s;
 }
@@ -212,7 +267,7 @@ bool jit_load_kernels(const jit_device *d, int index, jit_env *env, const kc_key
     for (int i = 0; i < n; i++) out[i] = NULL;
     for (int i = 0; ok && i < n; i++) {
         if (!live[i]) continue;
-        if (env->target) {
+        if (env->target || env->dry_run) { /* nothing to load */
             ok = present(d, env, &keys[i]);
             continue;
         }

@@ -10,18 +10,19 @@
 
 #define PLAN_VERSION 3 /* 2: the plan names its own key; 3: each kernel its buffers' abi */
 
-bool jit_graph_key(const tr_graph *g, const char *backend, const char *target, kc_key *key) {
+bool jit_graph_key(const tr_graph *g, const char *backend, const char *target, kc_key *key,
+                   kc_manifest *m) {
     char *text = tr_to_text(g);
     if (!text) return false;
-    kc_hasher h;
-    kc_hasher_reset(&h);
-    kc_hasher_update_str(&h, "ember graph plan");
-    kc_hasher_update_u64(&h, PLAN_VERSION);
-    kc_hasher_update_u64(&h, SC_VERSION);
-    kc_hasher_update_str(&h, backend);
-    kc_hasher_update_str(&h, target);
-    kc_hasher_update_str(&h, text);
-    *key = kc_hasher_digest(&h);
+    kc_fields f;
+    kc_fields_begin(&f, m);
+    kc_fields_str(&f, "what", "ember graph plan");
+    kc_fields_u64(&f, "plan_format_version", PLAN_VERSION);
+    kc_fields_u64(&f, "schedule_version", SC_VERSION);
+    kc_fields_str(&f, "backend", backend);
+    kc_fields_str(&f, "target", target);
+    kc_fields_str(&f, "graph", text);
+    *key = kc_fields_digest(&f);
     em_free(text);
     return true;
 }

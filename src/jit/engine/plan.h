@@ -46,8 +46,11 @@ typedef struct jit_plan {
     int nkernels;
 } jit_plan;
 
-/* The graph-level key of g for a backend and its target. */
-bool jit_graph_key(const tr_graph *g, const char *backend, const char *target, kc_key *key);
+/* The graph-level key of g for a backend and its target; m (may be NULL)
+ * gets its manifest (fields what, plan_format_version, schedule_version,
+ * backend, target, graph). */
+bool jit_graph_key(const tr_graph *g, const char *backend, const char *target, kc_key *key,
+                   kc_manifest *m);
 /* The text of p (em_malloc'd; *n its length), or NULL. */
 char *jit_plan_format(const jit_plan *p, size_t *n);
 /* Parses a plan read for graph g under key; false (no error set) when the

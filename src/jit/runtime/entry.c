@@ -367,7 +367,7 @@ static bool start_compile(jit_owner *o, jit_entry *e, jit_dyn *dyn) {
     }
     *job = (compile_job){o, e, dyn};
     kc_key key = e->key;
-    bool keyed = e->keyed || jit_graph_key(e->graph, e->backend->name, "em_compile", &key);
+    bool keyed = e->keyed || jit_graph_key(e->graph, e->backend->name, "em_compile", &key, NULL);
     if (o->hold) o->hold(o);
     if (!jit_queue_submit(keyed ? &key : NULL, compile_job_run, job, o->hold ? NULL : &e->job)) {
         if (o->drop) o->drop(o);

@@ -93,6 +93,22 @@ typedef enum jit_warm_result {
  * JIT_WARM_FAILED, why says why. */
 jit_warm_result jit_warmup(const jit_record *r, kc_cache *cache, const char *target, char *why,
                            size_t nwhy);
+/* What jit_explain found for a record. */
+typedef struct jit_explained {
+    bool dynamic;    /* a dynamic entry: kernels only, it has no plan */
+    bool plan;       /* a static entry's plan is in the cache (and usable) */
+    bool unusable;   /* its plan is there, but bad or some kernels are missing */
+    int64_t kernels; /* kernels the graph needs */
+    int64_t present; /* of which the cache holds a verified artifact */
+} jit_explained;
+
+/* Looks up what jit_warmup would store for r (its plan and kernels) in
+ * cache, compiling nothing and writing no entry (a dry run: a plan miss
+ * lowers the graph to key its kernels); each miss is explained on out,
+ * one line "<what> (<key>): <why>" (kc_explain's paragraph).  false,
+ * with why, when r cannot be looked up (what JIT_WARM_FAILED means). */
+bool jit_explain(const jit_record *r, kc_cache *cache, const char *target, FILE *out,
+                 jit_explained *res, char *why, size_t nwhy);
 /* The target string of a backend's artifacts (part of their keys), or
  * NULL for a backend without artifacts. */
 const char *jit_backend_target(const jit_backend *b);

@@ -37,42 +37,81 @@ static em_status compile_dynamic(const jit_backend *b, const jit_record *r, tr_g
     return s;
 }
 
-jit_warm_result jit_warmup(const jit_record *r, kc_cache *cache, const char *target, char *why,
-                           size_t nwhy) {
-    why[0] = '\0';
+/* The backend that compiles r into cache, or NULL with why. */
+static const jit_backend *record_backend(const jit_record *r, kc_cache *cache, char *why,
+                                         size_t nwhy) {
     const jit_backend *b = r && r->backend ? jit_backend_find(r->backend) : NULL;
     if (!b || !b->device) {
         snprintf(why, nwhy, "backend '%s' has nothing to compile ahead of time",
                  r && r->backend ? r->backend : "(none)");
-        return JIT_WARM_FAILED;
+        return NULL;
     }
     if (!cache || !kc_on_disk(cache)) {
         snprintf(why, nwhy, "no cache directory to compile into");
-        return JIT_WARM_FAILED;
+        return NULL;
     }
+    return b;
+}
+
+/* Parses r and compiles it with b under env, as em_compile would (env
+ * says whether for real or as a dry run); false with why. */
+static bool compile_record(const jit_backend *b, const jit_record *r, jit_env *env, bool *dynamic,
+                           char *why, size_t nwhy) {
     tr_graph *g = tr_parse_placeholders(r->graph);
     if (!g) {
         snprintf(why, nwhy, "%s", em_last_error());
         em_clear_error();
-        return JIT_WARM_FAILED;
+        return false;
     }
-    jit_log quiet = {0};
-    quiet.f = stderr;
-    /* a named target is the GPU's: CPU records compile for this machine */
-    jit_env env = {.cache = cache, .log = &quiet,
-                   .target = b->device && b->device->type == EM_CUDA ? target : NULL};
     void *state = NULL;
-    bool dynamic = false;
-    em_status s = r->ndyn > 0 && b->compile_dynamic ? compile_dynamic(b, r, g, &env, &state, &dynamic)
-                                                    : b->compile(g, &env, &state);
+    *dynamic = false;
+    em_status s = r->ndyn > 0 && b->compile_dynamic ? compile_dynamic(b, r, g, env, &state, dynamic)
+                                                    : b->compile(g, env, &state);
     if (s != EM_OK) snprintf(why, nwhy, "%s", em_last_error());
     if (state) b->free(state);
     tr_graph_free(g);
     em_clear_error();
-    if (s != EM_OK) return JIT_WARM_FAILED;
+    return s == EM_OK;
+}
+
+static const char NO_COMPILED_FORM[] =
+    "the graph has no compiled form (it runs op by op; EMBER_LOG=code says why)";
+
+jit_warm_result jit_warmup(const jit_record *r, kc_cache *cache, const char *target, char *why,
+                           size_t nwhy) {
+    why[0] = '\0';
+    const jit_backend *b = record_backend(r, cache, why, nwhy);
+    if (!b) return JIT_WARM_FAILED;
+    jit_log quiet = {0};
+    quiet.f = stderr;
+    /* a named target is the GPU's: CPU records compile for this machine */
+    jit_env env = {.cache = cache, .log = &quiet,
+                   .target = b->device->type == EM_CUDA ? target : NULL};
+    bool dynamic = false;
+    if (!compile_record(b, r, &env, &dynamic, why, nwhy)) return JIT_WARM_FAILED;
     if (dynamic) return env.compiled > 0 ? JIT_WARM_COMPILED : JIT_WARM_PRESENT;
     if (env.plans_loaded > 0) return JIT_WARM_PRESENT;
     if (env.plans_stored > 0) return JIT_WARM_COMPILED;
-    snprintf(why, nwhy, "the graph has no compiled form (it runs op by op; EMBER_LOG=code says why)");
+    snprintf(why, nwhy, "%s", NO_COMPILED_FORM);
     return JIT_WARM_FAILED;
+}
+
+bool jit_explain(const jit_record *r, kc_cache *cache, const char *target, FILE *out,
+                 jit_explained *res, char *why, size_t nwhy) {
+    why[0] = '\0';
+    memset(res, 0, sizeof *res);
+    const jit_backend *b = record_backend(r, cache, why, nwhy);
+    if (!b) return false;
+    jit_log quiet = {0};
+    quiet.f = stderr;
+    jit_env env = {.cache = cache, .log = &quiet, .dry_run = true, .explain = out,
+                   .target = b->device->type == EM_CUDA ? target : NULL};
+    if (!compile_record(b, r, &env, &res->dynamic, why, nwhy)) return false;
+    res->plan = env.plans_loaded > 0;
+    res->unusable = env.plans_unusable > 0;
+    res->kernels = env.loaded + env.missing;
+    res->present = env.loaded;
+    if (res->dynamic || env.plans_loaded > 0 || env.plans_missing > 0) return true;
+    snprintf(why, nwhy, "%s", NO_COMPILED_FORM);
+    return false;
 }
