@@ -288,6 +288,7 @@ static const char *backend_of(const char *kind) {
     if (!strcmp(kind, "so")) return "cpu";
     if (!strcmp(kind, "plan")) return "graph";
     if (!strcmp(kind, "ptx") || !strcmp(kind, "cubin")) return "cuda";
+    if (!strncmp(kind, "why_", 4)) return "keyinfo"; /* a key's manifest (explain) */
     return "-";
 }
 
@@ -299,7 +300,7 @@ static int cmd_ls(tool *t) {
     if (kc_list(t->cache, &es, &n) != EM_OK) return fail("ls");
     int64_t now = (int64_t)time(NULL);
     if (t->json) printf("[");
-    else if (n) printf("%-32s  %-5s  %-7s  %9s  %6s  %8s\n", "KEY", "KIND", "BACKEND", "SIZE", "AGE", "LAST USE");
+    else if (n) printf("%-32s  %-9s  %-7s  %9s  %6s  %8s\n", "KEY", "KIND", "BACKEND", "SIZE", "AGE", "LAST USE");
     for (size_t i = 0; i < n; i++) {
         const kc_entry_info *e = &es[i];
         char hex[KC_KEY_HEX_SIZE], sz[32], age[32], used[32];
@@ -313,7 +314,7 @@ static int cmd_ls(tool *t) {
                    ",\"last_use\":%" PRId64 ",\"complete\":%s}", e->size, e->disk_bytes,
                    e->created, e->last_use, e->has_header ? "true" : "false");
         } else {
-            printf("%-32s  %-5s  %-7s  %9s  %6s  %7s%s\n", hex, e->kind, backend_of(e->kind),
+            printf("%-32s  %-9s  %-7s  %9s  %6s  %7s%s\n", hex, e->kind, backend_of(e->kind),
                    human_size(e->disk_bytes, sz, sizeof sz),
                    e->created ? human_age(now - e->created, age, sizeof age) : "?",
                    human_age(now - e->last_use, used, sizeof used),
@@ -367,7 +368,7 @@ static int cmd_stats(tool *t) {
     } else {
         printf("cache %s: %zu entries, %s\n", kc_dir(t->cache), n, human_size(total, sz, sizeof sz));
         for (int k = 0; k < nk; k++)
-            printf("  %-6s %-7s %6" PRIu64 " entries  %9s\n", kinds[k].kind,
+            printf("  %-9s %-7s %6" PRIu64 " entries  %9s\n", kinds[k].kind,
                    backend_of(kinds[k].kind), kinds[k].n, human_size(kinds[k].bytes, sz, sizeof sz));
         if (incomplete) printf("  %" PRIu64 " incomplete entries (ember-cache verify --remove)\n", incomplete);
         printf("  hits: counted per process (EMBER_LOG=cache), not kept on disk\n");
@@ -516,7 +517,7 @@ static int cmd_remote_stats(tool *t) {
     printf("remote %s (Redis %s): %" PRIu64 " entries, %s\n", kc_remote_url(t->cache), r.server,
            r.entries, human_size(r.bytes, sz, sizeof sz));
     for (int k = 0; k < r.nkinds; k++)
-        printf("  %-6s %-7s %6" PRIu64 " entries  %9s\n", r.kinds[k].kind,
+        printf("  %-9s %-7s %6" PRIu64 " entries  %9s\n", r.kinds[k].kind,
                backend_of(r.kinds[k].kind), r.kinds[k].entries,
                human_size(r.kinds[k].bytes, sz, sizeof sz));
     return 0;
