@@ -132,8 +132,8 @@ bool kc_seal_key_load(const char *path, kc_seal_key *k, char *why, size_t nwhy) 
     memset(k, 0, sizeof *k);
 #ifndef EMBER_HAVE_REMOTE
     (void)path;
-    snprintf(why, nwhy, "this Ember was built without libcrypto (install libssl-dev and "
-             "rebuild): no signatures");
+    snprintf(why, nwhy, "this Ember was built without the remote tier (it needs hiredis and "
+             "libcrypto: install libhiredis-dev and libssl-dev, then configure and build again)");
     return false;
 #else
     size_t n;
