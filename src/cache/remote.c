@@ -50,6 +50,8 @@ struct kc_remote {
     double down_until; /* monotonic seconds: skip the tier until then */
 };
 
+#ifdef EMBER_HAVE_REMOTE
+
 static double now_s(void) {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
@@ -155,12 +157,6 @@ static bool parse_url(kc_remote *r, const char *url, char *why, size_t nwhy) {
 kc_remote *kc_remote_open(const char *url, const char *password, const char *prefix,
                           int timeout_ms, char *why, size_t nwhy) {
     why[0] = '\0';
-#ifndef EMBER_HAVE_REMOTE
-    (void)url, (void)password, (void)prefix, (void)timeout_ms;
-    snprintf(why, nwhy, "this Ember was built without hiredis and libcrypto (install "
-             "libhiredis-dev and libssl-dev, then configure and build again)");
-    return NULL;
-#else
     const em_allocator *a = em_get_allocator();
     kc_remote *r = a->alloc(a->ud, sizeof *r, 64);
     if (r) memset(r, 0, sizeof *r);
@@ -183,14 +179,11 @@ kc_remote *kc_remote_open(const char *url, const char *password, const char *pre
         return NULL;
     }
     return r;
-#endif
 }
 
 const char *kc_remote_name(const kc_remote *r) { return r ? r->name : ""; }
 
 int kc_remote_timeout(const kc_remote *r) { return r ? r->timeout_ms : 0; }
-
-#ifdef EMBER_HAVE_REMOTE
 
 static void drop(kc_remote *r) {
     if (r->ctx) redisFree(r->ctx); /* closes only this process's descriptor */
@@ -451,6 +444,24 @@ void kc_remote_close(kc_remote *r) {
 }
 
 #else /* no hiredis: kc_remote_open never returns a remote */
+
+kc_remote *kc_remote_open(const char *url, const char *password, const char *prefix,
+                          int timeout_ms, char *why, size_t nwhy) {
+    (void)url, (void)password, (void)prefix, (void)timeout_ms;
+    snprintf(why, nwhy, "this Ember was built without the remote tier (it needs hiredis and "
+             "libcrypto: install libhiredis-dev and libssl-dev, then configure and build again)");
+    return NULL;
+}
+
+const char *kc_remote_name(const kc_remote *r) {
+    (void)r;
+    return "";
+}
+
+int kc_remote_timeout(const kc_remote *r) {
+    (void)r;
+    return 0;
+}
 
 kc_remote_status kc_remote_get(kc_remote *r, const char *name, void **data, size_t *n, char *why,
                                size_t nwhy) {

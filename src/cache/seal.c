@@ -82,17 +82,13 @@ static bool hmac(const kc_seal_key *k, const void *head, size_t nhead, const voi
     return false;
 }
 
-static bool key_id(kc_seal_key *k) {
-    (void)k;
-    return false;
-}
-
 static bool same_mac(const uint8_t *a, const uint8_t *b) { return memcmp(a, b, HMAC_LEN) == 0; }
 
 #endif
 
 /* ---- the key file ---- */
 
+#ifdef EMBER_HAVE_REMOTE
 /* Reads at most max bytes of the regular file at path into buf. */
 static bool read_small(const char *path, uint8_t *buf, size_t max, size_t *n, char *why,
                        size_t nwhy) {
@@ -127,6 +123,8 @@ static bool read_small(const char *path, uint8_t *buf, size_t max, size_t *n, ch
     *n = got > 0 ? (size_t)got : 0;
     return ok;
 }
+
+#endif
 
 bool kc_seal_key_load(const char *path, kc_seal_key *k, char *why, size_t nwhy) {
     memset(k, 0, sizeof *k);
