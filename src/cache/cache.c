@@ -965,16 +965,26 @@ static em_status put_locked(kc_cache *c, const kc_key *k, const char *kind, cons
     return EM_OK;
 }
 
-em_status kc_put(kc_cache *c, const kc_key *key, const char *kind, const void *data,
-                 size_t n) {
+static em_status put_bytes(kc_cache *c, const kc_key *key, const char *kind, const void *data,
+                           size_t n, bool sync) {
     em_status s = check_args("kc_put", c, key, kind);
     if (s != EM_OK) return s;
     if (!data && n) return em_error(EM_ERR_NULL, "kc_put: data is NULL");
     pthread_mutex_lock(&c->lock);
-    s = put_locked(c, key, kind, data, n, true);
+    s = put_locked(c, key, kind, data, n, sync);
     pthread_mutex_unlock(&c->lock);
     if (s == EM_OK && c->remote) (void)kc_publish(c, key, kind, data, n, false);
     return s;
+}
+
+em_status kc_put(kc_cache *c, const kc_key *key, const char *kind, const void *data,
+                 size_t n) {
+    return put_bytes(c, key, kind, data, n, true);
+}
+
+em_status kc_put_unsynced(kc_cache *c, const kc_key *key, const char *kind, const void *data,
+                          size_t n) {
+    return put_bytes(c, key, kind, data, n, false);
 }
 
 static em_status put_file_locked(kc_cache *c, const kc_key *k, const char *kind, int fd,

@@ -176,6 +176,11 @@ em_status kc_get_fd(kc_cache *c, const kc_key *key, const char *kind, int *fd);
  * too).  When the disk fails the bytes still go to memory (EM_OK). */
 em_status kc_put(kc_cache *c, const kc_key *key, const char *kind, const void *data,
                  size_t n);
+/* kc_put without fsync: for an entry whose loss costs little (a key's
+ * manifest: only a later explanation), so that it costs no disk flush (ms
+ * each on some disks).  A torn entry after a crash is a checked miss. */
+em_status kc_put_unsynced(kc_cache *c, const kc_key *key, const char *kind, const void *data,
+                          size_t n);
 /* Stores the file at path (a regular file the caller made, e.g. a compiler's
  * output) under (key, kind), moving it into the cache (renamed, or copied
  * then removed when it is on another file system or has other links); it
