@@ -41,7 +41,7 @@ bool sc_is_reduction(const tr_node *n);
  * graph-level plan's key (plan.c), so that a plan written by an older
  * scheduler is not reused after a change (it would still be correct, but
  * not the new schedule).  Bump it with any change to either file's output. */
-#define SC_VERSION 3 /* 3: saturating float-to-integer conversion (kir_convert) */
+#define SC_VERSION 4 /* 4: the recompute cost model and the kernel bound (issue 22) */
 
 /* The symbol of every kernel lower.c makes (see there). */
 #define JIT_KERNEL_NAME "k"
