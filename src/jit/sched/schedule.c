@@ -546,6 +546,20 @@ static em_status build_groups(builder *b) {
     return st;
 }
 
+/* Lists each group's nodes (a counting sort by group, stable). */
+static em_status list_members(sc_schedule *s) {
+    int n = s->g->nnodes;
+    s->members = em_malloc(sizeof(int) * ((size_t)n + 1));
+    s->member_start = em_calloc((size_t)s->ngroups + 2, sizeof(int));
+    if (!s->members || !s->member_start) return em_last_status();
+    for (int i = 0; i < n; i++)
+        if (s->group[i] >= 0) s->member_start[s->group[i] + 2]++;
+    for (int gi = 0; gi < s->ngroups; gi++) s->member_start[gi + 2] += s->member_start[gi + 1];
+    for (int i = 0; i < n; i++) /* member_start[gi + 1]: the next free slot of gi */
+        if (s->group[i] >= 0) s->members[s->member_start[s->group[i] + 1]++] = i;
+    return EM_OK;
+}
+
 sc_schedule *sc_build(const tr_graph *g) {
     sc_schedule *s = em_calloc(1, sizeof *s);
     if (!s) return NULL;
@@ -566,7 +580,8 @@ sc_schedule *sc_build(const tr_graph *g) {
     for (int i = 0; ok && i < n; i++)
         if (!s->fusible[i])
             for (int k = 0; k < g->nodes[i].nin; k++) s->materialized[g->nodes[i].in[k]] = true;
-    ok = ok && build_groups(&b) == EM_OK;
+    ok = ok && build_groups(&b) == EM_OK && list_members(s) == EM_OK &&
+         (s->tables = sc_lower_tables_new(n)) != NULL;
     builder_free(&b);
     if (ok) return s;
     sc_free(s);
@@ -580,5 +595,8 @@ void sc_free(sc_schedule *s) {
     em_free(s->group);
     em_free(s->groups);
     em_free(s->steps);
+    em_free(s->members);
+    em_free(s->member_start);
+    sc_lower_tables_free(s->tables);
     em_free(s);
 }
