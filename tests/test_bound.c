@@ -70,7 +70,7 @@ static lowered lower_all(const tr_graph *g) {
 }
 
 static lowered lower_synth(sy_kind kind, int nodes, int64_t rows, int64_t cols) {
-    sy_graph gr = {kind, nodes};
+    sy_graph gr = {kind, nodes, false};
     em_tensor *x = tu_random(1, 2, TU_SIZES(rows, cols), EM_F32, 1.0);
     em_tensor *y = tu_random(2, 1, TU_SIZES(cols), EM_F32, 0.5);
     tr_graph *g = capture(&gr, x, y);
@@ -96,7 +96,7 @@ END_TEST
 
 /* em_compile of graph gr (on the cpu backend) against sy_ref. */
 static void check_against_ref(sy_kind kind, int nodes, int64_t rows, int64_t cols, int min_kernels) {
-    sy_graph gr = {kind, nodes};
+    sy_graph gr = {kind, nodes, false};
     em_tensor *x = tu_random(3, 2, TU_SIZES(rows, cols), EM_F32, 1.0);
     em_tensor *y = tu_random(4, 1, TU_SIZES(cols), EM_F32, 0.5);
     em_compile_options o = {.ninputs = 2, .noutputs = 1, .name = "synth", .backend = "cpu"};
@@ -140,7 +140,7 @@ START_TEST(splits_agree_with_eager_on_odd_shapes) {
                                  {1, 1, 1, 1}, {2, 3, 1, 1}};
     for (int k = 0; k < 3; k++)
         for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
-            sy_graph gr = {(sy_kind)k, 120};
+            sy_graph gr = {(sy_kind)k, 120, false};
             const int64_t *sh = shapes[i];
             em_tensor *x = tu_random(5 + i, 2, sh, EM_F32, 1.0);
             em_tensor *y = tu_random(6 + i, 2, sh + 2, EM_F32, 0.5);
@@ -163,11 +163,51 @@ START_TEST(splits_agree_with_eager_on_odd_shapes) {
 }
 END_TEST
 
+/* A chain with an eager op (a matmul it does not read) in its middle and
+ * a second output: cuts around it move the eager step, which must still
+ * run before its reader. */
+static em_status chain_around_eager(void *c, em_tensor *const *in, const double *s, em_tensor **out) {
+    (void)c, (void)s;
+    em_tensor *h = in[0], *e = NULL;
+    for (int i = 0; i < 60; i++) {
+        if (i == 30) e = em_matmul(in[1], in[2]);
+        if (i == 45) out[1] = h;
+        h = sy_link(h, in[3], i, false);
+    }
+    out[0] = em_add(h, e);
+    return out[0] && out[1] ? EM_OK : em_last_status();
+}
+
+START_TEST(cuts_move_eager_steps_in_order) {
+    em_tensor *in[4] = {tu_random(9, 2, TU_SIZES(5, 7), EM_F32, 1.0),
+                        tu_random(10, 2, TU_SIZES(5, 3), EM_F32, 1.0),
+                        tu_random(11, 2, TU_SIZES(3, 7), EM_F32, 1.0),
+                        tu_random(12, 1, TU_SIZES(7), EM_F32, 0.5)};
+    const char *bounds[] = {"30", "40", "60", "384"};
+    for (int b = 0; b < 4; b++) {
+        setenv("EMBER_KERNEL_MAX_WEIGHT", bounds[b], 1);
+        em_tensor *ref[2], *out[2];
+        ck_assert_int_eq(chain_around_eager(NULL, in, NULL, ref), EM_OK);
+        em_compile_options o = {.ninputs = 4, .noutputs = 2, .name = "eager_mid", .backend = "cpu"};
+        em_compiled *f = em_compile(chain_around_eager, NULL, &o);
+        ck_assert_msg(em_call(f, in, NULL, out) == EM_OK, "%s", em_last_error());
+        ck_assert_msg(em_call(f, in, NULL, out) == EM_OK, "%s", em_last_error());
+        for (int k = 0; k < 2; k++) {
+            double *r = tu_values(ref[k]);
+            tu_check_close(out[k], r, 2, TU_SIZES(5, 7), 1e-4, 1e-4);
+            free(r);
+        }
+        em_compiled_free(f);
+    }
+    unsetenv("EMBER_KERNEL_MAX_WEIGHT");
+}
+END_TEST
+
 /* 10,000 nodes: capture, the passes, scheduling and lowering stay near
  * linear (a generous bound: seconds, not minutes), with the counts the
  * graph implies. */
 static void ten_thousand(sy_kind kind, int min_kernels, int max_kernels) {
-    sy_graph gr = {kind, 10000};
+    sy_graph gr = {kind, 10000, false};
     em_tensor *x = tu_random(7, 2, TU_SIZES(4, 8), EM_F32, 1.0);
     em_tensor *y = tu_random(8, 1, TU_SIZES(8), EM_F32, 0.5);
     double t0 = now();
@@ -201,6 +241,7 @@ int main(void) {
         {"mixed_chain_matches_float64", mixed_chain_matches_float64},
         {"bounded_chain_and_wide_match_float64", bounded_chain_and_wide_match_float64},
         {"splits_agree_with_eager_on_odd_shapes", splits_agree_with_eager_on_odd_shapes},
+        {"cuts_move_eager_steps_in_order", cuts_move_eager_steps_in_order},
         {"ten_thousand_nodes_schedule_in_bounded_time", ten_thousand_nodes_schedule_in_bounded_time},
     };
     return tu_run(tu_suite("bound", tests, sizeof tests / sizeof tests[0], 600));

@@ -402,9 +402,16 @@ static void last_uses(builder *b) {
 /* Node i is a place to cut the open group before: once the group holds
  * half the bound, the one with the fewest live bytes (the open group's
  * values read by i or later: what a cut there stores and reloads) is
- * kept, the latest of equals. */
+ * kept, the latest of equals.  Only a node that iterates over the whole
+ * space F can begin the next group: one of a row's or a broadcast shape
+ * would give it a smaller space, which the values after it do not fit. */
 static void consider_cut(builder *b, int i) {
-    if (i == b->start || b->est * SC_CUT_WINDOW_DIV < b->max_weight) return;
+    const sc_group *gr = &b->s->groups[b->s->ngroups];
+    const tr_node *n = &b->s->g->nodes[i];
+    const em_meta *m = sc_is_reduction(n) ? &b->s->g->nodes[n->in[0]].meta : &n->meta;
+    if (i == b->start || b->est * SC_CUT_WINDOW_DIV < b->max_weight ||
+        !same_shape(m->ndim, m->sizes, gr->ndim, gr->sizes))
+        return;
     if (b->cut < 0 || b->live <= b->cut_live) {
         b->cut = i;
         b->cut_live = b->live;
