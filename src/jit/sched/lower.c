@@ -17,6 +17,48 @@
 #include <math.h>
 #include <string.h>
 
+/* Per-node tables shared by every sc_lower of one schedule, each call
+ * leaving them as it found them (buf_of and row_val -1 again; full_val
+ * valid only where full_pass is the current pass; seen valid where it is
+ * the current call): lowering a group then costs the group's size. */
+struct sc_lower_tables {
+    int *buf_of;    /* per node: its buffer index or -1 */
+    int *row_val;   /* per node: value emitted in row scope, or -1 */
+    int *full_val;  /* per node: value emitted in the current inner pass */
+    unsigned *full_pass, pass; /* full_val[v] is valid iff full_pass[v] == pass */
+    unsigned *seen, call;      /* collect's marks: seen[v] == call */
+    int *row_set, nrow;        /* the nodes whose row_val is set */
+};
+
+struct sc_lower_tables *sc_lower_tables_new(int n) {
+    struct sc_lower_tables *t = em_calloc(1, sizeof *t);
+    if (!t) return NULL;
+    size_t m = (size_t)n + 1;
+    t->buf_of = em_malloc(sizeof(int) * m);
+    t->row_val = em_malloc(sizeof(int) * m);
+    t->full_val = em_malloc(sizeof(int) * m);
+    t->full_pass = em_calloc(m, sizeof(unsigned));
+    t->seen = em_calloc(m, sizeof(unsigned));
+    t->row_set = em_malloc(sizeof(int) * m);
+    if (!t->buf_of || !t->row_val || !t->full_val || !t->full_pass || !t->seen || !t->row_set) {
+        sc_lower_tables_free(t);
+        return NULL;
+    }
+    for (size_t i = 0; i < m; i++) t->buf_of[i] = t->row_val[i] = -1;
+    return t;
+}
+
+void sc_lower_tables_free(struct sc_lower_tables *t) {
+    if (!t) return;
+    em_free(t->buf_of);
+    em_free(t->row_val);
+    em_free(t->full_val);
+    em_free(t->full_pass);
+    em_free(t->seen);
+    em_free(t->row_set);
+    em_free(t);
+}
+
 typedef struct lower {
     const sc_schedule *s;
     const tr_graph *g;
@@ -29,8 +71,9 @@ typedef struct lower {
     int nbufs;
     int64_t (*strides)[EM_MAX_DIMS]; /* per buffer, per merged dim (elements) */
     int *param;              /* per buffer: its K_BUF instruction */
-    int *buf_of;             /* per node: its buffer index or -1 */
-    int *row_val, *full_val; /* per node: value emitted in row / inner scope, or -1 */
+    struct sc_lower_tables *t; /* per node: buffer index, values emitted (above) */
+    const int *members;      /* the group's nodes, in order */
+    int nmembers;
     int *row_base;           /* per buffer: row offset instruction or -1 */
     int o;                   /* the outer loop variable (or a constant 0) */
     int oidx[EM_MAX_DIMS];   /* o's multi-index over the outer dims */
@@ -64,21 +107,21 @@ static void fail(lower *L, const char *why) {
 /* ---- collecting buffers and their strides over the group's dims ---- */
 
 static int add_buf(lower *L, int v) {
-    if (L->buf_of[v] >= 0) return L->buf_of[v];
+    if (L->t->buf_of[v] >= 0) return L->t->buf_of[v];
     L->bufs[L->nbufs] = v;
-    L->buf_of[v] = L->nbufs;
+    L->t->buf_of[v] = L->nbufs;
     return L->nbufs++;
 }
 
-static void collect(lower *L, int v, bool *seen) {
-    if (seen[v]) return;
-    seen[v] = true;
+static void collect(lower *L, int v) {
+    if (L->t->seen[v] == L->t->call) return;
+    L->t->seen[v] = L->t->call;
     if (is_leaf(L, v)) {
         add_buf(L, v);
         return;
     }
     const tr_node *n = &L->g->nodes[v];
-    for (int i = 0; i < n->nin; i++) collect(L, n->in[i], seen);
+    for (int i = 0; i < n->nin; i++) collect(L, n->in[i]);
 }
 
 /* Strides of buffer b's tensor over the group's dims F (numpy trailing
@@ -161,6 +204,24 @@ static bool varies_inner(const lower *L, int v) {
 
 static int value(lower *L, int v);
 
+/* The value of v emitted in row scope, or in the current inner pass; -1. */
+static int row_get(const lower *L, int v) { return L->t->row_val[v]; }
+
+static int full_get(const lower *L, int v) {
+    return L->t->full_pass[v] == L->t->pass ? L->t->full_val[v] : -1;
+}
+
+static void row_put(lower *L, int v, int r) {
+    if (r < 0) return; /* a failure: nothing to remember */
+    if (L->t->row_val[v] < 0) L->t->row_set[L->t->nrow++] = v;
+    L->t->row_val[v] = r;
+}
+
+static void full_put(lower *L, int v, int r) {
+    L->t->full_pass[v] = L->t->pass;
+    L->t->full_val[v] = r;
+}
+
 static int compute(lower *L, int v) {
     const tr_node *n = &L->g->nodes[v];
     /* the fill value converted as the eager kernel does (em_f64_to_int) */
@@ -193,22 +254,22 @@ static int compute(lower *L, int v) {
 
 static int value(lower *L, int v) {
     if (L->failed) return -1;
-    int *memo = L->inner ? L->full_val : L->row_val;
-    if (L->row_val[v] >= 0) return L->row_val[v];
-    if (memo[v] >= 0) return memo[v];
+    if (row_get(L, v) >= 0) return row_get(L, v);
+    if (L->inner && full_get(L, v) >= 0) return full_get(L, v);
     if (!L->inner && varies_inner(L, v)) {
         fail(L, "a value that varies along the row is needed per row");
         return -1;
     }
     int r;
     if (is_leaf(L, v)) {
-        int b = L->buf_of[v];
+        int b = L->t->buf_of[v];
         r = kir_load(L->k, L->param[b], offset(L, b));
     } else {
         r = compute(L, v);
     }
     if (r < 0) L->failed = true;
-    memo[v] = r;
+    if (L->inner) full_put(L, v, r);
+    else row_put(L, v, r);
     return r;
 }
 
@@ -216,7 +277,7 @@ static int value(lower *L, int v) {
 static void open_inner(lower *L) {
     for (int d = L->no; d < L->nd; d++) L->j[d] = kir_range(L->k, ci(L, L->sizes[d]), 0);
     L->inner = true;
-    for (int i = 0; i < L->g->nnodes; i++) L->full_val[i] = -1;
+    L->t->pass++; /* forgets every value of the previous pass */
 }
 
 static void close_inner(lower *L) {
@@ -245,7 +306,7 @@ static int reduce_pass(lower *L, int input, k_alu combine, em_dtype acc_dtype, i
     int acc = kir_acc(L->k, combine, c);
     open_inner(L);
     if (L->early_state == 2) /* read back what the first pass kept */
-        L->full_val[L->early_node] = kir_load(L->k, L->param[L->stash_buf], offset(L, L->stash_buf));
+        full_put(L, L->early_node, kir_load(L->k, L->param[L->stash_buf], offset(L, L->stash_buf)));
     int x = value(L, input);
     if (L->early_state == 1 && input == L->early_node) {
         kir_store(L->k, L->param[L->stash_buf], offset(L, L->stash_buf), x);
@@ -293,30 +354,31 @@ static void lower_reduction(lower *L, int v) {
     }
     }
     if (r < 0) L->failed = true;
-    L->row_val[v] = r;
+    row_put(L, v, r);
 }
 
+/* The per-buffer tables (a group has at most a buffer per node; each
+ * entry is written before it is read, so none is initialised here); the
+ * per-node ones are the schedule's. */
 static bool alloc_tables(lower *L, int *bufs) {
     int n = L->g->nnodes + 1;
     L->bufs = bufs;
+    L->t->call++;
+    L->t->nrow = 0;
     L->strides = em_malloc(sizeof *L->strides * (size_t)n);
     L->param = em_malloc(sizeof(int) * (size_t)n);
-    L->buf_of = em_malloc(sizeof(int) * (size_t)n);
-    L->row_val = em_malloc(sizeof(int) * (size_t)n);
-    L->full_val = em_malloc(sizeof(int) * (size_t)n);
     L->row_base = em_malloc(sizeof(int) * (size_t)n);
-    if (!L->strides || !L->param || !L->buf_of || !L->row_val || !L->full_val || !L->row_base)
-        return false;
-    for (int i = 0; i < n; i++) L->buf_of[i] = L->row_val[i] = L->full_val[i] = L->row_base[i] = -1;
-    return true;
+    return L->strides && L->param && L->row_base;
 }
 
+/* Frees the per-buffer tables and resets what this call set in the
+ * schedule's per-node ones. */
 static void free_tables(lower *L) {
+    for (int b = 0; b < L->nbufs; b++) L->t->buf_of[L->bufs[b]] = -1;
+    for (int i = 0; i < L->t->nrow; i++) L->t->row_val[L->t->row_set[i]] = -1;
+    L->t->nrow = 0;
     em_free(L->strides);
     em_free(L->param);
-    em_free(L->buf_of);
-    em_free(L->row_val);
-    em_free(L->full_val);
     em_free(L->row_base);
 }
 
@@ -327,8 +389,8 @@ static void free_tables(lower *L) {
 static void choose_early(lower *L, int last) {
     const tr_graph *g = L->g;
     int first = -1;
-    for (int v = 0; v < g->nnodes && first < 0; v++)
-        if (L->s->group[v] == L->gi && sc_is_reduction(&g->nodes[v])) first = v;
+    for (int m = 0; m < L->nmembers && first < 0; m++)
+        if (sc_is_reduction(&g->nodes[L->members[m]])) first = L->members[m];
     if (first < 0 || first == last) return;
     int f = g->nodes[first].in[0];
     if (f == L->stash_node || is_leaf(L, f) || !varies_inner(L, f) ||
@@ -348,8 +410,8 @@ static void choose_stash(lower *L, int nin) {
     L->early_node = -1;
     L->early_state = 0;
     int last = -1;
-    for (int v = 0; v < g->nnodes; v++)
-        if (L->s->group[v] == L->gi && sc_is_reduction(&g->nodes[v])) last = v;
+    for (int m = 0; m < L->nmembers; m++)
+        if (sc_is_reduction(&g->nodes[L->members[m]])) last = L->members[m];
     if (last < 0 || g->nodes[last].op == EM_OP_VAR) return;
     int e = g->nodes[last].in[0];
     em_dtype d = g->nodes[e].meta.dtype;
@@ -393,8 +455,8 @@ static void emit(lower *L, int nin) {
         L->row_base[b] = off < 0 ? ci(L, 0) : off;
     }
     choose_stash(L, nin);
-    for (int v = 0; v < g->nnodes; v++)
-        if (L->s->group[v] == L->gi && sc_is_reduction(&g->nodes[v])) lower_reduction(L, v);
+    for (int m = 0; m < L->nmembers; m++)
+        if (sc_is_reduction(&g->nodes[L->members[m]])) lower_reduction(L, L->members[m]);
     /* stored values: per row first, then one pass for the full ones */
     bool any_full = false;
     for (int b = nin; b < L->nbufs; b++) {
@@ -408,8 +470,7 @@ static void emit(lower *L, int nin) {
     if (any_full) {
         open_inner(L);
         if (L->stash_node >= 0 && !L->stash_pending)
-            L->full_val[L->stash_node] =
-                kir_load(L->k, L->param[L->stash_buf], offset(L, L->stash_buf));
+            full_put(L, L->stash_node, kir_load(L->k, L->param[L->stash_buf], offset(L, L->stash_buf)));
         for (int b = nin; b < L->nbufs; b++)
             if (varies_inner(L, L->bufs[b])) kir_store(L->k, L->param[b], offset(L, b), value(L, L->bufs[b]));
         close_inner(L);
@@ -418,23 +479,23 @@ static void emit(lower *L, int nin) {
 }
 
 k_kernel *sc_lower(const sc_schedule *s, int gi, int *bufs, int *nbufs, int *nouts) {
-    lower L = {.s = s, .g = s->g, .gi = gi};
+    lower L = {.s = s, .g = s->g, .gi = gi, .t = s->tables, .members = s->members + s->member_start[gi],
+               .nmembers = s->member_start[gi + 1] - s->member_start[gi]};
     const sc_group *gr = &s->groups[gi];
     const tr_graph *g = s->g;
     k_kernel *k = NULL;
-    bool *seen = em_calloc((size_t)g->nnodes + 1, sizeof(bool));
-    if (!seen || !alloc_tables(&L, bufs)) goto done;
+    if (!alloc_tables(&L, bufs)) goto done;
     /* inputs: every leaf the stored values and the reductions read */
-    for (int v = 0; v < g->nnodes; v++) {
-        if (s->group[v] != gi) continue;
+    for (int m = 0; m < L.nmembers; m++) {
+        int v = L.members[m];
         if (s->materialized[v] || sc_is_reduction(&g->nodes[v])) {
             const tr_node *n = &g->nodes[v];
-            for (int i = 0; i < n->nin; i++) collect(&L, n->in[i], seen);
+            for (int i = 0; i < n->nin; i++) collect(&L, n->in[i]);
         }
     }
     int nin = L.nbufs;
-    for (int v = 0; v < g->nnodes; v++)
-        if (s->group[v] == gi && s->materialized[v]) add_buf(&L, v);
+    for (int m = 0; m < L.nmembers; m++)
+        if (s->materialized[L.members[m]]) add_buf(&L, L.members[m]);
     for (int b = 0; b < L.nbufs; b++) buf_strides(&L, b, gr, L.strides[b]);
     /* a pointwise kernel merges across all its dims: when they all merge it
      * is one flat parallel loop; otherwise its last dim is the inner loop */
@@ -458,7 +519,6 @@ k_kernel *sc_lower(const sc_schedule *s, int gi, int *bufs, int *nbufs, int *nou
     *nbufs = L.nbufs;
     *nouts = L.nbufs - nin;
 done:
-    em_free(seen);
     free_tables(&L);
     return k;
 }

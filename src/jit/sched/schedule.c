@@ -8,14 +8,62 @@
  * more pass, the full-size values it must store.  Values not stored are
  * recomputed wherever they are used (pointwise ops are cheaper to redo
  * than to write and read back), so only graph outputs, inputs of
- * non-fused ops, and reductions used by later kernels go to memory.
+ * non-fused ops, reductions used by later kernels, and values the cost
+ * model below stores go to memory.
+ *
+ * Recomputation has a price: a pass that recomputes a long chain, or a
+ * kernel that recomputes what an earlier kernel computed, repeats the
+ * chain's ops and its code.  The cost model (below) stores a value once
+ * redoing it costs more than writing and reading it back, and a bound on
+ * each kernel's size (SC_MAX_KERNEL_WEIGHT) splits larger groups where the
+ * fewest bytes cross the cut: kernel code then grows linearly with the
+ * graph, and each kernel's compile time stays about constant.
  *
  * Ops that are not fused (matmul, cat, index_select, argmax, random, views,
  * reductions over leading dims) run eagerly between kernels; a kernel
- * closes before an eager op that reads one of its values. */
+ * closes before an eager op that reads one of its values.
+ *
+ * Everything here is linear in the graph's size but for the walks of
+ * cones, each bounded by a group's size (itself bounded) or by a cost
+ * budget. */
 #include "schedule.h"
 
+#include <stdlib.h>
 #include <string.h>
+
+/* ---- the cost model's constants ---- */
+
+/* One more recomputation of a value costs its cone's ALU ops (kir_alu.def's
+ * cost column: vector-lane operations) per element; storing the value
+ * once and loading it back costs 2 * its element size in bytes.  The
+ * 2-core CPU machine does ~2 cores x 16 lanes x ~2 ops per cycle at ~3 GHz
+ * (~200 G lane-ops/s) against ~32 GB/s of memory bandwidth (TOOLCHAIN.md's
+ * triad): ~6 ops per byte; 4 keeps a margin for cache misses of the
+ * recomputed inputs.  An f32 value is stored once recomputing it costs
+ * more than 32 ops: what Inductor's realize_opcount_threshold (30) does. */
+#define SC_OPS_PER_BYTE 4
+
+/* The most a kernel may hold: SC_MAX_KERNEL_WEIGHT units of node_weight
+ * (each member, and each node a pass or a look-through recomputes).
+ * Measured on the 2-core machine (libgccjit 12, -O3, one kernel per
+ * compile worker; docs/benchmarks.md, issue 22): a chain of plain ops
+ * costs ~1.5 ms of compile per node (0.36 s at 256 nodes, 1.6 s at 1,024,
+ * 3.6 s at 2,048: slightly worse than linear, and the worker's memory
+ * grows ~65 KB a node), a transcendental 20 ms (among other ops) to 50 ms
+ * (chained): SC_INLINED_WEIGHT 24 units.  384 units keep any kernel's
+ * compile near 0.5 s, ~15x the fixed cost of a compile (splitting further
+ * would mostly add fixed costs and memory traffic), at most 16
+ * transcendentals, far from gcc's inlining limit (~36), and let a large
+ * graph's kernels compile in parallel workers.  EMBER_KERNEL_MAX_WEIGHT
+ * overrides it (the tests split small graphs with it). */
+#define SC_MAX_KERNEL_WEIGHT 384
+#define SC_INLINED_WEIGHT 24
+
+/* A cut is looked for among the positions where the group held at least
+ * this fraction of the bound: smaller kernels would waste compiles. */
+#define SC_CUT_WINDOW_DIV 2
+
+/* ---- helpers on shapes and nodes ---- */
 
 static bool dtype_ok(em_dtype d) {
     return d == EM_F32 || d == EM_F64 || d == EM_I32 || d == EM_I64 || d == EM_BOOL;
@@ -79,6 +127,37 @@ static bool fusible(const tr_graph *g, const tr_node *n) {
     }
 }
 
+/* The ALU cost of computing node n once per element (kir_alu.def). */
+static int node_ops(const tr_node *n) {
+    if (n->op == EM_OP_FULL || n->op == EM_OP_CONTIGUOUS) return 0;
+    if (n->op == EM_OP_CAST) return 1;
+    k_alu a = kir_alu_of_op(n->op);
+    return a == KA_NONE ? 1 : kir_alu_info(a)->cost;
+}
+
+/* What node n adds to a kernel's size (the bound's unit, about 1.5 ms of
+ * libgccjit time): 1, or SC_INLINED_WEIGHT for a transcendental (ALU cost
+ * 10), whose vectorizable approximation (vmath.h) is inlined at every
+ * use: measured, 20-50 ms of compile each, and about 36 in one function
+ * exceed gcc's inlining limits (large-function-growth): such a kernel
+ * fails to compile and its graph runs op by op. */
+static int node_weight(const tr_node *n) {
+    return node_ops(n) >= 10 ? SC_INLINED_WEIGHT : 1;
+}
+
+/* Bytes of v's value in memory (0 on overflow: an empty or absurd value). */
+static int64_t value_bytes(const tr_node *n) {
+    int64_t e = em_shape_numel(n->meta.ndim, n->meta.sizes);
+    return e < 0 ? 0 : e * (int64_t)em_dtype_size(n->meta.dtype);
+}
+
+/* What storing and reloading one element of v costs, in ALU ops. */
+static int64_t traffic_ops(const tr_node *n) {
+    return SC_OPS_PER_BYTE * 2 * (int64_t)em_dtype_size(n->meta.dtype);
+}
+
+/* ---- groups ---- */
+
 static void group_init(sc_group *gr, const tr_graph *g, const tr_node *n) {
     memset(gr, 0, sizeof *gr);
     gr->k = -1;
@@ -99,6 +178,15 @@ static bool is_row_shape(const sc_group *gr, const em_meta *m) {
     for (int d = 0; d < gr->ndim; d++)
         if (m->sizes[d] != (d < gr->ndim - gr->k ? gr->sizes[d] : 1)) return false;
     return true;
+}
+
+/* Whether node v (of a group) can be stored by its kernel: values of the
+ * full or the row shape; a smaller broadcast value cannot. */
+static bool storable(const sc_schedule *s, int v) {
+    const sc_group *gr = &s->groups[s->group[v]];
+    const em_meta *m = &s->g->nodes[v].meta;
+    return same_shape(m->ndim, m->sizes, gr->ndim, gr->sizes) || is_row_shape(gr, m) ||
+           sc_is_reduction(&s->g->nodes[v]);
 }
 
 /* Whether node i can join group gr. */
@@ -125,19 +213,127 @@ static bool compatible(const sc_schedule *s, const sc_group *gr, int i) {
     return !s->materialized[i] && broadcasts_to(n->meta.ndim, n->meta.sizes, gr->ndim, gr->sizes);
 }
 
+/* ---- the builder's state (one per sc_build call) ---- */
+
+typedef struct builder {
+    sc_schedule *s;
+    int n;
+    bool open;          /* group s->ngroups is open */
+    int start;          /* the open group's first member */
+    /* cone walks: a node is visited once per walk (walk_mark[v] == walk) */
+    int *walk_mark, walk, *stack;
+    /* need_earlier: a node is looked at once per group (seen_by[v] == group + 1) */
+    int *seen_by;
+    int *passed;        /* per node: group + 1 of the last group one of whose
+                           reduction passes computes it */
+    int *recomputes;    /* per node: how many later groups recompute it */
+    /* the bound */
+    int64_t est;        /* the open group's size (node_weight units) */
+    int64_t max_weight;
+    int *lastuse;       /* per node: its last reader (n: a graph output) */
+    int *bucket, *next; /* nodes by last reader: bucket[i] -> next[] -> -1 */
+    int64_t live;       /* bytes of the open group's values read at or after i */
+    int cut, *steps_at; /* the best cut so far (-1: none); steps before node i */
+    int64_t cut_live;
+} builder;
+
+/* Whether a pass of group gi computes node w again (rather than loading
+ * it or reading a row value): pointwise values of gi, and those of
+ * earlier groups that are not stored. */
+static bool recomputed(const sc_schedule *s, int w, int gi) {
+    const tr_node *n = &s->g->nodes[w];
+    if (n->kind != TR_CALL || !s->fusible[w] || sc_is_reduction(n) || s->group[w] < 0) return false;
+    return s->group[w] == gi || !s->materialized[w];
+}
+
+typedef struct cone {
+    int64_t ops;        /* ALU ops of the cone, per element */
+    int64_t passed_ops; /* of which already computed by a pass of the group */
+    int64_t weight;     /* its size for the bound (node_weight) */
+} cone;
+
+/* Walks the cone of v that a pass of group gi computes, each node once:
+ * with mark, marks every node as computed by a pass of gi; a walk stops
+ * once ops passes stop (stop < 0: never). */
+static cone cone_walk(builder *b, int v, int gi, int64_t stop, bool mark) {
+    const sc_schedule *s = b->s;
+    cone c = {0, 0, 0};
+    if (!recomputed(s, v, gi)) return c;
+    int top = 0;
+    b->walk++;
+    b->walk_mark[v] = b->walk;
+    b->stack[top++] = v;
+    while (top > 0 && (stop < 0 || c.ops <= stop)) {
+        int w = b->stack[--top];
+        const tr_node *n = &s->g->nodes[w];
+        c.ops += node_ops(n);
+        c.weight += node_weight(n);
+        if (b->passed[w] == gi + 1) c.passed_ops += node_ops(n);
+        if (mark) b->passed[w] = gi + 1;
+        for (int k = 0; k < n->nin; k++) {
+            int u = n->in[k];
+            if (b->walk_mark[u] == b->walk || !recomputed(s, u, gi)) continue;
+            b->walk_mark[u] = b->walk;
+            b->stack[top++] = u;
+        }
+    }
+    return c;
+}
+
+/* Whether recomputing v `times` more times in group gi costs more than
+ * storing it once and loading it back. */
+static bool worth_storing(builder *b, int v, int gi, int times) {
+    if (times < 1 || !storable(b->s, v)) return false;
+    int64_t budget = traffic_ops(&b->s->g->nodes[v]);
+    return cone_walk(b, v, gi, budget / times, false).ops * times > budget;
+}
+
 /* Reductions of earlier kernels that node i's value needs are read from
  * memory: mark them stored.  Pointwise values of earlier kernels are
- * recomputed, so look through them. */
-static void need_earlier(sc_schedule *s, int i, int group, bool *seen) {
+ * recomputed, unless the cost model stores them; look through the others.
+ * Returns the weight of what is recomputed (for the bound). */
+static int need_earlier(builder *b, int i, int gi) {
+    sc_schedule *s = b->s;
     const tr_node *n = &s->g->nodes[i];
+    int looked = 0;
     for (int k = 0; k < n->nin; k++) {
         int u = n->in[k];
-        if (seen[u] || !s->fusible[u] || s->group[u] == group) continue;
-        seen[u] = true;
-        if (sc_is_reduction(&s->g->nodes[u]) || s->materialized[u]) s->materialized[u] = true;
-        else need_earlier(s, u, group, seen);
+        if (b->seen_by[u] == gi + 1 || !s->fusible[u] || s->group[u] == gi) continue;
+        b->seen_by[u] = gi + 1;
+        if (sc_is_reduction(&s->g->nodes[u]) || s->materialized[u]) {
+            s->materialized[u] = true;
+            continue;
+        }
+        b->recomputes[u]++;
+        if (worth_storing(b, u, gi, b->recomputes[u])) {
+            s->materialized[u] = true;
+            continue;
+        }
+        looked += node_weight(&s->g->nodes[u]) + need_earlier(b, u, gi);
     }
+    return looked;
 }
+
+/* Whether node i, joining the open group gi, would recompute more than is
+ * worth: a reduction whose pass redoes what an earlier pass computed, or a
+ * value read again after the pass that computed it (in the final pass). */
+static bool recompute_too_costly(builder *b, int i, int gi) {
+    const sc_schedule *s = b->s;
+    const tr_node *n = &s->g->nodes[i];
+    if (sc_is_reduction(n)) {
+        int u = n->in[0];
+        if (!recomputed(s, u, gi) || !storable(s, u)) return false;
+        cone c = cone_walk(b, u, gi, -1, false);
+        return c.passed_ops > traffic_ops(&s->g->nodes[u]);
+    }
+    for (int k = 0; k < n->nin; k++) {
+        int v = n->in[k];
+        if (b->passed[v] == gi + 1 && storable(s, v) && worth_storing(b, v, gi, 1)) return true;
+    }
+    return false;
+}
+
+/* ---- steps ---- */
 
 static em_status add_step(sc_schedule *s, sc_step st) {
     if (s->nsteps == s->capsteps) {
@@ -153,23 +349,222 @@ static em_status add_step(sc_schedule *s, sc_step st) {
     return EM_OK;
 }
 
-/* Whether a later kernel may read something group gi computes: a stored
- * value, or a reduction (stored when a later group needs it).  A group of
- * only pointwise values that later groups recompute has nothing to do. */
-static bool group_live(const sc_schedule *s, int gi) {
-    for (int i = 0; i < s->g->nnodes; i++)
-        if (s->group[i] == gi && (s->materialized[i] || sc_is_reduction(&s->g->nodes[i])))
-            return true;
-    return false;
+/* Closes the open group and adds its step.  Whether a later kernel reads
+ * anything it computes is known only at the end (the cost model may store
+ * a value of it for a later group): drop_dead_steps then removes the steps
+ * of groups with nothing to do. */
+static em_status close_group(builder *b) {
+    if (!b->open) return EM_OK;
+    b->open = false;
+    int gi = b->s->ngroups++;
+    return add_step(b->s, (sc_step){.kind = SC_KERNEL, .group = gi});
 }
 
-/* Closes the open group.  A dead group keeps its number (its nodes refer
- * to it) but gets no step: the backend neither compiles nor runs it. */
-static em_status close_group(sc_schedule *s, bool *open) {
-    if (!*open) return EM_OK;
-    *open = false;
-    int gi = s->ngroups++;
-    return group_live(s, gi) ? add_step(s, (sc_step){.kind = SC_KERNEL, .group = gi}) : EM_OK;
+/* A group is live when a later kernel may read something it computes: a
+ * stored value, or a reduction (stored when a later group needs it).  A
+ * dead group keeps its number (its nodes refer to it) but gets no step:
+ * the backend neither compiles nor runs it. */
+static em_status drop_dead_steps(sc_schedule *s) {
+    bool *live = em_calloc((size_t)s->ngroups + 1, sizeof(bool));
+    if (!live) return em_last_status();
+    for (int i = 0; i < s->g->nnodes; i++)
+        if (s->group[i] >= 0 && (s->materialized[i] || sc_is_reduction(&s->g->nodes[i])))
+            live[s->group[i]] = true;
+    int m = 0;
+    for (int i = 0; i < s->nsteps; i++)
+        if (s->steps[i].kind != SC_KERNEL || live[s->steps[i].group]) s->steps[m++] = s->steps[i];
+    s->nsteps = m;
+    em_free(live);
+    return EM_OK;
+}
+
+/* ---- the bound: cutting a group that grew too large ---- */
+
+/* Each node's last reader, and the nodes listed by it (bucket, next). */
+static void last_uses(builder *b) {
+    const tr_graph *g = b->s->g;
+    for (int i = 0; i < b->n; i++) {
+        b->lastuse[i] = i;
+        b->bucket[i] = -1;
+    }
+    for (int i = 0; i < b->n; i++)
+        for (int k = 0; k < g->nodes[i].nin; k++) b->lastuse[g->nodes[i].in[k]] = i;
+    for (int i = 0; i < g->noutputs; i++) b->lastuse[g->outputs[i]] = b->n;
+    for (int v = 0; v < b->n; v++) {
+        b->next[v] = -1;
+        if (b->lastuse[v] < b->n) {
+            b->next[v] = b->bucket[b->lastuse[v]];
+            b->bucket[b->lastuse[v]] = v;
+        }
+    }
+}
+
+/* Node i is a place to cut the open group before: once the group holds
+ * half the bound, the one with the fewest live bytes (the open group's
+ * values read by i or later: what a cut there stores and reloads) is
+ * kept, the latest of equals.  Only a node that iterates over the whole
+ * space F can begin the next group: one of a row's or a broadcast shape
+ * would give it a smaller space, which the values after it do not fit. */
+static void consider_cut(builder *b, int i) {
+    const sc_group *gr = &b->s->groups[b->s->ngroups];
+    const tr_node *n = &b->s->g->nodes[i];
+    const em_meta *m = sc_is_reduction(n) ? &b->s->g->nodes[n->in[0]].meta : &n->meta;
+    if (i == b->start || b->est * SC_CUT_WINDOW_DIV < b->max_weight ||
+        !same_shape(m->ndim, m->sizes, gr->ndim, gr->sizes))
+        return;
+    if (b->cut < 0 || b->live <= b->cut_live) {
+        b->cut = i;
+        b->cut_live = b->live;
+    }
+}
+
+/* Takes nodes [p, i] out of the open group and closes it (the caller goes
+ * on from p, which opens the next group).  The eager steps added since p
+ * go too: they are added again. */
+static em_status cut_at(builder *b, int p, int i) {
+    sc_schedule *s = b->s;
+    int gi = s->ngroups;
+    sc_group *gr = &s->groups[gi];
+    for (int m = p; m <= i; m++)
+        if (s->group[m] == gi) s->group[m] = -1;
+    gr->k = -1; /* a reduction left in the group sets it again */
+    for (int m = b->start; m < p && gr->k < 0; m++)
+        if (s->group[m] == gi && sc_is_reduction(&s->g->nodes[m])) gr->k = trailing_reduce(s->g, &s->g->nodes[m]);
+    s->nsteps = b->steps_at[p];
+    return close_group(b);
+}
+
+/* ---- building ---- */
+
+static void open_group(builder *b, int i) {
+    group_init(&b->s->groups[b->s->ngroups], b->s->g, &b->s->g->nodes[i]);
+    b->open = true;
+    b->start = i;
+    b->est = 0;
+    b->live = 0;
+    b->cut = -1;
+}
+
+/* Node i joins the open group; its size grows by i, what i recomputes of
+ * earlier groups, and a reduction's pass. */
+static void join(builder *b, int i) {
+    sc_schedule *s = b->s;
+    const tr_node *nd = &s->g->nodes[i];
+    int gi = s->ngroups;
+    sc_group *gr = &s->groups[gi];
+    if (sc_is_reduction(nd) && gr->k < 0) gr->k = trailing_reduce(s->g, nd);
+    s->group[i] = gi;
+    b->est += node_weight(nd) + need_earlier(b, i, gi);
+    if (sc_is_reduction(nd)) b->est += cone_walk(b, nd->in[0], gi, -1, true).weight;
+    if (b->lastuse[i] > i) b->live += value_bytes(nd);
+}
+
+/* Fusible node i: joins the open group or opens the next.  Returns the
+ * node to go on from (i + 1, or a cut before i). */
+static int place(builder *b, int i, em_status *st) {
+    sc_schedule *s = b->s;
+    int gi = s->ngroups;
+    if (b->open && (!compatible(s, &s->groups[gi], i) || recompute_too_costly(b, i, gi)))
+        if ((*st = close_group(b)) != EM_OK) return i + 1;
+    if (!b->open) open_group(b, i);
+    consider_cut(b, i);
+    join(b, i);
+    if (b->est <= b->max_weight || b->start == i) return i + 1;
+    int p = b->cut >= 0 ? b->cut : i;
+    *st = cut_at(b, p, i);
+    return p;
+}
+
+/* The nodes of the open group whose last reader is i are no longer live. */
+static void retire(builder *b, int i) {
+    if (!b->open) return;
+    for (int v = b->bucket[i]; v >= 0; v = b->next[v])
+        if (b->s->group[v] == b->s->ngroups) b->live -= value_bytes(&b->s->g->nodes[v]);
+}
+
+static int64_t max_weight(void) {
+    char buf[32];
+    if (em_getenv("EMBER_KERNEL_MAX_WEIGHT", buf, sizeof buf)) {
+        long long v = atoll(buf);
+        if (v > 0) return v;
+    }
+    return SC_MAX_KERNEL_WEIGHT;
+}
+
+static bool builder_init(builder *b, sc_schedule *s) {
+    int n = s->g->nnodes;
+    *b = (builder){.s = s, .n = n, .cut = -1, .max_weight = max_weight()};
+    size_t m = (size_t)n + 1;
+    b->walk_mark = em_calloc(m, sizeof(int));
+    b->stack = em_malloc(m * sizeof(int));
+    b->seen_by = em_calloc(m, sizeof(int));
+    b->passed = em_calloc(m, sizeof(int));
+    b->recomputes = em_calloc(m, sizeof(int));
+    b->lastuse = em_malloc(m * sizeof(int));
+    b->bucket = em_malloc(m * sizeof(int));
+    b->next = em_malloc(m * sizeof(int));
+    b->steps_at = em_malloc(m * sizeof(int));
+    if (!b->walk_mark || !b->stack || !b->seen_by || !b->passed || !b->recomputes || !b->lastuse ||
+        !b->bucket || !b->next || !b->steps_at)
+        return false;
+    last_uses(b);
+    return true;
+}
+
+static void builder_free(builder *b) {
+    em_free(b->walk_mark);
+    em_free(b->stack);
+    em_free(b->seen_by);
+    em_free(b->passed);
+    em_free(b->recomputes);
+    em_free(b->lastuse);
+    em_free(b->bucket);
+    em_free(b->next);
+    em_free(b->steps_at);
+}
+
+/* Node i, an op the kernels do not compute: an eager step, after closing
+ * the open group when i reads one of its values. */
+static em_status eager_step(builder *b, int i) {
+    sc_schedule *s = b->s;
+    const tr_node *nd = &s->g->nodes[i];
+    for (int k = 0; b->open && k < nd->nin; k++)
+        if (s->group[nd->in[k]] == s->ngroups) {
+            em_status st = close_group(b);
+            if (st != EM_OK) return st;
+        }
+    return add_step(s, (sc_step){.kind = SC_EAGER, .node = i});
+}
+
+static em_status build_groups(builder *b) {
+    sc_schedule *s = b->s;
+    const tr_graph *g = s->g;
+    em_status st = EM_OK;
+    for (int i = 0; i < b->n && st == EM_OK;) {
+        b->steps_at[i] = s->nsteps;
+        int next = i + 1;
+        if (g->nodes[i].kind == TR_CALL)
+            next = s->fusible[i] ? place(b, i, &st) : (st = eager_step(b, i), i + 1);
+        if (next == i + 1) retire(b, i);
+        i = next;
+    }
+    if (st == EM_OK) st = close_group(b);
+    if (st == EM_OK) st = drop_dead_steps(s);
+    return st;
+}
+
+/* Lists each group's nodes (a counting sort by group, stable). */
+static em_status list_members(sc_schedule *s) {
+    int n = s->g->nnodes;
+    s->members = em_malloc(sizeof(int) * ((size_t)n + 1));
+    s->member_start = em_calloc((size_t)s->ngroups + 2, sizeof(int));
+    if (!s->members || !s->member_start) return em_last_status();
+    for (int i = 0; i < n; i++)
+        if (s->group[i] >= 0) s->member_start[s->group[i] + 2]++;
+    for (int gi = 0; gi < s->ngroups; gi++) s->member_start[gi + 2] += s->member_start[gi + 1];
+    for (int i = 0; i < n; i++) /* member_start[gi + 1]: the next free slot of gi */
+        if (s->group[i] >= 0) s->members[s->member_start[s->group[i] + 1]++] = i;
+    return EM_OK;
 }
 
 sc_schedule *sc_build(const tr_graph *g) {
@@ -181,44 +576,21 @@ sc_schedule *sc_build(const tr_graph *g) {
     s->materialized = em_calloc((size_t)n + 1, sizeof(bool));
     s->group = em_malloc(sizeof(int) * ((size_t)n + 1));
     s->groups = em_calloc((size_t)n + 1, sizeof(sc_group));
-    bool *seen = em_calloc((size_t)n + 1, sizeof(bool));
-    if (!s->fusible || !s->materialized || !s->group || !s->groups || !seen) goto fail;
-    for (int i = 0; i < n; i++) {
+    builder b;
+    bool ok = builder_init(&b, s) && s->fusible && s->materialized && s->group && s->groups;
+    for (int i = 0; ok && i < n; i++) {
         s->group[i] = -1;
         s->fusible[i] = fusible(g, &g->nodes[i]);
     }
     /* what must be in memory: outputs, and inputs of ops that are not fused */
-    for (int i = 0; i < g->noutputs; i++) s->materialized[g->outputs[i]] = true;
-    for (int i = 0; i < n; i++)
+    for (int i = 0; ok && i < g->noutputs; i++) s->materialized[g->outputs[i]] = true;
+    for (int i = 0; ok && i < n; i++)
         if (!s->fusible[i])
             for (int k = 0; k < g->nodes[i].nin; k++) s->materialized[g->nodes[i].in[k]] = true;
-    bool open = false;
-    for (int i = 0; i < n; i++) {
-        const tr_node *nd = &g->nodes[i];
-        if (nd->kind != TR_CALL) continue;
-        sc_group *gr = &s->groups[s->ngroups];
-        if (!s->fusible[i]) {
-            for (int k = 0; open && k < nd->nin; k++)
-                if (s->group[nd->in[k]] == s->ngroups && close_group(s, &open) != EM_OK) goto fail;
-            if (add_step(s, (sc_step){.kind = SC_EAGER, .node = i}) != EM_OK) goto fail;
-            continue;
-        }
-        if (open && !compatible(s, gr, i) && close_group(s, &open) != EM_OK) goto fail;
-        gr = &s->groups[s->ngroups];
-        if (!open) {
-            group_init(gr, g, nd);
-            open = true;
-        }
-        if (sc_is_reduction(nd) && gr->k < 0) gr->k = trailing_reduce(g, nd);
-        s->group[i] = s->ngroups;
-        memset(seen, 0, sizeof(bool) * (size_t)n);
-        need_earlier(s, i, s->ngroups, seen);
-    }
-    if (close_group(s, &open) != EM_OK) goto fail;
-    em_free(seen);
-    return s;
-fail:
-    em_free(seen);
+    ok = ok && build_groups(&b) == EM_OK && list_members(s) == EM_OK &&
+         (s->tables = sc_lower_tables_new(n)) != NULL;
+    builder_free(&b);
+    if (ok) return s;
     sc_free(s);
     return NULL;
 }
@@ -230,5 +602,8 @@ void sc_free(sc_schedule *s) {
     em_free(s->group);
     em_free(s->groups);
     em_free(s->steps);
+    em_free(s->members);
+    em_free(s->member_start);
+    sc_lower_tables_free(s->tables);
     em_free(s);
 }

@@ -31,6 +31,13 @@ typedef struct sc_schedule {
     int ngroups;
     sc_step *steps;      /* in execution order */
     int nsteps, capsteps;
+    /* group gi's nodes, in node order: members[member_start[gi] ..
+     * member_start[gi + 1]) (passes over one group need not scan the graph) */
+    int *members, *member_start;
+    /* sc_lower's per-node tables, allocated once for the schedule so that
+     * lowering a group costs its own size, not the graph's: sc_lower
+     * leaves them as it found them.  One sc_lower at a time per schedule. */
+    struct sc_lower_tables *tables;
 } sc_schedule;
 
 sc_schedule *sc_build(const tr_graph *g);
@@ -41,7 +48,7 @@ bool sc_is_reduction(const tr_node *n);
  * graph-level plan's key (plan.c), so that a plan written by an older
  * scheduler is not reused after a change (it would still be correct, but
  * not the new schedule).  Bump it with any change to either file's output. */
-#define SC_VERSION 3 /* 3: saturating float-to-integer conversion (kir_convert) */
+#define SC_VERSION 4 /* 4: the recompute cost model and the kernel bound (issue 22) */
 
 /* The symbol of every kernel lower.c makes (see there). */
 #define JIT_KERNEL_NAME "k"
@@ -52,5 +59,8 @@ bool sc_is_reduction(const tr_node *n);
  * bufs has room for one entry per graph node.  NULL with an error when the
  * group cannot be lowered (the backend then runs the graph eagerly). */
 k_kernel *sc_lower(const sc_schedule *s, int gi, int *bufs, int *nbufs, int *nouts);
+/* The tables sc_lower uses for a graph of n nodes (sc_build makes them). */
+struct sc_lower_tables *sc_lower_tables_new(int n);
+void sc_lower_tables_free(struct sc_lower_tables *t);
 
 #endif
