@@ -164,13 +164,10 @@ static void cuda_add(int index, const kc_key *key, jit_kernel *k) {
  * use a block per row.  -1 otherwise. */
 static int cuda_prefer_eager(int index, const sc_schedule *s, int gi) {
     const tr_graph *g = s->g;
-    int node = -1;
-    for (int v = 0; v < g->nnodes; v++) {
-        if (s->group[v] != gi) continue;
-        if (node >= 0) return -1;
-        node = v;
-    }
-    if (node < 0) return -1;
+    /* a group of one node: from the group's member list (a scan of the
+     * graph per group would be quadratic in a large graph) */
+    if (s->member_start[gi + 1] - s->member_start[gi] != 1) return -1;
+    int node = s->members[s->member_start[gi]];
     const tr_node *n = &g->nodes[node];
     if (n->op != EM_OP_SUM && n->op != EM_OP_MEAN && n->op != EM_OP_AMAX && n->op != EM_OP_AMIN)
         return -1;

@@ -162,6 +162,20 @@ static k_kernel *lower_like(const sc_schedule *s, int gi, const jit_plan_kernel 
     return k;
 }
 
+/* Lowers group gi of s, its buffer list into pk in an array of its own
+ * length (scratch: room for every node of the graph, reused: one such
+ * array per kernel would be kernels x nodes, 800 MB at 100k nodes). */
+static k_kernel *lower_into(const sc_schedule *s, int gi, jit_plan_kernel *pk, int *scratch) {
+    k_kernel *k = sc_lower(s, gi, scratch, &pk->nbufs, &pk->nouts);
+    if (!k) return NULL;
+    if (!(pk->bufs = em_malloc(sizeof(int) * ((size_t)pk->nbufs + 1)))) {
+        kir_free(k);
+        return NULL;
+    }
+    memcpy(pk->bufs, scratch, sizeof(int) * (size_t)pk->nbufs);
+    return k;
+}
+
 /* Compiles the kernels ks (by plan kernel) into st, after the plan's abi
  * of each is set. */
 static em_status get_kernels(jit_compiled *st, const tr_graph *g, jit_env *env, k_kernel **ks,
@@ -180,12 +194,12 @@ static em_status build(jit_compiled *st, const tr_graph *g, jit_env *env, const 
     int n = sched->ngroups;
     k_kernel **ks = em_calloc((size_t)n + 1, sizeof *ks);
     kc_key *keys = em_calloc((size_t)n + 1, sizeof *keys);
-    if (s == EM_OK && (!ks || !keys)) s = em_last_status();
+    int *scratch = em_malloc(sizeof(int) * ((size_t)g->nnodes + 1));
+    if (s == EM_OK && (!ks || !keys || !scratch)) s = em_last_status();
     for (int gi = 0; gi < n && s == EM_OK; gi++) {
         jit_plan_kernel *pk = &st->plan.kernels[gi];
         if (!group_has_step(&st->plan, gi)) continue; /* dead, or run eagerly: nothing to compile */
-        pk->bufs = em_malloc(sizeof(int) * ((size_t)g->nnodes + 1));
-        ks[gi] = pk->bufs ? sc_lower(sched, gi, pk->bufs, &pk->nbufs, &pk->nouts) : NULL;
+        ks[gi] = lower_into(sched, gi, pk, scratch);
         if (!ks[gi] || !st->dev->key(ks[gi], target, &pk->key, NULL))
             s = em_last_status() ? em_last_status() : EM_ERR_UNSUPPORTED;
         else
@@ -196,6 +210,7 @@ static em_status build(jit_compiled *st, const tr_graph *g, jit_env *env, const 
     for (int gi = 0; ks && gi < n; gi++) kir_free(ks[gi]);
     em_free(ks);
     em_free(keys);
+    em_free(scratch);
     sc_free(sched);
     return s;
 }
@@ -343,9 +358,7 @@ static bool at_sizes(const tr_graph *g, const jit_dyn *follow, const em_meta *in
 static bool dynamic_kernel(jit_compiled *st, const sc_schedule *sa, const sc_schedule *sp, int gi,
                            int *scratch, const char *target, k_kernel **ks, kc_key *keys) {
     jit_plan_kernel *pk = &st->plan.kernels[gi];
-    pk->bufs = em_malloc(sizeof(int) * ((size_t)sa->g->nnodes + 1));
-    if (!pk->bufs) return false;
-    k_kernel *ka = st->model[gi] = sc_lower(sa, gi, pk->bufs, &pk->nbufs, &pk->nouts);
+    k_kernel *ka = st->model[gi] = lower_into(sa, gi, pk, scratch);
     k_kernel *kp = ka ? lower_like(sp, gi, pk, scratch) : NULL;
     bool *vary = ka ? em_calloc((size_t)ka->n + 1, sizeof(bool)) : NULL;
     st->size_of[gi] = ka ? em_malloc(sizeof(int) * ((size_t)ka->n + 1)) : NULL;
