@@ -2,6 +2,8 @@
  * (torch.matmul semantics: 1-d operands, broadcast batch dims). */
 #include "testutil.h"
 
+#include "cpu.h" /* em_blas_core_warning */
+
 #include <string.h>
 
 static const em_dtype NUM4[] = {EM_F32, EM_F64, EM_I32, EM_I64};
@@ -284,6 +286,43 @@ START_TEST(test_errors) {
 }
 END_TEST
 
+/* The generic-core check: a core below AVX2 on an AVX2 or AVX-512 CPU is
+ * reported with the OPENBLAS_CORETYPE that fixes it; a core that fits the
+ * CPU, or a CPU without AVX2, is not. */
+START_TEST(test_blas_core_warning) {
+    static const struct {
+        const char *core;
+        em_isa cpu;
+        const char *want; /* NULL: no warning */
+    } cases[] = {
+        {"Prescott", EM_ISA_AVX512, "OPENBLAS_CORETYPE=SkylakeX"},
+        {"Core2", EM_ISA_AVX2, "OPENBLAS_CORETYPE=Haswell"},
+        {"Sandybridge", EM_ISA_AVX2, "its 'Sandybridge' kernels (AVX) on a CPU with AVX2"},
+        {"Nehalem", EM_ISA_AVX512, "(SSE) on a CPU with AVX-512"},
+        {"", EM_ISA_AVX512, "its 'unknown' kernels"},
+        {NULL, EM_ISA_AVX2, "its 'unknown' kernels"},
+        {"Haswell", EM_ISA_AVX512, NULL}, /* AVX2 kernels on Zen 4 or a Xeon: OpenBLAS's choice */
+        {"Zen", EM_ISA_AVX512, NULL},
+        {"zen", EM_ISA_AVX2, NULL},
+        {"SkylakeX", EM_ISA_AVX512, NULL},
+        {"SapphireRapids", EM_ISA_AVX512, NULL},
+        {"Prescott", EM_ISA_AVX, NULL}, /* the CPU has nothing better for it */
+        {"Prescott", EM_ISA_SSE, NULL},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char msg[512] = "";
+        bool warned = em_blas_core_warning(cases[i].core, cases[i].cpu, msg, sizeof msg);
+        ck_assert_msg(warned == (cases[i].want != NULL), "case %zu: %s", i, msg);
+        if (cases[i].want) ck_assert_msg(strstr(msg, cases[i].want), "case %zu: %s", i, msg);
+    }
+    ck_assert_int_eq(em_blas_core_isa("SkylakeX"), EM_ISA_AVX512);
+    ck_assert_int_eq(em_blas_core_isa("Piledriver"), EM_ISA_AVX);
+    ck_assert_int_eq(em_blas_core_isa("Katmai"), EM_ISA_SSE);
+    em_isa here = em_cpu_isa();
+    ck_assert(here >= EM_ISA_SSE && here <= EM_ISA_AVX512);
+}
+END_TEST
+
 static Suite *suite(void) {
     const tu_test tests[] = {
         {"2d_every_dtype", test_2d_every_dtype},
@@ -294,6 +333,7 @@ static Suite *suite(void) {
         {"mixed_dtypes", test_mixed_dtypes},
         {"large", test_large},
         {"errors", test_errors},
+        {"blas_core_warning", test_blas_core_warning},
     };
     return tu_suite("matmul", tests, sizeof tests / sizeof tests[0], 120);
 }

@@ -51,6 +51,23 @@ uint16_t em_float_to_half(float f);
 float em_bf16_to_float(uint16_t h);
 uint16_t em_float_to_bf16(float f);
 
+/* ---- cpu_matmul.c: the BLAS core OpenBLAS chose ---- */
+
+/* The instruction sets a CPU or a BLAS kernel set uses, in order. */
+typedef enum em_isa { EM_ISA_SSE, EM_ISA_AVX, EM_ISA_AVX2, EM_ISA_AVX512 } em_isa;
+
+/* The ISA of one of OpenBLAS's x86-64 cores, by the name
+ * openblas_get_corename gives ("Prescott", "Haswell", "SkylakeX", "Zen",
+ * ...); an unknown name counts as SSE (a generic core). */
+em_isa em_blas_core_isa(const char *core);
+/* What this machine's CPU can run (cpuid). */
+em_isa em_cpu_isa(void);
+/* When OpenBLAS runs core on a CPU of ISA cpu and that wastes it (its
+ * kernels are below AVX2 on an AVX2 or AVX-512 CPU: several times slower
+ * for every matmul), the sentence that says so, with the OPENBLAS_CORETYPE
+ * that fixes it, into buf; else false. */
+bool em_blas_core_warning(const char *core, em_isa cpu, char *buf, size_t n);
+
 /* Kernels named in ops.def. */
 #define X(NAME, name, kind, nin, attrs, infer, cpu) em_status cpu(const em_op_call *c, em_tensor *out);
 #include "ops.def"

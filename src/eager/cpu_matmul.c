@@ -16,7 +16,9 @@
 #include <pthread.h>
 #include <limits.h>
 #include <sched.h>
+#include <stdio.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
 
@@ -89,6 +91,65 @@ static void *blas_open(bool limited) {
     return h;
 }
 
+/* ---- the core OpenBLAS chose ----
+ * Debian 12's OpenBLAS 0.3.21 does not know some current CPUs (a Xeon with
+ * AVX-512 and AMX, the H200 machine's host) and falls back to its generic
+ * Prescott (SSE3) kernels: 15-20 GFLOP/s for an sgemm that runs at 110-140
+ * with OPENBLAS_CORETYPE=SkylakeX.  The core is chosen in OpenBLAS's
+ * constructor from cpuid and that variable; once loaded it cannot be
+ * changed (and setting the variable here would change the environment
+ * under other threads' getenv), so Ember says so, once, and how to fix it. */
+
+static const struct {
+    const char *name;
+    em_isa isa;
+} blas_cores[] = {
+    {"SapphireRapids", EM_ISA_AVX512}, {"Cooperlake", EM_ISA_AVX512}, {"SkylakeX", EM_ISA_AVX512},
+    {"Haswell", EM_ISA_AVX2},          {"Zen", EM_ISA_AVX2},          {"Excavator", EM_ISA_AVX2},
+    {"Sandybridge", EM_ISA_AVX},       {"Bulldozer", EM_ISA_AVX},     {"Piledriver", EM_ISA_AVX},
+    {"Steamroller", EM_ISA_AVX},
+};
+
+em_isa em_blas_core_isa(const char *core) {
+    for (size_t i = 0; core && i < sizeof blas_cores / sizeof blas_cores[0]; i++)
+        if (!strcasecmp(core, blas_cores[i].name)) return blas_cores[i].isa;
+    return EM_ISA_SSE;
+}
+
+em_isa em_cpu_isa(void) {
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl"))
+        return EM_ISA_AVX512;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return EM_ISA_AVX2;
+    return __builtin_cpu_supports("avx") ? EM_ISA_AVX : EM_ISA_SSE;
+}
+
+bool em_blas_core_warning(const char *core, em_isa cpu, char *buf, size_t n) {
+    static const char *const isa_names[] = {"SSE", "AVX", "AVX2", "AVX-512"};
+    em_isa have = em_blas_core_isa(core);
+    if (cpu < EM_ISA_AVX2 || have >= EM_ISA_AVX2) return false;
+    snprintf(buf, n, "matmul: OpenBLAS runs its '%s' kernels (%s) on a CPU with %s: it does not "
+             "know this CPU, and every matmul runs several times slower than it could; set "
+             "OPENBLAS_CORETYPE=%s in the environment", core && *core ? core : "unknown",
+             isa_names[have], isa_names[cpu], cpu == EM_ISA_AVX512 ? "SkylakeX" : "Haswell");
+    return true;
+}
+
+/* Says once (stderr, or EMBER_LOG_FILE's file) that OpenBLAS chose a core
+ * below this CPU.  Only when OPENBLAS_CORETYPE is unset: a user who set it
+ * chose. */
+static void blas_check_core(void *h) {
+    char *(*corename)(void) = (char *(*)(void))dlsym(h, "openblas_get_corename");
+    char buf[EM_ENV_MAX], msg[512];
+    if (!corename || em_getenv("OPENBLAS_CORETYPE", buf, sizeof buf)) return;
+    if (!em_blas_core_warning(corename(), em_cpu_isa(), msg, sizeof msg)) return;
+    const char *file = em_getenv("EMBER_LOG_FILE", buf, sizeof buf);
+    FILE *f = file && *file ? fopen(file, "a") : NULL;
+    fprintf(f ? f : stderr, "[ember] %s\n", msg);
+    if (f) fclose(f);
+}
+
 /* Once per process, before the first gemm.  When the program itself links
  * OpenBLAS (RTLD_NOLOAD finds it) its pool runs already, as before; under
  * a limit it then needs OPENBLAS_NUM_THREADS=1 (docs/compile.md). The
@@ -109,6 +170,7 @@ static void blas_load(void) {
      * batch instead of 18 ms). */
     if (set_threads) set_threads(1);
     blas_ok = !limited || blas_headroom();
+    if (blas_ok) blas_check_core(h);
 }
 
 typedef struct operand {
