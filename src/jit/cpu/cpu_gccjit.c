@@ -119,15 +119,8 @@ static void emit_key(gcc_jit_context *ctx, const char *name, const kc_key *key) 
 }
 
 bool jit_cpu_kernel_key(const k_kernel *k, kc_key *key, kc_manifest *m) {
-    char *text = NULL;
-    size_t len = 0;
-    FILE *f = open_memstream(&text, &len);
-    if (!f) return false;
-    kir_print(k, f);
-    if (fclose(f) != 0 || !text) {
-        free(text);
-        return false;
-    }
+    char *text = kir_to_text(k);
+    if (!text) return false;
     kc_fields fl;
     kc_fields_begin(&fl, m);
     kc_fields_str(&fl, "what", "ember cpu kernel");
@@ -136,7 +129,7 @@ bool jit_cpu_kernel_key(const k_kernel *k, kc_key *key, kc_manifest *m) {
     kc_fields_str(&fl, "target", jit_cpu_target());
     kc_fields_str(&fl, "kernel_ir", text);
     *key = kc_fields_digest(&fl);
-    free(text);
+    em_free(text);
     return true;
 }
 

@@ -24,28 +24,17 @@ bool jit_on_background_thread(void) { return background_thread; }
 
 bool jit_kernel_key(const char *name, const char *target, const k_kernel *k, kc_key *key,
                     kc_manifest *m) {
-    char *text = NULL;
-    size_t len = 0;
-    FILE *f = open_memstream(&text, &len);
-    if (!f) {
-        em_error(EM_ERR_NOMEM, "%s: out of memory", name);
-        return false;
-    }
-    bool ok = kir_print(k, f) == EM_OK;
-    if (fclose(f) != 0 || !text) ok = false;
-    if (ok) {
-        kc_fields fl;
-        kc_fields_begin(&fl, m);
-        kc_fields_str(&fl, "what", "ember kernel");
-        kc_fields_str(&fl, "device", name);
-        kc_fields_str(&fl, "target", target);
-        kc_fields_str(&fl, "kernel_ir", text);
-        *key = kc_fields_digest(&fl);
-    } else if (!em_last_status()) {
-        em_error(EM_ERR_NOMEM, "%s: out of memory", name);
-    }
-    free(text);
-    return ok;
+    char *text = kir_to_text(k);
+    if (!text) return false;
+    kc_fields fl;
+    kc_fields_begin(&fl, m);
+    kc_fields_str(&fl, "what", "ember kernel");
+    kc_fields_str(&fl, "device", name);
+    kc_fields_str(&fl, "target", target);
+    kc_fields_str(&fl, "kernel_ir", text);
+    *key = kc_fields_digest(&fl);
+    em_free(text);
+    return true;
 }
 
 /* Whether the disk cache holds a verified artifact under key. */

@@ -3,6 +3,8 @@
 
 #include <math.h>
 #include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* ---- the ALU table (kir_alu.def) ---- */
@@ -257,6 +259,27 @@ em_status kir_print(const k_kernel *k, FILE *f) {
         if (in->op == K_RANGE) depth++;
     }
     return EM_OK;
+}
+
+char *kir_to_text(const k_kernel *k) {
+    char *mem = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&mem, &len);
+    if (!f) {
+        em_error(EM_ERR_NOMEM, "kir_to_text: out of memory");
+        return NULL;
+    }
+    em_status s = kir_print(k, f);
+    if (fclose(f) != 0 && s == EM_OK) s = em_error(EM_ERR_NOMEM, "kir_to_text: out of memory");
+    char *out = s == EM_OK && mem ? em_malloc(len + 1) : NULL;
+    if (out) {
+        memcpy(out, mem, len);
+        out[len] = '\0';
+    } else if (s == EM_OK) {
+        em_error(EM_ERR_NOMEM, "kir_to_text: out of memory");
+    }
+    free(mem); /* open_memstream's buffer comes from malloc */
+    return out;
 }
 
 /* ---- verifier ---- */

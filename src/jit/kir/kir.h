@@ -152,6 +152,9 @@ k_alu kir_alu_of_op(em_op op);
 
 /* ---- text form and checks ---- */
 em_status kir_print(const k_kernel *k, FILE *f);
+/* kir_print's text in a buffer from em_malloc (the caller em_free's it),
+ * or NULL with the error set: what kernel cache keys hash. */
+char *kir_to_text(const k_kernel *k);
 /* The IR's invariants, the same for every backend; each code generator
  * runs it once on the kernel it is given.  EM_ERR_ARG, naming the
  * instruction and the rule, for a kernel that breaks one of them:
