@@ -131,75 +131,254 @@ static const tr_node *input_node(const tr_graph *g, int i) {
     return NULL;
 }
 
-/* Fits attribute size j of node k, v in g and vp in prev, as a * s + b
- * for one dynamic size s that changed between the traces (s in g, sp in
- * prev).  Dims of equal sizes in both traces are one symbol (duck sizing);
- * two symbols that both fit make it ambiguous.  false: no single fit. */
-static bool fit_size(const tr_graph *g, const tr_graph *prev, const gd_guards *gs, int k, int j,
-                     jit_sym_size *out) {
-    int64_t v = g->nodes[k].attrs.sizes[j], vp = prev->nodes[k].attrs.sizes[j];
-    int64_t s0 = -1, sp0 = -1;
+/* ---- attributes that follow the sizes ---- */
+
+/* What comparing two traces of one function reads: the new trace g (made
+ * with inputs in, guarded by gs), the one at other sizes, and the
+ * attributes that already followed in prev's entry. */
+typedef struct follow_ctx {
+    const tr_graph *g, *prev;
+    const jit_dyn *prev_dyn;
+    const gd_guards *gs;
+    em_tensor *const *in;
+} follow_ctx;
+
+static const char *const field_names[] = {"size", "start", "end", "value"};
+static const char *const form_names[] = {"times", "over", "times_sqrt", "over_sqrt"};
+
+/* Node n's integer attribute field (index j of the sizes). */
+static int64_t *int_attr(em_op_attrs *a, jit_sym_field field, int j) {
+    return field == JIT_SYM_SIZE ? &a->sizes[j] : field == JIT_SYM_START ? &a->start : &a->end;
+}
+
+static double form_of(jit_sym_form form, double s) {
+    switch (form) {
+    case JIT_SYM_TIMES: return s;
+    case JIT_SYM_OVER: return 1 / s;
+    case JIT_SYM_TIMES_SQRT: return sqrt(s);
+    default: return 1 / sqrt(s);
+    }
+}
+
+/* z's value at size s, exactly as C computes 1.0 / sqrt(s) when f is 1. */
+static double value_at(const jit_sym_size *z, double s) {
+    switch (z->form) {
+    case JIT_SYM_TIMES: return z->f * s;
+    case JIT_SYM_OVER: return z->f / s;
+    case JIT_SYM_TIMES_SQRT: return z->f * sqrt(s);
+    default: return z->f / sqrt(s);
+    }
+}
+
+/* How plain a fit is (lower: plainer): a size that is a multiple of the
+ * symbol, then a positive slope; a value with coefficient 1. */
+static int plainness(const jit_sym_size *z) {
+    if (z->field == JIT_SYM_VALUE) return z->f != 1;
+    return 2 * (z->b != 0) + (z->a < 0);
+}
+
+/* Fits z (node, field, j set) from its value v in g and vp in prev: a * s
+ * + b (integers) or f times a form of s (values, where two points check
+ * the one coefficient), for one dynamic size s that changed between the
+ * traces; scaled: a * s only (one coefficient too: a creation op's sizes,
+ * which no infer rule checks, so that [b * b] is not fitted as 5b - 6 from
+ * b = 2 and 3).  Dims of equal sizes in both traces are one symbol (duck
+ * sizing).  Of the symbols that fit, the plainest fit wins ([b, t, 4, 16]
+ * traced at b, t = 1, 8 and 2, 7: size 0 is b, not 9 - t); two equally
+ * plain fits make it ambiguous.  false: no single fit. */
+static bool fit(const tr_graph *g, const tr_graph *prev, const gd_guards *gs, double v, double vp,
+                bool scaled, jit_sym_size *z) {
+    double s0 = -1, sp0 = -1;
+    int best = -1;
+    bool tie = false;
     for (int i = 0; i < gs->ntensors; i++) {
         const em_meta *m = &input_node(g, i)->meta, *mp = &input_node(prev, i)->meta;
         for (int d = 0; d < m->ndim; d++) {
-            int64_t s = m->sizes[d], sp = mp->sizes[d];
-            if (!(gs->tensors[i].dyn >> d & 1) || s == sp || (v - vp) % (s - sp)) continue;
-            if (s0 >= 0 && (s != s0 || sp != sp0)) return false; /* ambiguous */
-            if (s0 >= 0) continue;
+            double s = (double)m->sizes[d], sp = (double)mp->sizes[d];
+            if (!(gs->tensors[i].dyn >> d & 1) || s == sp || (s == s0 && sp == sp0)) continue;
+            jit_sym_size c = *z;
+            c.input = i, c.dim = d;
+            bool ok = false;
+            if (z->field != JIT_SYM_VALUE) {
+                int64_t dv = (int64_t)v - (int64_t)vp, ds = (int64_t)s - (int64_t)sp;
+                ok = dv % ds == 0 && (!scaled || (int64_t)v * (int64_t)sp == (int64_t)vp * (int64_t)s);
+                c.a = ok ? dv / ds : 0;
+                c.b = (int64_t)v - c.a * (int64_t)s;
+            }
+            for (int f = 0; !ok && z->field == JIT_SYM_VALUE && f < 4; f++) {
+                c.form = (jit_sym_form)f;
+                c.f = v / form_of(c.form, s);
+                ok = c.f != 0 && near(value_at(&c, sp), vp) && near(value_at(&c, s), v);
+                if (ok && near(c.f, 1)) c.f = 1; /* 1.0 / sqrt(s), as the C code wrote it */
+            }
+            if (!ok) continue;
+            int p = plainness(&c);
+            if (best >= 0 && p == best) tie = true;
+            if (best >= 0 && p >= best) continue;
+            best = p, tie = false;
             s0 = s, sp0 = sp;
-            int64_t a = (v - vp) / (s - sp);
-            *out = (jit_sym_size){.node = k, .j = j, .input = i, .dim = d, .a = a, .b = v - a * s};
+            *z = c;
         }
     }
-    return s0 >= 0;
+    return best >= 0 && !tie;
 }
 
-/* Whether call node k of g differs from prev's only in attribute sizes
- * that each follow one dynamic size (appended to dyn), in a reshape or an
- * expand, whose infer rules then check them against their input at every
- * size (a creation op's sizes would be unchecked). */
-static bool sizes_follow(const tr_graph *g, const tr_graph *prev, const jit_dyn *prev_dyn,
-                         const gd_guards *gs, int k, jit_dyn *dyn) {
-    const tr_node *a = &g->nodes[k];
-    tr_node b = prev->nodes[k];
-    if (a->kind != TR_CALL || b.kind != TR_CALL || a->op != b.op ||
-        (a->op != EM_OP_RESHAPE && a->op != EM_OP_EXPAND) || a->attrs.ndim != b.attrs.ndim)
-        return false;
-    memcpy(b.attrs.sizes, a->attrs.sizes, sizeof b.attrs.sizes);
-    if (!tr_same_call(a, &b)) return false;
+/* prev_dyn's follow of z's attribute, when it still holds in g (traced with
+ * in); NULL otherwise.  A fit made from earlier traces beats a new one. */
+static const jit_sym_size *inherited(const jit_dyn *prev_dyn, const jit_sym_size *z,
+                                     const tr_graph *g, em_tensor *const *in);
+
+/* Appends to dyn the follow of node k's field (j) whose value changed from
+ * prev (v) to g (vp); false when none fits or dyn is full. */
+static bool follow_field(const follow_ctx *c, int k, jit_sym_field field, int j, jit_dyn *dyn) {
+    const tr_graph *g = c->g, *prev = c->prev;
+    if (dyn->nsizes == JIT_MAX_SYM_SIZES) return false;
+    jit_sym_size z = {.node = k, .j = j, .field = field};
+    const jit_sym_size *old = inherited(c->prev_dyn, &z, g, c->in);
+    if (old) {
+        dyn->sizes[dyn->nsizes++] = *old;
+        return true;
+    }
+    em_op_attrs a = g->nodes[k].attrs, ap = prev->nodes[k].attrs;
+    double v = field == JIT_SYM_VALUE ? a.value : (double)*int_attr(&a, field, j);
+    double vp = field == JIT_SYM_VALUE ? ap.value : (double)*int_attr(&ap, field, j);
+    bool scaled = field == JIT_SYM_SIZE && em_op_table[g->nodes[k].op].kind == EM_KIND_CREATE;
+    if (!fit(g, prev, c->gs, v, vp, scaled, &z)) return false;
+    dyn->sizes[dyn->nsizes++] = z;
+    return true;
+}
+
+/* Reshape node k's sizes that changed: each follows one dynamic size, or
+ * one of them is "the rest" (torch's -1), exact whatever product of sizes
+ * it is, given the others: the only size that changed is, and otherwise
+ * one that no single size explains. */
+static bool reshape_follows(const follow_ctx *c, int k, jit_dyn *dyn) {
+    const tr_graph *g = c->g, *prev = c->prev;
+    const jit_dyn *prev_dyn = c->prev_dyn;
+    const em_op_attrs *a = &g->nodes[k].attrs, *ap = &prev->nodes[k].attrs;
     int ndiff = 0;
-    for (int j = 0; j < a->attrs.ndim; j++) ndiff += a->attrs.sizes[j] != prev->nodes[k].attrs.sizes[j];
-    /* one size of a reshape may be "the rest" (torch's -1): exact whatever
-     * product of sizes it is, given the others; the only size that changed
-     * is, and otherwise one that no single size explains */
+    for (int j = 0; j < a->ndim; j++) ndiff += a->sizes[j] != ap->sizes[j];
     int prev_rest = -1; /* the previous entry's rest size of this node stays the rest */
     for (int i = 0; prev_dyn && i < prev_dyn->nsizes; i++)
         if (prev_dyn->sizes[i].rest && prev_dyn->sizes[i].node == k) prev_rest = prev_dyn->sizes[i].j;
     bool rest = prev_rest >= 0;
-    for (int j = 0; j < a->attrs.ndim; j++) {
-        if (a->attrs.sizes[j] == prev->nodes[k].attrs.sizes[j]) continue;
-        if (dyn->nsizes == JIT_MAX_SYM_SIZES) return false;
-        jit_sym_size *z = &dyn->sizes[dyn->nsizes++];
-        if (j == prev_rest) {
-            *z = (jit_sym_size){.node = k, .j = j, .rest = true};
+    for (int j = 0; j < a->ndim; j++) {
+        if (a->sizes[j] == ap->sizes[j]) continue;
+        if (j != prev_rest && (ndiff > 1 || rest) && follow_field(c, k, JIT_SYM_SIZE, j, dyn))
             continue;
-        }
-        if (a->op == EM_OP_EXPAND || ndiff > 1 || rest) {
-            if (fit_size(g, prev, gs, k, j, z)) continue;
-            if (rest || a->op != EM_OP_RESHAPE) return false;
-        }
-        *z = (jit_sym_size){.node = k, .j = j, .rest = true};
+        if (dyn->nsizes == JIT_MAX_SYM_SIZES || (rest && j != prev_rest)) return false;
+        dyn->sizes[dyn->nsizes++] = (jit_sym_size){.node = k, .j = j, .field = JIT_SYM_SIZE, .rest = true};
         rest = true;
     }
     return true;
+}
+
+/* Whether call node k of g differs from prev's only in attributes that
+ * each follow one dynamic size (appended to dyn): the sizes of a reshape,
+ * an expand or a creation op (arange's count, a mask's [t, t]), a slice's
+ * bounds, a fill or scalar value.  A reshape's and an expand's infer rules
+ * check their sizes against their input at every size; a creation op's
+ * sizes and a value are trusted to the fit, which two traces made. */
+static bool attrs_follow(const follow_ctx *c, int k, jit_dyn *dyn) {
+    const tr_graph *g = c->g, *prev = c->prev;
+    const tr_node *a = &g->nodes[k];
+    tr_node b = prev->nodes[k];
+    const em_op_info *info = &em_op_table[a->op];
+    if (a->kind != TR_CALL || b.kind != TR_CALL || a->op != b.op || a->attrs.ndim != b.attrs.ndim)
+        return false;
+    bool sized = a->op == EM_OP_RESHAPE || a->op == EM_OP_EXPAND || info->kind == EM_KIND_CREATE;
+    if (sized) memcpy(b.attrs.sizes, a->attrs.sizes, sizeof b.attrs.sizes);
+    b.attrs.start = a->attrs.start, b.attrs.end = a->attrs.end, b.attrs.value = a->attrs.value;
+    if (!tr_same_call(a, &b)) return false;
+    const em_op_attrs *x = &a->attrs, *y = &prev->nodes[k].attrs;
+    if (a->op == EM_OP_RESHAPE && !reshape_follows(c, k, dyn)) return false;
+    for (int j = 0; (info->attrs & A_SIZES) && a->op != EM_OP_RESHAPE && j < x->ndim; j++)
+        if (x->sizes[j] != y->sizes[j] && !follow_field(c, k, JIT_SYM_SIZE, j, dyn))
+            return false;
+    if ((info->attrs & A_RANGE) && x->start != y->start && !follow_field(c, k, JIT_SYM_START, 0, dyn))
+        return false;
+    if ((info->attrs & A_RANGE) && x->end != y->end && !follow_field(c, k, JIT_SYM_END, 0, dyn))
+        return false;
+    if ((info->attrs & A_VALUE) && memcmp(&x->value, &y->value, sizeof x->value) &&
+        !follow_field(c, k, JIT_SYM_VALUE, 0, dyn))
+        return false;
+    return true;
+}
+
+/* Sets z's attribute in n for the input metas inputs (not a rest). */
+static void apply(const jit_sym_size *z, tr_node *n, const em_meta *inputs) {
+    int64_t s = inputs[z->input].sizes[z->dim];
+    if (z->field == JIT_SYM_VALUE) n->attrs.value = value_at(z, (double)s);
+    else *int_attr(&n->attrs, z->field, z->j) = z->a * s + z->b;
+}
+
+/* Whether z holds for node n's attributes at the sizes of in. */
+static bool holds(const jit_sym_size *z, const tr_node *n, em_tensor *const *in) {
+    if (z->rest) return true;
+    double s = (double)in[z->input]->sizes[z->dim];
+    if (z->field == JIT_SYM_VALUE) {
+        double v = value_at(z, s);
+        return !memcmp(&v, &n->attrs.value, sizeof v);
+    }
+    em_op_attrs a = n->attrs;
+    return *int_attr(&a, z->field, z->j) == z->a * (int64_t)s + z->b;
+}
+
+static const jit_sym_size *inherited(const jit_dyn *prev_dyn, const jit_sym_size *z,
+                                     const tr_graph *g, em_tensor *const *in) {
+    for (int i = 0; prev_dyn && i < prev_dyn->nsizes; i++) {
+        const jit_sym_size *o = &prev_dyn->sizes[i];
+        if (o->node == z->node && o->field == z->field && o->j == z->j && !o->rest &&
+            o->node < g->nnodes && holds(o, &g->nodes[o->node], in))
+            return o;
+    }
+    return NULL;
+}
+
+void jit_sym_print(const jit_sym_size *z, FILE *f) {
+    fprintf(f, "follow %%%d %s[%d] = ", z->node, field_names[z->field], z->j);
+    if (z->rest) fprintf(f, "rest\n");
+    else if (z->field == JIT_SYM_VALUE)
+        fprintf(f, "%a %s in%d[%d]\n", z->f, form_names[z->form], z->input, z->dim);
+    else
+        fprintf(f, "%lld * in%d[%d] + %lld\n", (long long)z->a, z->input, z->dim, (long long)z->b);
+}
+
+bool jit_sym_parse(const char *s, jit_sym_size *z) {
+    char field[16], rest[16];
+    int used = 0;
+    memset(z, 0, sizeof *z);
+    if (sscanf(s, "follow %%%d %15[a-z][%d] = %n", &z->node, field, &z->j, &used) != 3 || !used)
+        return false;
+    int fi = -1;
+    for (int i = 0; i < 4; i++)
+        if (!strcmp(field, field_names[i])) fi = i;
+    if (fi < 0 || z->node < 0 || z->j < 0 || z->j >= EM_MAX_DIMS) return false;
+    z->field = (jit_sym_field)fi;
+    s += used;
+    long long a, b;
+    char form[16];
+    if (sscanf(s, "%15s", rest) == 1 && !strcmp(rest, "rest"))
+        z->rest = z->field == JIT_SYM_SIZE;
+    else if (z->field == JIT_SYM_VALUE && sscanf(s, "%la %15s in%d[%d]", &z->f, form, &z->input, &z->dim) == 4) {
+        for (int i = 0; i < 4; i++)
+            if (!strcmp(form, form_names[i])) return (z->form = (jit_sym_form)i), z->input >= 0 && z->dim >= 0 && z->dim < EM_MAX_DIMS;
+        return false;
+    } else if (z->field != JIT_SYM_VALUE && sscanf(s, "%lld * in%d[%d] + %lld", &a, &z->input, &z->dim, &b) == 4) {
+        z->a = a, z->b = b;
+        return z->input >= 0 && z->dim >= 0 && z->dim < EM_MAX_DIMS;
+    } else {
+        return false;
+    }
+    return z->rest;
 }
 
 /* The first node where g and prev (the same function traced at other
  * sizes) differ in more than their metas and the attribute sizes
  * sizes_follow accepts; -1: none; nnodes: the lists of inputs, constants
  * or outputs differ. */
-static int first_difference(const tr_graph *g, const tr_graph *prev, const jit_dyn *prev_dyn,
-                            const gd_guards *gs, jit_dyn *dyn) {
+static int first_difference(const follow_ctx *c, jit_dyn *dyn) {
+    const tr_graph *g = c->g, *prev = c->prev;
     if (g->nnodes != prev->nnodes || g->ninputs != prev->ninputs || g->nconsts != prev->nconsts ||
         g->noutputs != prev->noutputs ||
         !em_same_bytes(g->outputs, prev->outputs, sizeof(int) * (size_t)g->noutputs) ||
@@ -210,7 +389,7 @@ static int first_difference(const tr_graph *g, const tr_graph *prev, const jit_d
         if (a->kind != b->kind || a->meta.dtype != b->meta.dtype || a->meta.ndim != b->meta.ndim)
             return i;
         if (a->kind != TR_CALL ? a->index != b->index
-                               : !tr_same_call(a, b) && !sizes_follow(g, prev, prev_dyn, gs, i, dyn))
+                               : !tr_same_call(a, b) && !attrs_follow(c, i, dyn))
             return i;
     }
     return -1;
@@ -230,11 +409,8 @@ static em_status set_rest(tr_node *n, int j, const em_meta *in, int k) {
 }
 
 em_status jit_dyn_infer(const jit_dyn *dyn, tr_graph *g, const em_meta *inputs, em_meta *metas) {
-    for (int i = 0; i < dyn->nsizes; i++) {
-        const jit_sym_size *z = &dyn->sizes[i];
-        if (!z->rest)
-            g->nodes[z->node].attrs.sizes[z->j] = z->a * inputs[z->input].sizes[z->dim] + z->b;
-    }
+    for (int i = 0; i < dyn->nsizes; i++)
+        if (!dyn->sizes[i].rest) apply(&dyn->sizes[i], &g->nodes[dyn->sizes[i].node], inputs);
     for (int i = 0; i < g->nnodes; i++) {
         tr_node *n = &g->nodes[i];
         em_status s = EM_OK;
@@ -290,11 +466,11 @@ static bool inherit(const tr_graph *g, const jit_dyn *prev_dyn, em_tensor *const
         const jit_sym_size *z = &prev_dyn->sizes[i];
         bool have = false;
         for (int k = 0; k < dyn->nsizes && !have; k++)
-            have = dyn->sizes[k].node == z->node && dyn->sizes[k].j == z->j;
+            have = dyn->sizes[k].node == z->node && dyn->sizes[k].field == z->field &&
+                   dyn->sizes[k].j == z->j;
         if (have) continue;
-        if (dyn->nsizes == JIT_MAX_SYM_SIZES ||
-            (!z->rest &&
-             g->nodes[z->node].attrs.sizes[z->j] != z->a * in[z->input]->sizes[z->dim] + z->b))
+        if (dyn->nsizes == JIT_MAX_SYM_SIZES || z->node >= g->nnodes ||
+            !holds(z, &g->nodes[z->node], in))
             return false;
         dyn->sizes[dyn->nsizes++] = *z;
     }
@@ -312,7 +488,8 @@ bool jit_dyn_check(const tr_graph *g, const tr_graph *prev, const jit_dyn *prev_
             return false;
         }
     }
-    int d = prev ? first_difference(g, prev, prev_dyn, gs, dyn) : -1;
+    follow_ctx fc = {g, prev, prev_dyn, gs, in};
+    int d = prev ? first_difference(&fc, dyn) : -1;
     if (d >= 0) {
         if (d == g->nnodes) snprintf(why, nwhy, "the graph traced at the other sizes differs");
         else
@@ -321,7 +498,7 @@ bool jit_dyn_check(const tr_graph *g, const tr_graph *prev, const jit_dyn *prev_
         return false;
     }
     if (!inherit(g, prev_dyn, in, dyn)) {
-        snprintf(why, nwhy, "a reshape or expand size no longer follows the sizes");
+        snprintf(why, nwhy, "an attribute that followed the sizes no longer does");
         return false;
     }
     em_meta *metas = em_malloc(sizeof *metas * ((size_t)g->nnodes + 1));

@@ -190,12 +190,30 @@ bool jit_on_background_thread(void);
 
 /* ---- dynamic shapes (dynamic.c) ---- */
 
-/* An attribute size that follows a dynamic size: node's attrs.sizes[j] is
- * a * (size of dim `dim` of input `input`) + b (a reshape to [b, t, 4, 16]
- * follows b and t). */
+/* The attribute of a node a dynamic size may set (jit_sym_size.field). */
+typedef enum jit_sym_field {
+    JIT_SYM_SIZE,  /* attrs.sizes[j]: a reshape's, an expand's or a creation op's
+                      (arange's count, zeros' sizes...) */
+    JIT_SYM_START, /* a slice's bounds */
+    JIT_SYM_END,
+    JIT_SYM_VALUE, /* a fill or scalar value */
+} jit_sym_field;
+
+/* How a value follows its size s (JIT_SYM_VALUE): f * s, f / s,
+ * f * sqrt(s), f / sqrt(s).  One coefficient, so the second trace checks
+ * the form instead of fitting it. */
+typedef enum jit_sym_form { JIT_SYM_TIMES, JIT_SYM_OVER, JIT_SYM_TIMES_SQRT, JIT_SYM_OVER_SQRT } jit_sym_form;
+
+/* An attribute that follows a dynamic size: node's attribute `field`
+ * (index j of the sizes) is a * s + b for s the size of dim `dim` of input
+ * `input` (a reshape to [b, t, 4, 16] follows b and t; em_arange(0, t)
+ * has t elements), or for a value f and form. */
 typedef struct jit_sym_size {
     int node, j, input, dim;
+    jit_sym_field field;
     int64_t a, b;
+    double f;
+    jit_sym_form form;
     bool rest; /* a reshape's size that is whatever its input's element
                   count leaves (a product of sizes: [b * t, 64]) */
 } jit_sym_size;
@@ -217,9 +235,10 @@ typedef struct jit_dyn {
  * probe, as Dynamo's duck sizing), and no op may carry a size, bound or
  * value the C code computed from a dynamic size: prev (the same function
  * traced at other sizes, or NULL) must equal g in everything but metas,
- * except reshape and expand sizes that follow one dynamic size as
- * a * s + b (recorded in dyn->sizes; prev_dyn: the attribute sizes that
- * already followed in prev's entry, kept while they hold); without prev,
+ * except attributes that follow one dynamic size (jit_sym_size: reshape,
+ * expand and creation sizes, slice bounds, values; recorded in
+ * dyn->sizes; prev_dyn: the attributes that already followed in prev's
+ * entry, kept while they hold); without prev,
  * conservative rules decide.  Fills dyn (probe has g->ninputs slots).  false, with the
  * reason in why: the entry must be static. */
 bool jit_dyn_check(const tr_graph *g, const tr_graph *prev, const jit_dyn *prev_dyn,
@@ -233,6 +252,13 @@ em_status jit_dyn_infer(const jit_dyn *dyn, tr_graph *g, const em_meta *inputs, 
  * was traced (warmup of a recorded dynamic entry).  false: too many
  * distinct dynamic sizes. */
 bool jit_dyn_probe(const gd_guards *gs, em_tensor *const *in, int ninputs, em_meta *probe);
+/* z as one line of text for warmup lists (the input named in<i>):
+ *   follow %23 size[0] = 1 * in0[1] + 0     (an integer attribute)
+ *   follow %7 size[0] = rest                (a reshape's rest)
+ *   follow %9 value[0] = 0x1p+0 over_sqrt in0[1]
+ * and back: false when s is not such a line. */
+void jit_sym_print(const jit_sym_size *z, FILE *f);
+bool jit_sym_parse(const char *s, jit_sym_size *z);
 
 /* ---- compiled graphs ----
  * A compiled graph (jit_compiled, engine.c) is its plan and loaded kernels

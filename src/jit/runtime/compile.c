@@ -113,7 +113,7 @@ static void log_dynamic(const jit_owner *o, const jit_entry *e, bool compiled, c
         char dims[256];
         dims_str(e->guards, dims, sizeof dims);
         jit_logf(&f->log, JIT_LOG_RECOMPILES, "%s: dynamic dims %s%s", f->name, dims,
-                 e->follows ? " (reshape or expand sizes follow them)" : "");
+                 e->follows ? " (sizes, bounds or values of ops follow them)" : "");
     }
 }
 
