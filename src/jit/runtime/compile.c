@@ -598,7 +598,7 @@ em_status em_compiled_save(const em_compiled *f, const char *path) {
     for (int i = 0; i < f->entries.n && s == EM_OK; i++) {
         const jit_entry *e = f->entries.entries[i];
         if (e->backend->target)
-            s = jit_record_append(path, f->name, e->backend->name, e->graph, e->guards);
+            s = jit_record_append(path, f->name, e->backend->name, e->graph, e->guards, e->follow);
     }
     pthread_mutex_unlock((pthread_mutex_t *)&f->lock);
     return s;

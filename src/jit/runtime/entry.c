@@ -307,7 +307,7 @@ void jit_record_entry(const char *path, bool *failed, const jit_log *log, const 
                       const jit_entry *e) {
     if (!path || *failed || !e->graph) return;
     if (!e->backend->target) return; /* nothing to compile ahead of time */
-    if (jit_record_append(path, name, e->backend->name, e->graph, e->guards) == EM_OK) return;
+    if (jit_record_append(path, name, e->backend->name, e->graph, e->guards, e->follow) == EM_OK) return;
     *failed = true;
     jit_logf(log, 0, "EMBER_RECORD: %s; %s is no longer recorded", em_last_error(), name);
     em_clear_error();

@@ -69,12 +69,15 @@ typedef struct jit_record {
     uint32_t *dyn;  /* a dynamic entry's dims per input (from its guard lines'
                        "dynamic=[...]"), ndyn of them; NULL, 0: static */
     int ndyn;
+    jit_sym_size *follow; /* the attributes that follow its dynamic sizes (its
+                             "follow" lines), nfollow of them */
+    int nfollow;
 } jit_record;
 
 /* Appends one record (graph g of function name, with its guards as
  * comments) to the warmup list at path, created 0600 if absent. */
 em_status jit_record_append(const char *path, const char *name, const char *backend,
-                            const tr_graph *g, const gd_guards *guards);
+                            const tr_graph *g, const gd_guards *guards, const jit_dyn *follow);
 /* Reads every record of the warmup list at path (*out: em_malloc'd, free
  * with jit_records_free).  A malformed file is EM_ERR_ARG naming the line. */
 em_status jit_records_read(const char *path, jit_record **out, int *n);

@@ -7,6 +7,8 @@
  *   guard ...              (zero or more: the entry's guards, for people;
  *                           "dynamic=[d, ...]" on an input's line marks the
  *                           dims of a dynamic entry, which warmup reads)
+ *   follow %N ...          (zero or more: a dynamic entry's attributes that
+ *                           follow its dynamic sizes, jit_sym_print's form)
  *   graph(...) {           the graph's text form, up to its closing "}"
  *     ...
  *   }
@@ -39,7 +41,7 @@ static void print_token(FILE *f, const char *s) {
 }
 
 em_status jit_record_append(const char *path, const char *name, const char *backend,
-                            const tr_graph *g, const gd_guards *guards) {
+                            const tr_graph *g, const gd_guards *guards, const jit_dyn *follow) {
     char *text = NULL;
     size_t len = 0;
     FILE *f = open_memstream(&text, &len);
@@ -50,6 +52,8 @@ em_status jit_record_append(const char *path, const char *name, const char *back
     print_token(f, name);
     fputc('\n', f);
     if (guards) gd_print(guards, f);
+    for (int i = 0; follow && guards && gd_is_dynamic(guards) && i < follow->nsizes; i++)
+        jit_sym_print(&follow->sizes[i], f);
     em_status s = tr_print(g, f);
     if (fclose(f) != 0 || !text) s = em_error(EM_ERR_NOMEM, "recording %s: out of memory", name);
     if (s != EM_OK) {
@@ -139,6 +143,7 @@ static bool push(jit_record **rs, int *n, int *cap, const jit_record *r) {
 }
 
 static void record_clear(jit_record *r) {
+    em_free(r->follow);
     em_free(r->dyn);
     em_free(r->name);
     em_free(r->backend);
@@ -171,6 +176,27 @@ static bool guard_dynamic(const char *p, const char *end, jit_record *r) {
     return true;
 }
 
+/* Reads a follow line [p, end) into r; false (error set) when malformed
+ * or out of memory. */
+static bool follow_line(const char *path, int line, const char *p, const char *end, jit_record *r) {
+    char buf[256];
+    size_t len = (size_t)(end - p) < sizeof buf ? (size_t)(end - p) : sizeof buf - 1;
+    memcpy(buf, p, len);
+    buf[len] = '\0';
+    jit_sym_size z;
+    if (!jit_sym_parse(buf, &z) || r->nfollow == JIT_MAX_SYM_SIZES) {
+        em_error(EM_ERR_ARG, "%s:%d: malformed follow line", path, line);
+        return false;
+    }
+    jit_sym_size *f = em_malloc(sizeof *f * ((size_t)r->nfollow + 1));
+    if (!f) return false;
+    if (r->follow) memcpy(f, r->follow, sizeof *f * (size_t)r->nfollow);
+    em_free(r->follow);
+    r->follow = f;
+    r->follow[r->nfollow++] = z;
+    return true;
+}
+
 /* One record starting at the record line p; *next gets where the next
  * line after it starts.  NULL fields on failure (error set). */
 static bool parse_record(const char *path, int line, const char *p, const char **next,
@@ -187,9 +213,11 @@ static bool parse_record(const char *path, int line, const char *p, const char *
     }
     const char *q = *eol ? eol + 1 : eol;
     int n = 1;
-    while (!strncmp(q, "guard ", 6)) { /* the guards are for people */
+    while (!strncmp(q, "guard ", 6) || !strncmp(q, "follow ", 7)) { /* the guards are for people */
         const char *e = strchr(q, '\n');
-        if (!guard_dynamic(q, e ? e : q + strlen(q), r)) {
+        bool ok = q[0] == 'g' ? guard_dynamic(q, e ? e : q + strlen(q), r)
+                              : follow_line(path, line + n, q, e ? e : q + strlen(q), r);
+        if (!ok) {
             record_clear(r);
             return false;
         }

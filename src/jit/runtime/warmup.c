@@ -8,6 +8,18 @@
 #include <string.h>
 
 
+/* Whether follow z names an attribute g's node has (a rest: a reshape's
+ * size) and a dim of one of its inputs in. */
+static bool follow_fits(const jit_sym_size *z, const tr_graph *g, em_tensor *const *in) {
+    static const unsigned need[] = {A_SIZES, A_RANGE, A_RANGE, A_VALUE};
+    if (z->node < 0 || z->node >= g->nnodes || g->nodes[z->node].kind != TR_CALL) return false;
+    const tr_node *n = &g->nodes[z->node];
+    if (!(em_op_table[n->op].attrs & need[z->field])) return false;
+    if (z->field == JIT_SYM_SIZE && z->j >= n->attrs.ndim) return false;
+    if (z->rest) return n->op == EM_OP_RESHAPE;
+    return z->input < g->ninputs && z->dim < in[z->input]->ndim;
+}
+
 /* A recorded dynamic entry: its kernels with size parameters, from the
  * graph's input metas with the recorded dims dynamic (the graph was
  * checked when it was traced).  Dynamic kernels have no plan entry. */
@@ -22,8 +34,16 @@ static em_status compile_dynamic(const jit_backend *b, const jit_record *r, tr_g
             s = em_last_status();
     if (s == EM_OK && !(gs = gd_build(g, in, NULL, 0, NULL, 0))) s = em_last_status();
     for (int i = 0; s == EM_OK && i < r->ndyn && i < g->ninputs; i++) gd_set_dynamic(gs, i, r->dyn[i]);
-    /* (attribute sizes that followed the sizes are not recorded: such a
-     * graph fails to infer at the probe sizes and compiles static) */
+    /* the attributes that follow the sizes, as the trace found them: a
+     * follow naming a node or an input the graph lacks is refused */
+    for (int i = 0; s == EM_OK && i < r->nfollow; i++) {
+        const jit_sym_size *z = &r->follow[i];
+        if (!follow_fits(z, g, in))
+            s = em_error(EM_ERR_ARG, "record of %s: follow line %d names a node or input the graph lacks",
+                         r->name, i + 1);
+        else
+            dyn.sizes[dyn.nsizes++] = *z;
+    }
     if (s == EM_OK && gd_is_dynamic(gs) && jit_dyn_probe(gs, in, g->ninputs, dyn.probe)) {
         char why[256];
         s = b->compile_dynamic(g, &dyn, env, state, dynamic, why, sizeof why);
