@@ -153,13 +153,15 @@ START_TEST(ten_batch_sizes_of_softmax_compile_twice) {
     /* every kernel came from the first two compiles */
     ck_assert_int_eq(st.kernels_compiled + st.kernels_loaded, after_second);
     ck_assert_int_gt(st.kernels, 0);
-    /* the entry the later calls used prints its dynamic dim */
+    /* the entry the later calls used prints its dynamic dims: the batch,
+     * which changed, and the width, which a dry trace showed the graph
+     * follows too */
     char *text = NULL;
     size_t len = 0;
     FILE *fp = open_memstream(&text, &len);
     ck_assert_int_eq(em_compiled_print(f, 0, false, fp), EM_OK);
     fclose(fp);
-    ck_assert_msg(strstr(text, "dynamic=[0] (>= 2)"), "%s", text);
+    ck_assert_msg(strstr(text, "dynamic=[0, 1] (>= 2)"), "%s", text);
     free(text);
     em_compiled_free(f);
 }
@@ -222,7 +224,9 @@ START_TEST(sizes_zero_and_one_stay_specialized) {
     check_softmax_call(f, tu_random(6, 2, TU_SIZES(1, 8), EM_F32, 1)); /* the size-1 entry */
     em_compile_stats st = stats_of(f);
     ck_assert_int_eq(st.entries, 4);
-    ck_assert_int_eq(st.dynamic_entries, 1);
+    /* the size-0 and size-1 entries keep those sizes, dynamic in the width
+     * that the first dynamic entry made dynamic */
+    ck_assert_int_eq(st.dynamic_entries, 3);
     ck_assert_int_eq(st.hits, 2);
     em_compiled_free(f);
 }
@@ -233,13 +237,13 @@ START_TEST(a_second_dim_joins_the_dynamic_ones) {
     em_compiled *f = em_compile(softmax_fn, NULL, &o);
     check_softmax_call(f, tu_random(1, 2, TU_SIZES(4, 8), EM_F32, 1));
     check_softmax_call(f, tu_random(2, 2, TU_SIZES(6, 8), EM_F32, 1)); /* [s0, 8] */
-    check_softmax_call(f, tu_random(3, 2, TU_SIZES(6, 12), EM_F32, 1)); /* [s0, s1] */
+    check_softmax_call(f, tu_random(3, 2, TU_SIZES(6, 12), EM_F32, 1)); /* [s0, s1] already */
     for (int64_t i = 0; i < 6; i++)
         check_softmax_call(f, tu_random(4 + (uint64_t)i, 2, TU_SIZES(3 + i, 5 + 3 * i), EM_F32, 2));
     em_compile_stats st = stats_of(f);
-    ck_assert_int_eq(st.traces, 3);
-    ck_assert_int_eq(st.dynamic_entries, 2);
-    ck_assert_int_eq(st.hits, 6);
+    ck_assert_int_eq(st.traces, 2);
+    ck_assert_int_eq(st.dynamic_entries, 1);
+    ck_assert_int_eq(st.hits, 7);
     em_compiled_free(f);
 }
 END_TEST
@@ -360,6 +364,88 @@ static em_status attention_fn(void *ctx, em_tensor *const *in, const double *s, 
     return out[0] ? EM_OK : em_last_status();
 }
 
+/* Causal self-attention over in[0] ([b, t, EMB], 2 heads) with in[1]
+ * ([EMB, 3 EMB]): the mask is built inside from em_arange(t), as GPT code
+ * does, so its sizes come from the sequence length. */
+static em_status causal_fn(void *ctx, em_tensor *const *in, const double *s, em_tensor **out) {
+    em_tensor *x = in[0];
+    int64_t b = em_size(x, 0), t = em_size(x, 1);
+    em_tensor *qkv = em_matmul(x, in[1]);
+    em_tensor *q = split_heads(em_slice(qkv, 2, 0, EMB, 1));
+    em_tensor *k = split_heads(em_slice(qkv, 2, EMB, 2 * EMB, 1));
+    em_tensor *v = split_heads(em_slice(qkv, 2, 2 * EMB, 3 * EMB, 1));
+    em_tensor *pos = em_arange(0, (double)t, 1, EM_I64, em_cpu());
+    em_tensor *future = em_gt(em_unsqueeze(pos, 0), em_unsqueeze(pos, 1));
+    em_tensor *att = em_mul_scalar(em_matmul(q, em_transpose(k, 2, 3)), 0.35);
+    att = em_softmax(em_where(future, em_scalar(-INFINITY, EM_F32, em_cpu()), att), -1);
+    out[0] = em_reshape(em_transpose(em_matmul(att, v), 1, 2), 3, TU_SIZES(b, t, EMB));
+    return out[0] ? EM_OK : em_last_status();
+}
+
+/* causal_fn in float64, from the inputs' values. */
+static double *causal_ref(const em_tensor *x, const em_tensor *w) {
+    int64_t b = em_size(x, 0), t = em_size(x, 1), hd = EMB / 2;
+    double *xv = tu_values(x), *wv = tu_values(w), *qkv = calloc((size_t)(b * t * 3 * EMB), 8);
+    double *y = calloc((size_t)(b * t * EMB), 8), *p = calloc((size_t)t, 8);
+    for (int64_t r = 0; r < b * t; r++)
+        for (int64_t c = 0; c < 3 * EMB; c++)
+            for (int64_t e = 0; e < EMB; e++) qkv[r * 3 * EMB + c] += xv[r * EMB + e] * wv[e * 3 * EMB + c];
+    for (int64_t n = 0; n < b; n++)
+        for (int64_t h = 0; h < 2; h++)
+            for (int64_t i = 0; i < t; i++) {
+                const double *q = &qkv[(n * t + i) * 3 * EMB + h * hd];
+                double mx = -INFINITY, sum = 0;
+                for (int64_t j = 0; j <= i; j++) {
+                    const double *kk = &qkv[(n * t + j) * 3 * EMB + EMB + h * hd];
+                    p[j] = 0;
+                    for (int64_t d = 0; d < hd; d++) p[j] += q[d] * kk[d];
+                    p[j] *= 0.35;
+                    mx = fmax(mx, p[j]);
+                }
+                for (int64_t j = 0; j <= i; j++) sum += p[j] = exp(p[j] - mx);
+                for (int64_t j = 0; j <= i; j++)
+                    for (int64_t d = 0; d < hd; d++)
+                        y[(n * t + i) * EMB + h * hd + d] +=
+                            p[j] / sum * qkv[(n * t + j) * 3 * EMB + 2 * EMB + h * hd + d];
+            }
+    free(xv), free(wv), free(qkv), free(p);
+    return y;
+}
+
+/* causal_fn compiled over every t of ts for b in 1..nb (t outer, as the
+ * issue's sequence), against float64; its stats. */
+static em_compile_stats causal_over(const int64_t *ts, int nt, int nb) {
+    em_compile_options o = options("causal", 2, 0);
+    em_compiled *f = em_compile(causal_fn, NULL, &o);
+    em_tensor *w = tu_random(7, 2, TU_SIZES(EMB, 3 * EMB), EM_F32, 0.3);
+    for (int i = 0; i < nt; i++)
+        for (int64_t b = 1; b <= nb; b++) {
+            em_tensor *in[2] = {tu_random((uint64_t)(100 * i + b), 3, TU_SIZES(b, ts[i], EMB), EM_F32, 1), w},
+                      *got;
+            ck_assert_msg(em_call(f, in, NULL, &got) == EM_OK, "%s", em_last_error());
+            double *ref = causal_ref(in[0], w);
+            tu_check_close(got, ref, 3, TU_SIZES(b, ts[i], EMB), 1e-4, 1e-5);
+            free(ref);
+        }
+    em_compile_stats st = stats_of(f);
+    em_compiled_free(f);
+    return st;
+}
+
+START_TEST(a_causal_mask_from_arange_follows_the_sequence) {
+    /* before: every new length was a static entry (the arange's count
+     * changed), then eager past the recompile limit */
+    static const int64_t ts[] = {7, 8, 9, 16, 31};
+    em_compile_stats st = causal_over(ts, 5, 4);
+    ck_assert_int_eq(st.eager, 0);
+    /* [1, 7] static; [2, 7] dynamic in b and (widened) t; [1, 8]: b = 1
+     * stays specialized, dynamic in t */
+    ck_assert_int_eq(st.traces, 3);
+    ck_assert_int_eq(st.dynamic_entries, 2);
+    ck_assert_int_eq(st.hits, 5 * 4 - 3);
+}
+END_TEST
+
 static em_compile_stats attention_at(const int64_t (*bt)[2], int n, int mode) {
     em_compile_options o = options("attention", 2, mode);
     em_compiled *f = em_compile(attention_fn, NULL, &o);
@@ -387,11 +473,13 @@ START_TEST(reshapes_follow_the_batch_and_the_sequence) {
     st = attention_at(seq, 4, 0);
     ck_assert_int_eq(st.traces, 2);
     ck_assert_int_eq(st.dynamic_entries, 1);
-    /* then the batch changes too: one more entry, both dims dynamic */
+    /* then the batch changes too: the entry the second sequence length
+     * made is dynamic in the batch already (a dry trace showed the graph
+     * follows it), so no entry more */
     static const int64_t both[][2] = {{2, 4}, {2, 6}, {3, 6}, {5, 7}, {4, 2}, {6, 3}};
     st = attention_at(both, 6, 0);
-    ck_assert_int_eq(st.traces, 3);
-    ck_assert_int_eq(st.dynamic_entries, 2);
+    ck_assert_int_eq(st.traces, 2);
+    ck_assert_int_eq(st.dynamic_entries, 1);
     /* the replay backend replays the graph as recorded: static */
     em_compile_options o = options("attention", 2, 0);
     o.backend = "replay";
@@ -673,7 +761,7 @@ START_TEST(a_warmed_cache_serves_a_dynamic_entry_without_compiling) {
     ck_assert_int_eq(n, 2);
     ck_assert_int_eq(rs[0].ndyn, 0);
     ck_assert_int_eq(rs[1].ndyn, 1);
-    ck_assert_int_eq(rs[1].dyn[0], 1);
+    ck_assert_int_eq(rs[1].dyn[0], 3); /* the batch, and the width (widened) */
     /* warm an empty disk cache, as ember-cache warmup does */
     unsetenv("EMBER_CACHE");
     kc_cache *c = kc_open(dir, 0);
@@ -739,6 +827,84 @@ static void calls_with_failures(fail_state *st) {
     em_compiled_free(f);
     em_set_allocator(old);
 }
+
+START_TEST(a_warmed_causal_block_compiles_nothing) {
+    char dir[] = "/tmp/ember-dyn-causal-XXXXXX", list[] = "/tmp/ember-dyn-clist-XXXXXX";
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    int fd = mkstemp(list);
+    ck_assert_int_ge(fd, 0);
+    close(fd);
+    static const int64_t ts[] = {7, 8, 9, 16};
+    setenv("EMBER_RECORD", list, 1);
+    em_compile_stats st = causal_over(ts, 4, 3);
+    unsetenv("EMBER_RECORD");
+    ck_assert_int_eq(st.traces, 3);
+    jit_record *rs;
+    int n;
+    ck_assert_int_eq(jit_records_read(list, &rs, &n), EM_OK);
+    ck_assert_int_eq(n, 3);
+    /* the dynamic entries carry the attributes that follow: the arange's
+     * count and the reshapes' sizes */
+    ck_assert_int_gt(rs[1].nfollow, 0);
+    ck_assert_int_gt(rs[2].nfollow, 0);
+    unsetenv("EMBER_CACHE");
+    kc_cache *c = kc_open(dir, 0);
+    char why[256];
+    for (int i = 0; i < n; i++)
+        ck_assert_msg(jit_warmup(&rs[i], c, NULL, why, sizeof why) == JIT_WARM_COMPILED, "%s", why);
+    kc_close(c);
+    jit_records_free(rs, n);
+    /* a fresh function on that cache, the same calls: nothing compiles */
+    setenv("EMBER_CACHE_DIR", dir, 1);
+    st = causal_over(ts, 4, 3);
+    unsetenv("EMBER_CACHE_DIR");
+    setenv("EMBER_CACHE", "0", 1);
+    ck_assert_int_eq(st.traces, 3);
+    ck_assert_int_eq(st.kernels_compiled, 0);
+    ck_assert_int_gt(st.kernels_loaded, 0);
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s' '%s'", dir, list);
+    ck_assert_int_eq(system(cmd), 0);
+}
+END_TEST
+
+START_TEST(a_malformed_follow_line_is_refused) {
+    char list[] = "/tmp/ember-dyn-flist-XXXXXX";
+    int fd = mkstemp(list);
+    ck_assert_int_ge(fd, 0);
+    static const char text[] = "ember-record 1 backend=cpu name=f\n"
+                               "follow %3 size[0] = two * in0[1] + 0\n"
+                               "graph(%x: f32[2, 3]{3, 1}) {\n  return %x\n}\n";
+    ck_assert_int_eq(write(fd, text, sizeof text - 1), (ssize_t)(sizeof text - 1));
+    close(fd);
+    jit_record *rs;
+    int n;
+    ck_assert_int_eq(jit_records_read(list, &rs, &n), EM_ERR_ARG);
+    ck_assert_msg(strstr(em_last_error(), ":2: malformed follow line"), "%s", em_last_error());
+    em_clear_error();
+    unlink(list);
+    /* and the text form reads back what it printed */
+    jit_sym_size z = {.node = 23, .j = 0, .field = JIT_SYM_SIZE, .input = 0, .dim = 1, .a = 2, .b = -1}, back;
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    jit_sym_print(&z, f);
+    z = (jit_sym_size){.node = 9, .field = JIT_SYM_VALUE, .input = 1, .dim = 0, .f = 0.5, .form = JIT_SYM_OVER_SQRT};
+    jit_sym_print(&z, f);
+    fclose(f);
+    ck_assert_msg(strstr(buf, "follow %23 size[0] = 2 * in0[1] + -1\n"), "%s", buf);
+    ck_assert(jit_sym_parse(buf, &back));
+    ck_assert_int_eq(back.a, 2);
+    ck_assert_int_eq(back.b, -1);
+    ck_assert_int_eq(back.dim, 1);
+    ck_assert(jit_sym_parse(strchr(buf, '\n') + 1, &back));
+    ck_assert_int_eq(back.form, JIT_SYM_OVER_SQRT);
+    ck_assert(back.f == 0.5 && back.input == 1 && back.node == 9);
+    ck_assert(!jit_sym_parse("follow %1 size[99] = rest", &back));
+    ck_assert(!jit_sym_parse("follow %1 width[0] = rest", &back));
+    free(buf);
+}
+END_TEST
 
 START_TEST(out_of_memory_anywhere_is_an_error) {
     char dir[] = "/tmp/ember-dyn-oom-XXXXXX";
@@ -821,6 +987,7 @@ static Suite *suite(void) {
         {"inputs_sharing_a_dynamic_size", inputs_sharing_a_dynamic_size},
         {"compiled_at_many_sizes_equals_eager", compiled_at_many_sizes_equals_eager},
         {"reshapes_follow_the_batch_and_the_sequence", reshapes_follow_the_batch_and_the_sequence},
+        {"a_causal_mask_from_arange_follows_the_sequence", a_causal_mask_from_arange_follows_the_sequence},
         {"a_second_dim_joins_the_dynamic_ones", a_second_dim_joins_the_dynamic_ones},
         {"dynamic_off_gives_one_entry_per_size", dynamic_off_gives_one_entry_per_size},
         {"forced_dynamic_compiles_once", forced_dynamic_compiles_once},
@@ -836,6 +1003,8 @@ static Suite *suite(void) {
         {"kernel_constants_become_size_parameters", kernel_constants_become_size_parameters},
         {"a_warmed_cache_serves_a_dynamic_entry_without_compiling",
          a_warmed_cache_serves_a_dynamic_entry_without_compiling},
+        {"a_warmed_causal_block_compiles_nothing", a_warmed_causal_block_compiles_nothing},
+        {"a_malformed_follow_line_is_refused", a_malformed_follow_line_is_refused},
         {"out_of_memory_anywhere_is_an_error", out_of_memory_anywhere_is_an_error},
     };
     return tu_suite("dynamic", tests, sizeof tests / sizeof tests[0], 120);

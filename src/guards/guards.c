@@ -86,6 +86,8 @@ static bool find_order(gd_tensor *g) {
 
 void gd_set_dynamic(gd_guards *gs, int i, uint32_t dims) {
     gd_tensor *g = &gs->tensors[i];
+    g->dyn = 0;
+    g->dense = false;
     for (int d = 0; d < g->ndim; d++)
         if (g->sizes[d] > 1 && (dims >> d & 1)) g->dyn |= 1u << d;
     if (g->dyn) g->dense = find_order(g);

@@ -49,8 +49,8 @@ typedef struct gd_guards {
 gd_guards *gd_build(const tr_graph *g, em_tensor *const *in, const double *scalars,
                     int nscalars, em_tensor *const *const *watch, int nwatch);
 void gd_free(gd_guards *gs);
-/* Lets the sizes of input i's dims in mask dims vary (each >= 2; dims
- * traced at 0 or 1 are ignored).  gd_make_static undoes it for every
+/* Lets the sizes of input i's dims in mask dims vary, and only those
+ * (each >= 2; dims traced at 0 or 1 are ignored).  gd_make_static undoes it for every
  * input: the guards then check the traced sizes again. */
 void gd_set_dynamic(gd_guards *gs, int i, uint32_t dims);
 void gd_make_static(gd_guards *gs);

@@ -312,16 +312,20 @@ static void apply(const jit_sym_size *z, tr_node *n, const em_meta *inputs) {
     else *int_attr(&n->attrs, z->field, z->j) = z->a * s + z->b;
 }
 
-/* Whether z holds for node n's attributes at the sizes of in. */
-static bool holds(const jit_sym_size *z, const tr_node *n, em_tensor *const *in) {
+/* Whether z holds for node n's attributes when its size is s. */
+static bool holds_at(const jit_sym_size *z, const tr_node *n, int64_t s) {
     if (z->rest) return true;
-    double s = (double)in[z->input]->sizes[z->dim];
     if (z->field == JIT_SYM_VALUE) {
-        double v = value_at(z, s);
+        double v = value_at(z, (double)s);
         return !memcmp(&v, &n->attrs.value, sizeof v);
     }
     em_op_attrs a = n->attrs;
-    return *int_attr(&a, z->field, z->j) == z->a * (int64_t)s + z->b;
+    return *int_attr(&a, z->field, z->j) == z->a * s + z->b;
+}
+
+/* Whether z holds for node n's attributes at the sizes of in. */
+static bool holds(const jit_sym_size *z, const tr_node *n, em_tensor *const *in) {
+    return z->rest || holds_at(z, n, in[z->input]->sizes[z->dim]);
 }
 
 static const jit_sym_size *inherited(const jit_dyn *prev_dyn, const jit_sym_size *z,
@@ -335,6 +339,17 @@ static const jit_sym_size *inherited(const jit_dyn *prev_dyn, const jit_sym_size
     return NULL;
 }
 
+bool jit_dyn_holds(const jit_dyn *dyn, const tr_graph *g) {
+    for (int i = 0; i < dyn->nsizes; i++) {
+        const jit_sym_size *z = &dyn->sizes[i];
+        if (z->rest) continue;
+        const tr_node *in = z->node < g->nnodes ? input_node(g, z->input) : NULL;
+        if (!in || z->dim >= in->meta.ndim || !holds_at(z, &g->nodes[z->node], in->meta.sizes[z->dim]))
+            return false;
+    }
+    return true;
+}
+
 void jit_sym_print(const jit_sym_size *z, FILE *f) {
     fprintf(f, "follow %%%d %s[%d] = ", z->node, field_names[z->field], z->j);
     if (z->rest) fprintf(f, "rest\n");
@@ -344,33 +359,35 @@ void jit_sym_print(const jit_sym_size *z, FILE *f) {
         fprintf(f, "%lld * in%d[%d] + %lld\n", (long long)z->a, z->input, z->dim, (long long)z->b);
 }
 
+/* The index of name in names[n], or -1. */
+static int name_index(const char *name, const char *const *names, int n) {
+    for (int i = 0; i < n; i++)
+        if (!strcmp(name, names[i])) return i;
+    return -1;
+}
+
 bool jit_sym_parse(const char *s, jit_sym_size *z) {
-    char field[16], rest[16];
+    char field[16], word[16];
     int used = 0;
     memset(z, 0, sizeof *z);
     if (sscanf(s, "follow %%%d %15[a-z][%d] = %n", &z->node, field, &z->j, &used) != 3 || !used)
         return false;
-    int fi = -1;
-    for (int i = 0; i < 4; i++)
-        if (!strcmp(field, field_names[i])) fi = i;
+    int fi = name_index(field, field_names, 4);
     if (fi < 0 || z->node < 0 || z->j < 0 || z->j >= EM_MAX_DIMS) return false;
     z->field = (jit_sym_field)fi;
     s += used;
+    if (sscanf(s, "%15s", word) == 1 && !strcmp(word, "rest")) return z->rest = z->field == JIT_SYM_SIZE;
     long long a, b;
-    char form[16];
-    if (sscanf(s, "%15s", rest) == 1 && !strcmp(rest, "rest"))
-        z->rest = z->field == JIT_SYM_SIZE;
-    else if (z->field == JIT_SYM_VALUE && sscanf(s, "%la %15s in%d[%d]", &z->f, form, &z->input, &z->dim) == 4) {
-        for (int i = 0; i < 4; i++)
-            if (!strcmp(form, form_names[i])) return (z->form = (jit_sym_form)i), z->input >= 0 && z->dim >= 0 && z->dim < EM_MAX_DIMS;
-        return false;
-    } else if (z->field != JIT_SYM_VALUE && sscanf(s, "%lld * in%d[%d] + %lld", &a, &z->input, &z->dim, &b) == 4) {
-        z->a = a, z->b = b;
-        return z->input >= 0 && z->dim >= 0 && z->dim < EM_MAX_DIMS;
+    if (z->field == JIT_SYM_VALUE) {
+        if (sscanf(s, "%la %15s in%d[%d]", &z->f, word, &z->input, &z->dim) != 4) return false;
+        int form = name_index(word, form_names, 4);
+        if (form < 0 || !isfinite(z->f)) return false;
+        z->form = (jit_sym_form)form;
     } else {
-        return false;
+        if (sscanf(s, "%lld * in%d[%d] + %lld", &a, &z->input, &z->dim, &b) != 4) return false;
+        z->a = a, z->b = b;
     }
-    return z->rest;
+    return z->input >= 0 && z->dim >= 0 && z->dim < EM_MAX_DIMS;
 }
 
 /* The first node where g and prev (the same function traced at other

@@ -252,6 +252,10 @@ em_status jit_dyn_infer(const jit_dyn *dyn, tr_graph *g, const em_meta *inputs, 
  * was traced (warmup of a recorded dynamic entry).  false: too many
  * distinct dynamic sizes. */
 bool jit_dyn_probe(const gd_guards *gs, em_tensor *const *in, int ninputs, em_meta *probe);
+/* Whether every attribute dyn makes follow the sizes, computed from g's
+ * own input sizes, is g's attribute (g: the function traced at other
+ * sizes; a rest always holds). */
+bool jit_dyn_holds(const jit_dyn *dyn, const tr_graph *g);
 /* z as one line of text for warmup lists (the input named in<i>):
  *   follow %23 size[0] = 1 * in0[1] + 0     (an integer attribute)
  *   follow %7 size[0] = rest                (a reshape's rest)

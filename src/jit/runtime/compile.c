@@ -295,6 +295,61 @@ static void record_entry(em_compiled *f, const jit_entry *e) {
     jit_record_entry(f->record, &f->record_failed, &f->log, f->name, e);
 }
 
+/* ---- dry traces: fn recorded at other sizes, computing nothing ---- */
+
+/* Each op gives a tensor of its meta without storage: what fn does at
+ * those sizes, at the cost of its shape inference.  A random draw is
+ * refused (the generator's state must not move), and a host read breaks
+ * the recording as in any trace. */
+static em_tensor *dry_op(void *ud, const em_op_call *c, const em_meta *m) {
+    (void)ud;
+    if (em_op_table[c->op].attrs & A_RNG) {
+        em_error(EM_ERR_UNSUPPORTED, "a dry trace draws no random numbers");
+        return NULL;
+    }
+    em_meta tm = *m;
+    if (em_op_table[c->op].kind != EM_KIND_VIEW) { /* a new tensor is contiguous */
+        em_contiguous_strides(tm.ndim, tm.sizes, tm.strides);
+        tm.offset = 0;
+    }
+    return em_tensor_adopt(em_tensor_meta_only(&tm));
+}
+
+typedef struct dry_call {
+    em_compiled *f;
+    const double *scalars;
+} dry_call;
+
+/* jit_retrace's trace for em_compile: fn run under a recorder whose ops
+ * compute nothing, on inputs of metas m without storage; the graph after
+ * the passes every entry's graph gets. */
+static tr_graph *dry_trace(void *ud, const em_meta *m) {
+    const dry_call *dc = ud;
+    em_compiled *f = dc->f;
+    em_tensor *in[MAX_ARGS] = {0}, *out[MAX_ARGS] = {0};
+    bool ok = true;
+    for (int i = 0; i < f->ninputs && ok; i++) ok = (in[i] = em_tensor_meta_only(&m[i])) != NULL;
+    tr_graph *g = NULL;
+    em_scope_begin();
+    tr_recorder *r = ok ? tr_record_begin_with(f->ninputs, in, (const char *const *)f->input_names,
+                                               (em_dispatch_hook){dry_op, NULL, NULL})
+                        : NULL;
+    if (r && f->fn(f->ctx, in, dc->scalars, out) == EM_OK) {
+        char why[256];
+        g = tr_record_end(r, f->noutputs, out, why, sizeof why);
+    } else {
+        tr_record_abort(r);
+    }
+    em_scope_end();
+    for (int i = 0; i < f->ninputs; i++) em_release(in[i]);
+    if (g && tr_optimize(g, f->verify) != EM_OK) {
+        tr_graph_free(g);
+        g = NULL;
+    }
+    em_clear_error(); /* what failed there is not the call's error */
+    return g;
+}
+
 /* Builds an entry from a recorded graph (which it takes); the dims in mask
  * (a mask per input, or NULL) may become dynamic, prev being the entry
  * that differed only in sizes (NULL: forced).  Async: the entry is
@@ -307,7 +362,9 @@ static jit_entry *make_entry(em_compiled *f, tr_graph *g, em_tensor *const *in,
     if (!dyn || tr_optimize(g, f->verify) != EM_OK ||
         !(e->guards = gd_build(g, in, scalars, f->nscalars, f->watch, f->nwatch)))
         goto fail;
-    if (mask) jit_entry_make_dynamic(&f->own, e, in, mask, prev, dyn);
+    dry_call dc = {f, scalars};
+    jit_retrace rt = {dry_trace, &dc};
+    if (mask) jit_entry_make_dynamic(&f->own, e, in, mask, prev, &rt, dyn);
     if (jit_entry_compile(&f->own, e, dyn) == EM_OK) return e; /* it takes dyn */
     dyn = NULL;
 fail:

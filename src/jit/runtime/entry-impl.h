@@ -156,13 +156,25 @@ void jit_dyn_free(jit_dyn *d);
  * dims; a mask per input.  (Sizes 0 and 1 stay specialized:
  * gd_set_dynamic.) */
 void jit_dyn_mask(const jit_entry *prev, em_tensor *const *in, int ninputs, uint32_t *mask);
+/* Records the entry's function again for other input metas, computing
+ * nothing (em_compile's dry trace, compile.c): the graph after the same
+ * passes, or NULL when the function fails, reads a value or draws random
+ * numbers there. */
+typedef struct jit_retrace {
+    tr_graph *(*trace)(void *ud, const em_meta *inputs);
+    void *ud;
+} jit_retrace;
+
 /* Marks the dims in mask (a mask per input) dynamic in e's guards, when
  * the backend has dynamic kernels and the graph allows it (jit_dyn_check
  * against prev's graph and the sizes that followed in it; prev NULL:
- * forced mode's rules); fills dyn for the compile.  Otherwise e's guards
- * are static again.  Logs either way (log_dynamic).  Returns e->dynamic. */
+ * forced mode's rules); fills dyn for the compile.  With rt (and prev),
+ * the other dims of size 2 or more join them where a dry trace at probe
+ * sizes shows the graph follows them too.  Otherwise e's guards are
+ * static again.  Logs either way (log_dynamic).  Returns e->dynamic. */
 bool jit_entry_make_dynamic(const jit_owner *o, jit_entry *e, em_tensor *const *in,
-                            const uint32_t *mask, const jit_entry *prev, jit_dyn *dyn);
+                            const uint32_t *mask, const jit_entry *prev, const jit_retrace *rt,
+                            jit_dyn *dyn);
 
 /* ---- recording (EMBER_RECORD) ---- */
 

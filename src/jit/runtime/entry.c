@@ -240,16 +240,73 @@ static void log_dynamic(const jit_owner *o, const jit_entry *e, bool compiled, c
     if (o->log_dynamic) o->log_dynamic(o, e, compiled, why);
 }
 
-bool jit_entry_make_dynamic(const jit_owner *o, jit_entry *e, em_tensor *const *in,
-                            const uint32_t *mask, const jit_entry *prev, jit_dyn *dyn) {
-    for (int i = 0; mask && i < e->guards->ntensors; i++) gd_set_dynamic(e->guards, i, mask[i]);
+/* Whether e's graph follows the dims its guards now mark dynamic, as a dry
+ * trace at their probe sizes shows (rt), into dyn (fits from that trace,
+ * which changes every dynamic dim at once). */
+static bool dry_check(jit_entry *e, em_tensor *const *in, const jit_entry *prev,
+                      const jit_retrace *rt, jit_dyn *dyn) {
+    int n = e->guards->ntensors;
+    if (!jit_dyn_probe(e->guards, in, n, dyn->probe)) return false;
+    tr_graph *d = rt->trace(rt->ud, dyn->probe);
     char why[256];
+    bool ok = d && jit_dyn_check(e->graph, d, prev ? prev->follow : NULL, e->guards, in, dyn, why,
+                                 sizeof why);
+    tr_graph_free(d);
+    return ok;
+}
+
+/* Adds to mask the dims of size 2 or more that did not change between the
+ * traces but that the graph follows as well (a dry trace at probe sizes
+ * says), so that a function called at a second batch size does not
+ * recompile again at its first new sequence length.  dyn: the fits for
+ * the widened mask, from the last dry trace; false when nothing joined. */
+static bool widen(jit_entry *e, em_tensor *const *in, uint32_t *mask, const jit_entry *prev,
+                  const jit_retrace *rt, jit_dyn *dyn) {
+    bool joined = false;
+    for (int i = 0; i < e->guards->ntensors; i++) {
+        for (int d = 0; d < in[i]->ndim; d++) {
+            uint32_t bit = 1u << d;
+            if ((mask[i] & bit) || in[i]->sizes[d] < 2) continue;
+            gd_set_dynamic(e->guards, i, mask[i] | bit);
+            if (dry_check(e, in, prev, rt, dyn)) mask[i] |= bit, joined = true;
+            gd_set_dynamic(e->guards, i, mask[i]);
+        }
+    }
+    /* the fits for the whole mask, checked at the real traces too */
+    return joined && dry_check(e, in, prev, rt, dyn) && jit_dyn_holds(dyn, prev->graph);
+}
+
+bool jit_entry_make_dynamic(const jit_owner *o, jit_entry *e, em_tensor *const *in,
+                            const uint32_t *mask, const jit_entry *prev, const jit_retrace *rt,
+                            jit_dyn *dyn) {
+    int n = e->guards->ntensors;
+    uint32_t *wide = rt && prev ? em_calloc((size_t)n + 1, sizeof *wide) : NULL;
+    for (int i = 0; mask && i < n; i++) gd_set_dynamic(e->guards, i, mask[i]);
+    char why[256];
+    bool dynamic = false;
     if (!gd_is_dynamic(e->guards)) {
         snprintf(why, sizeof why, "no dim of size 2 or more changed its size");
     } else if (!e->backend->compile_dynamic) {
         snprintf(why, sizeof why, "the %s backend has no dynamic kernels", e->backend->name);
     } else if (jit_dyn_check(e->graph, prev ? prev->graph : NULL, prev ? prev->follow : NULL,
                              e->guards, in, dyn, why, sizeof why)) {
+        dynamic = true;
+        jit_dyn *w = wide ? jit_dyn_new(n) : NULL;
+        for (int i = 0; w && i < n; i++) wide[i] = e->guards->tensors[i].dyn;
+        if (w && widen(e, in, wide, prev, rt, w)) {
+            memcpy(dyn->sizes, w->sizes, sizeof w->sizes);
+            dyn->nsizes = w->nsizes;
+            memcpy(dyn->probe, w->probe, sizeof *dyn->probe * (size_t)n);
+        } else if (w) { /* back to the dims that changed, and their fits */
+            for (int i = 0; i < n; i++) gd_set_dynamic(e->guards, i, mask[i]);
+            dynamic = jit_dyn_check(e->graph, prev->graph, prev->follow, e->guards, in, dyn, why,
+                                    sizeof why);
+        }
+        jit_dyn_free(w);
+    }
+    em_free(wide);
+    em_clear_error(); /* a dry trace's failure is not the call's */
+    if (dynamic) {
         e->dynamic = true;
         e->follows = dyn->nsizes > 0;
         if (e->follows && (e->follow = em_malloc(sizeof *e->follow))) {

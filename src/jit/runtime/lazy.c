@@ -645,7 +645,7 @@ static jit_entry *dyn_make(lz_state *st, lz_structure *sg, cut *c) {
     bool ok = mask && tr_optimize(g, false) == EM_OK &&
               (e->guards = gd_build(g, c->inputs, NULL, 0, NULL, 0));
     if (ok) jit_dyn_mask(sg->first, c->inputs, n, mask);
-    if (ok && jit_entry_make_dynamic(&st->own, e, c->inputs, mask, sg->first, dyn)) {
+    if (ok && jit_entry_make_dynamic(&st->own, e, c->inputs, mask, sg->first, NULL, dyn)) {
         ok = jit_entry_compile_now(&st->own, e, dyn) == EM_OK;
         dyn = NULL;
         if (!ok)
