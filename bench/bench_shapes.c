@@ -5,8 +5,10 @@
  * how many calls ran eagerly, the kernels compiled and loaded, and the
  * largest difference from the eager block.
  *
- *   bench_shapes [--device cpu|cuda] [--order t|b]
+ *   bench_shapes [--device cpu|cuda] [--order t|b] [--seq T,T,...] [--batch N]
  *
+ * (--seq and --batch replace the lengths and the largest batch: sizes a
+ * staging run never saw.)
  * With EMBER_RECORD=list it records the entries; run it again after
  * `ember-cache warmup list` on an empty cache to see what a warmed
  * process compiles. */
@@ -14,6 +16,7 @@
 
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 enum { C = 48, NH = 4, HD = C / NH };
@@ -60,14 +63,29 @@ static double one_call(em_compiled *f, block *w, em_generator *g, int64_t B, int
 
 int main(int argc, char **argv) {
     bool cuda = false, b_outer = false;
+    int64_t ts[16] = {7, 8, 9, 16, 31, 64};
+    int nt = 6, nb = 8;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--device") && i + 1 < argc) cuda = !strcmp(argv[++i], "cuda");
         else if (!strcmp(argv[i], "--order") && i + 1 < argc) b_outer = !strcmp(argv[++i], "b");
-        else {
-            fprintf(stderr, "usage: %s [--device cpu|cuda] [--order t|b]\n", argv[0]);
+        else if (!strcmp(argv[i], "--batch") && i + 1 < argc) nb = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--seq") && i + 1 < argc) {
+            nt = 0;
+            for (char *p = argv[++i]; *p && nt < 16; p += *p == ',') ts[nt++] = strtoll(p, &p, 10);
+        } else {
+            nt = 0;
+        }
+        if (nt < 1 || nb < 1 || nb > 64) {
+            fprintf(stderr, "usage: %s [--device cpu|cuda] [--order t|b] [--seq T,T,...] [--batch N]\n",
+                    argv[0]);
             return 2;
         }
     }
+    for (int i = 0; i < nt; i++)
+        if (ts[i] < 1 || ts[i] > 4096) {
+            fprintf(stderr, "bench_shapes: sequence lengths must be in [1, 4096]\n");
+            return 2;
+        }
     block w = {.dev = cuda ? em_cuda(0) : em_cpu()};
     em_generator *g = em_generator_new(1);
     w.w_qkv = em_mul_scalar(em_randn(g, 2, (int64_t[]){C, 3 * C}, EM_F32, w.dev), 1 / sqrt(C));
@@ -77,10 +95,9 @@ int main(int argc, char **argv) {
     em_compile_options o = {.ninputs = 1, .noutputs = 1, .name = "attention",
                             .input_names = (const char *[]){"x"}};
     em_compiled *f = w.w_qkv && w.w_proj && w.ln_w && w.ln_b ? em_compile(attention, &w, &o) : NULL;
-    static const int64_t ts[] = {7, 8, 9, 16, 31, 64};
     double worst = 0;
-    for (int a = 0; f && a < (b_outer ? 8 : 6); a++)
-        for (int b = 0; b < (b_outer ? 6 : 8); b++) {
+    for (int a = 0; f && a < (b_outer ? nb : nt); a++)
+        for (int b = 0; b < (b_outer ? nt : nb); b++) {
             int64_t B = b_outer ? a + 1 : b + 1, T = b_outer ? ts[b] : ts[a];
             double d = one_call(f, &w, g, B, T);
             if (d < 0) {

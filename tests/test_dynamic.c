@@ -773,16 +773,18 @@ START_TEST(a_warmed_cache_serves_a_dynamic_entry_without_compiling) {
     /* a fresh function on that cache, at other sizes, compiles nothing */
     setenv("EMBER_CACHE_DIR", dir, 1);
     f = em_compile(softmax_fn, NULL, &o);
-    call_sizes(f, TU_SIZES(2, 7, 9, 4), 4);
+    call_sizes(f, TU_SIZES(5, 7, 9, 4), 4);
     em_compile_stats st = stats_of(f);
     em_compiled_free(f);
     unsetenv("EMBER_CACHE_DIR");
     setenv("EMBER_CACHE", "0", 1);
-    ck_assert_int_eq(st.traces, 2);
+    /* the warmup left a dynamic hint: the first call, at a size staging
+     * never saw, is dynamic at once */
+    ck_assert_int_eq(st.traces, 1);
     ck_assert_int_eq(st.dynamic_entries, 1);
     ck_assert_int_eq(st.kernels_compiled, 0);
     ck_assert_int_gt(st.kernels_loaded, 0);
-    ck_assert_int_eq(st.graphs_loaded, 1); /* the static entry's plan */
+    ck_assert_int_eq(st.graphs_loaded, 0); /* dynamic entries have no plan entry */
     char cmd[128];
     snprintf(cmd, sizeof cmd, "rm -rf '%s' '%s'", dir, list);
     ck_assert_int_eq(system(cmd), 0);
@@ -854,14 +856,79 @@ START_TEST(a_warmed_causal_block_compiles_nothing) {
         ck_assert_msg(jit_warmup(&rs[i], c, NULL, why, sizeof why) == JIT_WARM_COMPILED, "%s", why);
     kc_close(c);
     jit_records_free(rs, n);
-    /* a fresh function on that cache, the same calls: nothing compiles */
+    /* a fresh function on that cache, at lengths and batches staging never
+     * saw: the dynamic hint makes its first entry dynamic, and nothing
+     * compiles */
+    static const int64_t unseen[] = {10, 13, 21};
     setenv("EMBER_CACHE_DIR", dir, 1);
-    st = causal_over(ts, 4, 3);
+    st = causal_over(unseen, 3, 5);
     unsetenv("EMBER_CACHE_DIR");
     setenv("EMBER_CACHE", "0", 1);
-    ck_assert_int_eq(st.traces, 3);
+    ck_assert_int_eq(st.eager, 0);
+    ck_assert_int_eq(st.traces, 2); /* [1, 10] dynamic in t; [2, 10] in b and t */
     ck_assert_int_eq(st.kernels_compiled, 0);
     ck_assert_int_gt(st.kernels_loaded, 0);
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s' '%s'", dir, list);
+    ck_assert_int_eq(system(cmd), 0);
+}
+END_TEST
+
+/* A dynamic hint only proposes: one that names every dim (the width, tied
+ * to a weight, too) or is damaged gives correct results all the same. */
+START_TEST(a_wrong_dynamic_hint_is_checked) {
+    char dir[] = "/tmp/ember-dyn-hint-XXXXXX", list[] = "/tmp/ember-dyn-hlist-XXXXXX";
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    int fd = mkstemp(list);
+    ck_assert_int_ge(fd, 0);
+    close(fd);
+    static const int64_t one[] = {7};
+    setenv("EMBER_RECORD", list, 1);
+    causal_over(one, 1, 1); /* one static entry, recorded */
+    unsetenv("EMBER_RECORD");
+    jit_record *rs;
+    int n;
+    ck_assert_int_eq(jit_records_read(list, &rs, &n), EM_OK);
+    ck_assert_int_eq(n, 1);
+    tr_graph *g = tr_parse_placeholders(rs[0].graph);
+    ck_assert_ptr_nonnull(g);
+    em_tensor *in[2];
+    for (int i = 0, k = 0; i < g->nnodes; i++)
+        if (g->nodes[i].kind == TR_INPUT) in[k++] = em_tensor_meta_only(&g->nodes[i].meta);
+    gd_guards *gs = gd_build(g, in, NULL, 0, NULL, 0);
+    ck_assert_ptr_nonnull(gs);
+    gd_tensor *t0 = &gs->tensors[0];
+    t0->dyn = 7, t0->sizes[0] = 2; /* as if traced at b = 2: every dim of x */
+    unsetenv("EMBER_CACHE");
+    kc_cache *c = kc_open(dir, 0);
+    jit_dyn_hint_put(c, "cpu", g, gs);
+    uint32_t mask[2];
+    ck_assert(jit_dyn_hint_get(c, "cpu", g, mask));
+    ck_assert_int_eq(mask[0], 7);
+    kc_close(c);
+    setenv("EMBER_CACHE_DIR", dir, 1);
+    static const int64_t ts[] = {9, 12};
+    em_compile_stats st = causal_over(ts, 2, 3); /* values checked against float64 */
+    ck_assert_int_eq(st.eager, 0);
+    /* and a hint of the wrong length is no hint */
+    c = kc_open(dir, 0);
+    gd_tensor keep = *t0;
+    gs->ntensors = 1;
+    g->ninputs = 1;
+    jit_dyn_hint_put(c, "cpu", g, gs);
+    g->ninputs = 2;
+    gs->ntensors = 2;
+    ck_assert(!jit_dyn_hint_get(c, "cpu", g, mask));
+    kc_close(c);
+    *t0 = keep;
+    st = causal_over(ts, 2, 3);
+    ck_assert_int_eq(st.eager, 0);
+    unsetenv("EMBER_CACHE_DIR");
+    setenv("EMBER_CACHE", "0", 1);
+    gd_free(gs);
+    em_release(in[0]), em_release(in[1]);
+    tr_graph_free(g);
+    jit_records_free(rs, n);
     char cmd[128];
     snprintf(cmd, sizeof cmd, "rm -rf '%s' '%s'", dir, list);
     ck_assert_int_eq(system(cmd), 0);
@@ -1005,6 +1072,7 @@ static Suite *suite(void) {
          a_warmed_cache_serves_a_dynamic_entry_without_compiling},
         {"a_warmed_causal_block_compiles_nothing", a_warmed_causal_block_compiles_nothing},
         {"a_malformed_follow_line_is_refused", a_malformed_follow_line_is_refused},
+        {"a_wrong_dynamic_hint_is_checked", a_wrong_dynamic_hint_is_checked},
         {"out_of_memory_anywhere_is_an_error", out_of_memory_anywhere_is_an_error},
     };
     return tu_suite("dynamic", tests, sizeof tests / sizeof tests[0], 120);

@@ -350,6 +350,66 @@ bool jit_dyn_holds(const jit_dyn *dyn, const tr_graph *g) {
     return true;
 }
 
+/* ---- dynamic hints ---- */
+
+#define HINT_KIND "dynhint"
+
+/* g's structure without its sizes: what two traces of one function at
+ * other sizes share (the attributes that may follow a size are left out). */
+static kc_key hint_key(const char *backend, const tr_graph *g) {
+    kc_hasher h;
+    kc_hasher_reset(&h);
+    kc_hasher_update_str(&h, "ember-dynhint-1");
+    kc_hasher_update_str(&h, backend);
+    kc_hasher_update_u64(&h, (uint64_t)g->nnodes);
+    kc_hasher_update(&h, g->outputs, sizeof(int) * (size_t)g->noutputs);
+    for (int i = 0; i < g->nnodes; i++) {
+        const tr_node *n = &g->nodes[i];
+        int64_t v[5] = {n->kind, n->kind == TR_CALL ? (int64_t)n->op : n->index, n->nin, n->meta.dtype,
+                        n->meta.ndim};
+        kc_hasher_update(&h, v, sizeof v);
+        if (n->kind != TR_CALL) continue;
+        kc_hasher_update(&h, n->in, sizeof(int) * (size_t)n->nin);
+        /* only the attributes the op has (a parsed graph has no others) */
+        const em_op_attrs *a = &n->attrs;
+        unsigned m = em_op_table[n->op].attrs;
+        int64_t w[7] = {m & A_SIZES ? a->ndim : 0, m & A_DIMS ? a->ndims : 0, m & A_DIM ? a->dim : 0,
+                        m & A_RANGE ? a->step : 0, m & A_CORRECTION ? a->correction : 0,
+                        m & A_KEEPDIM ? a->keepdim : 0, m & A_DTYPE ? (int64_t)a->dtype : -1};
+        kc_hasher_update(&h, w, sizeof w);
+        if (m & A_DIMS) kc_hasher_update(&h, a->dims, sizeof(int) * (size_t)a->ndims);
+    }
+    return kc_hasher_digest(&h);
+}
+
+bool jit_dyn_hint_get(kc_cache *c, const char *backend, const tr_graph *g, uint32_t *mask) {
+    if (!c || !backend || g->ninputs <= 0) return false;
+    kc_key k = hint_key(backend, g);
+    void *data = NULL;
+    size_t n = 0;
+    bool ok = kc_get(c, &k, HINT_KIND, &data, &n) == EM_OK && data &&
+              n == sizeof(uint32_t) * (size_t)g->ninputs;
+    if (ok) memcpy(mask, data, n);
+    em_free(data);
+    em_clear_error(); /* a hint that cannot be read is no hint */
+    return ok;
+}
+
+void jit_dyn_hint_put(kc_cache *c, const char *backend, const tr_graph *g, const gd_guards *gs) {
+    if (!c || !backend || g->ninputs <= 0 || g->ninputs != gs->ntensors || g->ninputs > 64) return;
+    uint32_t mask[64], old[64];
+    for (int i = 0; i < g->ninputs; i++) mask[i] = gs->tensors[i].dyn;
+    bool had = jit_dyn_hint_get(c, backend, g, old);
+    bool same = had;
+    for (int i = 0; had && i < g->ninputs; i++) {
+        same &= (old[i] | mask[i]) == old[i];
+        mask[i] |= old[i];
+    }
+    kc_key k = hint_key(backend, g);
+    if (!same) (void)kc_put_unsynced(c, &k, HINT_KIND, mask, sizeof(uint32_t) * (size_t)g->ninputs);
+    em_clear_error(); /* a hint that cannot be written only costs a static entry */
+}
+
 void jit_sym_print(const jit_sym_size *z, FILE *f) {
     fprintf(f, "follow %%%d %s[%d] = ", z->node, field_names[z->field], z->j);
     if (z->rest) fprintf(f, "rest\n");

@@ -252,6 +252,18 @@ em_status jit_dyn_infer(const jit_dyn *dyn, tr_graph *g, const em_meta *inputs, 
  * was traced (warmup of a recorded dynamic entry).  false: too many
  * distinct dynamic sizes. */
 bool jit_dyn_probe(const gd_guards *gs, em_tensor *const *in, int ninputs, em_meta *probe);
+/* Dynamic hints: which input dims the entries of a graph's structure
+ * were dynamic in, kept in the cache (kind "dynhint") across processes,
+ * as Dynamo's automatic-dynamic profile: a new process whose first call
+ * has that structure makes those dims dynamic at once instead of tracing
+ * a static entry first.  The key is the graph without its sizes (ops,
+ * wiring, dtypes, ranks, the attributes no size sets) and the backend;
+ * the payload one u32 mask per input.  A hint only proposes: the graph
+ * is checked as any dynamic entry is.  put merges with what is there
+ * (the union: entries traced at size 1 make fewer dims dynamic). */
+void jit_dyn_hint_put(kc_cache *c, const char *backend, const tr_graph *g, const gd_guards *gs);
+/* The hint's masks for g into mask (g->ninputs of them); false: none. */
+bool jit_dyn_hint_get(kc_cache *c, const char *backend, const tr_graph *g, uint32_t *mask);
 /* Whether every attribute dyn makes follow the sizes, computed from g's
  * own input sizes, is g's attribute (g: the function traced at other
  * sizes; a rest always holds). */

@@ -350,6 +350,22 @@ static tr_graph *dry_trace(void *ud, const em_meta *m) {
     return g;
 }
 
+/* The dims of size 2 or more a dynamic hint (jit_dyn_hint_get) proposes
+ * for new entry e, the function's first of its structure, into mask;
+ * false: no hint, or none of those dims here. */
+static bool hinted(const em_compiled *f, const jit_entry *e, em_tensor *const *in, uint32_t *mask) {
+    if (!jit_dyn_hint_get(f->env.cache, e->backend->name, e->graph, mask)) return false;
+    bool any = false;
+    for (int i = 0; i < f->ninputs; i++) {
+        uint32_t want = mask[i];
+        mask[i] = 0;
+        for (int d = 0; d < in[i]->ndim; d++)
+            if ((want >> d & 1) && in[i]->sizes[d] >= 2) mask[i] |= 1u << d;
+        any |= mask[i] != 0;
+    }
+    return any;
+}
+
 /* Builds an entry from a recorded graph (which it takes); the dims in mask
  * (a mask per input, or NULL) may become dynamic, prev being the entry
  * that differed only in sizes (NULL: forced).  Async: the entry is
@@ -364,6 +380,8 @@ static jit_entry *make_entry(em_compiled *f, tr_graph *g, em_tensor *const *in,
         goto fail;
     dry_call dc = {f, scalars};
     jit_retrace rt = {dry_trace, &dc};
+    uint32_t hint[MAX_ARGS];
+    if (!mask && f->dynamic == 0 && hinted(f, e, in, hint)) mask = hint;
     if (mask) jit_entry_make_dynamic(&f->own, e, in, mask, prev, &rt, dyn);
     if (jit_entry_compile(&f->own, e, dyn) == EM_OK) return e; /* it takes dyn */
     dyn = NULL;

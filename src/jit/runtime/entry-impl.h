@@ -168,7 +168,8 @@ typedef struct jit_retrace {
 /* Marks the dims in mask (a mask per input) dynamic in e's guards, when
  * the backend has dynamic kernels and the graph allows it (jit_dyn_check
  * against prev's graph and the sizes that followed in it; prev NULL:
- * forced mode's rules); fills dyn for the compile.  With rt (and prev),
+ * a dry trace (rt) at probe sizes, else forced mode's rules); fills dyn
+ * for the compile.  With rt (and prev),
  * the other dims of size 2 or more join them where a dry trace at probe
  * sizes shows the graph follows them too.  Otherwise e's guards are
  * static again.  Logs either way (log_dynamic).  Returns e->dynamic. */

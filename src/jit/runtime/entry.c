@@ -288,6 +288,8 @@ bool jit_entry_make_dynamic(const jit_owner *o, jit_entry *e, em_tensor *const *
         snprintf(why, sizeof why, "no dim of size 2 or more changed its size");
     } else if (!e->backend->compile_dynamic) {
         snprintf(why, sizeof why, "the %s backend has no dynamic kernels", e->backend->name);
+    } else if (!prev && rt && dry_check(e, in, NULL, rt, dyn)) {
+        dynamic = true; /* forced or hinted: a dry trace is the other trace */
     } else if (jit_dyn_check(e->graph, prev ? prev->graph : NULL, prev ? prev->follow : NULL,
                              e->guards, in, dyn, why, sizeof why)) {
         dynamic = true;
@@ -356,7 +358,11 @@ static void publish(jit_owner *o, jit_entry *e, em_status s, void *state, bool d
         if (state) e->backend->free(state);
         e->failed = true;
     }
-    if (s == EM_OK && dynamic) log_dynamic(o, e, true, NULL);
+    if (s == EM_OK && dynamic) {
+        log_dynamic(o, e, true, NULL);
+        /* for the next process (and lazy mode's next graph of the structure) */
+        jit_dyn_hint_put(env->cache, e->backend->name, e->graph, e->guards);
+    }
     o->compiled(o, e, how);
 }
 

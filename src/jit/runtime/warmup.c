@@ -47,6 +47,8 @@ static em_status compile_dynamic(const jit_backend *b, const jit_record *r, tr_g
     if (s == EM_OK && gd_is_dynamic(gs) && jit_dyn_probe(gs, in, g->ninputs, dyn.probe)) {
         char why[256];
         s = b->compile_dynamic(g, &dyn, env, state, dynamic, why, sizeof why);
+        /* a warmed process's first call of this structure is dynamic too */
+        if (s == EM_OK && *dynamic && !env->dry_run) jit_dyn_hint_put(env->cache, b->name, g, gs);
     } else if (s == EM_OK) {
         s = b->compile(g, env, state);
     }
