@@ -289,6 +289,7 @@ static const char *backend_of(const char *kind) {
     if (!strcmp(kind, "plan")) return "graph";
     if (!strcmp(kind, "ptx") || !strcmp(kind, "cubin")) return "cuda";
     if (!strncmp(kind, "why_", 4)) return "keyinfo"; /* a key's manifest (explain) */
+    if (!strcmp(kind, "dynhint")) return "graph"; /* which dims a structure was dynamic in */
     return "-";
 }
 
