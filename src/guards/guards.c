@@ -88,15 +88,25 @@ void gd_set_dynamic(gd_guards *gs, int i, uint32_t dims) {
     gd_tensor *g = &gs->tensors[i];
     g->dyn = 0;
     g->dense = false;
-    for (int d = 0; d < g->ndim; d++)
+    for (int d = 0; d < g->ndim; d++) {
         if (g->sizes[d] > 1 && (dims >> d & 1)) g->dyn |= 1u << d;
+        else g->div[d] = 0;
+    }
     if (g->dyn) g->dense = find_order(g);
+}
+
+bool gd_set_divisor(gd_guards *gs, int i, int d, int64_t q) {
+    gd_tensor *g = &gs->tensors[i];
+    if (d < 0 || d >= g->ndim || !(g->dyn >> d & 1) || q < 2 || g->sizes[d] % q) return false;
+    g->div[d] = q;
+    return true;
 }
 
 void gd_make_static(gd_guards *gs) {
     for (int i = 0; i < gs->ntensors; i++) {
         gs->tensors[i].dyn = 0;
         gs->tensors[i].dense = false;
+        memset(gs->tensors[i].div, 0, sizeof gs->tensors[i].div);
     }
 }
 
@@ -109,7 +119,9 @@ bool gd_is_dynamic(const gd_guards *gs) {
 /* Dynamic dims: each >= 2, and the layout the kernels were made for. */
 static bool dynamic_ok(const gd_tensor *g, const em_tensor *t) {
     for (int d = 0; d < g->ndim; d++) {
-        if (g->dyn >> d & 1 ? t->sizes[d] < 2 : t->sizes[d] != g->sizes[d]) return false;
+        if (g->dyn >> d & 1 ? t->sizes[d] < 2 || (g->div[d] > 1 && t->sizes[d] % g->div[d])
+                            : t->sizes[d] != g->sizes[d])
+            return false;
         if (!g->dense && g->sizes[d] > 1 && t->strides[d] != g->strides[d]) return false;
     }
     int64_t expect = 1;
@@ -182,9 +194,13 @@ int gd_explain(const gd_guards *gs, em_tensor *const *in, const double *scalars,
         passed += 3; /* dtype, device, rank */
         for (int d = 0; d < g->ndim; d++, passed++) {
             if (g->dyn >> d & 1) {
-                if (t->sizes[d] >= 2) continue;
-                snprintf(buf, n, "input %d (%s): size at dynamic dim %d is %lld (0 and 1 are "
-                         "specialized)", i, nm, d, (long long)t->sizes[d]);
+                if (t->sizes[d] >= 2 && (g->div[d] < 2 || t->sizes[d] % g->div[d] == 0)) continue;
+                if (t->sizes[d] >= 2)
+                    snprintf(buf, n, "%s[%d] (input %d dim %d) must be divisible by %lld, got %lld",
+                             nm, d, i, d, (long long)g->div[d], (long long)t->sizes[d]);
+                else
+                    snprintf(buf, n, "input %d (%s): size at dynamic dim %d is %lld (0 and 1 are "
+                             "specialized)", i, nm, d, (long long)t->sizes[d]);
                 return passed;
             }
             if (t->sizes[d] != g->sizes[d]) {
@@ -234,6 +250,8 @@ em_status gd_print(const gd_guards *gs, FILE *f) {
             for (int d = 0, first = 1; d < g->ndim; d++)
                 if (g->dyn >> d & 1) fprintf(f, "%s%d", first ? "" : ", ", d), first = 0;
             fputs("] (>= 2)", f);
+            for (int d = 0; d < g->ndim; d++)
+                if (g->div[d] > 1) fprintf(f, " divisible=%d:%lld", d, (long long)g->div[d]);
         }
         fputc('\n', f);
     }

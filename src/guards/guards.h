@@ -27,6 +27,9 @@ typedef struct gd_tensor {
     bool dense;
     int norder;
     int8_t order[EM_MAX_DIMS];
+    /* A dynamic dim's divisor (0 or 1: none): its size must be a multiple
+     * (a reshape splits it: [b, t / 2, 16] of [b, t, 8]). */
+    int64_t div[EM_MAX_DIMS];
 } gd_tensor;
 
 typedef struct gd_watch {
@@ -53,6 +56,9 @@ void gd_free(gd_guards *gs);
  * (each >= 2; dims traced at 0 or 1 are ignored).  gd_make_static undoes it for every
  * input: the guards then check the traced sizes again. */
 void gd_set_dynamic(gd_guards *gs, int i, uint32_t dims);
+/* Requires dynamic dim d of input i to be a multiple of q (> 1) as well;
+ * false when d is not dynamic or its traced size is not one. */
+bool gd_set_divisor(gd_guards *gs, int i, int d, int64_t q);
 void gd_make_static(gd_guards *gs);
 /* Whether any input has a dynamic dim. */
 bool gd_is_dynamic(const gd_guards *gs);

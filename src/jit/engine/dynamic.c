@@ -34,10 +34,11 @@ typedef struct dyn_syms {
 } dyn_syms;
 
 /* A probe for a symbol of traced size v: distinct from every traced size
- * and every other probe. */
-static int64_t pick_probe(const dyn_syms *s, int64_t v) {
+ * and every other probe, and a multiple of q (a divisor the guard
+ * checks). */
+static int64_t pick_probe(const dyn_syms *s, int64_t v, int64_t q) {
     for (int64_t j = 0;; j++) {
-        int64_t c = j < NPROBES ? probes[j] : 1000 + j;
+        int64_t c = (j < NPROBES ? probes[j] : 1000 + j) * (q > 1 ? q : 1);
         bool taken = c == v;
         for (int i = 0; i < s->n && !taken; i++) taken = c == s->traced[i] || c == s->probe[i];
         if (!taken) return c;
@@ -46,11 +47,11 @@ static int64_t pick_probe(const dyn_syms *s, int64_t v) {
 
 /* The symbol of traced size v (one per distinct size: duck sizing), or -1
  * when there are too many. */
-static int symbol_of(dyn_syms *s, int64_t v) {
+static int symbol_of(dyn_syms *s, int64_t v, int64_t q) {
     for (int i = 0; i < s->n; i++)
-        if (s->traced[i] == v) return i;
+        if (s->traced[i] == v) return q > 1 && s->probe[i] % q ? -1 : i;
     if (s->n == NPROBES) return -1;
-    s->probe[s->n] = pick_probe(s, v);
+    s->probe[s->n] = pick_probe(s, v, q);
     s->traced[s->n] = v;
     return s->n++;
 }
@@ -62,7 +63,7 @@ static bool probe_input(const gd_tensor *gt, const em_tensor *t, dyn_syms *s, em
     tr_meta_of(t, m);
     for (int d = 0; d < m->ndim; d++) {
         if (!(gt->dyn >> d & 1)) continue;
-        int k = symbol_of(s, t->sizes[d]);
+        int k = symbol_of(s, t->sizes[d], gt->div[d]);
         if (k < 0) return false;
         m->sizes[d] = s->probe[k];
     }
@@ -472,20 +473,56 @@ static int first_difference(const follow_ctx *c, jit_dyn *dyn) {
     return -1;
 }
 
+static int64_t gcd64(int64_t a, int64_t b) {
+    while (b) {
+        int64_t t = a % b;
+        a = b, b = t;
+    }
+    return a;
+}
+
+/* Why reshape node k's rest size has no value at the sizes of inputs
+ * (numel elements for the product other of its other sizes): in terms of
+ * the one input dim that differs from the trace when there is one and the
+ * element count is a multiple of it ("x[1] (input 0 dim 1) must be
+ * divisible by 12, got 31"), else in elements. */
+static em_status rest_error(const tr_graph *g, const em_meta *inputs, int k, int64_t numel,
+                            int64_t other, jit_dyn *need) {
+    const tr_node *in = NULL;
+    int dim = -1, nchanged = 0;
+    for (int i = 0; i < g->nnodes; i++) {
+        const tr_node *n = &g->nodes[i];
+        for (int d = 0; n->kind == TR_INPUT && d < n->meta.ndim; d++)
+            if (n->meta.sizes[d] != inputs[n->index].sizes[d]) nchanged++, in = n, dim = d;
+    }
+    int64_t s = nchanged == 1 ? inputs[in->index].sizes[dim] : 0;
+    if (s > 0 && other > 0 && numel % s == 0) {
+        int64_t q = other / gcd64(numel / s, other);
+        if (need) need->need.input = in->index, need->need.dim = dim, need->need.q = q;
+        return em_error(EM_ERR_SHAPE, "%s[%d] (input %d dim %d) must be divisible by %lld, got %lld "
+                        "(node %%%d, a reshape, splits it)", in->name ? in->name : "input", dim,
+                        in->index, dim, (long long)q, (long long)s, k);
+    }
+    return em_error(EM_ERR_SHAPE, "node %%%d (reshape): %lld elements do not fill the sizes "
+                    "(their other sizes multiply to %lld)", k, (long long)numel, (long long)other);
+}
+
 /* Sets reshape node k's "rest" size from its input's element count. */
-static em_status set_rest(tr_node *n, int j, const em_meta *in, int k) {
+static em_status set_rest(const tr_graph *g, const em_meta *inputs, tr_node *n, int j,
+                          const em_meta *in, int k, jit_dyn *need) {
     int64_t other = 1;
     for (int d = 0; d < n->attrs.ndim; d++)
         if (d != j) other *= n->attrs.sizes[d];
     int64_t numel = em_shape_numel(in->ndim, in->sizes);
-    if (other <= 0 || numel % other)
-        return em_error(EM_ERR_SHAPE, "node %%%d (reshape): %lld elements do not fill the sizes",
-                        k, (long long)numel);
+    if (other <= 0 || numel % other) return rest_error(g, inputs, k, numel, other, need);
     n->attrs.sizes[j] = numel / other;
     return EM_OK;
 }
 
-em_status jit_dyn_infer(const jit_dyn *dyn, tr_graph *g, const em_meta *inputs, em_meta *metas) {
+/* jit_dyn_infer, telling need (when not NULL) of a divisor that would let
+ * a reshape split a dim. */
+static em_status infer_at(const jit_dyn *dyn, tr_graph *g, const em_meta *inputs, em_meta *metas,
+                          jit_dyn *need) {
     for (int i = 0; i < dyn->nsizes; i++)
         if (!dyn->sizes[i].rest) apply(&dyn->sizes[i], &g->nodes[dyn->sizes[i].node], inputs);
     for (int i = 0; i < g->nnodes; i++) {
@@ -501,11 +538,15 @@ em_status jit_dyn_infer(const jit_dyn *dyn, tr_graph *g, const em_meta *inputs, 
         }
         for (int k = 0; k < dyn->nsizes && s == EM_OK; k++)
             if (dyn->sizes[k].rest && dyn->sizes[k].node == i)
-                s = set_rest(n, dyn->sizes[k].j, &metas[n->in[0]], i);
+                s = set_rest(g, inputs, n, dyn->sizes[k].j, &metas[n->in[0]], i, need);
         if (s == EM_OK) s = tr_infer_node(g, i, metas);
         if (s != EM_OK) return s;
     }
     return EM_OK;
+}
+
+em_status jit_dyn_infer(const jit_dyn *dyn, tr_graph *g, const em_meta *inputs, em_meta *metas) {
+    return infer_at(dyn, g, inputs, metas, NULL);
 }
 
 bool jit_dyn_probe(const gd_guards *gs, em_tensor *const *in, int ninputs, em_meta *probe) {
@@ -516,7 +557,7 @@ bool jit_dyn_probe(const gd_guards *gs, em_tensor *const *in, int ninputs, em_me
 }
 
 /* Infers g's metas at the probe sizes (attribute sizes moved along). */
-static bool infer_probe(const tr_graph *g, const jit_dyn *dyn, em_meta *metas, char *why,
+static bool infer_probe(const tr_graph *g, jit_dyn *dyn, em_meta *metas, char *why,
                         size_t nwhy) {
     tr_graph gp = *g;
     gp.nodes = em_malloc(sizeof *gp.nodes * ((size_t)g->nnodes + 1));
@@ -525,7 +566,7 @@ static bool infer_probe(const tr_graph *g, const jit_dyn *dyn, em_meta *metas, c
         return false;
     }
     memcpy(gp.nodes, g->nodes, sizeof *gp.nodes * (size_t)g->nnodes);
-    bool ok = jit_dyn_infer(dyn, &gp, dyn->probe, metas) == EM_OK;
+    bool ok = infer_at(dyn, &gp, dyn->probe, metas, dyn) == EM_OK;
     if (!ok) {
         snprintf(why, nwhy, "the graph's shapes do not follow other sizes (%s)", em_last_error());
         em_clear_error();
@@ -559,6 +600,7 @@ bool jit_dyn_check(const tr_graph *g, const tr_graph *prev, const jit_dyn *prev_
                    size_t nwhy) {
     dyn_syms s = {0};
     dyn->nsizes = 0;
+    dyn->need.q = 0;
     for (int i = 0; i < g->ninputs; i++) {
         if (!probe_input(&gs->tensors[i], in[i], &s, &dyn->probe[i])) {
             snprintf(why, nwhy, "more than %d distinct dynamic sizes", NPROBES);

@@ -39,6 +39,7 @@ struct jit_compiled {
     jit_spec *memo[JIT_SPEC_MEMO];
     int nmemo;
     jit_dyn follow;           /* attribute sizes that follow the sizes (no probe) */
+    char declined[192];       /* why the last sizes it could not serve were refused */
     const em_allocator *alloc; /* the one it was made under */
 };
 

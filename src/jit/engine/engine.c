@@ -340,12 +340,13 @@ em_status jit_engine_compile(const jit_device *d, const tr_graph *g, jit_env *en
  * sizes follow (jit_dyn_infer) and whose metas are inferred into metas.
  * false: the shapes do not infer (error cleared) or out of memory. */
 static bool at_sizes(const tr_graph *g, const jit_dyn *follow, const em_meta *inputs,
-                     em_meta *metas, tr_graph *out) {
+                     em_meta *metas, tr_graph *out, char *why, size_t nwhy) {
     *out = *g;
     out->nodes = em_malloc(sizeof *out->nodes * ((size_t)g->nnodes + 1));
     if (!out->nodes) return false;
     memcpy(out->nodes, g->nodes, sizeof *out->nodes * (size_t)g->nnodes);
     if (jit_dyn_infer(follow, out, inputs, metas) != EM_OK) {
+        if (why) snprintf(why, nwhy, "%s", em_last_error());
         em_clear_error();
         return false;
     }
@@ -396,7 +397,7 @@ static em_status build_dynamic(jit_compiled *st, const tr_graph *g, const jit_dy
     kc_key *keys = NULL;
     int *scratch = em_malloc(sizeof(int) * ((size_t)g->nnodes + 1));
     em_status s = metas && scratch ? EM_OK : em_last_status();
-    if (s == EM_OK && !at_sizes(g, dyn, dyn->probe, metas, &gp)) {
+    if (s == EM_OK && !at_sizes(g, dyn, dyn->probe, metas, &gp, NULL, 0)) {
         snprintf(why, nwhy, "the shapes do not infer at other sizes");
         s = em_last_status() == EM_ERR_NOMEM ? EM_ERR_NOMEM : EM_ERR_UNSUPPORTED;
     }
@@ -476,7 +477,7 @@ static bool kernel_sizes(const jit_compiled *st, const sc_schedule *sx, int gi, 
 }
 
 /* A new spec for inputs in, or NULL when these sizes need another entry. */
-static jit_spec *make_spec(const jit_compiled *st, const tr_graph *g, em_tensor *const *in) {
+static jit_spec *make_spec(jit_compiled *st, const tr_graph *g, em_tensor *const *in) {
     jit_spec *sp = em_calloc(1, sizeof *sp);
     if (sp) sp->alloc = em_get_allocator();
     tr_graph gx = {0};
@@ -486,11 +487,15 @@ static jit_spec *make_spec(const jit_compiled *st, const tr_graph *g, em_tensor 
               (sp->metas = em_malloc(sizeof *sp->metas * ((size_t)g->nnodes + 1))) &&
               (sp->sizes = em_calloc((size_t)st->plan.nkernels + 1, sizeof *sp->sizes));
     for (int i = 0; ok && i < g->ninputs; i++) tr_meta_of(in[i], &sp->in[i]);
-    ok = ok && at_sizes(g, &st->follow, sp->in, sp->metas, &gx);
+    ok = ok && at_sizes(g, &st->follow, sp->in, sp->metas, &gx, st->declined, sizeof st->declined);
     if (sp) sp->nodes = gx.nodes; /* the spec owns them from here */
+    bool shaped = ok;
     ok = ok && (sx = sc_build(&gx)) && same_steps(st, sx);
     for (int gi = 0; ok && gi < st->plan.nkernels; gi++)
         if (st->model[gi]) ok = kernel_sizes(st, sx, gi, scratch, &sp->sizes[gi]);
+    if (shaped && !ok)
+        snprintf(st->declined, sizeof st->declined,
+                 "at these sizes the graph fuses or lowers into kernels of another structure");
     sc_free(sx);
     if (!sp) em_free(gx.nodes);
     em_free(scratch);
@@ -518,6 +523,8 @@ bool jit_engine_specialize(jit_compiled *st, const tr_graph *g, em_tensor *const
     *spec = sp;
     return true;
 }
+
+const char *jit_engine_declined(const jit_compiled *st) { return st ? st->declined : ""; }
 
 em_status jit_engine_run(jit_compiled *st, void *spec, const tr_graph *g, em_tensor *const *in,
                          em_tensor **out) {

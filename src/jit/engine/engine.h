@@ -227,6 +227,10 @@ typedef struct jit_dyn {
     em_meta *probe;
     jit_sym_size sizes[JIT_MAX_SYM_SIZES];
     int nsizes;
+    /* Set by a jit_dyn_check that failed because a reshape splits dynamic
+     * dim `dim` of input `input`, whose size must then be a multiple of q
+     * (0: no such reason): with that divisor guarded, it may pass. */
+    struct { int input, dim; int64_t q; } need;
 } jit_dyn;
 
 /* Whether graph g, traced with inputs in, may serve other sizes of the
@@ -301,6 +305,9 @@ em_status jit_engine_compile_dynamic(const jit_device *d, const tr_graph *g, con
 /* Whether st serves inputs in, and the size specialization its run needs
  * (*spec; NULL for a static state). */
 bool jit_engine_specialize(jit_compiled *st, const tr_graph *g, em_tensor *const *in, void **spec);
+/* Why st last refused a call's sizes in jit_engine_specialize ("" if it
+ * never did): a sentence for stats.last_failure. */
+const char *jit_engine_declined(const jit_compiled *st);
 /* Runs g: outputs new tensors (owned as any op result).  spec: from
  * jit_engine_specialize, or NULL. */
 em_status jit_engine_run(jit_compiled *st, void *spec, const tr_graph *g, em_tensor *const *in,

@@ -64,6 +64,8 @@ static bool engine_specialize(void *state, const tr_graph *g, em_tensor *const *
     return jit_engine_specialize(state, g, in, spec);
 }
 
+static const char *engine_declined(const void *state) { return jit_engine_declined(state); }
+
 static void engine_free(void *state) { jit_engine_free(state); }
 
 static int engine_kernels(const void *state) { return jit_engine_kernels(state); }
@@ -91,7 +93,7 @@ static const char *device_target(const jit_device *d) {
         .name = #id, .compile = id##_compile, .run = engine_run, .free = engine_free,            \
         .kernels = engine_kernels, .target = id##_target,                                        \
         .compile_dynamic = id##_compile_dynamic, .specialize = engine_specialize,                \
-        .run_dynamic = engine_run_dynamic, .device = &dev,                                       \
+        .declined = engine_declined, .run_dynamic = engine_run_dynamic, .device = &dev,          \
     };
 
 ENGINE_BACKEND(cpu, jit_cpu_device)

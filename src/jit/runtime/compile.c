@@ -606,9 +606,12 @@ static em_status call_entries(em_compiled *f, em_tensor *const *in, const double
     /* explain with the entry that came closest to matching */
     for (int i = 0, best = -1; i < f->entries.n; i++) {
         char why[sizeof f->stats.last_failure];
-        int passed = gd_explain(jit_table_recent(&f->entries, i)->guards, in, scalars, why,
-                                sizeof why);
-        if (!why[0]) snprintf(why, sizeof why, "the sizes need kernels of another structure");
+        const jit_entry *x = jit_table_recent(&f->entries, i);
+        int passed = gd_explain(x->guards, in, scalars, why, sizeof why);
+        /* the guards passed: the dynamic entry's own check refused the sizes */
+        const char *d = !why[0] && x->ready && x->dynamic && x->backend->declined
+                            ? x->backend->declined(x->state) : "";
+        if (!why[0]) snprintf(why, sizeof why, "%s", d[0] ? d : "the sizes need kernels of another structure");
         if (passed > best) {
             best = passed;
             memcpy(f->stats.last_failure, why, sizeof why);

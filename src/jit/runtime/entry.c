@@ -276,6 +276,22 @@ static bool widen(jit_entry *e, em_tensor *const *in, uint32_t *mask, const jit_
     return joined && dry_check(e, in, prev, rt, dyn) && jit_dyn_holds(dyn, prev->graph);
 }
 
+/* jit_dyn_check against prev, with the divisors it asks for: a reshape
+ * that splits a dynamic dim ([b, t / 2, 16] of [b, t, 8]) makes that dim
+ * a multiple of its divisor in the guards, and the check runs again
+ * (probes then are multiples too). */
+static bool check_dividing(jit_entry *e, em_tensor *const *in, const jit_entry *prev,
+                           jit_dyn *dyn, char *why, size_t nwhy) {
+    for (int tries = 0; tries < EM_MAX_DIMS; tries++) {
+        if (jit_dyn_check(e->graph, prev ? prev->graph : NULL, prev ? prev->follow : NULL,
+                          e->guards, in, dyn, why, nwhy))
+            return true;
+        if (dyn->need.q < 2 || !gd_set_divisor(e->guards, dyn->need.input, dyn->need.dim, dyn->need.q))
+            return false;
+    }
+    return false;
+}
+
 bool jit_entry_make_dynamic(const jit_owner *o, jit_entry *e, em_tensor *const *in,
                             const uint32_t *mask, const jit_entry *prev, const jit_retrace *rt,
                             jit_dyn *dyn) {
@@ -290,8 +306,7 @@ bool jit_entry_make_dynamic(const jit_owner *o, jit_entry *e, em_tensor *const *
         snprintf(why, sizeof why, "the %s backend has no dynamic kernels", e->backend->name);
     } else if (!prev && rt && dry_check(e, in, NULL, rt, dyn)) {
         dynamic = true; /* forced or hinted: a dry trace is the other trace */
-    } else if (jit_dyn_check(e->graph, prev ? prev->graph : NULL, prev ? prev->follow : NULL,
-                             e->guards, in, dyn, why, sizeof why)) {
+    } else if (check_dividing(e, in, prev, dyn, why, sizeof why)) {
         dynamic = true;
         jit_dyn *w = wide ? jit_dyn_new(n) : NULL;
         for (int i = 0; w && i < n; i++) wide[i] = e->guards->tensors[i].dyn;

@@ -40,6 +40,8 @@ typedef struct jit_backend {
      * function's lock; NULL: the state serves every input its guards
      * pass, with run). */
     bool (*specialize)(void *state, const tr_graph *g, em_tensor *const *in, void **spec);
+    /* Optional, with specialize: why it last refused (a sentence, "" if never). */
+    const char *(*declined)(const void *state);
     em_status (*run_dynamic)(void *state, void *spec, const tr_graph *g, em_tensor *const *in,
                              em_tensor **out);
     /* The engine's device it compiles for (NULL: replay, auto). */
@@ -72,6 +74,10 @@ typedef struct jit_record {
     jit_sym_size *follow; /* the attributes that follow its dynamic sizes (its
                              "follow" lines), nfollow of them */
     int nfollow;
+    /* divisors of dynamic dims (its guard lines' "divisible=D:Q"): input,
+     * dim, q; ndiv of them */
+    struct jit_record_div { int input, dim; int64_t q; } *div;
+    int ndiv;
 } jit_record;
 
 /* Appends one record (graph g of function name, with its guards as

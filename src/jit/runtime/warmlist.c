@@ -143,6 +143,7 @@ static bool push(jit_record **rs, int *n, int *cap, const jit_record *r) {
 }
 
 static void record_clear(jit_record *r) {
+    em_free(r->div);
     em_free(r->follow);
     em_free(r->dyn);
     em_free(r->name);
@@ -172,6 +173,19 @@ static bool guard_dynamic(const char *p, const char *end, jit_record *r) {
         if (dim >= 0 && dim < EM_MAX_DIMS) r->dyn[i] |= 1u << dim;
         q = stop;
         while (q < end && (*q == ',' || *q == ' ')) q++;
+    }
+    /* " divisible=D:Q" after it, once per dim with a divisor */
+    for (const char *q = d; (q = memmem(q, (size_t)(end - q), " divisible=", 11)) != NULL;) {
+        q += 11;
+        long dim = strtol(q, &stop, 10);
+        long long div = *stop == ':' ? strtoll(stop + 1, &stop, 10) : 0;
+        if (dim < 0 || dim >= EM_MAX_DIMS || div < 2) continue;
+        struct jit_record_div *v = em_malloc(sizeof *v * ((size_t)r->ndiv + 1));
+        if (!v) return false;
+        if (r->div) memcpy(v, r->div, sizeof *v * (size_t)r->ndiv);
+        em_free(r->div);
+        r->div = v;
+        r->div[r->ndiv++] = (struct jit_record_div){(int)i, (int)dim, div};
     }
     return true;
 }

@@ -34,6 +34,8 @@ static em_status compile_dynamic(const jit_backend *b, const jit_record *r, tr_g
             s = em_last_status();
     if (s == EM_OK && !(gs = gd_build(g, in, NULL, 0, NULL, 0))) s = em_last_status();
     for (int i = 0; s == EM_OK && i < r->ndyn && i < g->ninputs; i++) gd_set_dynamic(gs, i, r->dyn[i]);
+    for (int i = 0; s == EM_OK && i < r->ndiv; i++)
+        if (r->div[i].input < g->ninputs) (void)gd_set_divisor(gs, r->div[i].input, r->div[i].dim, r->div[i].q);
     /* the attributes that follow the sizes, as the trace found them: a
      * follow naming a node or an input the graph lacks is refused */
     for (int i = 0; s == EM_OK && i < r->nfollow; i++) {
