@@ -9,7 +9,8 @@
  *
  * (--seq and --batch replace the lengths and the largest batch: sizes a
  * staging run never saw.)
- * With EMBER_RECORD=list it records the entries; run it again after
+ * Under EMBER_JIT=1 the eager block it compares with runs in lazy mode, and
+ * lazy mode's counters are printed too.  With EMBER_RECORD=list it records the entries; run it again after
  * `ember-cache warmup list` on an empty cache to see what a warmed
  * process compiles. */
 #include <ember.h>
@@ -118,6 +119,12 @@ int main(int argc, char **argv) {
            cuda ? "cuda" : "cpu", b_outer ? "b" : "t", (long long)st.calls, (long long)st.traces,
            (long long)st.eager, st.entries, st.dynamic_entries, (long long)st.kernels_compiled,
            (long long)st.kernels_loaded, worst);
+    em_lazy_stats lz;
+    if (em_lazy_get_stats(&lz) == EM_OK && lz.flushes > 0) /* EMBER_JIT=1: the eager block's graphs */
+        printf("lazy mode (the eager block): flushes=%lld graphs_compiled=%lld dynamic_graphs=%lld "
+               "eager_graphs=%lld kernels_compiled=%lld kernels_loaded=%lld\n",
+               (long long)lz.flushes, (long long)lz.graphs_compiled, (long long)lz.dynamic_graphs,
+               (long long)lz.eager_graphs, (long long)lz.kernels_compiled, (long long)lz.kernels_loaded);
     em_compiled_free(f);
     em_release(w.w_qkv), em_release(w.w_proj), em_release(w.ln_w), em_release(w.ln_b);
     em_generator_free(g);

@@ -37,12 +37,17 @@
 
 /* A graph structure (the cut's shape-free key): its size variants are one
  * group under the recompile limit. */
+#define LZ_MAX_DYN 4
 typedef struct lz_structure {
     kc_key key;          /* cut_keys' shape-free key (jit_index reads it first) */
     jit_limit limit;     /* its entries (size variants and its dynamic entry) */
     const jit_entry *first; /* its first entry (the sizes first seen), or NULL */
-    jit_entry *dyn;      /* made at the second size variant, when it can be */
-    bool dyn_refused;    /* it could not: sizes stay specialized */
+    /* Its dynamic entries, newest last: the first made at the second size
+     * variant, each later one when sizes come that none serves (more dims
+     * dynamic: the dims that changed since the newest, and its own). */
+    jit_entry *dyn[LZ_MAX_DYN];
+    int ndyn;
+    bool dyn_refused;    /* one could not be made: other sizes stay specialized */
 } lz_structure;
 
 typedef struct lz_state {
@@ -111,7 +116,7 @@ static void state_release(lz_state *st) {
     for (int i = 0; i < st->structs.cap; i++) {
         lz_structure *sg = (lz_structure *)st->structs.slots[i];
         if (!sg) continue;
-        jit_entry_free(sg->dyn);
+        for (int k = 0; k < sg->ndyn; k++) jit_entry_free(sg->dyn[k]);
         em_free(sg);
     }
     jit_index_free(&st->structs);
@@ -372,13 +377,16 @@ static bool cut_reserve(cut *c) {
     return true;
 }
 
-/* Writes the attributes op reads (its attrs column), canonically. */
+/* Writes the attributes op reads (its attrs column), canonically, except
+ * target sizes (a reshape's, an expand's, a creation op's), which
+ * put_sized writes with the sizes: a graph whose reshape sizes or arange
+ * count follow the batch is one structure at every size.  Slice bounds
+ * and values stay: a loop over slices at other offsets, or over other
+ * scalars, makes other structures, as before, not size variants of one
+ * (under its recompile limit). */
 static void put_attrs(bytes *b, em_op op, const em_op_attrs *a) {
     unsigned mask = em_op_table[op].attrs;
-    if (mask & A_SIZES) {
-        bytes_u64(b, (uint64_t)a->ndim);
-        bytes_put(b, a->sizes, sizeof(int64_t) * (size_t)a->ndim);
-    }
+    if (mask & A_SIZES) bytes_u64(b, (uint64_t)a->ndim);
     if (mask & A_DIMS) {
         bytes_u64(b, (uint64_t)a->ndims);
         bytes_put(b, a->dims, sizeof(int) * (size_t)a->ndims);
@@ -403,6 +411,11 @@ static void put_attrs(bytes *b, em_op op, const em_op_attrs *a) {
     }
 }
 
+/* The attributes put_attrs leaves to the sizes' key material. */
+static void put_sized(bytes *b, em_op op, const em_op_attrs *a) {
+    if (em_op_table[op].attrs & A_SIZES) bytes_put(b, a->sizes, sizeof(int64_t) * (size_t)a->ndim);
+}
+
 /* Node n (tensor t, its input nodes ins) as key material: everything the
  * compiled code depends on.  The shape-free part is the structure, for the
  * per-structure recompile limit. */
@@ -416,6 +429,7 @@ static void put_node(cut *c, const em_tensor *t, const lz_thunk *k, const int *i
     if (k) {
         bytes_put(&c->shape_free, ins, sizeof(int) * (size_t)k->nin);
         put_attrs(&c->shape_free, k->op, k->attrs);
+        put_sized(&c->sizes, k->op, k->attrs);
     }
     bytes_put(&c->sizes, t->sizes, sizeof(int64_t) * (size_t)t->ndim);
     bytes_put(&c->sizes, t->strides, sizeof(int64_t) * (size_t)t->ndim);
@@ -630,13 +644,14 @@ static void adopt(em_tensor *t, em_tensor *v) {
 
 /* ---- dynamic entries ---- */
 
-/* Makes sg's dynamic entry from the cut's graph (taken on success): the
- * input dims whose sizes differ from the structure's first entry become
+/* Makes a dynamic entry of a structure from the cut's graph (taken on
+ * success): the input dims whose sizes differ from prev (the structure's
+ * first entry, or its newest dynamic one), and prev's dynamic dims, become
  * dynamic, if the graph allows it and the backend can compile it so
  * (jit_entry_make_dynamic, jit_entry_compile_now: never in the
  * background, the compile decides whether the entry is kept).  Otherwise
  * the structure stays specialized for good, and the log says why. */
-static jit_entry *dyn_make(lz_state *st, lz_structure *sg, cut *c) {
+static jit_entry *dyn_make(lz_state *st, const jit_entry *prev, cut *c) {
     tr_graph *g = c->g;
     int n = g->ninputs;
     jit_entry *e = jit_entry_new(g, jit_backend_for_graph(jit_backend_find(NULL), g), NULL);
@@ -644,8 +659,8 @@ static jit_entry *dyn_make(lz_state *st, lz_structure *sg, cut *c) {
     uint32_t *mask = dyn ? em_calloc((size_t)n + 1, sizeof *mask) : NULL;
     bool ok = mask && tr_optimize(g, false) == EM_OK &&
               (e->guards = gd_build(g, c->inputs, NULL, 0, NULL, 0));
-    if (ok) jit_dyn_mask(sg->first, c->inputs, n, mask);
-    if (ok && jit_entry_make_dynamic(&st->own, e, c->inputs, mask, sg->first, NULL, dyn)) {
+    if (ok) jit_dyn_mask(prev, c->inputs, n, mask);
+    if (ok && jit_entry_make_dynamic(&st->own, e, c->inputs, mask, prev, NULL, dyn)) {
         ok = jit_entry_compile_now(&st->own, e, dyn) == EM_OK;
         dyn = NULL;
         if (!ok)
@@ -686,24 +701,31 @@ static em_status lookup(lz_state *st, cut *c, lz_run *run) {
     lz_structure *sg = e ? NULL : structure_of(st, &sk);
     void *spec = NULL;
     if (!e && !sg) return em_last_status();
-    if (sg && st->dynamic && !sg->dyn && !sg->dyn_refused && sg->first &&
+    for (int k = sg ? sg->ndyn - 1 : -1; k >= 0; k--) {
+        if (!jit_entry_serves(&st->own, sg->dyn[k], c->inputs, NULL, &spec)) continue;
+        /* one state for these sizes of the structure: runs unlocked, as entries */
+        st->stats.graph_hits++;
+        st->stats.flushes++;
+        *run = (lz_run){sg->dyn[k], true, spec};
+        return EM_OK;
+    }
+    if (sg && st->dynamic && sg->ndyn < LZ_MAX_DYN && !sg->dyn_refused && sg->first &&
         jit_limit_room(&sg->limit) && cut_graph(c) == EM_OK) {
-        sg->dyn = dyn_make(st, sg, c);
-        sg->dyn_refused = !sg->dyn;
-        if (sg->dyn) {
+        jit_entry *d = dyn_make(st, sg->ndyn ? sg->dyn[sg->ndyn - 1] : sg->first, c);
+        sg->dyn_refused = !d;
+        if (d) {
+            sg->dyn[sg->ndyn++] = d;
             sg->limit.entries++;
             st->stats.graphs_compiled++;
             st->stats.dynamic_graphs++;
-            st->stats.kernels_compiled += sg->dyn->kernels_compiled;
-            st->stats.kernels_loaded += sg->dyn->kernels_loaded;
+            st->stats.kernels_compiled += d->kernels_compiled;
+            st->stats.kernels_loaded += d->kernels_loaded;
         }
-    }
-    if (sg && sg->dyn && jit_entry_serves(&st->own, sg->dyn, c->inputs, NULL, &spec)) {
-        /* one state for this structure's sizes: runs unlocked, as entries */
-        st->stats.graph_hits++;
-        st->stats.flushes++;
-        *run = (lz_run){sg->dyn, true, spec};
-        return EM_OK;
+        if (d && jit_entry_serves(&st->own, d, c->inputs, NULL, &spec)) {
+            st->stats.flushes++;
+            *run = (lz_run){d, true, spec};
+            return EM_OK;
+        }
     }
     if (e) {
         st->stats.graph_hits++;
