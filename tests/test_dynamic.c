@@ -433,6 +433,37 @@ static em_compile_stats causal_over(const int64_t *ts, int nt, int nb) {
     return st;
 }
 
+START_TEST(forced_mode_keeps_dims_tied_to_a_weight_static) {
+    /* the causal block, forced: a dry trace finds that b and t follow and
+     * that the width (tied to w) does not: one dynamic entry for every
+     * batch and length, where the conservative rules kept it static */
+    em_compile_options o = options("causal", 2, 1);
+    em_compiled *f = em_compile(causal_fn, NULL, &o);
+    em_tensor *w = tu_random(7, 2, TU_SIZES(EMB, 3 * EMB), EM_F32, 0.3);
+    static const int64_t bt[][2] = {{2, 5}, {3, 7}, {4, 6}, {2, 9}};
+    for (int i = 0; i < 4; i++) {
+        em_tensor *in[2] = {tu_random((uint64_t)(70 + i), 3, TU_SIZES(bt[i][0], bt[i][1], EMB), EM_F32, 1), w},
+                  *got;
+        ck_assert_msg(em_call(f, in, NULL, &got) == EM_OK, "%s", em_last_error());
+        double *ref = causal_ref(in[0], w);
+        tu_check_close(got, ref, 3, TU_SIZES(bt[i][0], bt[i][1], EMB), 1e-4, 1e-5);
+        free(ref);
+    }
+    em_compile_stats st = stats_of(f);
+    ck_assert_int_eq(st.traces, 1);
+    ck_assert_int_eq(st.dynamic_entries, 1);
+    char *text = NULL;
+    size_t len = 0;
+    FILE *fp = open_memstream(&text, &len);
+    ck_assert_int_eq(em_compiled_print(f, 0, false, fp), EM_OK);
+    fclose(fp);
+    ck_assert_msg(strstr(text, "guard input 0 (x): dtype=f32 device=cpu sizes=[2, 5, 16]"), "%s", text);
+    ck_assert_msg(strstr(text, "dynamic=[0, 1] (>= 2)"), "%s", text);
+    free(text);
+    em_compiled_free(f);
+}
+END_TEST
+
 START_TEST(a_causal_mask_from_arange_follows_the_sequence) {
     /* before: every new length was a static entry (the arange's count
      * changed), then eager past the recompile limit */
@@ -1091,6 +1122,7 @@ static Suite *suite(void) {
         {"layer_norm_over_batch_and_hidden_sizes", layer_norm_over_batch_and_hidden_sizes},
         {"mlp_with_weights_compiles_twice", mlp_with_weights_compiles_twice},
         {"sizes_zero_and_one_stay_specialized", sizes_zero_and_one_stay_specialized},
+        {"forced_mode_keeps_dims_tied_to_a_weight_static", forced_mode_keeps_dims_tied_to_a_weight_static},
         {"more_sizes_than_an_entry_remembers", more_sizes_than_an_entry_remembers},
         {"inputs_sharing_a_dynamic_size", inputs_sharing_a_dynamic_size},
         {"compiled_at_many_sizes_equals_eager", compiled_at_many_sizes_equals_eager},

@@ -255,25 +255,72 @@ static bool dry_check(jit_entry *e, em_tensor *const *in, const jit_entry *prev,
     return ok;
 }
 
-/* Adds to mask the dims of size 2 or more that did not change between the
- * traces but that the graph follows as well (a dry trace at probe sizes
- * says), so that a function called at a second batch size does not
- * recompile again at its first new sequence length.  dyn: the fits for
- * the widened mask, from the last dry trace; false when nothing joined. */
-static bool widen(jit_entry *e, em_tensor *const *in, uint32_t *mask, const jit_entry *prev,
-                  const jit_retrace *rt, jit_dyn *dyn) {
+static void set_all(gd_guards *gs, const uint32_t *mask) {
+    for (int i = 0; i < gs->ntensors; i++) gd_set_dynamic(gs, i, mask[i]);
+}
+
+/* Grows kept (a mask per input, set in e's guards) by the dims of cand the
+ * graph follows, as dry traces at probe sizes show: each candidate with
+ * every other candidate of its traced size (one symbol, as duck sizing
+ * makes it: a length that x and its mask share joins in both or in
+ * neither).  e's guards end with kept.  Whether anything joined. */
+static bool grow(jit_entry *e, em_tensor *const *in, uint32_t *kept, const uint32_t *cand,
+                 const jit_entry *prev, const jit_retrace *rt, jit_dyn *dyn) {
+    int n = e->guards->ntensors;
     bool joined = false;
-    for (int i = 0; i < e->guards->ntensors; i++) {
+    for (int i = 0; i < n; i++) {
         for (int d = 0; d < in[i]->ndim; d++) {
-            uint32_t bit = 1u << d;
-            if ((mask[i] & bit) || in[i]->sizes[d] < 2) continue;
-            gd_set_dynamic(e->guards, i, mask[i] | bit);
-            if (dry_check(e, in, prev, rt, dyn)) mask[i] |= bit, joined = true;
-            gd_set_dynamic(e->guards, i, mask[i]);
+            if (!(cand[i] >> d & 1) || (kept[i] >> d & 1)) continue;
+            uint32_t trial[64];
+            for (int j = 0; j < n && j < 64; j++) {
+                trial[j] = kept[j];
+                for (int k = 0; k < in[j]->ndim; k++)
+                    if ((cand[j] >> k & 1) && in[j]->sizes[k] == in[i]->sizes[d]) trial[j] |= 1u << k;
+            }
+            set_all(e->guards, trial);
+            if (!dry_check(e, in, prev, rt, dyn)) continue;
+            memcpy(kept, trial, sizeof *kept * (size_t)n);
+            joined = true;
         }
     }
-    /* the fits for the whole mask, checked at the real traces too */
-    return joined && dry_check(e, in, prev, rt, dyn) && jit_dyn_holds(dyn, prev->graph);
+    set_all(e->guards, kept);
+    return joined;
+}
+
+/* Forced or hinted dims (no previous trace): the dims of mask a dry trace
+ * shows the graph follows, all together, else symbol by symbol (a hidden
+ * size tied to a weight stays static while the batch and the length
+ * join); e's guards end with those; false: none (the guards back at
+ * mask, for the rules after). */
+static bool dry_dims(jit_entry *e, em_tensor *const *in, const uint32_t *mask,
+                     const jit_retrace *rt, jit_dyn *dyn) {
+    int n = e->guards->ntensors;
+    if (n > 64) return false;
+    if (dry_check(e, in, NULL, rt, dyn)) return true;
+    uint32_t kept[64] = {0};
+    if (grow(e, in, kept, mask, NULL, rt, dyn) && dry_check(e, in, NULL, rt, dyn)) return true;
+    set_all(e->guards, mask);
+    return false;
+}
+
+/* Adds to mask the dims of size 2 or more that did not change between the
+ * traces but that the graph follows as well (grow), so that a function
+ * called at a second batch size does not recompile again at its first new
+ * sequence length.  dyn: the fits for the widened mask, from a dry trace
+ * that changes every dynamic dim at once, which must hold at prev's real
+ * trace too; false when nothing joined. */
+static bool widen(jit_entry *e, em_tensor *const *in, uint32_t *mask, const jit_entry *prev,
+                  const jit_retrace *rt, jit_dyn *dyn) {
+    int n = e->guards->ntensors;
+    if (n > 64) return false;
+    uint32_t cand[64];
+    for (int i = 0; i < n; i++) {
+        cand[i] = 0;
+        for (int d = 0; d < in[i]->ndim; d++)
+            if (!(mask[i] >> d & 1) && in[i]->sizes[d] >= 2) cand[i] |= 1u << d;
+    }
+    return grow(e, in, mask, cand, prev, rt, dyn) && dry_check(e, in, prev, rt, dyn) &&
+           jit_dyn_holds(dyn, prev->graph);
 }
 
 /* jit_dyn_check against prev, with the divisors it asks for: a reshape
@@ -304,7 +351,7 @@ bool jit_entry_make_dynamic(const jit_owner *o, jit_entry *e, em_tensor *const *
         snprintf(why, sizeof why, "no dim of size 2 or more changed its size");
     } else if (!e->backend->compile_dynamic) {
         snprintf(why, sizeof why, "the %s backend has no dynamic kernels", e->backend->name);
-    } else if (!prev && rt && dry_check(e, in, NULL, rt, dyn)) {
+    } else if (!prev && rt && dry_dims(e, in, mask, rt, dyn)) {
         dynamic = true; /* forced or hinted: a dry trace is the other trace */
     } else if (check_dividing(e, in, prev, dyn, why, sizeof why)) {
         dynamic = true;
