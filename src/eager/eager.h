@@ -198,6 +198,9 @@ typedef struct em_dispatch_hook {
      * function reading).  Recording sees a graph break here; lazy mode will
      * materialize t.  Ops the read runs internally bypass the hook. */
     void (*on_read)(void *ud, const em_tensor *t, const char *what);
+    /* Optional: told when the program reads size d of t (em_size): a
+     * recording learns which sizes the code computes with. */
+    void (*on_size)(void *ud, const em_tensor *t, int d);
 } em_dispatch_hook;
 /* Installs h on this thread and returns the previous hook (to restore).
  * The thread's mode (em_register_mode_start) starts first, so the hook

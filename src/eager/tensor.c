@@ -278,6 +278,8 @@ int em_ndim(const em_tensor *t) { return t ? t->ndim : -1; }
 int64_t em_size(const em_tensor *t, int dim) {
     int d;
     if (!t || !em_norm_dim(dim, t->ndim, &d) || t->ndim == 0) return -1;
+    const em_dispatch_hook *h = &em_ctx()->hook;
+    if (h->on_size) h->on_size(h->ud, t, d); /* a recording notes what the code reads */
     return t->sizes[d];
 }
 

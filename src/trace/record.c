@@ -23,6 +23,10 @@ struct tr_recorder {
     int cap, count;
     bool broken;
     char why[256];
+    /* the distinct sizes the code read with em_size (TR_MAX_SIZE_READS at
+     * most): what it computes with, a hint of which dims it is written for */
+    int64_t reads[TR_MAX_SIZE_READS];
+    int nreads;
     /* The allocator current at tr_record_begin: the recorder, its map and
      * its graph are allocated (and freed) with it whatever allocator the
      * traced code runs under, so the graph's owner can free it with one. */
@@ -144,6 +148,19 @@ static void record_read(void *ud, const em_tensor *t, const char *what) {
     set_break(r, why);
 }
 
+static void record_size(void *ud, const em_tensor *t, int d) {
+    tr_recorder *r = ud;
+    int64_t v = t->sizes[d];
+    for (int i = 0; i < r->nreads; i++)
+        if (r->reads[i] == v) return;
+    if (r->nreads < TR_MAX_SIZE_READS) r->reads[r->nreads++] = v;
+}
+
+int tr_record_size_reads(const tr_recorder *r, const int64_t **sizes) {
+    *sizes = r->reads;
+    return r->nreads;
+}
+
 tr_recorder *tr_record_begin(int ninputs, em_tensor *const *inputs, const char *const *names) {
     return tr_record_begin_with(ninputs, inputs, names, (em_dispatch_hook){0});
 }
@@ -172,7 +189,7 @@ tr_recorder *tr_record_begin_with(int ninputs, em_tensor *const *inputs, const c
         tr_record_abort(r);
         return NULL;
     }
-    r->prev = em_set_dispatch_hook((em_dispatch_hook){record_op, r, record_read});
+    r->prev = em_set_dispatch_hook((em_dispatch_hook){record_op, r, record_read, record_size});
     return r;
 }
 

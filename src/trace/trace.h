@@ -123,6 +123,11 @@ void tr_compact(tr_graph *g, const bool *keep);
 
 /* ---- record.c: capturing a graph while code runs eagerly ---- */
 typedef struct tr_recorder tr_recorder;
+/* The distinct sizes the recorded code read with em_size so far (at most
+ * TR_MAX_SIZE_READS), in *sizes (valid until the recording ends); their
+ * count. */
+#define TR_MAX_SIZE_READS 32
+int tr_record_size_reads(const tr_recorder *r, const int64_t **sizes);
 /* Starts recording on this thread: ops run eagerly and append nodes.
  * inputs are the function's declared inputs (names may be NULL).  The
  * recorder and the graph are allocated with the allocator current here,

@@ -332,7 +332,7 @@ static tr_graph *dry_trace(void *ud, const em_meta *m) {
     tr_graph *g = NULL;
     em_scope_begin();
     tr_recorder *r = ok ? tr_record_begin_with(f->ninputs, in, (const char *const *)f->input_names,
-                                               (em_dispatch_hook){dry_op, NULL, NULL})
+                                               (em_dispatch_hook){.fn = dry_op})
                         : NULL;
     if (r && f->fn(f->ctx, in, dc->scalars, out) == EM_OK) {
         char why[256];
@@ -371,7 +371,8 @@ static bool hinted(const em_compiled *f, const jit_entry *e, em_tensor *const *i
  * that differed only in sizes (NULL: forced).  Async: the entry is
  * returned before its compile finishes. */
 static jit_entry *make_entry(em_compiled *f, tr_graph *g, em_tensor *const *in,
-                             const double *scalars, const uint32_t *mask, const jit_entry *prev) {
+                             const double *scalars, const uint32_t *mask, const jit_entry *prev,
+                             const int64_t *reads, int nreads) {
     jit_entry *e = jit_entry_new(g, jit_backend_for_graph(f->backend, g), NULL);
     if (!e) tr_graph_free(g);
     jit_dyn *dyn = e ? jit_dyn_new(f->ninputs) : NULL;
@@ -379,7 +380,7 @@ static jit_entry *make_entry(em_compiled *f, tr_graph *g, em_tensor *const *in,
         !(e->guards = gd_build(g, in, scalars, f->nscalars, f->watch, f->nwatch)))
         goto fail;
     dry_call dc = {f, scalars};
-    jit_retrace rt = {dry_trace, &dc};
+    jit_retrace rt = {dry_trace, &dc, reads, nreads};
     uint32_t hint[MAX_ARGS];
     if (!mask && f->dynamic == 0 && hinted(f, e, in, hint)) mask = hint;
     if (mask) jit_entry_make_dynamic(&f->own, e, in, mask, prev, &rt, dyn);
@@ -462,6 +463,10 @@ static em_status trace(em_compiled *f, em_tensor *const *in, const double *scala
         return finish_outputs(f, s, out);
     }
     char why[256];
+    const int64_t *rd;
+    int64_t reads[TR_MAX_SIZE_READS];
+    int nreads = tr_record_size_reads(r, &rd);
+    memcpy(reads, rd, sizeof *reads * (size_t)nreads);
     tr_graph *g = tr_record_end(r, f->noutputs, out, why, sizeof why);
     if (!g && why[0]) {
         /* the function ran to the end (eagerly, or lazily: its outputs
@@ -473,7 +478,7 @@ static em_status trace(em_compiled *f, em_tensor *const *in, const double *scala
         return finish_outputs(f, lazily ? realize_outputs(f, out) : EM_OK, out);
     }
     caller = use_own_alloc(f);
-    jit_entry *e = g ? make_entry(f, g, in, scalars, dyn, prev) : NULL;
+    jit_entry *e = g ? make_entry(f, g, in, scalars, dyn, prev, reads, nreads) : NULL;
     if (e && !jit_table_add(&f->entries, e)) {
         jit_entry_free(e);
         e = NULL;

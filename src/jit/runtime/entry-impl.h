@@ -163,6 +163,11 @@ void jit_dyn_mask(const jit_entry *prev, em_tensor *const *in, int ninputs, uint
 typedef struct jit_retrace {
     tr_graph *(*trace)(void *ud, const em_meta *inputs);
     void *ud;
+    /* the sizes the function read with em_size while it was traced: only
+     * dims of those sizes are widened (the code computes with them; a
+     * width it never reads stays static, with its faster kernels) */
+    const int64_t *reads;
+    int nreads;
 } jit_retrace;
 
 /* Marks the dims in mask (a mask per input) dynamic in e's guards, when

@@ -303,8 +303,17 @@ static bool dry_dims(jit_entry *e, em_tensor *const *in, const uint32_t *mask,
     return false;
 }
 
+static bool was_read(const jit_retrace *rt, int64_t size) {
+    for (int i = 0; i < rt->nreads; i++)
+        if (rt->reads[i] == size) return true;
+    return false;
+}
+
 /* Adds to mask the dims of size 2 or more that did not change between the
- * traces but that the graph follows as well (grow), so that a function
+ * traces, whose sizes the function read with em_size (a length it builds
+ * a mask or a reshape from; a width it never reads keeps its static
+ * kernels: a row reduction over a dynamic width is much slower on the
+ * GPU), but that the graph follows as well (grow), so that a function
  * called at a second batch size does not recompile again at its first new
  * sequence length.  dyn: the fits for the widened mask, from a dry trace
  * that changes every dynamic dim at once, which must hold at prev's real
@@ -317,7 +326,8 @@ static bool widen(jit_entry *e, em_tensor *const *in, uint32_t *mask, const jit_
     for (int i = 0; i < n; i++) {
         cand[i] = 0;
         for (int d = 0; d < in[i]->ndim; d++)
-            if (!(mask[i] >> d & 1) && in[i]->sizes[d] >= 2) cand[i] |= 1u << d;
+            if (!(mask[i] >> d & 1) && in[i]->sizes[d] >= 2 && was_read(rt, in[i]->sizes[d]))
+                cand[i] |= 1u << d;
     }
     return grow(e, in, mask, cand, prev, rt, dyn) && dry_check(e, in, prev, rt, dyn) &&
            jit_dyn_holds(dyn, prev->graph);

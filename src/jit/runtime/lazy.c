@@ -896,7 +896,7 @@ em_dispatch_hook jit_lazy_runner(void) {
         em_clear_error();
         return (em_dispatch_hook){0};
     }
-    return (em_dispatch_hook){lazy_op, st, NULL};
+    return (em_dispatch_hook){.fn = lazy_op, .ud = st};
 }
 
 /* ---- public API ---- */
@@ -912,7 +912,7 @@ em_status em_lazy_begin(void) {
         if (cur.fn)
             return em_error(EM_ERR_STATE, "em_lazy_begin: a function is being traced on "
                             "this thread (em_compile): lazy mode cannot start inside it");
-        st->prev = em_set_dispatch_hook((em_dispatch_hook){lazy_op, st, NULL});
+        st->prev = em_set_dispatch_hook((em_dispatch_hook){.fn = lazy_op, .ud = st});
     }
     st->depth++;
     return EM_OK;
