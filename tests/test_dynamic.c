@@ -1006,6 +1006,44 @@ START_TEST(a_reshape_that_splits_a_dim_guards_its_divisor) {
 }
 END_TEST
 
+/* x [b, t, 4] rolled by one along t (a slice to t and a cat), permuted,
+ * then expanded to [2, 4, t, b] from sizes the code reads: every view op
+ * with sizes that follow b and t */
+static em_status roll_fn(void *ctx, em_tensor *const *in, const double *s, em_tensor **out) {
+    em_tensor *x = in[0];
+    int64_t b = em_size(x, 0), t = em_size(x, 1);
+    em_tensor *parts[2] = {em_slice(x, 1, 1, t, 1), em_slice(x, 1, 0, 1, 1)};
+    em_tensor *r = em_permute(em_cat(2, parts, 1), 3, (const int[]){2, 1, 0}); /* [4, t, b] */
+    out[0] = em_exp(em_expand(em_unsqueeze(r, 0), 4, TU_SIZES(2, 4, t, b)));
+    return out[0] ? EM_OK : em_last_status();
+}
+
+START_TEST(slices_cats_permutes_and_expands_follow_the_sizes) {
+    em_compile_options o = options("roll", 1, 0);
+    em_compiled *f = em_compile(roll_fn, NULL, &o);
+    static const int64_t bt[][2] = {{2, 5}, {2, 7}, {3, 6}, {4, 9}, {2, 3}};
+    for (int i = 0; i < 5; i++) {
+        int64_t b = bt[i][0], t = bt[i][1];
+        em_tensor *x = tu_random((uint64_t)(80 + i), 3, TU_SIZES(b, t, 4), EM_F32, 1), *y;
+        ck_assert_msg(em_call(f, &x, NULL, &y) == EM_OK, "%s", em_last_error());
+        double *xv = tu_values(x), *ref = malloc(sizeof(double) * (size_t)(2 * 4 * t * b));
+        for (int64_t e = 0; e < 2; e++)
+            for (int64_t c = 0; c < 4; c++)
+                for (int64_t j = 0; j < t; j++)
+                    for (int64_t n = 0; n < b; n++)
+                        ref[((e * 4 + c) * t + j) * b + n] = exp(xv[(n * t + (j + 1) % t) * 4 + c]);
+        tu_check_close(y, ref, 4, TU_SIZES(2, 4, t, b), 1e-5, 1e-6);
+        free(xv);
+        free(ref);
+    }
+    em_compile_stats st = stats_of(f);
+    ck_assert_int_eq(st.eager, 0);
+    ck_assert_int_eq(st.traces, 2); /* [2, 5] static, then one entry dynamic in t and b */
+    ck_assert_int_eq(st.dynamic_entries, 1);
+    em_compiled_free(f);
+}
+END_TEST
+
 START_TEST(a_malformed_follow_line_is_refused) {
     char list[] = "/tmp/ember-dyn-flist-XXXXXX";
     int fd = mkstemp(list);
@@ -1144,6 +1182,7 @@ static Suite *suite(void) {
          a_warmed_cache_serves_a_dynamic_entry_without_compiling},
         {"a_warmed_causal_block_compiles_nothing", a_warmed_causal_block_compiles_nothing},
         {"a_malformed_follow_line_is_refused", a_malformed_follow_line_is_refused},
+        {"slices_cats_permutes_and_expands_follow_the_sizes", slices_cats_permutes_and_expands_follow_the_sizes},
         {"a_reshape_that_splits_a_dim_guards_its_divisor", a_reshape_that_splits_a_dim_guards_its_divisor},
         {"a_wrong_dynamic_hint_is_checked", a_wrong_dynamic_hint_is_checked},
         {"out_of_memory_anywhere_is_an_error", out_of_memory_anywhere_is_an_error},
