@@ -109,6 +109,22 @@ static em_compile_stats stats_of(const em_compiled *f) {
     return st;
 }
 
+/* f called on a random x [b, cols] (seed b, into *x); its result. */
+static em_tensor *call_at(em_compiled *f, int64_t b, int64_t cols, em_tensor **x) {
+    em_tensor *y = NULL;
+    *x = tu_random((uint64_t)b, 2, TU_SIZES(b, cols), EM_F32, 1);
+    ck_assert_msg(em_call(f, x, NULL, &y) == EM_OK, "%s", em_last_error());
+    return y;
+}
+
+/* Asserts f's trace and dynamic-entry counts, then frees it. */
+static void expect_entries(em_compiled *f, int64_t traces, int dynamic) {
+    em_compile_stats st = stats_of(f);
+    ck_assert_int_eq(st.traces, traces);
+    ck_assert_int_eq(st.dynamic_entries, dynamic);
+    em_compiled_free(f);
+}
+
 /* Calls softmax_fn's compiled form on x and checks the values. */
 static void check_softmax_call(em_compiled *f, em_tensor *x) {
     em_tensor *y;
@@ -532,17 +548,13 @@ START_TEST(a_reshape_by_the_batch_follows_it) {
     em_compile_options o = options("pairs", 1, 0);
     em_compiled *f = em_compile(pairs_fn, NULL, &o);
     for (int64_t b = 2; b <= 6; b++) {
-        em_tensor *x = tu_random((uint64_t)b, 2, TU_SIZES(b, 8), EM_F32, 1), *y;
-        ck_assert_msg(em_call(f, &x, NULL, &y) == EM_OK, "%s", em_last_error());
+        em_tensor *x, *y = call_at(f, b, 8, &x);
         double *xv = tu_values(x), ref[6 * 4];
         for (int64_t i = 0; i < b * 4; i++) ref[i] = exp(xv[2 * i] + xv[2 * i + 1]);
         tu_check_close(y, ref, 2, TU_SIZES(b, 4), 1e-5, 1e-6);
         free(xv);
     }
-    em_compile_stats st = stats_of(f);
-    ck_assert_int_eq(st.traces, 2);
-    ck_assert_int_eq(st.dynamic_entries, 1);
-    em_compiled_free(f);
+    expect_entries(f, 2, 1);
 }
 END_TEST
 
@@ -551,17 +563,13 @@ START_TEST(a_created_tensor_of_the_batch_follows_it) {
     o.recompile_limit = 16;
     em_compiled *f = em_compile(created_fn, NULL, &o);
     for (int64_t b = 2; b <= 6; b++) {
-        em_tensor *x = tu_random((uint64_t)b, 2, TU_SIZES(b, 8), EM_F32, 1), *y;
-        ck_assert_msg(em_call(f, &x, NULL, &y) == EM_OK, "%s", em_last_error());
+        em_tensor *x, *y = call_at(f, b, 8, &x);
         double *xv = tu_values(x), ref[6 * 8];
         for (int64_t i = 0; i < b * 8; i++) ref[i] = 1 / (1 + exp(-(xv[i] + 0.75)));
         tu_check_close(y, ref, 2, TU_SIZES(b, 8), 1e-5, 1e-6);
         free(xv);
     }
-    em_compile_stats st = stats_of(f);
-    ck_assert_int_eq(st.traces, 2);
-    ck_assert_int_eq(st.dynamic_entries, 1);
-    em_compiled_free(f);
+    expect_entries(f, 2, 1);
 }
 END_TEST
 
@@ -570,16 +578,12 @@ START_TEST(a_created_tensor_of_the_batch_squared_stays_static_and_correct) {
     o.recompile_limit = 16;
     em_compiled *f = em_compile(square_fn, NULL, &o);
     for (int64_t b = 2; b <= 5; b++) {
-        em_tensor *x = tu_random((uint64_t)b, 2, TU_SIZES(b, 3), EM_F32, 1), *y;
-        ck_assert_msg(em_call(f, &x, NULL, &y) == EM_OK, "%s", em_last_error());
+        em_tensor *x, *y = call_at(f, b, 3, &x);
         double ref[25];
         for (int64_t i = 0; i < b * b; i++) ref[i] = 1.0;
         tu_check_close(y, ref, 1, TU_SIZES(b * b), 0, 0);
     }
-    em_compile_stats st = stats_of(f);
-    ck_assert_int_eq(st.traces, 4);
-    ck_assert_int_eq(st.dynamic_entries, 0);
-    em_compiled_free(f);
+    expect_entries(f, 4, 0);
 }
 END_TEST
 
@@ -641,10 +645,7 @@ START_TEST(replay_backend_serves_dynamic_sizes) {
     em_compiled *f = em_compile(softmax_fn, NULL, &o);
     for (int64_t b = 2; b <= 7; b++)
         check_softmax_call(f, tu_random((uint64_t)b, 2, TU_SIZES(b, 8), EM_F32, 1));
-    em_compile_stats st = stats_of(f);
-    ck_assert_int_eq(st.traces, 2);
-    ck_assert_int_eq(st.dynamic_entries, 1);
-    em_compiled_free(f);
+    expect_entries(f, 2, 1);
 }
 END_TEST
 
