@@ -606,16 +606,37 @@ struct jit_workers {
     double timeout;
 };
 
-/* The items by decreasing instruction count: largest first, so that two
+/* An estimate of k's compile time, in the scheduler's units (schedule.c):
+ * each instruction 1, each inlined transcendental (ALU cost 10 or more:
+ * exp, erf, tanh...) 24; libgccjit spends ~1.5 ms a unit.  (A gelu
+ * kernel of 22 instructions took as long as a 59-instruction one.) */
+static long compile_cost(const k_kernel *k) {
+    long c = 0;
+    for (int i = 0; i < k->n; i++) {
+        k_alu a = k->insts[i].alu;
+        bool alu = k->insts[i].op == K_ALU || k->insts[i].op == K_ACC;
+        c += alu && a != KA_NONE && a < KA_COUNT && kir_alu_info(a)->cost >= 10 ? 24 : 1;
+    }
+    return c;
+}
+
+/* The items by decreasing compile cost: the longest first, so that two
  * workers do not end with one long kernel left on one of them. */
 static int *order_items(k_kernel *const *ks, int n) {
     int *o = em_malloc(sizeof(int) * (size_t)n);
-    if (!o) return NULL;
+    long *cost = em_malloc(sizeof(long) * (size_t)n);
+    if (!o || !cost) {
+        em_free(o);
+        em_free(cost);
+        return NULL;
+    }
     for (int i = 0; i < n; i++) { /* insertion sort: stable, and n is a graph's misses */
+        cost[i] = compile_cost(ks[i]);
         int j = i;
-        for (; j > 0 && ks[o[j - 1]]->n < ks[i]->n; j--) o[j] = o[j - 1];
+        for (; j > 0 && cost[o[j - 1]] < cost[i]; j--) o[j] = o[j - 1];
         o[j] = i;
     }
+    em_free(cost);
     return o;
 }
 
