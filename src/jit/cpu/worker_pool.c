@@ -522,19 +522,35 @@ fail:;
     return false;
 }
 
-/* Ends p: killed first (kill_first), reaped, forgotten, its pipes closed;
- * its wait status (0 when it was not ours to reap). */
-static int proc_end(proc *p, bool kill_first) {
-    int st = 0;
-    if (kill_first) kill(p->pid, SIGKILL);
-    /* our own child only: a waitpid(-1) could reap a process of the
-     * program that hosts us */
-    while (waitpid(p->pid, &st, 0) < 0 && errno == EINTR) {}
+/* Forgets p, already reaped (or not ours to reap: a program that waits
+ * for any child took it), without signalling its pid, which may be
+ * another process's by now. */
+static void proc_forget(proc *p) {
     live_set(p->pid, false);
     if (p->in >= 0) close(p->in);
     if (p->out >= 0) close(p->out);
     *p = (proc){.pid = -1, .in = -1, .out = -1};
-    return st;
+}
+
+/* Ends p: killed first (kill_first), else given 200 ms to exit by itself
+ * (it closed its answers: it is leaving, or it is broken and is killed
+ * then); reaped, forgotten, its pipes closed.  Its wait status (0 when it
+ * was not ours to reap). */
+static int proc_end(proc *p, bool kill_first) {
+    int st = 0;
+    pid_t r = 0;
+    for (int t = 0; !kill_first && t < 200 && r == 0; t++) {
+        while ((r = waitpid(p->pid, &st, WNOHANG)) < 0 && errno == EINTR) {}
+        if (r == 0) usleep(1000);
+    }
+    if (r == 0) {
+        kill(p->pid, SIGKILL);
+        /* our own child only: a waitpid(-1) could reap a process of the
+         * program that hosts us */
+        while ((r = waitpid(p->pid, &st, 0)) < 0 && errno == EINTR) {}
+    }
+    proc_forget(p);
+    return r > 0 ? st : 0;
 }
 
 /* Whether idle worker p can take a kernel: alive, and silent (an idle
@@ -545,14 +561,8 @@ static bool proc_sound(proc *p) {
     while ((r = waitpid(p->pid, NULL, WNOHANG)) < 0 && errno == EINTR) {}
     struct pollfd pf = {p->out, POLLIN, 0};
     if (r == 0 && poll(&pf, 1, 0) == 0) return true;
-    if (r == p->pid) { /* already reaped */
-        live_set(p->pid, false);
-        close(p->in);
-        close(p->out);
-        *p = (proc){.pid = -1, .in = -1, .out = -1};
-    } else {
-        proc_end(p, true);
-    }
+    if (r == 0) proc_end(p, true);
+    else proc_forget(p); /* reaped now, or by someone else */
     return false;
 }
 
