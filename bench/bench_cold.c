@@ -1,7 +1,7 @@
 /* bench_cold.c - issue 22: cold first calls of whole models, and the peak
  * memory of the process and of its compile workers.
  *
- *   bench/bench_cold [--runs N] [--cases gpt2,gpt2_block,gpt2_blocks,minilm]
+ *   bench/bench_cold [--runs N] [--cases gpt2,gpt2_block,gpt2_blocks,minilm,...]
  *                    [--model DIR] [--json OUT]
  *   bench/bench_cold --one CASE [--model DIR]   (one run, in this process)
  *
@@ -14,7 +14,11 @@
  *   gpt2_blocks the same forward as 12 em_compile'd block functions, one
  *               per layer (the layers' identical kernels then compile once);
  *   minilm      the MiniLM demo's encoder (examples/minilm: 8 compiled
- *               functions) on its three default sentences.
+ *               functions) on its three default sentences;
+ *   gpt2_async, minilm_async  gpt2 and minilm with EMBER_ASYNC_COMPILE=1:
+ *               the first call runs op by op while the kernels compile in
+ *               the background; also printed: when the first call served by
+ *               compiled kernels ended (the others run with it off).
  *
  * Each run is a new process (fork + exec) with a new, empty kernel cache
  * (EMBER_CACHE_DIR): the model is built, run once eagerly (untimed: the
@@ -123,6 +127,8 @@ static em_status gpt2_fn(void *ctx, em_tensor *const *in, const double *s, em_te
 
 typedef struct result {
     double first;          /* seconds */
+    double compiled_after; /* async cases: from the first call's start to the end
+                              of the first call served by compiled kernels */
     long long compiled, loaded;
     double rss_mb, worker_mb; /* peak RSS: the process, its largest worker */
     int workers;           /* its live compile workers at the end */
@@ -198,10 +204,24 @@ static bool call_blocks(em_compiled **f, em_tensor *x, float *y, size_t nbytes) 
     return ok;
 }
 
+/* Calls served op by op while their entry compiled (async compile). */
+static int64_t pending(em_compiled **f, int n) {
+    int64_t p = 0;
+    for (int i = 0; i < n; i++) {
+        em_compile_stats st;
+        em_compiled_stats(f[i], &st);
+        p += st.pending;
+    }
+    return p;
+}
+
+static bool async; /* a case named *_async: EMBER_ASYNC_COMPILE=1 */
+
 static int run_gpt2(const char *which, result *r) {
     em_generator *g = em_generator_new(22);
     static gpt2 m;
-    bool whole = !strcmp(which, "gpt2"), blocks = !strcmp(which, "gpt2_blocks");
+    bool whole = !strncmp(which, "gpt2", 4) && (!which[4] || !strcmp(which + 4, "_async"));
+    bool blocks = !strncmp(which, "gpt2_blocks", 11);
     int nl = whole || blocks ? NL : 1;
     for (int l = 0; l < nl; l++)
         if (!block_init(&m.layer[l], g)) return 1;
@@ -219,9 +239,29 @@ static int run_gpt2(const char *which, result *r) {
     double t0 = now();
     bool ok = blocks ? call_blocks(f, x, y, nbytes) : call_once(f[0], fn, ctx, x, y, nbytes);
     r->first = now() - t0;
+    /* async compile: call again until a call runs no entry op by op */
+    for (int64_t before = pending(f, blocks ? NL : 1); ok && async && now() - t0 < 120;) {
+        ok = blocks ? call_blocks(f, x, y, nbytes) : call_once(f[0], fn, ctx, x, y, nbytes);
+        int64_t after = pending(f, blocks ? NL : 1);
+        if (after == before) {
+            r->compiled_after = now() - t0;
+            break;
+        }
+        before = after;
+    }
     for (int l = 0; ok && l < (blocks ? NL : 1); l++) take_stats(f[l], r);
     free(y);
     return ok ? 0 : 1;
+}
+
+/* pending() over the demo's compiled functions (bert_compiled_stats does
+ * not sum it). */
+static int64_t bert_pending(const bert_compiled *c) {
+    em_compiled *f[64];
+    int n = 0;
+    f[n++] = c->embed, f[n++] = c->pool;
+    for (int i = 0; i < c->count && n < 64; i++) f[n++] = c->layer[i];
+    return pending(f, n);
 }
 
 static int run_minilm(const char *dir, result *r) {
@@ -247,22 +287,34 @@ static int run_minilm(const char *dir, result *r) {
          em_copy_to_host(out, emb, sizeof emb) == EM_OK;
     em_scope_end();
     r->first = now() - t0;
-    if (!ok) fprintf(stderr, "bench_cold: minilm: %s\n", em_last_error());
+    for (int64_t before = bert_pending(&cf); ok && async && now() - t0 < 120;) { /* until compiled */
+        em_scope_begin();
+        ok = bert_compiled_call(&cf, &m, in, &out) == EM_OK && em_copy_to_host(out, emb, sizeof emb) == EM_OK;
+        em_scope_end();
+        int64_t after = bert_pending(&cf);
+        if (after == before) {
+            r->compiled_after = now() - t0;
+            break;
+        }
+        before = after;
+    }
     em_compile_stats st;
     bert_compiled_stats(&cf, &st);
     r->compiled = st.kernels_compiled, r->loaded = st.kernels_loaded;
+    if (!ok) fprintf(stderr, "bench_cold: minilm: %s\n", em_last_error());
     return ok ? 0 : 1;
 }
 
 /* One run in this process; prints one machine-readable line. */
 static int run_one(const char *which, const char *model) {
     result r = {0};
-    int rc = !strcmp(which, "minilm") ? run_minilm(model, &r) : run_gpt2(which, &r);
+    async = strstr(which, "_async") != NULL;
+    int rc = !strncmp(which, "minilm", 6) ? run_minilm(model, &r) : run_gpt2(which, &r);
     if (rc) return rc;
     r.rss_mb = peak_mb("self");
     r.worker_mb = workers_peak(&r.workers);
-    printf("RESULT %s %.4f %lld %lld %.1f %.1f %d\n", which, r.first, r.compiled, r.loaded, r.rss_mb,
-           r.worker_mb, r.workers);
+    printf("RESULT %s %.4f %lld %lld %.1f %.1f %d %.4f\n", which, r.first, r.compiled, r.loaded, r.rss_mb,
+           r.worker_mb, r.workers, r.compiled_after);
     return 0;
 }
 
@@ -278,6 +330,7 @@ static bool run_child(const char *which, const char *model, result *r) {
     pid_t pid = fork();
     if (pid == 0) {
         setenv("EMBER_CACHE_DIR", dir, 1);
+        setenv("EMBER_ASYNC_COMPILE", strstr(which, "_async") ? "1" : "0", 1);
         dup2(fds[1], 1);
         close(fds[0]);
         char *args[] = {"/proc/self/exe", "--one", (char *)which, "--model", (char *)model, NULL};
@@ -290,8 +343,8 @@ static bool run_child(const char *which, const char *model, result *r) {
     bool ok = false;
     while (f && fgets(buf, sizeof buf, f))
         if (!strncmp(buf, "RESULT ", 7))
-            ok = sscanf(buf + 7, "%31s %lf %lld %lld %lf %lf %d", name, &r->first, &r->compiled, &r->loaded,
-                        &r->rss_mb, &r->worker_mb, &r->workers) == 7;
+            ok = sscanf(buf + 7, "%31s %lf %lld %lld %lf %lf %d %lf", name, &r->first, &r->compiled, &r->loaded,
+                        &r->rss_mb, &r->worker_mb, &r->workers, &r->compiled_after) == 8;
     if (f) fclose(f);
     int st = 0;
     if (pid > 0) waitpid(pid, &st, 0);
@@ -305,22 +358,31 @@ static double median(double *v, int n) {
     return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
+static const char *const CASES[][2] = {
+    {"gpt2", "GPT-2 small, 12 layers, one function"},
+    {"gpt2_block", "GPT-2 small, one block"},
+    {"gpt2_blocks", "GPT-2 small, 12 block functions"},
+    {"minilm", "MiniLM-L6 encoder (demo, 3 sentences)"},
+    {"gpt2_async", "GPT-2 small, one function, async compile"},
+    {"minilm_async", "MiniLM-L6 encoder, async compile"},
+};
+
+/* The description of case which, or NULL when there is no such case. */
 static const char *describe(const char *which) {
-    return !strcmp(which, "gpt2")          ? "GPT-2 small, 12 layers, one function"
-           : !strcmp(which, "gpt2_block")  ? "GPT-2 small, one block"
-           : !strcmp(which, "gpt2_blocks") ? "GPT-2 small, 12 block functions"
-                                           : "MiniLM-L6 encoder (demo, 3 sentences)";
+    for (size_t i = 0; i < sizeof CASES / sizeof CASES[0]; i++)
+        if (!strcmp(which, CASES[i][0])) return CASES[i][1];
+    return NULL;
 }
 
 /* Runs a case runs times; prints its line, and its JSON entry to js. */
 static bool run_case(const char *which, const char *model, int runs, FILE *js, bool *first_js) {
-    double first[64], rss[64], wrk[64];
+    double first[64], rss[64], wrk[64], after[64];
     result r = {0};
     int n = 0;
     for (int i = 0; i < runs && i < 64; i++) {
         result one = {0};
         if (!run_child(which, model, &one)) continue;
-        first[n] = one.first, rss[n] = one.rss_mb, wrk[n] = one.worker_mb;
+        first[n] = one.first, rss[n] = one.rss_mb, wrk[n] = one.worker_mb, after[n] = one.compiled_after;
         r = one;
         n++;
     }
@@ -330,21 +392,23 @@ static bool run_case(const char *which, const char *model, int runs, FILE *js, b
     }
     double lo = first[0], hi = first[0];
     for (int i = 1; i < n; i++) lo = fmin(lo, first[i]), hi = fmax(hi, first[i]);
-    double med = median(first, n), mrss = median(rss, n), mwrk = median(wrk, n);
+    double med = median(first, n), mrss = median(rss, n), mwrk = median(wrk, n), maft = median(after, n);
     printf("%-12s %-40s %8.3f s  (%.3f-%.3f, %d runs)  %4lld compiled %4lld loaded  peak RSS %5.0f MB"
-           "  workers %d x %4.0f MB\n",
+           "  workers %d x %4.0f MB",
            which, describe(which), med, lo, hi, n, r.compiled, r.loaded, mrss, r.workers, mwrk);
+    if (maft > 0) printf("  compiled kernels in use after %.3f s", maft);
+    printf("\n");
     if (js)
         fprintf(js, "%s\n  \"%s\": {\"first_call_s\": %.4f, \"min_s\": %.4f, \"max_s\": %.4f, \"runs\": %d, "
                     "\"kernels_compiled\": %lld, \"kernels_loaded\": %lld, \"peak_rss_mb\": %.1f, "
-                    "\"workers\": %d, \"worker_peak_rss_mb\": %.1f}",
-                *first_js ? "" : ",", which, med, lo, hi, n, r.compiled, r.loaded, mrss, r.workers, mwrk);
+                    "\"workers\": %d, \"worker_peak_rss_mb\": %.1f, \"compiled_after_s\": %.4f}",
+                *first_js ? "" : ",", which, med, lo, hi, n, r.compiled, r.loaded, mrss, r.workers, mwrk, maft);
     *first_js = false;
     return true;
 }
 
 int main(int argc, char **argv) {
-    const char *cases = "gpt2,gpt2_block,gpt2_blocks,minilm", *json = NULL, *one = NULL;
+    const char *cases = "gpt2,gpt2_block,gpt2_blocks,minilm,gpt2_async,minilm_async", *json = NULL, *one = NULL;
     char mbuf[4096];
     const char *model = getenv("EMBER_MODEL_DIR");
 #ifdef MINILM_DEFAULT_DIR
@@ -358,14 +422,20 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--model") && i + 1 < argc) model = argv[++i];
         else if (!strcmp(argv[i], "--json") && i + 1 < argc) json = argv[++i];
         else {
-            fprintf(stderr, "usage: %s [--runs N] [--cases gpt2,gpt2_block,gpt2_blocks,minilm] "
+            fprintf(stderr, "usage: %s [--runs N] [--cases gpt2,gpt2_block,gpt2_blocks,minilm,gpt2_async,minilm_async] "
                             "[--model DIR] [--json OUT] | --one CASE [--model DIR]\n", argv[0]);
             return 2;
         }
     }
     if (!model) model = "models/all-MiniLM-L6-v2";
     snprintf(mbuf, sizeof mbuf, "%s", model);
-    if (one) return run_one(one, mbuf);
+    if (one) {
+        if (!describe(one)) {
+            fprintf(stderr, "bench_cold: unknown case '%s'\n", one);
+            return 2;
+        }
+        return run_one(one, mbuf);
+    }
     if (runs < 1 || runs > 64) {
         fprintf(stderr, "bench_cold: --runs must be in [1, 64]\n");
         return 2;
@@ -379,11 +449,11 @@ int main(int argc, char **argv) {
     char cbuf[256];
     snprintf(cbuf, sizeof cbuf, "%s", cases);
     for (char *c = strtok(cbuf, ","); c; c = strtok(NULL, ",")) {
-        if (strcmp(c, "gpt2") && strcmp(c, "gpt2_block") && strcmp(c, "gpt2_blocks") && strcmp(c, "minilm")) {
+        if (!describe(c)) {
             fprintf(stderr, "bench_cold: unknown case '%s'\n", c);
             return 2;
         }
-        if (!strcmp(c, "minilm") && access(model, R_OK) != 0) {
+        if (!strncmp(c, "minilm", 6) && access(model, R_OK) != 0) {
             printf("%-12s skipped: no model files in %s (tools/fetch-minilm, or --model DIR)\n", c, model);
             continue;
         }

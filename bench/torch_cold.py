@@ -43,6 +43,8 @@ DESCRIBE = {
     "gpt2_block": "GPT-2 small, one block",
     "gpt2_blocks": "GPT-2 small, 12 block functions",
     "minilm": "MiniLM-L6 encoder (demo, 3 sentences)",
+    "gpt2_async": "GPT-2 small, one function, async compile",
+    "minilm_async": "MiniLM-L6 encoder, async compile",
 }
 
 
@@ -221,7 +223,7 @@ def main():
           f"{'torch RSS':>16s}")
     torch_of = {c: (m, g) for c, m, g in rows}
     for case, e in ember.items():
-        tcase = "gpt2" if case == "gpt2_blocks" else case
+        tcase = "gpt2" if case in ("gpt2_blocks", "gpt2_async") else case.replace("_async", "")
         if tcase not in torch_of:
             continue
         m, g = torch_of[tcase]
