@@ -2,7 +2,8 @@
  * workers are started once and reused by later compiles, a dead or hung
  * worker is replaced (its kernels failed, its graph op by op), a forked
  * child never uses or kills its parent's workers, and workers die with
- * their process, even one killed by SIGKILL.
+ * their process, even one killed by SIGKILL, and idle ones after
+ * EMBER_WORKER_IDLE seconds.
  *
  * Counts are deltas of jit_workers_count: under CK_FORK=no (valgrind)
  * every test runs in one process. */
@@ -136,6 +137,7 @@ static void teardown(void) {
     real_worker = NULL;
     unsetenv("EMBER_COMPILE_TIMEOUT");
     unsetenv("EMBER_LOG_FILE");
+    unsetenv("EMBER_WORKER_IDLE");
     nftw(cache_dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
     tu_teardown();
 }
@@ -345,6 +347,32 @@ START_TEST(workers_end_when_their_process_is_killed) {
 }
 END_TEST
 
+/* EMBER_WORKER_IDLE: idle workers are ended (and reaped) once kept that
+ * long, so a program that compiled once does not hold them; the next
+ * compile starts new ones.  0 keeps none. */
+START_TEST(idle_workers_end_after_their_keep_time) {
+    NEED_WORKER();
+    setenv("EMBER_WORKER_IDLE", "0.5", 1);
+    compile_and_check(12.5);
+    int pids[64], n = jit_workers_idle_pids(pids, 64);
+    ck_assert_int_ge(n, 1);
+    long s1 = started();
+    for (double end = now() + 10; idle() > 0 && now() < end;) usleep(10000);
+    ck_assert_int_eq(idle(), 0);
+    for (int i = 0; i < n; i++) { /* popped, then killed and reaped */
+        for (double end = now() + 5; kill(pids[i], 0) == 0 && now() < end;) usleep(1000);
+        errno = 0;
+        ck_assert_msg(kill(pids[i], 0) != 0 && errno == ESRCH, "expired worker %d was not reaped", pids[i]);
+    }
+    ck_assert_int_eq(compile_and_check(13.5).kernels_compiled, 2);
+    ck_assert_int_eq(started() - s1, idle()); /* all new */
+    ck_assert_int_ge(idle(), 1);
+    setenv("EMBER_WORKER_IDLE", "0", 1);
+    ck_assert_int_eq(compile_and_check(14.5).kernels_compiled, 2);
+    ck_assert_int_eq(idle(), 0);
+}
+END_TEST
+
 int main(void) {
     const tu_test tests[] = {
         {"a_second_compile_reuses_the_workers", a_second_compile_reuses_the_workers},
@@ -353,6 +381,7 @@ int main(void) {
         {"a_forked_child_uses_workers_of_its_own", a_forked_child_uses_workers_of_its_own},
         {"workers_end_when_their_process_exits", workers_end_when_their_process_exits},
         {"workers_end_when_their_process_is_killed", workers_end_when_their_process_is_killed},
+        {"idle_workers_end_after_their_keep_time", idle_workers_end_after_their_keep_time},
     };
     /* tu_suite's cases, each with a fresh kernel cache around testutil's scope */
     Suite *s = suite_create("worker");

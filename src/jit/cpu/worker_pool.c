@@ -18,7 +18,9 @@
  * are reported failed (not to be compiled in process: what hung or
  * crashed a worker would hang or crash the program; its graph runs op by
  * op), and the next compile starts a fresh worker in its place.  An idle
- * worker that died meanwhile is found dead when taken, and replaced.
+ * worker that died meanwhile is found dead when taken, and replaced.  An
+ * idle worker is kept EMBER_WORKER_IDLE seconds (default 30), then the
+ * reaper thread (alive only while workers are idle) ends it.
  *
  * Workers die with the process: exit (atexit) and the fatal signals kill
  * them, and a worker exits by itself once nothing holds the write end of
@@ -60,6 +62,9 @@ extern char **environ;
 #define MAGIC "EMKIR01"
 #define DEFAULT_TIMEOUT 120.0 /* seconds: a kernel compiles in 20-40 ms */
 #define MAX_LIVE 256          /* workers tracked for the exit cleanup */
+#define DEFAULT_KEEP 30.0     /* seconds an idle worker is kept: a program's
+                                 compiles come in bursts (its first calls, a
+                                 recompile); each idle worker holds ~40 MB */
 
 bool jit_worker_write(FILE *f, const k_kernel *k, const char *path) {
     uint32_t hdr[5] = {(uint32_t)sizeof(k_inst), (uint32_t)strlen(k->name), (uint32_t)k->n,
@@ -113,14 +118,18 @@ typedef struct proc {
     int in, out;   /* our ends of its stdin and stdout */
     uint64_t kind; /* its program and CPU level (proc_kind): an idle worker
                       serves only compiles that would start the same one */
+    double idle_since; /* when it was last given back (now()) */
 } proc;
 
 static struct {
     pthread_mutex_t m;
     pthread_cond_t freed;  /* a worker slot was given back */
+    pthread_cond_t wake;   /* the reaper's: exiting, or wp.keep changed */
     int busy;              /* worker slots compiles hold now */
-    proc idle[MAX_LIVE];   /* workers between compiles */
+    proc idle[MAX_LIVE];   /* workers between compiles, the longest idle first */
     int nidle;
+    double keep;           /* seconds an idle worker is kept (EMBER_WORKER_IDLE) */
+    bool reaper;           /* the reaper thread runs (it ends the expired ones) */
     long started;          /* workers this process started (jit_workers_count) */
     pid_t live[MAX_LIVE];  /* every worker's pid, idle or busy (0: a free slot),
                               for the exit cleanup */
@@ -129,7 +138,8 @@ static struct {
                               child must not use or kill its parent's workers */
     bool registered;       /* the exit cleanup is registered */
     bool shutdown;         /* exiting: no new worker, no new temporary file */
-} wp = {.m = PTHREAD_MUTEX_INITIALIZER, .freed = PTHREAD_COND_INITIALIZER};
+} wp = {.m = PTHREAD_MUTEX_INITIALIZER, .freed = PTHREAD_COND_INITIALIZER,
+        .wake = PTHREAD_COND_INITIALIZER};
 
 static int dir_fd = -1; /* the private directory, open for the signal handler */
 
@@ -147,6 +157,11 @@ static void adopt_process(void) {
         close(wp.idle[i].out);
     }
     wp.nidle = 0;
+    wp.reaper = false; /* the parent's thread is not in the child */
+    /* nor are the threads that waited on these conditions: glibc's
+     * broadcast would wait for those phantom waiters forever */
+    wp.wake = (pthread_cond_t)PTHREAD_COND_INITIALIZER;
+    wp.freed = (pthread_cond_t)PTHREAD_COND_INITIALIZER;
     wp.started = 0;
     memset(wp.live, 0, sizeof wp.live);
     wp.dir[0] = '\0';
@@ -263,6 +278,7 @@ void jit_workers_shutdown(void) {
         for (int i = 0; i < MAX_LIVE; i++)
             for (int t = 0; wp.live[i] > 0 && t < 2000 && !is_dead(wp.live[i]); t++) usleep(1000);
         reap_idle();
+        pthread_cond_broadcast(&wp.wake); /* the reaper ends */
         if (wp.dir[0]) nftw(wp.dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
         wp.dir[0] = '\0';
         if (dir_fd >= 0) close(dir_fd);
@@ -580,12 +596,79 @@ static bool idle_take(uint64_t kind, proc *p) {
     }
 }
 
-/* Puts sound worker p back among the idle ones; while exiting it is ended
- * instead. */
-static void idle_give(proc *p) {
+/* EMBER_WORKER_IDLE: the seconds an idle worker is kept; 0: none is (each
+ * compile starts its workers, as when they exited after their kernels). */
+static double keep_seconds(void) {
+    char buf[64];
+    const char *e = em_getenv("EMBER_WORKER_IDLE", buf, sizeof buf);
+    char *end;
+    double v = e && *e ? strtod(e, &end) : DEFAULT_KEEP;
+    return e && *e && (*end || !(v >= 0) || v > 1e6) ? DEFAULT_KEEP : v;
+}
+
+/* Ends the idle workers kept longer than wp.keep (under wp.m, released
+ * while one is ended); when the next one expires, or 0 when none is idle. */
+static double reap_expired(void) {
+    while (wp.nidle > 0 && !wp.shutdown) {
+        double expires = wp.idle[0].idle_since + wp.keep;
+        if (expires > now()) return expires;
+        proc p = wp.idle[0];
+        memmove(wp.idle, wp.idle + 1, sizeof *wp.idle * (size_t)--wp.nidle);
+        pthread_mutex_unlock(&wp.m);
+        proc_end(&p, true);
+        pthread_mutex_lock(&wp.m);
+    }
+    return 0;
+}
+
+/* The reaper: a thread that lives while workers are idle, so that a
+ * program that compiled once does not hold them (and their memory) for
+ * the rest of its life. */
+static void *reaper(void *arg) {
+    (void)arg;
     pthread_mutex_lock(&wp.m);
-    bool kept = !wp.shutdown && wp.owner == getpid() && wp.nidle < MAX_LIVE;
-    if (kept) wp.idle[wp.nidle++] = *p;
+    for (double next; !wp.shutdown && (next = reap_expired()) > 0;) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts); /* the condition's clock */
+        double at = (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec + (next - now()) + 0.001;
+        ts.tv_sec = (time_t)at;
+        ts.tv_nsec = (long)((at - (double)ts.tv_sec) * 1e9);
+        pthread_cond_timedwait(&wp.wake, &wp.m, &ts);
+    }
+    wp.reaper = false;
+    pthread_mutex_unlock(&wp.m);
+    return NULL;
+}
+
+/* Starts the reaper (under wp.m) unless it runs; false when it cannot
+ * (no thread under a limit): then no worker is kept. */
+static bool reaper_running(void) {
+    if (wp.reaper) return true;
+    pthread_attr_t attr;
+    pthread_t t;
+    if (pthread_attr_init(&attr) != 0) return false;
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    sigset_t all, old;
+    sigfillset(&all); /* it takes none of the program's signals */
+    pthread_sigmask(SIG_BLOCK, &all, &old);
+    wp.reaper = pthread_create(&t, &attr, reaper, NULL) == 0;
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    pthread_attr_destroy(&attr);
+    return wp.reaper;
+}
+
+/* Puts sound worker p back among the idle ones, for EMBER_WORKER_IDLE
+ * seconds; while exiting (or with nothing to keep it) it is ended. */
+static void idle_give(proc *p) {
+    double keep = keep_seconds();
+    pthread_mutex_lock(&wp.m);
+    bool kept = keep > 0 && !wp.shutdown && wp.owner == getpid() && wp.nidle < MAX_LIVE && reaper_running();
+    if (kept) {
+        p->idle_since = now();
+        wp.keep = keep;
+        wp.idle[wp.nidle++] = *p;
+        pthread_cond_broadcast(&wp.wake); /* keep may be shorter now */
+    }
     pthread_mutex_unlock(&wp.m);
     if (!kept) proc_end(p, true);
 }
