@@ -686,17 +686,17 @@ typedef struct slot {
 } slot;
 
 struct jit_workers {
-    k_kernel *const *ks;
-    const char *const *paths;
+    k_kernel *const *ks;     /* the items: kernels (the caller's) */
+    const char *const *paths; /* and where their shared objects go */
     int n;
-    int *order;      /* the items, largest first (they bound the compile's length) */
-    int next;        /* order[next] is the next one to send */
-    bool stop;       /* a worker failed: nothing more is sent */
-    jit_worker_result *res;
-    slot *s;
+    int *order;              /* the items, costliest first (they bound the compile's length) */
+    int next;                /* order[next] is the next one to send */
+    bool stop;               /* a worker failed: nothing more is sent */
+    jit_worker_result *res;  /* per item (jit_workers_finish's) */
+    slot *s;                 /* one per worker slot taken */
     int nslots;
     const jit_log *log;
-    double timeout;
+    double timeout;          /* seconds per kernel (EMBER_COMPILE_TIMEOUT) */
 };
 
 /* An estimate of k's compile time, in the scheduler's units (schedule.c):
@@ -831,6 +831,26 @@ static double next_deadline(jit_workers *ws) {
     return first;
 }
 
+/* Whether an item is left that a live worker can take. */
+static bool work_left(const jit_workers *ws) {
+    bool live = false;
+    for (int k = 0; k < ws->nslots; k++) live |= ws->s[k].p.pid >= 0;
+    return live && !ws->stop && ws->next < ws->n;
+}
+
+/* The pipes to wait on, with the slot of each: a record still to write,
+ * and every answer awaited. */
+static int poll_set(jit_workers *ws, struct pollfd *pf, slot **who) {
+    int np = 0;
+    for (int k = 0; k < ws->nslots; k++) {
+        slot *s = &ws->s[k];
+        if (s->item < 0) continue;
+        if (s->sent < s->len) who[np] = s, pf[np++] = (struct pollfd){s->p.in, POLLOUT, 0};
+        who[np] = s, pf[np++] = (struct pollfd){s->p.out, POLLIN, 0};
+    }
+    return np;
+}
+
 /* Feeds the workers until every item is answered, failed or unsendable. */
 static void pump(jit_workers *ws) {
     for (;;) {
@@ -838,24 +858,18 @@ static void pump(jit_workers *ws) {
             if (ws->s[k].p.pid >= 0 && ws->s[k].item < 0) dispatch(ws, &ws->s[k]);
         double deadline = next_deadline(ws);
         if (deadline == 0) {
-            bool idle_left = false; /* a worker that can take what is left */
-            for (int k = 0; k < ws->nslots; k++) idle_left |= ws->s[k].p.pid >= 0;
-            if (!idle_left || ws->stop || ws->next >= ws->n) return;
+            if (!work_left(ws)) return;
             continue;
         }
         struct pollfd pf[2 * 64];
         slot *who[2 * 64];
-        int np = 0;
-        for (int k = 0; k < ws->nslots; k++) {
-            slot *s = &ws->s[k];
-            if (s->item < 0) continue;
-            if (s->sent < s->len) who[np] = s, pf[np++] = (struct pollfd){s->p.in, POLLOUT, 0};
-            who[np] = s, pf[np++] = (struct pollfd){s->p.out, POLLIN, 0};
-        }
+        int np = poll_set(ws, pf, who);
         double left = deadline - now();
         int r = poll(pf, (nfds_t)np, left <= 0 ? 0 : left > 1e6 ? 1000000000 : (int)(left * 1000) + 1);
-        if (r < 0 && errno != EINTR) {
-            ws->stop = true; /* cannot wait: what is in flight fails at its deadline */
+        if (r < 0 && errno != EINTR) { /* cannot wait (no memory): end what is in flight */
+            for (int k = 0; k < ws->nslots; k++)
+                if (ws->s[k].item >= 0) slot_fail(ws, &ws->s[k], "could not be waited for (poll failed)");
+            continue;
         }
         for (int i = 0; r > 0 && i < np; i++) {
             slot *s = who[i];
