@@ -18,7 +18,9 @@
  * are reported failed (not to be compiled in process: what hung or
  * crashed a worker would hang or crash the program; its graph runs op by
  * op), and the next compile starts a fresh worker in its place.  An idle
- * worker that died meanwhile is found dead when taken, and replaced.  An
+ * worker that died meanwhile is found dead when taken, and replaced; one
+ * that dies before its first answer of a compile (it was dying as it was
+ * taken) hands its kernel to a new worker, once.  An
  * idle worker is kept EMBER_WORKER_IDLE seconds (default 30), then the
  * reaper thread (alive only while workers are idle) ends it.
  *
@@ -682,6 +684,9 @@ typedef struct slot {
     size_t len, sent;
     double deadline; /* when the kernel in flight is late */
     bool started;    /* it had a worker */
+    bool unproven;   /* its worker was idle and has not answered in this compile:
+                        a death before that answer is the idle worker's (killed
+                        from outside, or as it was taken), not the kernel's */
     int err;         /* why none could start (errno) */
 } slot;
 
@@ -697,6 +702,10 @@ struct jit_workers {
     int nslots;
     const jit_log *log;
     double timeout;          /* seconds per kernel (EMBER_COMPILE_TIMEOUT) */
+    int *again;              /* items to send again first (nslots room: one per slot) */
+    int nagain;
+    char prog[EM_ENV_MAX];   /* the worker program, for a replacement */
+    uint64_t kind;
 };
 
 /* An estimate of k's compile time, in the scheduler's units (schedule.c):
@@ -752,8 +761,8 @@ static bool serialize(jit_workers *ws, slot *s, int i) {
 
 /* Gives s's idle worker the next item, if there is one to send. */
 static void dispatch(jit_workers *ws, slot *s) {
-    if (ws->stop || ws->next >= ws->n) return;
-    int i = ws->order[ws->next++];
+    if (ws->stop || (ws->nagain == 0 && ws->next >= ws->n)) return;
+    int i = ws->nagain > 0 ? ws->again[--ws->nagain] : ws->order[ws->next++];
     if (!serialize(ws, s, i)) { /* out of memory: so would libgccjit be, in process */
         ws->res[i] = JIT_WORKER_FAILED;
         ws->stop = true;
@@ -775,6 +784,14 @@ static void slot_clear_item(slot *s) {
  * unless it exited with a status: then it reported an error, and that
  * one compiles in process.  While exiting nothing is logged. */
 static void slot_fail(jit_workers *ws, slot *s, const char *killed_why) {
+    if (!killed_why && s->unproven && s->item >= 0 && !jit_workers_exiting()) {
+        proc_end(&s->p, false); /* its kernel goes to a new worker, once */
+        ws->again[ws->nagain++] = s->item;
+        slot_clear_item(s);
+        s->unproven = false;
+        if (!proc_start(&s->p, ws->prog, ws->kind)) s->err = errno;
+        return;
+    }
     pid_t pid = s->p.pid;
     int st = proc_end(&s->p, killed_why != NULL);
     const char *why = killed_why ? killed_why : WIFSIGNALED(st) ? "was killed by a signal" : NULL;
@@ -815,6 +832,7 @@ static void slot_receive(jit_workers *ws, slot *s) {
         return;
     }
     ws->res[s->item] = buf[0] == '+' ? JIT_WORKER_DONE : JIT_WORKER_RETRY;
+    s->unproven = false;
     slot_clear_item(s);
 }
 
@@ -835,7 +853,7 @@ static double next_deadline(jit_workers *ws) {
 static bool work_left(const jit_workers *ws) {
     bool live = false;
     for (int k = 0; k < ws->nslots; k++) live |= ws->s[k].p.pid >= 0;
-    return live && !ws->stop && ws->next < ws->n;
+    return live && !ws->stop && (ws->next < ws->n || ws->nagain > 0);
 }
 
 /* The pipes to wait on, with the slot of each: a record still to write,
@@ -888,18 +906,19 @@ bool jit_workers_exiting(void) {
 }
 
 static void workers_free(jit_workers *ws) {
+    em_free(ws->again);
     em_free(ws->order);
     em_free(ws->s);
     em_free(ws);
 }
 
 /* Gives every slot a worker: an idle one, else a new one. */
-static void slots_fill(jit_workers *ws, const char *prog) {
-    uint64_t kind = proc_kind(prog);
+static void slots_fill(jit_workers *ws) {
     for (int k = 0; k < ws->nslots; k++) {
         slot *s = &ws->s[k];
         *s = (slot){.item = -1, .p = {.pid = -1, .in = -1, .out = -1}};
-        if (!idle_take(kind, &s->p) && !proc_start(&s->p, prog, kind)) s->err = errno;
+        s->unproven = idle_take(ws->kind, &s->p);
+        if (!s->unproven && !proc_start(&s->p, ws->prog, ws->kind)) s->err = errno;
         s->started = s->p.pid >= 0;
     }
 }
@@ -914,15 +933,18 @@ jit_workers *jit_workers_start(k_kernel *const *kernels, const char *const *path
     jit_workers *ws = em_calloc(1, sizeof *ws);
     if (ws) ws->s = em_calloc((size_t)nworkers, sizeof *ws->s);
     if (ws && ws->s) ws->order = order_items(kernels, n);
-    if (ws && ws->order) ws->nslots = slots_take(nworkers);
-    if (!ws || !ws->order || ws->nslots == 0) {
+    if (ws && ws->order) ws->again = em_malloc(sizeof(int) * (size_t)nworkers);
+    if (ws && ws->again) ws->nslots = slots_take(nworkers);
+    if (!ws || !ws->again || ws->nslots == 0) {
         if (ws) workers_free(ws);
         em_clear_error(); /* the caller compiles in process */
         return NULL;
     }
-    *ws = (jit_workers){.ks = kernels, .paths = paths, .n = n, .order = ws->order, .s = ws->s,
-                        .nslots = ws->nslots, .log = log, .timeout = worker_timeout(log)};
-    slots_fill(ws, prog);
+    ws->ks = kernels, ws->paths = paths, ws->n = n, ws->log = log;
+    ws->timeout = worker_timeout(log);
+    snprintf(ws->prog, sizeof ws->prog, "%s", prog);
+    ws->kind = proc_kind(prog);
+    slots_fill(ws);
     return ws;
 }
 
@@ -938,11 +960,12 @@ static void settle_unsent(jit_workers *ws) {
         if (!ws->s[k].started) err = ws->s[k].err;
     }
     bool ending = jit_workers_exiting();
+    jit_worker_result r = ws->stop || !any || ending ? JIT_WORKER_FAILED : JIT_WORKER_RETRY;
     if (!any && !ending)
         jit_logf(ws->log, 0, "no compile worker could start (%s); %d kernels run op by op",
-                 strerror(err ? err : ENOMEM), ws->n - ws->next);
-    for (; ws->next < ws->n; ws->next++)
-        ws->res[ws->order[ws->next]] = ws->stop || !any || ending ? JIT_WORKER_FAILED : JIT_WORKER_RETRY;
+                 strerror(err ? err : ENOMEM), ws->n - ws->next + ws->nagain);
+    for (; ws->next < ws->n; ws->next++) ws->res[ws->order[ws->next]] = r;
+    while (ws->nagain > 0) ws->res[ws->again[--ws->nagain]] = r;
 }
 
 void jit_workers_finish(jit_workers *ws, jit_worker_result *res) {
