@@ -3,6 +3,8 @@
 #include "testutil.h"
 #include "../bench/workloads.h"
 
+#include "schedule.h"
+#include "trace.h"
 #include "worker.h"
 
 #include <string.h>
@@ -159,6 +161,43 @@ START_TEST(layernorm_is_one_kernel) {
     ck_assert_int_eq(check_fn(wl_layernorm_fn, 3, in, 1e-4, 1e-5), 1);
     em_tensor *one[3] = {randn(16, 2, TU_SIZES(3, 1)), randn(17, 1, TU_SIZES(1)), randn(18, 1, TU_SIZES(1))};
     check_fn(wl_layernorm_fn, 3, one, 1e-5, 1e-5);
+}
+END_TEST
+
+/* layer_norm's var reuses the mean its centering took (lower.c's
+ * same_mean): the kernel makes two passes over each row, then the store
+ * pass, not three (the mean twice) and the store. */
+START_TEST(layernorm_kernel_takes_the_mean_once) {
+    em_tensor *in[3] = {tu_random(13, 2, TU_SIZES(8, 256), EM_F32, 2.0), randn(14, 1, TU_SIZES(256)),
+                        randn(15, 1, TU_SIZES(256))}, *out = NULL;
+    char why[256] = "";
+    tr_recorder *r = tr_record_begin(3, in, NULL);
+    ck_assert_ptr_nonnull(r);
+    ck_assert_int_eq(wl_layernorm_fn(NULL, in, NULL, &out), EM_OK);
+    tr_graph *g = tr_record_end(r, 1, &out, why, sizeof why);
+    ck_assert_msg(g != NULL, "record: %s %s", why, em_last_error());
+    ck_assert_int_eq(tr_optimize(g, true), EM_OK);
+    sc_schedule *s = sc_build(g);
+    ck_assert_ptr_nonnull(s);
+    int *bufs = malloc(sizeof(int) * ((size_t)g->nnodes + 1)), kernels = 0;
+    for (int i = 0; i < s->nsteps; i++) {
+        if (s->steps[i].kind != SC_KERNEL) continue;
+        int nbufs, nouts, accs = 0, loops = 0;
+        k_kernel *k = sc_lower(s, s->steps[i].group, bufs, &nbufs, &nouts);
+        ck_assert_msg(k != NULL, "sc_lower: %s", em_last_error());
+        for (int j = 0; j < k->n; j++) {
+            accs += k->insts[j].op == K_ACC;
+            loops += k->insts[j].op == K_RANGE;
+        }
+        ck_assert_int_eq(accs, 2);      /* sum x, then sum (x - mean)^2 */
+        ck_assert_int_eq(loops, 1 + 3); /* the rows, two reduction passes, the store */
+        kir_free(k);
+        kernels++;
+    }
+    ck_assert_int_eq(kernels, 1);
+    free(bufs);
+    sc_free(s);
+    tr_graph_free(g);
 }
 END_TEST
 
@@ -394,6 +433,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, softmax_is_one_kernel);
     tcase_add_test(tc, a_computed_softmax_input_is_kept_between_passes);
     tcase_add_test(tc, layernorm_is_one_kernel);
+    tcase_add_test(tc, layernorm_kernel_takes_the_mean_once);
     tcase_add_test(tc, mlp_epilogue_fuses_after_matmul);
     tcase_add_test(tc, reductions_and_leading_dims);
     tcase_add_test(tc, integers_bools_and_where);

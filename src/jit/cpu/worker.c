@@ -1,35 +1,44 @@
-/* worker.c - ember-jit-worker: compiles one kernel to a shared object in
- * its own process (several, one after the other).
+/* worker.c - ember-jit-worker: compiles kernels to shared objects in its
+ * own process, one after the other, for as long as its parent feeds it.
  *
  * libgccjit serializes compiles within a process (a global lock), so the
  * cpu backend compiles a graph's kernels in parallel by handing them to
- * these workers (worker_pool.c).  Protocol (from the same build of Ember):
- * on stdin, records written by jit_worker_write (a kernel in binary kir,
- * then its output path), until end of input; on stdout, one '+' after
- * each shared object written.  Exit status 0 when every shared object is
- * written; otherwise the first error on stderr. */
+ * these workers (worker_pool.c), which it keeps between compiles.
+ * Protocol (from the same build of Ember): on stdin, records written by
+ * jit_worker_write (a kernel in binary kir, then its output path), one at
+ * a time; on stdout, one byte per record: '+' when its shared object is
+ * written, '-' when the compiler reported an error (the message on
+ * stderr; the next record is read as usual).  At end of input it exits
+ * 0; on a malformed record, 2. */
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <sys/prctl.h>
 #include <unistd.h>
 
 #include "cpu_gccjit.h"
 #include "worker.h"
 
-/* Dies with the process that spawned us (EMBER_JIT_PARENT): a worker must
- * not outlive a program that exited or was killed mid-compile. */
-static void die_with_parent(void) {
-    const char *p = getenv("EMBER_JIT_PARENT");
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (p && atoi(p) != (int)getppid()) exit(3); /* it died before the prctl */
+/* Exits once nothing holds the write end of stdin: the parent process is
+ * gone (exited, or killed by any signal), so nobody wants what we
+ * compile.  poll with no events asked reports only the hang-up and
+ * consumes nothing.  (PR_SET_PDEATHSIG would fire when the parent's
+ * spawning thread exits, while the parent still uses us.) */
+static void *watch_parent(void *arg) {
+    (void)arg;
+    for (;;) {
+        struct pollfd p = {0, 0, 0};
+        if (poll(&p, 1, -1) > 0 && (p.revents & (POLLHUP | POLLERR | POLLNVAL))) _exit(3);
+    }
+    return NULL;
 }
 
-static bool answer(void) {
+static bool answer(char c) {
     for (;;) {
-        ssize_t r = write(1, "+", 1);
+        ssize_t r = write(1, &c, 1);
         if (r == 1) return true;
         if (r < 0 && errno == EINTR) continue;
         return false;
@@ -37,7 +46,16 @@ static bool answer(void) {
 }
 
 int main(void) {
-    die_with_parent();
+    pthread_t t;
+    sigset_t all, old;
+    sigfillset(&all); /* the watcher takes no signal of ours */
+    pthread_sigmask(SIG_BLOCK, &all, &old);
+    int rc = pthread_create(&t, NULL, watch_parent, NULL);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (rc != 0) {
+        fprintf(stderr, "ember-jit-worker: cannot start its watcher thread\n");
+        return 1;
+    }
     /* the compiler's own children (as, collect2) must not hold our answer
      * pipe open after we exit */
     fcntl(1, F_SETFD, FD_CLOEXEC);
@@ -52,11 +70,9 @@ int main(void) {
         }
         em_status s = jit_cpu_write_so(k, path);
         kir_free(k);
-        if (s != EM_OK) {
-            fprintf(stderr, "ember-jit-worker: %s\n", em_last_error());
-            return 1;
-        }
-        if (!answer()) return 1;
+        if (s != EM_OK) fprintf(stderr, "ember-jit-worker: %s\n", em_last_error());
+        em_clear_error();
+        if (!answer(s == EM_OK ? '+' : '-')) break;
     }
     /* no destructors: the libraries' (OpenBLAS's joins its threads) have
      * nothing to save, and one can hang under a memory limit */

@@ -14,11 +14,14 @@ k_kernel *jit_worker_read(FILE *f, char *path, size_t pathlen);
 
 /* Compiles kernels[i] into shared objects at paths[i] in up to nworkers
  * worker processes (one per core at most in the whole process: the
- * threads that compile share them), which share the items round robin.
- * start returns NULL when no worker can run (EMBER_JIT_WORKER=0, no
- * worker program, no memory, exiting): the caller then compiles
- * everything itself, unless the process is exiting (jit_workers_exiting).  finish waits for them, at most EMBER_COMPILE_TIMEOUT
- * seconds (default 120), and says per item: */
+ * threads that compile share them), kept alive between compiles
+ * (worker_pool.c): idle ones are reused, new ones started only when none
+ * is idle; each is fed one kernel at a time, the largest first.  start
+ * returns NULL when no worker can run (EMBER_JIT_WORKER=0, no worker
+ * program, no memory, exiting): the caller then compiles everything
+ * itself, unless the process is exiting (jit_workers_exiting).  finish
+ * waits for the answers, each kernel at most EMBER_COMPILE_TIMEOUT
+ * seconds (default 120) from when it was sent, and says per item: */
 typedef enum jit_worker_result {
     JIT_WORKER_DONE,   /* the shared object is at its path */
     JIT_WORKER_RETRY,  /* not written (no worker started, or the compiler
@@ -37,8 +40,8 @@ void jit_workers_finish(jit_workers *w, jit_worker_result *res);
  * the process's private temporary directory; false when none can be made
  * (or the process is exiting). */
 bool jit_worker_temp_path(char *buf, size_t n);
-/* Kills the running workers and removes the private directory; later
- * compiles run without workers.  Registered with atexit; idempotent. */
+/* Kills the workers (idle and busy) and removes the private directory;
+ * later compiles run without workers.  Registered with atexit; idempotent. */
 void jit_workers_shutdown(void);
 /* Whether this process is exiting (jit_workers_shutdown ran in it): then
  * nothing compiles, in a worker or in process, and graphs run op by op. */
@@ -46,5 +49,11 @@ bool jit_workers_exiting(void);
 /* Whether a compile worker program can be run (EMBER_JIT_WORKER, the
  * installed one, the build tree's). */
 bool jit_workers_available(void);
+
+/* For tests and benchmarks: the workers this process started so far, and
+ * how many are idle now (either may be NULL). */
+void jit_workers_count(long *started, int *idle);
+/* The pids of the idle workers, at most max of them; how many. */
+int jit_workers_idle_pids(int *pids, int max);
 
 #endif

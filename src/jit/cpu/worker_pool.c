@@ -1,22 +1,42 @@
-/* worker_pool.c - running ember-jit-worker processes.
+/* worker_pool.c - ember-jit-worker processes, kept alive between compiles.
  *
  * A worker is spawned with posix_spawn (never fork: the parent may have
- * threads holding locks, libgccjit's among them), fed its kernels on a
- * pipe (stdin) and answers one '+' per shared object written on another
- * (stdout), whose end of file says it exited.  Where the program lives:
- * EMBER_JIT_WORKER, else the installed one (EMBER_WORKER_PATH, set by the
- * build).
+ * threads holding locks, libgccjit's among them) and then serves the
+ * process until it exits: a compile takes idle workers from the pool
+ * (spawning one only when none is idle, so that a process pays a worker's
+ * start and libgccjit's loading once per core, not once per compile) and
+ * feeds each one kernel at a time on its stdin, the largest first, as soon
+ * as it has answered the previous one on its stdout: '+' when the shared
+ * object is written, '-' when the compiler reported an error (that kernel
+ * then compiles in process).  Where the program lives: EMBER_JIT_WORKER,
+ * else the installed one (EMBER_WORKER_PATH, set by the build), else the
+ * build tree's.
  *
- * Nothing here waits without a deadline: a worker that has not answered
- * within EMBER_COMPILE_TIMEOUT seconds is killed, and so is one that
- * answers garbage; its kernels are then reported failed (not to be
- * compiled in process: what hung or crashed a worker would hang or crash
- * the program), and the graph runs op by op.
+ * Nothing here waits without a deadline: a kernel not answered within
+ * EMBER_COMPILE_TIMEOUT seconds of being sent kills its worker, and so
+ * does any other answer; that kernel, and with it those not yet sent,
+ * are reported failed (not to be compiled in process: what hung or
+ * crashed a worker would hang or crash the program; its graph runs op by
+ * op), and the next compile starts a fresh worker in its place.  An idle
+ * worker that died meanwhile is found dead when taken, and replaced; one
+ * that dies before its first answer of a compile (it was dying as it was
+ * taken) hands its kernel to a new worker, once.  An
+ * idle worker is kept EMBER_WORKER_IDLE seconds (default 30), then the
+ * reaper thread (alive only while workers are idle) ends it.
+ *
+ * Workers die with the process: exit (atexit) and the fatal signals kill
+ * them, and a worker exits by itself once nothing holds the write end of
+ * its stdin (its parent died, even of SIGKILL: worker.c).  Not
+ * PR_SET_PDEATHSIG: it fires when the *thread* that spawned the worker
+ * exits, which would kill a pooled worker that another thread now uses.
  *
  * Process-wide state (the one place outside the compile queue): how many
- * workers run (at most one per core, whatever the number of threads that
- * compile), their pids and the private temporary directory, so that exit
- * can kill the first and remove the second. */
+ * workers compiles use (at most one per core, whatever the number of
+ * threads that compile), the idle ones, every live pid and the private
+ * temporary directory, so that exit can kill the first and remove the
+ * second.  A forked child forgets it all at the fork (pthread_atfork): it
+ * starts workers of its own and never feeds, waits for or kills its
+ * parent's. */
 #include "worker.h"
 
 #include <stdio.h>
@@ -44,6 +64,9 @@ extern char **environ;
 #define MAGIC "EMKIR01"
 #define DEFAULT_TIMEOUT 120.0 /* seconds: a kernel compiles in 20-40 ms */
 #define MAX_LIVE 256          /* workers tracked for the exit cleanup */
+#define DEFAULT_KEEP 30.0     /* seconds an idle worker is kept: a program's
+                                 compiles come in bursts (its first calls, a
+                                 recompile); each idle worker holds ~40 MB */
 
 bool jit_worker_write(FILE *f, const k_kernel *k, const char *path) {
     uint32_t hdr[5] = {(uint32_t)sizeof(k_inst), (uint32_t)strlen(k->name), (uint32_t)k->n,
@@ -91,39 +114,81 @@ k_kernel *jit_worker_read(FILE *f, char *path, size_t pathlen) {
 
 /* ---- process-wide state ---- */
 
+/* A live worker process. */
+typedef struct proc {
+    pid_t pid;     /* -1: none */
+    int in, out;   /* our ends of its stdin and stdout */
+    uint64_t kind; /* its program and CPU level (proc_kind): an idle worker
+                      serves only compiles that would start the same one */
+    double idle_since; /* when it was last given back (now()) */
+} proc;
+
 static struct {
     pthread_mutex_t m;
     pthread_cond_t freed;  /* a worker slot was given back */
-    int busy;              /* workers running now */
-    pid_t live[MAX_LIVE];  /* their pids (0: a free slot), for the exit cleanup */
+    pthread_cond_t wake;   /* the reaper's: exiting, or wp.keep changed */
+    int busy;              /* worker slots compiles hold now */
+    proc idle[MAX_LIVE];   /* workers between compiles, the longest idle first */
+    int nidle;
+    double keep;           /* seconds an idle worker is kept (EMBER_WORKER_IDLE) */
+    bool reaper;           /* the reaper thread runs (it ends the expired ones) */
+    long started;          /* workers this process started (jit_workers_count) */
+    pid_t live[MAX_LIVE];  /* every worker's pid, idle or busy (0: a free slot),
+                              for the exit cleanup */
     char dir[EM_ENV_MAX];  /* private temporary directory ("" until made) */
-    pid_t owner;           /* the process dir and live belong to: a forked
-                              child must not kill its parent's workers */
+    pid_t owner;           /* the process all of this belongs to: a forked
+                              child must not use or kill its parent's workers */
     bool registered;       /* the exit cleanup is registered */
     bool shutdown;         /* exiting: no new worker, no new temporary file */
-} wp = {.m = PTHREAD_MUTEX_INITIALIZER, .freed = PTHREAD_COND_INITIALIZER};
+} wp = {.m = PTHREAD_MUTEX_INITIALIZER, .freed = PTHREAD_COND_INITIALIZER,
+        .wake = PTHREAD_COND_INITIALIZER};
 
 static int dir_fd = -1; /* the private directory, open for the signal handler */
 
 static void exit_cleanup(void) { jit_workers_shutdown(); }
 
-/* fork while another thread holds wp.m: the child's copy must be free */
-static void before_fork(void) { pthread_mutex_lock(&wp.m); }
-static void after_fork(void) { pthread_mutex_unlock(&wp.m); }
-
-/* Forgets a parent's state in a forked child (under wp.m). */
+/* Forgets a parent's state in a forked child (under wp.m).  The idle
+ * workers' pipes are closed, not written: a worker exits once its
+ * parent's copy closes too. */
 static void adopt_process(void) {
     if (wp.owner == getpid()) return;
     wp.owner = getpid();
     wp.busy = 0;
+    for (int i = 0; i < wp.nidle; i++) {
+        close(wp.idle[i].in);
+        close(wp.idle[i].out);
+    }
+    wp.nidle = 0;
+    wp.reaper = false; /* the parent's thread is not in the child */
+    /* nor are the threads that waited on these conditions: glibc's
+     * broadcast would wait for those phantom waiters forever */
+    wp.wake = (pthread_cond_t)PTHREAD_COND_INITIALIZER;
+    wp.freed = (pthread_cond_t)PTHREAD_COND_INITIALIZER;
+    wp.started = 0;
     memset(wp.live, 0, sizeof wp.live);
     wp.dir[0] = '\0';
     if (dir_fd >= 0) close(dir_fd); /* the parent's directory */
     dir_fd = -1;
-    if (!wp.registered) { /* once per process image (a forked child inherits them) */
+}
+
+/* fork while another thread holds wp.m: the child's copy must be free,
+ * and the child drops the parent's workers at once (a child that never
+ * compiles must not hold their pipes open either). */
+static void before_fork(void) { pthread_mutex_lock(&wp.m); }
+static void after_fork_parent(void) { pthread_mutex_unlock(&wp.m); }
+static void after_fork_child(void) {
+    adopt_process();
+    pthread_mutex_unlock(&wp.m);
+}
+
+/* Takes this process's state (under wp.m): registers the exit cleanup and
+ * the fork handlers once per process image (a forked child inherits them). */
+static void own_process(void) {
+    adopt_process();
+    if (!wp.registered) {
         wp.registered = true;
         atexit(exit_cleanup);
-        pthread_atfork(before_fork, after_fork, after_fork);
+        pthread_atfork(before_fork, after_fork_parent, after_fork_child);
     }
 }
 
@@ -138,7 +203,7 @@ static int max_workers(void) {
  * are given back within the deadline); 0 when exiting. */
 static int slots_take(int want) {
     pthread_mutex_lock(&wp.m);
-    adopt_process();
+    own_process();
     int max = max_workers();
     while (!wp.shutdown && wp.busy >= max) pthread_cond_wait(&wp.freed, &wp.m);
     int got = wp.shutdown ? 0 : max - wp.busy < want ? max - wp.busy : want;
@@ -154,14 +219,18 @@ static void slots_give(int n) {
     pthread_mutex_unlock(&wp.m);
 }
 
-/* Records (pid > 0) or forgets (-pid) a live worker. */
-static void live_set(pid_t pid, bool add) {
-    pthread_mutex_lock(&wp.m);
+/* Records (add) or forgets a live worker (under wp.m). */
+static void live_set_locked(pid_t pid, bool add) {
     for (int i = 0; i < MAX_LIVE; i++)
         if (wp.live[i] == (add ? 0 : pid)) {
             wp.live[i] = add ? pid : 0;
             break;
         }
+}
+
+static void live_set(pid_t pid, bool add) {
+    pthread_mutex_lock(&wp.m);
+    live_set_locked(pid, add);
     pthread_mutex_unlock(&wp.m);
 }
 
@@ -186,18 +255,32 @@ static bool is_dead(pid_t pid) {
     return p && p[1] == ' ' && (p[2] == 'Z' || p[2] == 'X');
 }
 
+/* Reaps the idle workers (killed by the caller) and closes their pipes
+ * (under wp.m, exiting): nobody else waits for them. */
+static void reap_idle(void) {
+    for (int i = 0; i < wp.nidle; i++) {
+        while (waitpid(wp.idle[i].pid, NULL, 0) < 0 && errno == EINTR) {}
+        live_set_locked(wp.idle[i].pid, false);
+        close(wp.idle[i].in);
+        close(wp.idle[i].out);
+    }
+    wp.nidle = 0;
+}
+
 void jit_workers_shutdown(void) {
     pthread_mutex_lock(&wp.m);
     if (wp.owner == getpid()) {
         wp.shutdown = true;
         for (int i = 0; i < MAX_LIVE; i++)
-            if (wp.live[i] > 0) kill(wp.live[i], SIGKILL); /* their waiters reap them */
+            if (wp.live[i] > 0) kill(wp.live[i], SIGKILL); /* busy ones: their compiles reap them */
         /* SIGKILL is delivered asynchronously: a worker in the middle of a
          * write could still create a file in the directory after it is
          * emptied, and it would stay behind.  Wait (a bounded 2 s) until
          * every killed worker is dead. */
         for (int i = 0; i < MAX_LIVE; i++)
             for (int t = 0; wp.live[i] > 0 && t < 2000 && !is_dead(wp.live[i]); t++) usleep(1000);
+        reap_idle();
+        pthread_cond_broadcast(&wp.wake); /* the reaper ends */
         if (wp.dir[0]) nftw(wp.dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
         wp.dir[0] = '\0';
         if (dir_fd >= 0) close(dir_fd);
@@ -205,6 +288,23 @@ void jit_workers_shutdown(void) {
         pthread_cond_broadcast(&wp.freed);
     }
     pthread_mutex_unlock(&wp.m);
+}
+
+void jit_workers_count(long *started, int *idle) {
+    pthread_mutex_lock(&wp.m);
+    own_process();
+    if (started) *started = wp.started;
+    if (idle) *idle = wp.nidle;
+    pthread_mutex_unlock(&wp.m);
+}
+
+int jit_workers_idle_pids(int *pids, int max) {
+    pthread_mutex_lock(&wp.m);
+    own_process();
+    int n = 0;
+    for (int i = 0; i < wp.nidle && n < max; i++) pids[n++] = (int)wp.idle[i].pid;
+    pthread_mutex_unlock(&wp.m);
+    return n;
 }
 
 /* ---- fatal signals ---- */
@@ -285,7 +385,7 @@ static bool private_dir(void) {
 
 bool jit_worker_temp_path(char *buf, size_t n) {
     pthread_mutex_lock(&wp.m);
-    adopt_process();
+    own_process();
     bool ok = !wp.shutdown && private_dir() &&
               (size_t)snprintf(buf, n, "%s/k-XXXXXX", wp.dir) < n;
     pthread_mutex_unlock(&wp.m);
@@ -338,37 +438,21 @@ static double now(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-/* ---- one worker ---- */
+/* ---- one worker process ---- */
 
-typedef struct worker {
-    pid_t pid;          /* -1: not started */
-    int in, out;        /* our ends of its stdin and stdout, or -1 */
-    char *buf;          /* its records, serialized */
-    size_t len, sent;
-    int first, count;   /* its items: first, first + step, ... (count of them) */
-    int answered;       /* '+' read so far */
-    bool garbage;       /* it wrote something else */
-    int err;            /* why it could not start (errno) */
-} worker;
-
-/* The worker's records in memory, so that they can be written with
- * write(2) and a deadline (a FILE retries nothing: a write interrupted by
- * a signal of the program's, or a worker that stops reading, was a
- * truncated record, "malformed kernel on the worker's input"). */
-static bool serialize(worker *w, k_kernel *const *ks, const char *const *paths, int n, int step) {
-    FILE *f = open_memstream(&w->buf, &w->len);
-    if (!f) return false;
-    bool ok = true;
-    for (int i = w->first; ok && i < n; i += step) {
-        ok = jit_worker_write(f, ks[i], paths[i]);
-        w->count++;
-    }
-    ok = fclose(f) == 0 && ok;
-    return ok;
+/* What a worker started now would be: its program and the CPU level it
+ * generates for (FNV-1a).  A worker started otherwise (EMBER_JIT_WORKER
+ * or EMBER_JIT_MARCH changed since) would write objects for another key. */
+static uint64_t proc_kind(const char *prog) {
+    uint64_t h = 1469598103934665603ull;
+    for (const char *s = prog; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ull;
+    h = (h ^ 0xff) * 1099511628211ull;
+    for (const char *s = jit_cpu_march(); *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ull;
+    return h;
 }
 
 /* The environment of a worker: ours, with the CPU level it must generate
- * for, its parent (it dies with us), and TMPDIR our private directory. */
+ * for, its parent, and TMPDIR our private directory. */
 static char **worker_env(char *march, char *parent, char *tmpdir) {
     int nenv = 0;
     while (environ[nenv]) nenv++;
@@ -423,93 +507,393 @@ static int high_fd(int fd) {
     return h;
 }
 
-/* Starts worker w; false (w->pid -1) when it could not (no memory, no
- * pipes, no process): its items then compile in process. */
-static bool worker_start(worker *w, const char *prog) {
+/* Starts a worker of prog into *p; false (p->pid -1, errno set) when it
+ * could not (no memory, no pipes, no process). */
+static bool proc_start(proc *p, const char *prog, uint64_t kind) {
     int in[2] = {-1, -1}, out[2] = {-1, -1};
+    *p = (proc){.pid = -1, .in = -1, .out = -1, .kind = kind};
     /* close-on-exec: a worker spawned meanwhile by another thread must not
      * inherit these pipes, or it would hold this one's input open */
     if (pipe2(in, O_CLOEXEC) != 0 || pipe2(out, O_CLOEXEC) != 0) goto fail;
     for (int i = 0; i < 2; i++)
         if ((in[i] = high_fd(in[i])) < 0 || (out[i] = high_fd(out[i])) < 0) goto fail;
-    w->pid = spawn_process(prog, in[0], out[1]);
-    if (w->pid < 0) goto fail;
-    live_set(w->pid, true);
+    p->pid = spawn_process(prog, in[0], out[1]);
+    if (p->pid < 0) goto fail;
+    pthread_mutex_lock(&wp.m);
+    live_set_locked(p->pid, true);
+    wp.started++;
+    pthread_mutex_unlock(&wp.m);
     close(in[0]);
     close(out[1]);
-    w->in = in[1];
-    w->out = out[0];
-    fcntl(w->in, F_SETFL, O_NONBLOCK); /* written only when poll says it takes bytes */
+    p->in = in[1];
+    p->out = out[0];
+    fcntl(p->in, F_SETFL, O_NONBLOCK); /* written only when poll says it takes bytes */
     return true;
-fail:
-    w->err = errno ? errno : ENOMEM;
+fail:;
+    int err = errno ? errno : ENOMEM;
     for (int i = 0; i < 2; i++) {
         if (in[i] >= 0) close(in[i]);
         if (out[i] >= 0) close(out[i]);
     }
-    w->pid = -1;
+    p->pid = -1;
+    errno = err;
     return false;
 }
 
-/* Writes what w still has to write; closes its input when done or when
- * the worker no longer reads. */
-static void worker_send(worker *w) {
-    while (w->sent < w->len) {
-        ssize_t r = write(w->in, w->buf + w->sent, w->len - w->sent);
-        if (r > 0) w->sent += (size_t)r;
-        else if (r < 0 && errno == EINTR) continue;
-        else if (r < 0 && errno == EAGAIN) return;
-        else break; /* EPIPE: it died; its answers will say so */
-    }
-    close(w->in);
-    w->in = -1;
+/* Forgets p, already reaped (or not ours to reap: a program that waits
+ * for any child took it), without signalling its pid, which may be
+ * another process's by now. */
+static void proc_forget(proc *p) {
+    live_set(p->pid, false);
+    if (p->in >= 0) close(p->in);
+    if (p->out >= 0) close(p->out);
+    *p = (proc){.pid = -1, .in = -1, .out = -1};
 }
 
-/* Reads w's answers; closes its output at end of file. */
-static void worker_receive(worker *w) {
+/* Ends p: killed first (kill_first), else given 200 ms to exit by itself
+ * (it closed its answers: it is leaving, or it is broken and is killed
+ * then); reaped, forgotten, its pipes closed.  Its wait status (0 when it
+ * was not ours to reap). */
+static int proc_end(proc *p, bool kill_first) {
+    int st = 0;
+    pid_t r = 0;
+    for (int t = 0; !kill_first && t < 200 && r == 0; t++) {
+        while ((r = waitpid(p->pid, &st, WNOHANG)) < 0 && errno == EINTR) {}
+        if (r == 0) usleep(1000);
+    }
+    if (r == 0) {
+        kill(p->pid, SIGKILL);
+        /* our own child only: a waitpid(-1) could reap a process of the
+         * program that hosts us */
+        while ((r = waitpid(p->pid, &st, 0)) < 0 && errno == EINTR) {}
+    }
+    proc_forget(p);
+    return r > 0 ? st : 0;
+}
+
+/* Whether idle worker p can take a kernel: alive, and silent (an idle
+ * worker has nothing to say; end of file says it died).  One that is not
+ * is ended. */
+static bool proc_sound(proc *p) {
+    pid_t r;
+    while ((r = waitpid(p->pid, NULL, WNOHANG)) < 0 && errno == EINTR) {}
+    struct pollfd pf = {p->out, POLLIN, 0};
+    if (r == 0 && poll(&pf, 1, 0) == 0) return true;
+    if (r == 0) proc_end(p, true);
+    else proc_forget(p); /* reaped now, or by someone else */
+    return false;
+}
+
+/* An idle worker of kind into *p, if one is sound; those that are not (or
+ * of another kind) are ended on the way. */
+static bool idle_take(uint64_t kind, proc *p) {
+    for (;;) {
+        pthread_mutex_lock(&wp.m);
+        bool any = !wp.shutdown && wp.nidle > 0;
+        if (any) *p = wp.idle[--wp.nidle];
+        pthread_mutex_unlock(&wp.m);
+        if (!any) return false;
+        if (p->kind == kind && proc_sound(p)) return true;
+        if (p->pid >= 0) proc_end(p, true);
+    }
+}
+
+/* EMBER_WORKER_IDLE: the seconds an idle worker is kept; 0: none is (each
+ * compile starts its workers, as when they exited after their kernels). */
+static double keep_seconds(void) {
     char buf[64];
-    ssize_t r;
-    while ((r = read(w->out, buf, sizeof buf)) < 0 && errno == EINTR) {}
-    for (ssize_t i = 0; i < r; i++) {
-        if (buf[i] == '+' && w->answered < w->count) w->answered++;
-        else w->garbage = true;
+    const char *e = em_getenv("EMBER_WORKER_IDLE", buf, sizeof buf);
+    char *end;
+    double v = e && *e ? strtod(e, &end) : DEFAULT_KEEP;
+    return e && *e && (*end || !(v >= 0) || v > 1e6) ? DEFAULT_KEEP : v;
+}
+
+/* Ends the idle workers kept longer than wp.keep (under wp.m, released
+ * while one is ended); when the next one expires, or 0 when none is idle. */
+static double reap_expired(void) {
+    while (wp.nidle > 0 && !wp.shutdown) {
+        double expires = wp.idle[0].idle_since + wp.keep;
+        if (expires > now()) return expires;
+        proc p = wp.idle[0];
+        memmove(wp.idle, wp.idle + 1, sizeof *wp.idle * (size_t)--wp.nidle);
+        pthread_mutex_unlock(&wp.m);
+        proc_end(&p, true);
+        pthread_mutex_lock(&wp.m);
     }
-    if (r <= 0 || w->garbage) {
-        close(w->out);
-        w->out = -1;
+    return 0;
+}
+
+/* The reaper: a thread that lives while workers are idle, so that a
+ * program that compiled once does not hold them (and their memory) for
+ * the rest of its life. */
+static void *reaper(void *arg) {
+    (void)arg;
+    pthread_mutex_lock(&wp.m);
+    for (double next; !wp.shutdown && (next = reap_expired()) > 0;) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts); /* the condition's clock */
+        double at = (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec + (next - now()) + 0.001;
+        ts.tv_sec = (time_t)at;
+        ts.tv_nsec = (long)((at - (double)ts.tv_sec) * 1e9);
+        pthread_cond_timedwait(&wp.wake, &wp.m, &ts);
     }
+    wp.reaper = false;
+    pthread_mutex_unlock(&wp.m);
+    return NULL;
+}
+
+/* Starts the reaper (under wp.m) unless it runs; false when it cannot
+ * (no thread under a limit): then no worker is kept. */
+static bool reaper_running(void) {
+    if (wp.reaper) return true;
+    pthread_attr_t attr;
+    pthread_t t;
+    if (pthread_attr_init(&attr) != 0) return false;
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    sigset_t all, old;
+    sigfillset(&all); /* it takes none of the program's signals */
+    pthread_sigmask(SIG_BLOCK, &all, &old);
+    wp.reaper = pthread_create(&t, &attr, reaper, NULL) == 0;
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    pthread_attr_destroy(&attr);
+    return wp.reaper;
+}
+
+/* Puts sound worker p back among the idle ones, for EMBER_WORKER_IDLE
+ * seconds; while exiting (or with nothing to keep it) it is ended. */
+static void idle_give(proc *p) {
+    double keep = keep_seconds();
+    pthread_mutex_lock(&wp.m);
+    bool kept = keep > 0 && !wp.shutdown && wp.owner == getpid() && wp.nidle < MAX_LIVE && reaper_running();
+    if (kept) {
+        p->idle_since = now();
+        wp.keep = keep;
+        wp.idle[wp.nidle++] = *p;
+        pthread_cond_broadcast(&wp.wake); /* keep may be shorter now */
+    }
+    pthread_mutex_unlock(&wp.m);
+    if (!kept) proc_end(p, true);
 }
 
 /* ---- the workers of one compile ---- */
 
+typedef struct slot {
+    proc p;          /* its worker (p.pid -1: none, or gone) */
+    int item;        /* the kernel in flight, -1: none */
+    char *buf;       /* that kernel's record, serialized */
+    size_t len, sent;
+    double deadline; /* when the kernel in flight is late */
+    bool started;    /* it had a worker */
+    bool unproven;   /* its worker was idle and has not answered in this compile:
+                        a death before that answer is the idle worker's (killed
+                        from outside, or as it was taken), not the kernel's */
+    int err;         /* why none could start (errno) */
+} slot;
+
 struct jit_workers {
-    int n, nworkers;
-    worker *w;
+    k_kernel *const *ks;     /* the items: kernels (the caller's) */
+    const char *const *paths; /* and where their shared objects go */
+    int n;
+    int *order;              /* the items, costliest first (they bound the compile's length) */
+    int next;                /* order[next] is the next one to send */
+    bool stop;               /* a worker failed: nothing more is sent */
+    jit_worker_result *res;  /* per item (jit_workers_finish's) */
+    slot *s;                 /* one per worker slot taken */
+    int nslots;
     const jit_log *log;
-    double timeout;
+    double timeout;          /* seconds per kernel (EMBER_COMPILE_TIMEOUT) */
+    int *again;              /* items to send again first (nslots room: one per slot) */
+    int nagain;
+    char prog[EM_ENV_MAX];   /* the worker program, for a replacement */
+    uint64_t kind;
 };
 
-/* One poll over every worker's pipes, until the deadline; false when it
- * passed with some worker unfinished. */
-static bool pump(jit_workers *ws, double deadline) {
+/* An estimate of k's compile time, in the scheduler's units (schedule.c):
+ * each instruction 1, each inlined transcendental (ALU cost 10 or more:
+ * exp, erf, tanh...) 24; libgccjit spends ~1.5 ms a unit.  (A gelu
+ * kernel of 22 instructions took as long as a 59-instruction one.) */
+static long compile_cost(const k_kernel *k) {
+    long c = 0;
+    for (int i = 0; i < k->n; i++) {
+        k_alu a = k->insts[i].alu;
+        bool alu = k->insts[i].op == K_ALU || k->insts[i].op == K_ACC;
+        c += alu && a != KA_NONE && a < KA_COUNT && kir_alu_info(a)->cost >= 10 ? 24 : 1;
+    }
+    return c;
+}
+
+/* The items by decreasing compile cost: the longest first, so that two
+ * workers do not end with one long kernel left on one of them. */
+static int *order_items(k_kernel *const *ks, int n) {
+    int *o = em_malloc(sizeof(int) * (size_t)n);
+    long *cost = em_malloc(sizeof(long) * (size_t)n);
+    if (!o || !cost) {
+        em_free(o);
+        em_free(cost);
+        return NULL;
+    }
+    for (int i = 0; i < n; i++) { /* insertion sort: stable, and n is a graph's misses */
+        cost[i] = compile_cost(ks[i]);
+        int j = i;
+        for (; j > 0 && cost[o[j - 1]] < cost[i]; j--) o[j] = o[j - 1];
+        o[j] = i;
+    }
+    em_free(cost);
+    return o;
+}
+
+/* The record of item i in s->buf: written with write(2) and a deadline
+ * (a FILE retries nothing: a write interrupted by a signal of the
+ * program's, or a worker that stops reading, was a truncated record). */
+static bool serialize(jit_workers *ws, slot *s, int i) {
+    s->buf = NULL;
+    s->len = s->sent = 0;
+    FILE *f = open_memstream(&s->buf, &s->len);
+    if (!f) return false;
+    bool ok = jit_worker_write(f, ws->ks[i], ws->paths[i]);
+    ok = fclose(f) == 0 && ok;
+    if (!ok) {
+        free(s->buf);
+        s->buf = NULL;
+    }
+    return ok;
+}
+
+/* Gives s's idle worker the next item, if there is one to send. */
+static void dispatch(jit_workers *ws, slot *s) {
+    if (ws->stop || (ws->nagain == 0 && ws->next >= ws->n)) return;
+    int i = ws->nagain > 0 ? ws->again[--ws->nagain] : ws->order[ws->next++];
+    if (!serialize(ws, s, i)) { /* out of memory: so would libgccjit be, in process */
+        ws->res[i] = JIT_WORKER_FAILED;
+        ws->stop = true;
+        jit_logf(ws->log, 0, "out of memory feeding a compile worker; the graph runs op by op");
+        return;
+    }
+    s->item = i;
+    s->deadline = now() + ws->timeout;
+}
+
+static void slot_clear_item(slot *s) {
+    free(s->buf);
+    s->buf = NULL;
+    s->item = -1;
+}
+
+/* s's worker is gone: late or answered garbage (killed), or dead by
+ * itself.  Its kernel in flight fails (and so do those not sent yet)
+ * unless it exited with a status: then it reported an error, and that
+ * one compiles in process.  While exiting nothing is logged. */
+static void slot_fail(jit_workers *ws, slot *s, const char *killed_why) {
+    if (!killed_why && s->unproven && s->item >= 0 && !jit_workers_exiting()) {
+        proc_end(&s->p, false); /* its kernel goes to a new worker, once */
+        ws->again[ws->nagain++] = s->item;
+        slot_clear_item(s);
+        s->unproven = false;
+        if (!proc_start(&s->p, ws->prog, ws->kind)) s->err = errno;
+        return;
+    }
+    pid_t pid = s->p.pid;
+    int st = proc_end(&s->p, killed_why != NULL);
+    const char *why = killed_why ? killed_why : WIFSIGNALED(st) ? "was killed by a signal" : NULL;
+    bool ending = jit_workers_exiting();
+    if (s->item >= 0) {
+        ws->res[s->item] = why || ending ? JIT_WORKER_FAILED : JIT_WORKER_RETRY;
+        if (why && !ending)
+            jit_logf(ws->log, 0, "compile worker %d %s on kernel %s; its graph runs op by op", (int)pid,
+                     why, ws->ks[s->item]->name);
+    }
+    if (why || ending) ws->stop = true;
+    slot_clear_item(s);
+}
+
+/* Writes what s's record still has to go; a worker that stopped reading
+ * (EPIPE) is left to its answer, end of file. */
+static void slot_send(slot *s) {
+    while (s->sent < s->len) {
+        ssize_t r = write(s->p.in, s->buf + s->sent, s->len - s->sent);
+        if (r > 0) s->sent += (size_t)r;
+        else if (r < 0 && errno == EINTR) continue;
+        else if (r < 0 && errno == EAGAIN) return;
+        else s->sent = s->len; /* it died: its end of file says so */
+    }
+}
+
+/* Reads s's answer: one byte for its kernel in flight. */
+static void slot_receive(jit_workers *ws, slot *s) {
+    char buf[64];
+    ssize_t r;
+    while ((r = read(s->p.out, buf, sizeof buf)) < 0 && errno == EINTR) {}
+    if (r <= 0) {
+        slot_fail(ws, s, NULL);
+        return;
+    }
+    if (r != 1 || s->item < 0 || (buf[0] != '+' && buf[0] != '-')) {
+        slot_fail(ws, s, "answered garbage");
+        return;
+    }
+    ws->res[s->item] = buf[0] == '+' ? JIT_WORKER_DONE : JIT_WORKER_RETRY;
+    s->unproven = false;
+    slot_clear_item(s);
+}
+
+/* The earliest deadline of a kernel in flight, after ending the workers
+ * that are past theirs; 0 when none is in flight. */
+static double next_deadline(jit_workers *ws) {
+    double t = now(), first = 0;
+    for (int k = 0; k < ws->nslots; k++) {
+        slot *s = &ws->s[k];
+        if (s->item < 0) continue;
+        if (s->deadline <= t) slot_fail(ws, s, "did not finish in time (EMBER_COMPILE_TIMEOUT)");
+        else if (first == 0 || s->deadline < first) first = s->deadline;
+    }
+    return first;
+}
+
+/* Whether an item is left that a live worker can take. */
+static bool work_left(const jit_workers *ws) {
+    bool live = false;
+    for (int k = 0; k < ws->nslots; k++) live |= ws->s[k].p.pid >= 0;
+    return live && !ws->stop && (ws->next < ws->n || ws->nagain > 0);
+}
+
+/* The pipes to wait on, with the slot of each: a record still to write,
+ * and every answer awaited. */
+static int poll_set(jit_workers *ws, struct pollfd *pf, slot **who) {
+    int np = 0;
+    for (int k = 0; k < ws->nslots; k++) {
+        slot *s = &ws->s[k];
+        if (s->item < 0) continue;
+        if (s->sent < s->len) who[np] = s, pf[np++] = (struct pollfd){s->p.in, POLLOUT, 0};
+        who[np] = s, pf[np++] = (struct pollfd){s->p.out, POLLIN, 0};
+    }
+    return np;
+}
+
+/* Feeds the workers until every item is answered, failed or unsendable. */
+static void pump(jit_workers *ws) {
     for (;;) {
-        struct pollfd pf[2 * 64];
-        worker *who[2 * 64];
-        int np = 0;
-        for (int k = 0; k < ws->nworkers && np < 2 * 64 - 1; k++) {
-            worker *w = &ws->w[k];
-            if (w->in >= 0) who[np] = w, pf[np++] = (struct pollfd){w->in, POLLOUT, 0};
-            if (w->out >= 0) who[np] = w, pf[np++] = (struct pollfd){w->out, POLLIN, 0};
+        for (int k = 0; k < ws->nslots; k++)
+            if (ws->s[k].p.pid >= 0 && ws->s[k].item < 0) dispatch(ws, &ws->s[k]);
+        double deadline = next_deadline(ws);
+        if (deadline == 0) {
+            if (!work_left(ws)) return;
+            continue;
         }
-        if (np == 0) return true;
+        struct pollfd pf[2 * 64];
+        slot *who[2 * 64];
+        int np = poll_set(ws, pf, who);
         double left = deadline - now();
-        if (left <= 0) return false;
-        int r = poll(pf, (nfds_t)np, left > 1e6 ? 1000000000 : (int)(left * 1000) + 1);
-        if (r < 0 && errno != EINTR) return false;
+        int r = poll(pf, (nfds_t)np, left <= 0 ? 0 : left > 1e6 ? 1000000000 : (int)(left * 1000) + 1);
+        if (r < 0 && errno != EINTR) { /* cannot wait (no memory): end what is in flight */
+            for (int k = 0; k < ws->nslots; k++)
+                if (ws->s[k].item >= 0) slot_fail(ws, &ws->s[k], "could not be waited for (poll failed)");
+            continue;
+        }
         for (int i = 0; r > 0 && i < np; i++) {
-            if (!pf[i].revents) continue;
-            if (pf[i].fd == who[i]->in) worker_send(who[i]);
-            else worker_receive(who[i]);
+            slot *s = who[i];
+            if (!pf[i].revents || s->item < 0 || s->p.pid < 0) continue;
+            if (pf[i].fd == s->p.in && pf[i].events == POLLOUT) slot_send(s);
+            else slot_receive(ws, s);
         }
     }
 }
@@ -521,95 +905,85 @@ bool jit_workers_exiting(void) {
     return e;
 }
 
-/* Reaps w (killed first when it is late or answered garbage); its exit
- * decides its items' results.  While exiting nothing is logged and
- * nothing compiles in process. */
-static void worker_end(jit_workers *ws, worker *w, bool late, jit_worker_result *res) {
-    bool ending = jit_workers_exiting();
-    if (w->pid < 0) { /* no memory, pipes or process for it: libgccjit in
-                         process would fail the same way, and it aborts on
-                         an allocation failure (std::bad_alloc) */
-        for (int i = 0, t = w->first; i < w->count; i++, t += ws->nworkers) res[t] = JIT_WORKER_FAILED;
-        if (!ending)
-            jit_logf(ws->log, 0, "no compile worker could start (%s); %d kernels run op by op",
-                     strerror(w->err), w->count);
-        free(w->buf);
-        return;
+static void workers_free(jit_workers *ws) {
+    em_free(ws->again);
+    em_free(ws->order);
+    em_free(ws->s);
+    em_free(ws);
+}
+
+/* Gives every slot a worker: an idle one, else a new one. */
+static void slots_fill(jit_workers *ws) {
+    for (int k = 0; k < ws->nslots; k++) {
+        slot *s = &ws->s[k];
+        *s = (slot){.item = -1, .p = {.pid = -1, .in = -1, .out = -1}};
+        s->unproven = idle_take(ws->kind, &s->p);
+        if (!s->unproven && !proc_start(&s->p, ws->prog, ws->kind)) s->err = errno;
+        s->started = s->p.pid >= 0;
     }
-    int st = 0;
-    pid_t r = 0;
-    /* one that answered every item has nothing left to do: if it is not
-     * gone yet it may hang in its exit (OpenBLAS's destructor joins a
-     * thread stuck retrying an allocation under ulimit -v) */
-    if (!late && !w->garbage && w->answered == w->count)
-        while ((r = waitpid(w->pid, &st, WNOHANG)) < 0 && errno == EINTR) {}
-    if (r == 0 && (late || w->garbage || w->answered == w->count)) kill(w->pid, SIGKILL);
-    if (r == 0)
-        while ((r = waitpid(w->pid, &st, 0)) < 0 && errno == EINTR) {}
-    bool finished = w->answered == w->count && !w->garbage;
-    live_set(w->pid, false);
-    ending = jit_workers_exiting(); /* the exit cleanup may have killed it meanwhile */
-    bool exited = r == w->pid && WIFEXITED(st);
-    const char *why = finished ? NULL : late ? "did not finish in time (EMBER_COMPILE_TIMEOUT)"
-                      : w->garbage ? "answered garbage" : !exited ? "was killed by a signal" : NULL;
-    if (ending) why = why ? why : "exiting";
-    else if (why)
-        jit_logf(ws->log, 0, "compile worker %d %s; %d of its %d kernels run op by op", (int)w->pid,
-                 why, w->count - w->answered, w->count);
-    for (int i = 0, t = w->first; i < w->count; i++, t += ws->nworkers)
-        res[t] = i < w->answered ? JIT_WORKER_DONE
-                 : why ? JIT_WORKER_FAILED
-                 : JIT_WORKER_RETRY; /* it reported an error: compile that one here */
-    if (w->in >= 0) close(w->in);
-    if (w->out >= 0) close(w->out);
-    free(w->buf);
 }
 
 jit_workers *jit_workers_start(k_kernel *const *kernels, const char *const *paths, int n,
                                int nworkers, const jit_log *log) {
     char buf[EM_ENV_MAX];
     const char *prog = worker_program(buf, sizeof buf);
-    if (!prog || n <= 0 || nworkers <= 0) return NULL;
+    if (!prog || !kernels || !paths || n <= 0 || nworkers <= 0) return NULL;
     if (nworkers > n) nworkers = n;
     if (nworkers > 64) nworkers = 64;
     jit_workers *ws = em_calloc(1, sizeof *ws);
-    if (ws) ws->w = em_calloc((size_t)nworkers, sizeof *ws->w);
-    if (ws && ws->w) ws->nworkers = slots_take(nworkers);
-    if (!ws || !ws->w || ws->nworkers == 0) {
-        if (ws) em_free(ws->w);
-        em_free(ws);
+    if (ws) ws->s = em_calloc((size_t)nworkers, sizeof *ws->s);
+    if (ws && ws->s) ws->order = order_items(kernels, n);
+    if (ws && ws->order) ws->again = em_malloc(sizeof(int) * (size_t)nworkers);
+    if (ws && ws->again) ws->nslots = slots_take(nworkers);
+    if (!ws || !ws->again || ws->nslots == 0) {
+        if (ws) workers_free(ws);
         em_clear_error(); /* the caller compiles in process */
         return NULL;
     }
-    ws->n = n;
-    ws->log = log;
+    ws->ks = kernels, ws->paths = paths, ws->n = n, ws->log = log;
     ws->timeout = worker_timeout(log);
-    /* worker k compiles items k, k + nworkers, ...: one process each, so
-     * that libgccjit and the process start are paid once per worker */
-    for (int k = 0; k < ws->nworkers; k++) {
-        worker *w = &ws->w[k];
-        *w = (worker){.pid = -1, .in = -1, .out = -1, .first = k};
-        if (!serialize(w, kernels, paths, n, ws->nworkers) || !worker_start(w, prog)) w->pid = -1;
-    }
+    snprintf(ws->prog, sizeof ws->prog, "%s", prog);
+    ws->kind = proc_kind(prog);
+    slots_fill(ws);
     return ws;
 }
 
+/* The results of the items never sent: failed after a failure (or when
+ * no worker could start: libgccjit in process would fail the same way,
+ * and it aborts on an allocation failure), else compiled in process (the
+ * workers exited, reporting errors). */
+static void settle_unsent(jit_workers *ws) {
+    bool any = false;
+    int err = 0;
+    for (int k = 0; k < ws->nslots; k++) {
+        any |= ws->s[k].started;
+        if (!ws->s[k].started) err = ws->s[k].err;
+    }
+    bool ending = jit_workers_exiting();
+    jit_worker_result r = ws->stop || !any || ending ? JIT_WORKER_FAILED : JIT_WORKER_RETRY;
+    if (!any && !ending)
+        jit_logf(ws->log, 0, "no compile worker could start (%s); %d kernels run op by op",
+                 strerror(err ? err : ENOMEM), ws->n - ws->next + ws->nagain);
+    for (; ws->next < ws->n; ws->next++) ws->res[ws->order[ws->next]] = r;
+    while (ws->nagain > 0) ws->res[ws->again[--ws->nagain]] = r;
+}
+
 void jit_workers_finish(jit_workers *ws, jit_worker_result *res) {
+    for (int i = 0; i < ws->n; i++) res[i] = JIT_WORKER_RETRY;
+    ws->res = res;
     /* a worker that dies early must not kill us with SIGPIPE: write with
      * the signal blocked for this thread, and drop a pending one */
     sigset_t block, old;
     sigemptyset(&block);
     sigaddset(&block, SIGPIPE);
     pthread_sigmask(SIG_BLOCK, &block, &old);
-    bool late = !pump(ws, now() + ws->timeout);
+    pump(ws);
     struct timespec zero = {0, 0};
     while (sigtimedwait(&block, NULL, &zero) > 0) {}
     pthread_sigmask(SIG_SETMASK, &old, NULL);
-    /* wait for our own children only: a waitpid(-1) could reap a process
-     * of the program that hosts us */
-    for (int k = 0; k < ws->nworkers; k++)
-        worker_end(ws, &ws->w[k], late && (ws->w[k].in >= 0 || ws->w[k].out >= 0), res);
-    slots_give(ws->nworkers);
-    em_free(ws->w);
-    em_free(ws);
+    settle_unsent(ws);
+    for (int k = 0; k < ws->nslots; k++)
+        if (ws->s[k].p.pid >= 0) idle_give(&ws->s[k].p); /* it answered all it was sent */
+    slots_give(ws->nslots);
+    workers_free(ws);
 }
