@@ -125,7 +125,8 @@ int main(int argc, char **argv) {
            (long long)st.eager, st.entries, st.dynamic_entries, (long long)st.kernels_compiled,
            (long long)st.kernels_loaded, worst);
     em_lazy_stats lz;
-    if (em_lazy_get_stats(&lz) == EM_OK && lz.flushes > 0) /* EMBER_JIT=1: the eager block's graphs */
+    const char *jit = getenv("EMBER_JIT"); /* (a CUDA trace records lazily too: not counted) */
+    if (jit && !strcmp(jit, "1") && em_lazy_get_stats(&lz) == EM_OK && lz.flushes > 0)
         printf("lazy mode (the eager block): flushes=%lld graphs_compiled=%lld dynamic_graphs=%lld "
                "eager_graphs=%lld kernels_compiled=%lld kernels_loaded=%lld\n",
                (long long)lz.flushes, (long long)lz.graphs_compiled, (long long)lz.dynamic_graphs,
