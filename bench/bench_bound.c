@@ -29,13 +29,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench_stats.h"
 #include "synth.h"
-
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static int64_t rows = 64, cols = 256;
 static bool cheap; /* --cheap: relu for tanh (synth.h) */
@@ -55,16 +50,16 @@ static int run_one(sy_kind kind, int nodes) {
     em_compile_options o = {.ninputs = 2, .noutputs = 1, .name = "synth", .backend = "cpu"};
     em_compiled *f = em_compile(sy_fn, &gr, &o);
     em_tensor *in[2] = {x, y}, *out;
-    double t0 = now();
+    double t0 = bench_now();
     if (!f || em_call(f, in, NULL, &out) != EM_OK) {
         fprintf(stderr, "bench_bound: %s\n", em_last_error());
         return 1;
     }
-    double t1 = now(), steady = 1e30;
+    double t1 = bench_now(), steady = 1e30;
     for (int r = 0; r < 5; r++) { /* the compiled entry (or op by op, when compiling failed) */
-        double a = now();
+        double a = bench_now();
         if (em_call(f, in, NULL, &out) != EM_OK) return 1;
-        if (now() - a < steady) steady = now() - a;
+        if (bench_now() - a < steady) steady = bench_now() - a;
     }
     em_compile_stats st;
     em_compiled_stats(f, &st);

@@ -40,19 +40,10 @@
 #include <unistd.h>
 
 #include "../examples/minilm/minilm.h"
+#include "bench_stats.h"
 
 enum { B = 2, T = 64, C = 768, NH = 12, HD = C / NH, NL = 12 };
 
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
 
 /* ---- GPT-2 small, as examples/gpt_block.c writes a block ---- */
 
@@ -236,15 +227,15 @@ static int run_gpt2(const char *which, result *r) {
     em_compiled *f[NL] = {0};
     for (int l = 0; l < (blocks ? NL : 1); l++)
         if (!(f[l] = em_compile(blocks ? block_fn : fn, blocks ? (void *)&m.layer[l] : ctx, &o))) return 1;
-    double t0 = now();
+    double t0 = bench_now();
     bool ok = blocks ? call_blocks(f, x, y, nbytes) : call_once(f[0], fn, ctx, x, y, nbytes);
-    r->first = now() - t0;
+    r->first = bench_now() - t0;
     /* async compile: call again until a call runs no entry op by op */
-    for (int64_t before = pending(f, blocks ? NL : 1); ok && async && now() - t0 < 120;) {
+    for (int64_t before = pending(f, blocks ? NL : 1); ok && async && bench_now() - t0 < 120;) {
         ok = blocks ? call_blocks(f, x, y, nbytes) : call_once(f[0], fn, ctx, x, y, nbytes);
         int64_t after = pending(f, blocks ? NL : 1);
         if (after == before) {
-            r->compiled_after = now() - t0;
+            r->compiled_after = bench_now() - t0;
             break;
         }
         before = after;
@@ -281,19 +272,19 @@ static int run_minilm(const char *dir, result *r) {
     bool ok = bert_forward(&m, in, NULL, &out) == EM_OK; /* eager, untimed */
     em_scope_end();
     float emb[3 * 384];
-    double t0 = now();
+    double t0 = bench_now();
     em_scope_begin();
     ok = ok && bert_compiled_call(&cf, &m, in, &out) == EM_OK &&
          em_copy_to_host(out, emb, sizeof emb) == EM_OK;
     em_scope_end();
-    r->first = now() - t0;
-    for (int64_t before = bert_pending(&cf); ok && async && now() - t0 < 120;) { /* until compiled */
+    r->first = bench_now() - t0;
+    for (int64_t before = bert_pending(&cf); ok && async && bench_now() - t0 < 120;) { /* until compiled */
         em_scope_begin();
         ok = bert_compiled_call(&cf, &m, in, &out) == EM_OK && em_copy_to_host(out, emb, sizeof emb) == EM_OK;
         em_scope_end();
         int64_t after = bert_pending(&cf);
         if (after == before) {
-            r->compiled_after = now() - t0;
+            r->compiled_after = bench_now() - t0;
             break;
         }
         before = after;
@@ -351,11 +342,6 @@ static bool run_child(const char *which, const char *model, result *r) {
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
     if (system(cmd) != 0) fprintf(stderr, "bench_cold: could not remove %s\n", dir);
     return pid > 0 && ok && WIFEXITED(st) && WEXITSTATUS(st) == 0;
-}
-
-static double median(double *v, int n) {
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
 static const char *const CASES[][2] = {

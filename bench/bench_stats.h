@@ -5,6 +5,14 @@
 #define EMBER_BENCH_STATS_H
 
 #include <stdlib.h>
+#include <time.h>
+
+/* Seconds on the monotonic clock. */
+static inline double bench_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
 
 static inline int bench_cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
