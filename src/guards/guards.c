@@ -67,7 +67,7 @@ fail:
 static bool find_order(gd_tensor *g) {
     int n = 0;
     for (int d = 0; d < g->ndim; d++)
-        if (g->sizes[d] > 1) g->order[n++] = (int8_t)d;
+        if (g->sizes[d] > 1 || (g->dyn >> d & 1)) g->order[n++] = (int8_t)d;
     /* insertion sort by stride, largest first (n <= 8) */
     for (int i = 1; i < n; i++)
         for (int j = i; j > 0 && g->strides[g->order[j]] > g->strides[g->order[j - 1]]; j--) {
@@ -84,16 +84,34 @@ static bool find_order(gd_tensor *g) {
     return true;
 }
 
+/* The stride a dim traced at size 1 (whose stride no kernel read) takes
+ * in a dense layout when it becomes dynamic: where row-major order puts
+ * it, outside the next dim of size > 1. */
+static int64_t unit_stride(const gd_tensor *g, int d) {
+    for (int k = d + 1; k < g->ndim; k++)
+        if (g->sizes[k] > 1) return g->strides[k] * g->sizes[k];
+    return 1;
+}
+
 void gd_set_dynamic(gd_guards *gs, int i, uint32_t dims) {
     gd_tensor *g = &gs->tensors[i];
-    g->dyn = 0;
+    g->dyn = g->one = 0;
     g->dense = false;
     for (int d = 0; d < g->ndim; d++) {
-        if (g->sizes[d] > 1 && (dims >> d & 1)) g->dyn |= 1u << d;
+        bool dyn = g->sizes[d] > 0 && (dims >> d & 1);
+        if (dyn) g->dyn |= 1u << d;
         else g->div[d] = 0;
+        if (g->sizes[d] == 1) g->strides[d] = 0;
     }
+    for (int d = 0; d < g->ndim; d++)
+        if ((g->dyn >> d & 1) && g->sizes[d] == 1) {
+            g->one |= 1u << d;
+            g->strides[d] = unit_stride(g, d);
+        }
     if (g->dyn) g->dense = find_order(g);
 }
+
+void gd_allow_one(gd_guards *gs, int i, uint32_t dims) { gs->tensors[i].one |= dims & gs->tensors[i].dyn; }
 
 bool gd_set_divisor(gd_guards *gs, int i, int d, int64_t q) {
     gd_tensor *g = &gs->tensors[i];
@@ -104,8 +122,10 @@ bool gd_set_divisor(gd_guards *gs, int i, int d, int64_t q) {
 
 void gd_make_static(gd_guards *gs) {
     for (int i = 0; i < gs->ntensors; i++) {
-        gs->tensors[i].dyn = 0;
+        gs->tensors[i].dyn = gs->tensors[i].one = 0;
         gs->tensors[i].dense = false;
+        for (int d = 0; d < gs->tensors[i].ndim; d++)
+            if (gs->tensors[i].sizes[d] == 1) gs->tensors[i].strides[d] = 0;
         memset(gs->tensors[i].div, 0, sizeof gs->tensors[i].div);
     }
 }
@@ -116,18 +136,24 @@ bool gd_is_dynamic(const gd_guards *gs) {
     return false;
 }
 
-/* Dynamic dims: each >= 2, and the layout the kernels were made for. */
+/* The least size dynamic dim d of g takes. */
+static inline int64_t least(const gd_tensor *g, int d) { return g->one >> d & 1 ? 1 : 2; }
+
+/* Dynamic dims: each at least its least size (and a multiple of its
+ * divisor), and the layout the kernels were made for (a dim of size 1
+ * has no stride that matters). */
 static bool dynamic_ok(const gd_tensor *g, const em_tensor *t) {
     for (int d = 0; d < g->ndim; d++) {
-        if (g->dyn >> d & 1 ? t->sizes[d] < 2 || (g->div[d] > 1 && t->sizes[d] % g->div[d])
+        if (g->dyn >> d & 1 ? t->sizes[d] < least(g, d) || (g->div[d] > 1 && t->sizes[d] % g->div[d])
                             : t->sizes[d] != g->sizes[d])
             return false;
-        if (!g->dense && g->sizes[d] > 1 && t->strides[d] != g->strides[d]) return false;
+        if (!g->dense && t->sizes[d] > 1 && t->strides[d] != g->strides[d]) return false;
     }
     int64_t expect = 1;
     for (int i = g->dense ? g->norder - 1 : -1; i >= 0; i--) {
-        if (t->strides[g->order[i]] != expect) return false;
-        expect *= t->sizes[g->order[i]];
+        int d = g->order[i];
+        if (t->sizes[d] != 1 && t->strides[d] != expect) return false;
+        expect *= t->sizes[d];
     }
     return true;
 }
@@ -194,13 +220,16 @@ int gd_explain(const gd_guards *gs, em_tensor *const *in, const double *scalars,
         passed += 3; /* dtype, device, rank */
         for (int d = 0; d < g->ndim; d++, passed++) {
             if (g->dyn >> d & 1) {
-                if (t->sizes[d] >= 2 && (g->div[d] < 2 || t->sizes[d] % g->div[d] == 0)) continue;
-                if (t->sizes[d] >= 2)
+                int64_t lo = least(g, d);
+                if (t->sizes[d] >= lo && (g->div[d] < 2 || t->sizes[d] % g->div[d] == 0)) continue;
+                if (t->sizes[d] >= lo)
                     snprintf(buf, n, "%s[%d] (input %d dim %d) must be divisible by %lld, got %lld",
                              nm, d, i, d, (long long)g->div[d], (long long)t->sizes[d]);
                 else
-                    snprintf(buf, n, "input %d (%s): size at dynamic dim %d is %lld (0 and 1 are "
-                             "specialized)", i, nm, d, (long long)t->sizes[d]);
+                    snprintf(buf, n, "input %d (%s): size at dynamic dim %d is %lld (%s)", i, nm, d,
+                             (long long)t->sizes[d],
+                             lo == 1 ? "0 is specialized" : "0 and 1 are specialized: the function "
+                             "traced at 1 gives another graph, or was never tried there");
                 return passed;
             }
             if (t->sizes[d] != g->sizes[d]) {
@@ -250,6 +279,12 @@ em_status gd_print(const gd_guards *gs, FILE *f) {
             for (int d = 0, first = 1; d < g->ndim; d++)
                 if (g->dyn >> d & 1) fprintf(f, "%s%d", first ? "" : ", ", d), first = 0;
             fputs("] (>= 2)", f);
+            if (g->one) {
+                fputs(" one=[", f);
+                for (int d = 0, first = 1; d < g->ndim; d++)
+                    if (g->one >> d & 1) fprintf(f, "%s%d", first ? "" : ", ", d), first = 0;
+                fputs("] (>= 1)", f);
+            }
             for (int d = 0; d < g->ndim; d++)
                 if (g->div[d] > 1) fprintf(f, " divisible=%d:%lld", d, (long long)g->div[d]);
         }

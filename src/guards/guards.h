@@ -17,13 +17,18 @@ typedef struct gd_tensor {
     em_dtype dtype;
     em_device device;
     int ndim;
-    int64_t sizes[EM_MAX_DIMS];   /* as traced; dynamic dims: only >= 2 is checked */
+    int64_t sizes[EM_MAX_DIMS];   /* as traced; dynamic dims: only their lower bound */
     int64_t strides[EM_MAX_DIMS]; /* 0 where the size is 0 or 1 */
     /* Dynamic shapes: dims (bit d: dim d) whose size may vary.  When the
      * traced layout was dense (a permutation of a contiguous tensor), the
      * guard checks that same layout for the call's sizes (order: the dims
-     * of size > 1, outermost first); otherwise the exact strides. */
+     * of size > 1 and the dynamic ones, outermost first); otherwise the
+     * exact strides. */
     uint32_t dyn;
+    /* The dynamic dims that may be 1 (the others must be >= 2, as
+     * torch's 0/1 specialization): traced at 1, or shown by a dry trace at
+     * 1 to give the same graph (gd_allow_one). */
+    uint32_t one;
     bool dense;
     int norder;
     int8_t order[EM_MAX_DIMS];
@@ -53,9 +58,12 @@ gd_guards *gd_build(const tr_graph *g, em_tensor *const *in, const double *scala
                     int nscalars, em_tensor *const *const *watch, int nwatch);
 void gd_free(gd_guards *gs);
 /* Lets the sizes of input i's dims in mask dims vary, and only those
- * (each >= 2; dims traced at 0 or 1 are ignored).  gd_make_static undoes it for every
- * input: the guards then check the traced sizes again. */
+ * (each >= 2, or >= 1 for a dim traced at 1; dims traced at 0 are
+ * ignored).  gd_make_static undoes it for every input: the guards then
+ * check the traced sizes again. */
 void gd_set_dynamic(gd_guards *gs, int i, uint32_t dims);
+/* Lets input i's dynamic dims in dims be 1 as well. */
+void gd_allow_one(gd_guards *gs, int i, uint32_t dims);
 /* Requires dynamic dim d of input i to be a multiple of q (> 1) as well;
  * false when d is not dynamic or its traced size is not one. */
 bool gd_set_divisor(gd_guards *gs, int i, int d, int64_t q);

@@ -59,6 +59,14 @@ static int symbol_of(dyn_syms *s, int64_t v, int64_t q) {
 /* Input i's meta with its dynamic sizes replaced by their probes, laid out
  * as the guard will accept (dense: the same dim order; else the traced
  * strides). */
+static void lay_out(const gd_tensor *gt, em_meta *m) {
+    int64_t st = 1;
+    for (int i = gt->dense ? gt->norder - 1 : -1; i >= 0; i--) {
+        m->strides[gt->order[i]] = st;
+        st *= m->sizes[gt->order[i]];
+    }
+}
+
 static bool probe_input(const gd_tensor *gt, const em_tensor *t, dyn_syms *s, em_meta *m) {
     tr_meta_of(t, m);
     for (int d = 0; d < m->ndim; d++) {
@@ -67,11 +75,7 @@ static bool probe_input(const gd_tensor *gt, const em_tensor *t, dyn_syms *s, em
         if (k < 0) return false;
         m->sizes[d] = s->probe[k];
     }
-    int64_t st = 1;
-    for (int i = gt->dense ? gt->norder - 1 : -1; i >= 0; i--) {
-        m->strides[gt->order[i]] = st;
-        st *= m->sizes[gt->order[i]];
-    }
+    lay_out(gt, m);
     return true;
 }
 
@@ -130,6 +134,15 @@ static const tr_node *input_node(const tr_graph *g, int i) {
     for (int k = 0; k < g->nnodes; k++)
         if (g->nodes[k].kind == TR_INPUT && g->nodes[k].index == i) return &g->nodes[k];
     return NULL;
+}
+
+/* Whether g and prev have the same lists of inputs, constants and
+ * outputs. */
+static bool same_lists(const tr_graph *g, const tr_graph *prev) {
+    return g->nnodes == prev->nnodes && g->ninputs == prev->ninputs &&
+           g->nconsts == prev->nconsts && g->noutputs == prev->noutputs &&
+           em_same_bytes(g->outputs, prev->outputs, sizeof(int) * (size_t)g->noutputs) &&
+           em_same_bytes(g->consts, prev->consts, sizeof *g->consts * (size_t)g->nconsts);
 }
 
 /* ---- attributes that follow the sizes ---- */
@@ -351,6 +364,43 @@ bool jit_dyn_holds(const jit_dyn *dyn, const tr_graph *g) {
     return true;
 }
 
+/* Whether g's nodes, at dry's input sizes with dyn's attributes
+ * following them, are dry's nodes: the same ops on the same inputs with
+ * the same attributes and the same inferred sizes. */
+static bool same_nodes(const tr_graph *g, const tr_graph *dry, const em_meta *metas) {
+    for (int i = 0; i < g->nnodes; i++) {
+        const tr_node *a = &g->nodes[i], *b = &dry->nodes[i];
+        if (a->kind != b->kind || metas[i].dtype != b->meta.dtype ||
+            meta_sizes_differ(&metas[i], &b->meta))
+            return false;
+        if (a->kind == TR_CALL ? !tr_same_call(a, b) : a->index != b->index) return false;
+    }
+    return true;
+}
+
+bool jit_dyn_same(const jit_dyn *dyn, const tr_graph *g, const tr_graph *dry) {
+    if (!same_lists(g, dry)) return false;
+    em_meta *inputs = em_malloc(sizeof *inputs * ((size_t)g->ninputs + 1));
+    em_meta *metas = em_malloc(sizeof *metas * ((size_t)g->nnodes + 1));
+    tr_graph gx = *g;
+    gx.nodes = em_malloc(sizeof *gx.nodes * ((size_t)g->nnodes + 1));
+    bool ok = inputs && metas && gx.nodes;
+    for (int i = 0; ok && i < g->ninputs; i++) {
+        const tr_node *n = input_node(dry, i);
+        ok = n != NULL;
+        if (ok) inputs[i] = n->meta;
+    }
+    if (ok) memcpy(gx.nodes, g->nodes, sizeof *gx.nodes * (size_t)g->nnodes);
+    jit_dyn none = {0};
+    ok = ok && jit_dyn_infer(dyn ? dyn : &none, &gx, inputs, metas) == EM_OK &&
+         same_nodes(&gx, dry, metas);
+    em_clear_error(); /* sizes the graph does not take are an answer, not an error */
+    em_free(inputs);
+    em_free(metas);
+    em_free(gx.nodes);
+    return ok;
+}
+
 /* ---- dynamic hints ---- */
 
 #define HINT_KIND "dynhint"
@@ -457,11 +507,7 @@ bool jit_sym_parse(const char *s, jit_sym_size *z) {
  * or outputs differ. */
 static int first_difference(const follow_ctx *c, jit_dyn *dyn) {
     const tr_graph *g = c->g, *prev = c->prev;
-    if (g->nnodes != prev->nnodes || g->ninputs != prev->ninputs || g->nconsts != prev->nconsts ||
-        g->noutputs != prev->noutputs ||
-        !em_same_bytes(g->outputs, prev->outputs, sizeof(int) * (size_t)g->noutputs) ||
-        !em_same_bytes(g->consts, prev->consts, sizeof *g->consts * (size_t)g->nconsts))
-        return g->nnodes;
+    if (!same_lists(g, prev)) return g->nnodes;
     for (int i = 0; i < g->nnodes; i++) {
         const tr_node *a = &g->nodes[i], *b = &prev->nodes[i];
         if (a->kind != b->kind || a->meta.dtype != b->meta.dtype || a->meta.ndim != b->meta.ndim)
@@ -554,6 +600,17 @@ bool jit_dyn_probe(const gd_guards *gs, em_tensor *const *in, int ninputs, em_me
     for (int i = 0; i < ninputs; i++)
         if (!probe_input(&gs->tensors[i], in[i], &s, &probe[i])) return false;
     return true;
+}
+
+void jit_dyn_metas_at(const gd_guards *gs, em_tensor *const *in, int ninputs, int64_t traced,
+                      int64_t size, em_meta *m) {
+    for (int i = 0; i < ninputs; i++) {
+        const gd_tensor *gt = &gs->tensors[i];
+        tr_meta_of(in[i], &m[i]);
+        for (int d = 0; d < m[i].ndim; d++)
+            if ((gt->dyn >> d & 1) && in[i]->sizes[d] == traced) m[i].sizes[d] = size;
+        lay_out(gt, &m[i]);
+    }
 }
 
 /* Infers g's metas at the probe sizes (attribute sizes moved along). */

@@ -36,6 +36,7 @@ struct jit_compiled {
     bool dynamic;
     k_kernel **model;         /* per plan kernel (NULL: dead) */
     int **size_of;            /* per plan kernel: instruction -> size argument or -1 */
+    uint32_t *vary;           /* per node: the dims whose size varies (sc_schedule's) */
     jit_spec *memo[JIT_SPEC_MEMO];
     int nmemo;
     jit_dyn follow;           /* attribute sizes that follow the sizes (no probe) */

@@ -32,8 +32,10 @@ static void drop_dynamic(jit_compiled *st) {
     for (int i = 0; st->size_of && i < st->plan.nkernels; i++) em_free(st->size_of[i]);
     em_free(st->model);
     em_free(st->size_of);
+    em_free(st->vary);
     st->model = NULL;
     st->size_of = NULL;
+    st->vary = NULL;
     st->dynamic = false;
 }
 
@@ -383,6 +385,16 @@ static em_status dynamic_init(jit_compiled *st, const sc_schedule *sa, k_kernel 
     return s == EM_OK && st->model && st->size_of && *ks && *keys ? EM_OK : em_last_status();
 }
 
+/* Per node of g, the dims whose size differs between g's metas and
+ * metas (the probe's): which loops of a kernel the sizes move. */
+static uint32_t *varying_dims(const tr_graph *g, const em_meta *metas) {
+    uint32_t *v = em_calloc((size_t)g->nnodes + 1, sizeof *v);
+    for (int i = 0; v && i < g->nnodes; i++)
+        for (int d = 0; d < metas[i].ndim && d < g->nodes[i].meta.ndim; d++)
+            if (metas[i].sizes[d] != g->nodes[i].meta.sizes[d]) v[i] |= 1u << d;
+    return v;
+}
+
 /* Schedules g at the traced and at the probe sizes and compiles the
  * parametrized kernels; EM_ERR_UNSUPPORTED, with why, when the two differ
  * in more than sizes. */
@@ -401,7 +413,9 @@ static em_status build_dynamic(jit_compiled *st, const tr_graph *g, const jit_dy
         snprintf(why, nwhy, "the shapes do not infer at other sizes");
         s = em_last_status() == EM_ERR_NOMEM ? EM_ERR_NOMEM : EM_ERR_UNSUPPORTED;
     }
+    if (s == EM_OK && !(st->vary = varying_dims(g, metas))) s = em_last_status();
     if (s == EM_OK && (!(sa = sc_build(g)) || !(sp = sc_build(&gp)))) s = em_last_status();
+    if (s == EM_OK) sa->vary = sp->vary = st->vary;
     if (s == EM_OK) env->lowered++;
     if (s == EM_OK) s = dynamic_init(st, sa, &ks, &keys);
     if (s == EM_OK && !same_steps(st, sp)) {
@@ -490,7 +504,9 @@ static jit_spec *make_spec(jit_compiled *st, const tr_graph *g, em_tensor *const
     ok = ok && at_sizes(g, &st->follow, sp->in, sp->metas, &gx, st->declined, sizeof st->declined);
     if (sp) sp->nodes = gx.nodes; /* the spec owns them from here */
     bool shaped = ok;
-    ok = ok && (sx = sc_build(&gx)) && same_steps(st, sx);
+    ok = ok && (sx = sc_build(&gx));
+    if (ok) sx->vary = st->vary;
+    ok = ok && same_steps(st, sx);
     for (int gi = 0; ok && gi < st->plan.nkernels; gi++)
         if (st->model[gi]) ok = kernel_sizes(st, sx, gi, scratch, &sp->sizes[gi]);
     if (shaped && !ok)

@@ -256,6 +256,11 @@ em_status jit_dyn_infer(const jit_dyn *dyn, tr_graph *g, const em_meta *inputs, 
  * was traced (warmup of a recorded dynamic entry).  false: too many
  * distinct dynamic sizes. */
 bool jit_dyn_probe(const gd_guards *gs, em_tensor *const *in, int ninputs, em_meta *probe);
+/* The metas of in (ninputs of them) with every dynamic dim of size
+ * traced set to size (one symbol, as duck sizing makes it), laid out as
+ * the guards accept. */
+void jit_dyn_metas_at(const gd_guards *gs, em_tensor *const *in, int ninputs, int64_t traced,
+                      int64_t size, em_meta *m);
 /* Dynamic hints: which input dims the entries of a graph's structure
  * were dynamic in, kept in the cache (kind "dynhint") across processes,
  * as Dynamo's automatic-dynamic profile: a new process whose first call
@@ -272,6 +277,12 @@ bool jit_dyn_hint_get(kc_cache *c, const char *backend, const tr_graph *g, uint3
  * own input sizes, is g's attribute (g: the function traced at other
  * sizes; a rest always holds). */
 bool jit_dyn_holds(const jit_dyn *dyn, const tr_graph *g);
+/* Whether graph g, with the attributes dyn makes follow the sizes, is the
+ * graph dry (the same function traced at other input sizes, a dry trace):
+ * the same nodes, attributes and inferred sizes.  What lets a dynamic dim
+ * take the size 1, which graphs need not follow as they follow others
+ * (a branch on it, a broadcast it makes): the function is traced there. */
+bool jit_dyn_same(const jit_dyn *dyn, const tr_graph *g, const tr_graph *dry);
 /* z as one line of text for warmup lists (the input named in<i>):
  *   follow %23 size[0] = 1 * in0[1] + 0     (an integer attribute)
  *   follow %7 size[0] = rest                (a reshape's rest)

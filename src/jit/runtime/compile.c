@@ -350,7 +350,7 @@ static tr_graph *dry_trace(void *ud, const em_meta *m) {
     return g;
 }
 
-/* The dims of size 2 or more a dynamic hint (jit_dyn_hint_get) proposes
+/* The dims of size 1 or more a dynamic hint (jit_dyn_hint_get) proposes
  * for new entry e, the function's first of its structure, into mask;
  * false: no hint, or none of those dims here. */
 static bool hinted(const em_compiled *f, const jit_entry *e, em_tensor *const *in, uint32_t *mask) {
@@ -360,7 +360,7 @@ static bool hinted(const em_compiled *f, const jit_entry *e, em_tensor *const *i
         uint32_t want = mask[i];
         mask[i] = 0;
         for (int d = 0; d < in[i]->ndim; d++)
-            if ((want >> d & 1) && in[i]->sizes[d] >= 2) mask[i] |= 1u << d;
+            if ((want >> d & 1) && in[i]->sizes[d] >= 1) mask[i] |= 1u << d;
         any |= mask[i] != 0;
     }
     return any;

@@ -233,6 +233,9 @@ void jit_dyn_mask(const jit_entry *prev, em_tensor *const *in, int ninputs, uint
         mask[i] = dyn;
         for (int d = 0; sizes && d < in[i]->ndim; d++)
             if (sizes[d] != in[i]->sizes[d]) mask[i] |= 1u << d;
+        /* a dim at 0 or 1 here joins only as widen and allow_ones decide */
+        for (int d = 0; d < in[i]->ndim; d++)
+            if (in[i]->sizes[d] < 2) mask[i] &= ~(1u << d);
     }
 }
 
@@ -263,7 +266,9 @@ static void set_all(gd_guards *gs, const uint32_t *mask) {
  * graph follows, as dry traces at probe sizes show: each candidate with
  * every other candidate of its traced size (one symbol, as duck sizing
  * makes it: a length that x and its mask share joins in both or in
- * neither).  e's guards end with kept.  Whether anything joined. */
+ * neither), except at size 1, which many unrelated dims have (a batch of
+ * 1, a [1, C] bias): each of those alone.  e's guards end with kept.
+ * Whether anything joined. */
 static bool grow(jit_entry *e, em_tensor *const *in, uint32_t *kept, const uint32_t *cand,
                  const jit_entry *prev, const jit_retrace *rt, jit_dyn *dyn) {
     int n = e->guards->ntensors;
@@ -275,7 +280,9 @@ static bool grow(jit_entry *e, em_tensor *const *in, uint32_t *kept, const uint3
             for (int j = 0; j < n && j < 64; j++) {
                 trial[j] = kept[j];
                 for (int k = 0; k < in[j]->ndim; k++)
-                    if ((cand[j] >> k & 1) && in[j]->sizes[k] == in[i]->sizes[d]) trial[j] |= 1u << k;
+                    if ((cand[j] >> k & 1) && in[j]->sizes[k] == in[i]->sizes[d] &&
+                        (in[j]->sizes[k] > 1 || (j == i && k == d)))
+                        trial[j] |= 1u << k;
             }
             set_all(e->guards, trial);
             if (!dry_check(e, in, prev, rt, dyn)) continue;
@@ -309,7 +316,7 @@ static bool was_read(const jit_retrace *rt, int64_t size) {
     return false;
 }
 
-/* Adds to mask the dims of size 2 or more that did not change between the
+/* Adds to mask the dims that did not change between the
  * traces, whose sizes the function read with em_size (a length it builds
  * a mask or a reshape from; a width it never reads keeps its static
  * kernels: a row reduction over a dynamic width is much slower on the
@@ -326,7 +333,7 @@ static bool widen(jit_entry *e, em_tensor *const *in, uint32_t *mask, const jit_
     for (int i = 0; i < n; i++) {
         cand[i] = 0;
         for (int d = 0; d < in[i]->ndim; d++)
-            if (!(mask[i] >> d & 1) && in[i]->sizes[d] >= 2 && was_read(rt, in[i]->sizes[d]))
+            if (!(mask[i] >> d & 1) && in[i]->sizes[d] >= 1 && was_read(rt, in[i]->sizes[d]))
                 cand[i] |= 1u << d;
     }
     return grow(e, in, mask, cand, prev, rt, dyn) && dry_check(e, in, prev, rt, dyn) &&
@@ -347,6 +354,49 @@ static bool check_dividing(jit_entry *e, em_tensor *const *in, const jit_entry *
             return false;
     }
     return false;
+}
+
+/* Lets e's dynamic dims of traced size v take the size 1 when a dry
+ * trace there gives e's graph (follow: its attributes that follow the
+ * sizes).  Torch specializes 1 for good; here the function is asked: a
+ * block that serves batches 2 to 8 then serves 1 too. */
+static void allow_one(jit_entry *e, em_tensor *const *in, int64_t v, const jit_retrace *rt,
+                      const jit_dyn *follow, em_meta *m) {
+    gd_guards *gs = e->guards;
+    jit_dyn_metas_at(gs, in, gs->ntensors, v, 1, m);
+    tr_graph *dry = rt->trace(rt->ud, m);
+    bool same = dry && jit_dyn_same(follow, e->graph, dry);
+    tr_graph_free(dry);
+    for (int i = 0; same && i < gs->ntensors; i++) {
+        uint32_t dims = 0;
+        for (int d = 0; d < in[i]->ndim; d++)
+            if (in[i]->sizes[d] == v && gs->tensors[i].div[d] < 2) dims |= 1u << d;
+        gd_allow_one(gs, i, dims);
+    }
+}
+
+/* allow_one for each symbol of e's (each traced size of its dynamic dims,
+ * but those a divisor keeps from 1). */
+static void allow_ones(jit_entry *e, em_tensor *const *in, const jit_retrace *rt,
+                       const jit_dyn *follow) {
+    gd_guards *gs = e->guards;
+    em_meta *m = em_malloc(sizeof *m * ((size_t)gs->ntensors + 1));
+    int64_t tried[EM_MAX_DIMS * 4];
+    int ntried = 0;
+    for (int i = 0; m && i < gs->ntensors; i++) {
+        const gd_tensor *gt = &gs->tensors[i];
+        for (int d = 0; d < gt->ndim; d++) {
+            int64_t v = in[i]->sizes[d];
+            bool seen = false;
+            for (int k = 0; k < ntried && !seen; k++) seen = tried[k] == v;
+            if (!(gt->dyn >> d & 1) || (gt->one >> d & 1) || gt->div[d] > 1 || seen ||
+                ntried == (int)(sizeof tried / sizeof *tried))
+                continue;
+            tried[ntried++] = v;
+            allow_one(e, in, v, rt, follow, m);
+        }
+    }
+    em_free(m);
 }
 
 bool jit_entry_make_dynamic(const jit_owner *o, jit_entry *e, em_tensor *const *in,
@@ -379,6 +429,7 @@ bool jit_entry_make_dynamic(const jit_owner *o, jit_entry *e, em_tensor *const *
         jit_dyn_free(w);
     }
     em_free(wide);
+    if (dynamic && rt) allow_ones(e, in, rt, dyn);
     em_clear_error(); /* a dry trace's failure is not the call's */
     if (dynamic) {
         e->dynamic = true;

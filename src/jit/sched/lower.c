@@ -124,10 +124,16 @@ static void collect(lower *L, int v) {
     for (int i = 0; i < n->nin; i++) collect(L, n->in[i]);
 }
 
+/* Whether node v's dim md is of size 1 only at these sizes (sc_schedule's
+ * vary): not a broadcast. */
+static bool unit_varies(const lower *L, int v, int md) {
+    return L->s->vary && (L->s->vary[v] >> md & 1);
+}
+
 /* Strides of buffer b's tensor over the group's dims F (numpy trailing
  * alignment; 0 where b broadcasts), or for stored values, of the
- * contiguous result. */
-static void buf_strides(const lower *L, int b, const sc_group *gr, int64_t *st) {
+ * contiguous result.  Where a dim of size 1 varies, keep[d] is set. */
+static void buf_strides(const lower *L, int b, const sc_group *gr, int64_t *st, bool *keep) {
     const em_meta *m = &L->g->nodes[L->bufs[b]].meta;
     int64_t cont[EM_MAX_DIMS];
     em_contiguous_strides(m->ndim, m->sizes, cont);
@@ -139,19 +145,22 @@ static void buf_strides(const lower *L, int b, const sc_group *gr, int64_t *st) 
     int shift = leading ? 0 : gr->ndim - m->ndim;
     for (int d = 0; d < gr->ndim; d++) {
         int md = d - shift;
-        if (md < 0 || md >= m->ndim || m->sizes[md] == 1) st[d] = 0;
+        bool unit = md >= 0 && md < m->ndim && m->sizes[md] == 1 && unit_varies(L, L->bufs[b], md);
+        if (unit) keep[d] = true;
+        if (md < 0 || md >= m->ndim || (m->sizes[md] == 1 && !unit)) st[d] = 0;
         else st[d] = stored ? cont[md] : m->strides[md];
     }
 }
 
 /* Merges adjacent dims that every buffer walks as one, within the outer
- * dims and within the k inner ones; size-1 dims walk nowhere and go. */
-static void merge_dims(lower *L, const sc_group *gr, int k) {
+ * dims and within the k inner ones; size-1 dims walk nowhere and go,
+ * unless their size varies (keep). */
+static void merge_dims(lower *L, const sc_group *gr, int k, const bool *keep) {
     int nd = 0, no = 0;
     bool last_outer = true;
     for (int d = 0; d < gr->ndim; d++) {
         bool outer = d < gr->ndim - k;
-        if (gr->sizes[d] == 1) continue;
+        if (gr->sizes[d] == 1 && !keep[d]) continue;
         bool merge = nd > 0 && last_outer == outer;
         for (int b = 0; merge && b < L->nbufs; b++)
             if (L->strides[b][nd - 1] != L->strides[b][d] * gr->sizes[d]) merge = false;
@@ -197,7 +206,7 @@ static bool varies_inner(const lower *L, int v) {
     if (L->s->group[v] == L->gi && sc_is_reduction(&L->g->nodes[v])) return false; /* per row */
     for (int d = gr->ndim - k; d < gr->ndim; d++) {
         int md = d - shift;
-        if (md >= 0 && m->sizes[md] != 1) return true;
+        if (md >= 0 && (m->sizes[md] != 1 || unit_varies(L, v, md))) return true;
     }
     return k == 0 && L->nd > L->no; /* pointwise kernels: everything is inner */
 }
@@ -515,10 +524,11 @@ k_kernel *sc_lower(const sc_schedule *s, int gi, int *bufs, int *nbufs, int *nou
     int nin = L.nbufs;
     for (int m = 0; m < L.nmembers; m++)
         if (s->materialized[L.members[m]]) add_buf(&L, L.members[m]);
-    for (int b = 0; b < L.nbufs; b++) buf_strides(&L, b, gr, L.strides[b]);
+    bool keep[EM_MAX_DIMS] = {0};
+    for (int b = 0; b < L.nbufs; b++) buf_strides(&L, b, gr, L.strides[b], keep);
     /* a pointwise kernel merges across all its dims: when they all merge it
      * is one flat parallel loop; otherwise its last dim is the inner loop */
-    merge_dims(&L, gr, gr->k > 0 ? gr->k : 0);
+    merge_dims(&L, gr, gr->k > 0 ? gr->k : 0, keep);
     if (gr->k <= 0 && L.nd > 1) L.no = L.nd - 1;
     /* Every kernel is called "k": the name is part of the kernel IR's text,
      * hence of the cache key, and a positional name ("k3") gave identical

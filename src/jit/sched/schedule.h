@@ -38,6 +38,12 @@ typedef struct sc_schedule {
      * lowering a group costs its own size, not the graph's: sc_lower
      * leaves them as it found them.  One sc_lower at a time per schedule. */
     struct sc_lower_tables *tables;
+    /* Per node (NULL: none, the default), dims whose size may vary: a
+     * dynamic kernel's.  At size 1 such a dim is lowered as at any other
+     * size (kept as a loop, with its real strides) rather than dropped as
+     * a broadcast, so that the kernel a dynamic entry compiled for sizes
+     * >= 2 takes size 1 as well.  Borrowed; set by the caller. */
+    const uint32_t *vary;
 } sc_schedule;
 
 sc_schedule *sc_build(const tr_graph *g);
