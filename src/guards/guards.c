@@ -278,13 +278,12 @@ em_status gd_print(const gd_guards *gs, FILE *f) {
             fputs(" dynamic=[", f);
             for (int d = 0, first = 1; d < g->ndim; d++)
                 if (g->dyn >> d & 1) fprintf(f, "%s%d", first ? "" : ", ", d), first = 0;
-            fputs("] (>= 2)", f);
-            if (g->one) {
-                fputs(" one=[", f);
-                for (int d = 0, first = 1; d < g->ndim; d++)
-                    if (g->one >> d & 1) fprintf(f, "%s%d", first ? "" : ", ", d), first = 0;
-                fputs("] (>= 1)", f);
-            }
+            fputs("] (", f);
+            if (!g->one) fputs(">= 2", f);
+            for (int d = 0, first = 1; g->one && d < g->ndim; d++)
+                if (g->dyn >> d & 1)
+                    fprintf(f, "%sdim %d >= %lld", first ? "" : ", ", d, (long long)least(g, d)), first = 0;
+            fputc(')', f);
             for (int d = 0; d < g->ndim; d++)
                 if (g->div[d] > 1) fprintf(f, " divisible=%d:%lld", d, (long long)g->div[d]);
         }

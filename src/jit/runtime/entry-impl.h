@@ -182,6 +182,13 @@ bool jit_entry_make_dynamic(const jit_owner *o, jit_entry *e, em_tensor *const *
                             const uint32_t *mask, const jit_entry *prev, const jit_retrace *rt,
                             jit_dyn *dyn);
 
+/* Lets dynamic entry e take the size 1 at the dims where inputs in (which
+ * fail its guards there only) have it, when g, the graph traced at those
+ * sizes, is e's graph at them (jit_dyn_same): a real trace doing what
+ * jit_entry_make_dynamic's dry trace at 1 does.  Whether e now takes in's
+ * sizes (its kernels still check them, specialize). */
+bool jit_entry_take_one(jit_entry *e, em_tensor *const *in, const tr_graph *g);
+
 /* ---- recording (EMBER_RECORD) ---- */
 
 /* Appends entry e of function name to the warmup list at path (NULL: not

@@ -399,6 +399,26 @@ static void allow_ones(jit_entry *e, em_tensor *const *in, const jit_retrace *rt
     em_free(m);
 }
 
+bool jit_entry_take_one(jit_entry *e, em_tensor *const *in, const tr_graph *g) {
+    gd_guards *gs = e->guards;
+    if (!e->dynamic || !gs || gs->ntensors != g->ninputs || gs->ntensors > 64) return false;
+    uint32_t add[64];
+    bool any = false;
+    for (int i = 0; i < gs->ntensors; i++) {
+        const gd_tensor *gt = &gs->tensors[i];
+        add[i] = 0;
+        for (int d = 0; d < gt->ndim && d < in[i]->ndim; d++)
+            if ((gt->dyn >> d & 1) && !(gt->one >> d & 1) && gt->div[d] < 2 && in[i]->sizes[d] == 1)
+                add[i] |= 1u << d;
+        any |= add[i] != 0;
+    }
+    if (!any) return false;
+    for (int i = 0; i < gs->ntensors; i++) gd_allow_one(gs, i, add[i]);
+    if (gd_check(gs, in, NULL) && jit_dyn_same(e->follow, e->graph, g)) return true;
+    for (int i = 0; i < gs->ntensors; i++) gs->tensors[i].one &= ~add[i];
+    return false;
+}
+
 bool jit_entry_make_dynamic(const jit_owner *o, jit_entry *e, em_tensor *const *in,
                             const uint32_t *mask, const jit_entry *prev, const jit_retrace *rt,
                             jit_dyn *dyn) {

@@ -692,6 +692,25 @@ typedef struct lz_run {
     void *spec;          /* dynamic: the backend's specialize result */
 } lz_run;
 
+/* Whether one of sg's dynamic entries takes the cut's sizes once its
+ * dims at 1 may be 1 (jit_entry_take_one: the cut's graph is the entry's
+ * at those sizes); into run. */
+static bool take_one(lz_state *st, lz_structure *sg, cut *c, lz_run *run) {
+    void *spec = NULL;
+    for (int k = sg ? sg->ndyn - 1 : -1; k >= 0; k--) {
+        if (cut_graph(c) != EM_OK || tr_optimize(c->g, false) != EM_OK) break;
+        if (!jit_entry_take_one(sg->dyn[k], c->inputs, c->g) ||
+            !jit_entry_serves(&st->own, sg->dyn[k], c->inputs, NULL, &spec))
+            continue;
+        st->stats.graph_hits++;
+        st->stats.flushes++;
+        *run = (lz_run){sg->dyn[k], true, spec};
+        return true;
+    }
+    em_clear_error();
+    return false;
+}
+
 /* Finds (or makes, compiling it) what runs the cut's graph; st's lock is
  * held.  A graph the tables take leaves c->g NULL. */
 static em_status lookup(lz_state *st, cut *c, lz_run *run) {
@@ -709,6 +728,7 @@ static em_status lookup(lz_state *st, cut *c, lz_run *run) {
         *run = (lz_run){sg->dyn[k], true, spec};
         return EM_OK;
     }
+    if (take_one(st, sg, c, run)) return EM_OK;
     if (sg && st->dynamic && sg->ndyn < LZ_MAX_DYN && !sg->dyn_refused && sg->first &&
         jit_limit_room(&sg->limit) && cut_graph(c) == EM_OK) {
         jit_entry *d = dyn_make(st, sg->ndyn ? sg->dyn[sg->ndyn - 1] : sg->first, c);
