@@ -145,7 +145,10 @@ static void buf_strides(const lower *L, int b, const sc_group *gr, int64_t *st, 
     int shift = leading ? 0 : gr->ndim - m->ndim;
     for (int d = 0; d < gr->ndim; d++) {
         int md = d - shift;
-        bool unit = md >= 0 && md < m->ndim && m->sizes[md] == 1 && unit_varies(L, L->bufs[b], md);
+        /* only where the group's dim is 1 too: a size-1 dim against a
+         * longer one is a broadcast, whatever sizes it takes elsewhere */
+        bool unit = md >= 0 && md < m->ndim && m->sizes[md] == 1 && gr->sizes[d] == 1 &&
+                    unit_varies(L, L->bufs[b], md);
         if (unit) keep[d] = true;
         if (md < 0 || md >= m->ndim || (m->sizes[md] == 1 && !unit)) st[d] = 0;
         else st[d] = stored ? cont[md] : m->strides[md];
@@ -206,7 +209,8 @@ static bool varies_inner(const lower *L, int v) {
     if (L->s->group[v] == L->gi && sc_is_reduction(&L->g->nodes[v])) return false; /* per row */
     for (int d = gr->ndim - k; d < gr->ndim; d++) {
         int md = d - shift;
-        if (md >= 0 && (m->sizes[md] != 1 || unit_varies(L, v, md))) return true;
+        if (md >= 0 && (m->sizes[md] != 1 || (gr->sizes[d] == 1 && unit_varies(L, v, md))))
+            return true;
     }
     return k == 0 && L->nd > L->no; /* pointwise kernels: everything is inner */
 }
