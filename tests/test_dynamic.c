@@ -262,6 +262,51 @@ static em_status branch_at_one_fn(void *ctx, em_tensor *const *in, const double 
     return out[0] ? EM_OK : em_last_status();
 }
 
+static em_status product_fn(void *ctx, em_tensor *const *in, const double *s, em_tensor **out) {
+    (void)ctx, (void)s;
+    out[0] = em_mul(in[0], in[1]);
+    return out[0] ? EM_OK : em_last_status();
+}
+
+/* x * y for x [rx, 3] and y [ry, 3], checked against float64. */
+static void check_product(em_compiled *f, int64_t rx, int64_t ry, uint64_t seed) {
+    em_tensor *in[2] = {tu_random(seed, 2, TU_SIZES(rx, 3), EM_F32, 1),
+                        tu_random(seed + 1, 2, TU_SIZES(ry, 3), EM_F32, 1)}, *y;
+    ck_assert_msg(em_call(f, in, NULL, &y) == EM_OK, "%s", em_last_error());
+    int64_t r = rx > ry ? rx : ry;
+    double *a = tu_values(in[0]), *b = tu_values(in[1]), ref[8 * 3];
+    for (int64_t i = 0; i < r * 3; i++) ref[i] = a[(rx == 1 ? 0 : i / 3) * 3 + i % 3] * b[(ry == 1 ? 0 : i / 3) * 3 + i % 3];
+    tu_check_close(y, ref, 2, TU_SIZES(r, 3), 1e-6, 1e-7);
+    free(a), free(b);
+}
+
+START_TEST(dims_of_one_symbol_are_tied_by_a_guard) {
+    em_compile_options o = options("product", 2, 0);
+    em_compiled *f = em_compile(product_fn, NULL, &o);
+    check_product(f, 4, 4, 1);
+    check_product(f, 5, 5, 3); /* dynamic in both rows, one symbol */
+    check_product(f, 1, 1, 5); /* size 1 joined */
+    ck_assert_int_eq(stats_of(f).traces, 2);
+    char *text = NULL;
+    size_t len = 0;
+    FILE *fp = open_memstream(&text, &len);
+    ck_assert_int_eq(em_compiled_print(f, 0, false, fp), EM_OK);
+    fclose(fp);
+    ck_assert_msg(strstr(text, "guard w[0] (input 1 dim 0) == x[0] (input 0 dim 0)\n"), "%s", text);
+    free(text);
+    /* a broadcast of y's rows is not the traced graph: the tie refuses it,
+     * with the reason, and the call gets an entry of its own */
+    check_product(f, 7, 1, 7);
+    ck_assert_msg(strstr(stats_of(f).last_failure, "w[0] (input 1 dim 0) must equal x[0] (input 0 "
+                         "dim 0), got 1 and 7"), "%s", stats_of(f).last_failure);
+    check_product(f, 6, 6, 9); /* the dynamic entry again */
+    em_compile_stats st = stats_of(f);
+    ck_assert_int_eq(st.traces, 3);
+    ck_assert_int_eq(st.hits, 2);
+    em_compiled_free(f);
+}
+END_TEST
+
 START_TEST(a_function_that_branches_at_one_keeps_one_specialized) {
     em_compile_options o = options("branch", 1, 0);
     em_compiled *f = em_compile(branch_at_one_fn, NULL, &o);
@@ -388,17 +433,18 @@ START_TEST(inputs_sharing_a_dynamic_size) {
     em_compile_stats st = stats_of(f);
     ck_assert_int_eq(st.traces, 2);
     ck_assert_int_eq(st.dynamic_entries, 1);
-    /* sizes that pass each input's guards but do not broadcast: the shapes
-     * do not infer, no entry serves the call, and the function's own error
-     * comes back when it runs */
+    /* sizes that pass each input's guards but not the tie between them
+     * (they do not broadcast either): no entry serves the call, and the
+     * function's own error comes back when it runs */
     em_tensor *bad[2] = {tu_random(1, 2, TU_SIZES(3, 16), EM_F32, 1),
                          tu_random(2, 2, TU_SIZES(5, 16), EM_F32, 1)}, *y;
     em_clear_error();
     ck_assert_int_eq(em_call(f, bad, NULL, &y), EM_ERR_SHAPE);
     st = stats_of(f);
     ck_assert_int_eq(st.entries, 2);
-    /* the dynamic entry's own check says why */
-    ck_assert_msg(strstr(st.last_failure, "do not broadcast"), "%s", st.last_failure);
+    /* the tie says why */
+    ck_assert_msg(strstr(st.last_failure, "w[0] (input 1 dim 0) must equal x[0] (input 0 dim 0), "
+                         "got 5 and 3"), "%s", st.last_failure);
     em_compiled_free(f);
 }
 END_TEST
@@ -1214,6 +1260,7 @@ static Suite *suite(void) {
         {"mlp_with_weights_compiles_twice", mlp_with_weights_compiles_twice},
         {"size_one_joins_a_dynamic_entry_size_zero_stays_specialized",
          size_one_joins_a_dynamic_entry_size_zero_stays_specialized},
+        {"dims_of_one_symbol_are_tied_by_a_guard", dims_of_one_symbol_are_tied_by_a_guard},
         {"a_function_that_branches_at_one_keeps_one_specialized",
          a_function_that_branches_at_one_keeps_one_specialized},
         {"forced_mode_makes_the_dims_the_graph_follows_dynamic", forced_mode_makes_the_dims_the_graph_follows_dynamic},

@@ -8,6 +8,7 @@ void gd_free(gd_guards *gs) {
     for (int i = 0; gs->names && i < gs->ntensors; i++) em_free(gs->names[i]);
     em_free(gs->names);
     em_free(gs->tensors);
+    em_free(gs->ties);
     em_free(gs->scalars);
     em_free(gs->watch);
     em_free(gs);
@@ -95,6 +96,7 @@ static int64_t unit_stride(const gd_tensor *g, int d) {
 
 void gd_set_dynamic(gd_guards *gs, int i, uint32_t dims) {
     gd_tensor *g = &gs->tensors[i];
+    gs->nties = 0; /* the caller ties the final set (gd_tie_dynamic) */
     g->dyn = g->one = 0;
     g->dense = false;
     for (int d = 0; d < g->ndim; d++) {
@@ -120,7 +122,33 @@ bool gd_set_divisor(gd_guards *gs, int i, int d, int64_t q) {
     return true;
 }
 
+/* The first dynamic dim (in input and dim order) of traced size v. */
+static void first_of_size(const gd_guards *gs, int64_t v, int *j, int *k) {
+    for (*j = 0; *j < gs->ntensors; (*j)++)
+        for (*k = 0; *k < gs->tensors[*j].ndim; (*k)++)
+            if ((gs->tensors[*j].dyn >> *k & 1) && gs->tensors[*j].sizes[*k] == v) return;
+}
+
+em_status gd_tie_dynamic(gd_guards *gs) {
+    gs->nties = 0;
+    int n = 0;
+    for (int i = 0; i < gs->ntensors; i++) n += __builtin_popcount(gs->tensors[i].dyn);
+    gd_tie *t = em_malloc(sizeof *t * ((size_t)n + 1));
+    if (!t) return em_last_status();
+    em_free(gs->ties);
+    gs->ties = t;
+    for (int i = 0; i < gs->ntensors; i++)
+        for (int d = 0; d < gs->tensors[i].ndim; d++) {
+            if (!(gs->tensors[i].dyn >> d & 1)) continue;
+            int j, k;
+            first_of_size(gs, gs->tensors[i].sizes[d], &j, &k);
+            if (j != i || k != d) gs->ties[gs->nties++] = (gd_tie){i, d, j, k};
+        }
+    return EM_OK;
+}
+
 void gd_make_static(gd_guards *gs) {
+    gs->nties = 0;
     for (int i = 0; i < gs->ntensors; i++) {
         gs->tensors[i].dyn = gs->tensors[i].one = 0;
         gs->tensors[i].dense = false;
@@ -175,6 +203,10 @@ static inline bool tensor_ok(const gd_tensor *g, const em_tensor *t) {
 bool gd_check(const gd_guards *gs, em_tensor *const *in, const double *scalars) {
     for (int i = 0; i < gs->ntensors; i++)
         if (!tensor_ok(&gs->tensors[i], in[i])) return false;
+    for (int t = 0; t < gs->nties; t++) {
+        const gd_tie *e = &gs->ties[t];
+        if (in[e->i]->sizes[e->d] != in[e->j]->sizes[e->k]) return false;
+    }
     if (gs->nscalars && memcmp(gs->scalars, scalars, sizeof(double) * (size_t)gs->nscalars))
         return false;
     for (int w = 0; w < gs->nwatch; w++)
@@ -249,6 +281,15 @@ int gd_explain(const gd_guards *gs, em_tensor *const *in, const double *scalars,
             }
         }
     }
+    for (int t = 0; t < gs->nties; t++, passed++) {
+        const gd_tie *e = &gs->ties[t];
+        if (in[e->i]->sizes[e->d] != in[e->j]->sizes[e->k]) {
+            snprintf(buf, n, "%s[%d] (input %d dim %d) must equal %s[%d] (input %d dim %d), "
+                     "got %lld and %lld", gs->names[e->i], e->d, e->i, e->d, gs->names[e->j], e->k,
+                     e->j, e->k, (long long)in[e->i]->sizes[e->d], (long long)in[e->j]->sizes[e->k]);
+            return passed;
+        }
+    }
     for (int i = 0; i < gs->nscalars; i++, passed++) {
         if (memcmp(&gs->scalars[i], &scalars[i], sizeof(double))) {
             snprintf(buf, n, "scalar %d: value mismatch: expected %.17g, got %.17g", i,
@@ -288,6 +329,11 @@ em_status gd_print(const gd_guards *gs, FILE *f) {
                 if (g->div[d] > 1) fprintf(f, " divisible=%d:%lld", d, (long long)g->div[d]);
         }
         fputc('\n', f);
+    }
+    for (int t = 0; t < gs->nties; t++) {
+        const gd_tie *e = &gs->ties[t];
+        fprintf(f, "guard %s[%d] (input %d dim %d) == %s[%d] (input %d dim %d)\n", gs->names[e->i],
+                e->d, e->i, e->d, gs->names[e->j], e->k, e->j, e->k);
     }
     for (int i = 0; i < gs->nscalars; i++)
         fprintf(f, "guard scalar %d == %.17g\n", i, gs->scalars[i]);

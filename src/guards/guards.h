@@ -42,9 +42,18 @@ typedef struct gd_watch {
     const em_tensor *expect; /* the tensor the graph captured */
 } gd_watch;
 
+/* Two dynamic dims an entry was traced and checked with as one size (duck
+ * sizing: equal when traced, one probe): input i's dim d must equal input
+ * j's dim k, as torch guards Eq(s0, s1). */
+typedef struct gd_tie {
+    int i, d, j, k;
+} gd_tie;
+
 typedef struct gd_guards {
     int ntensors;
     gd_tensor *tensors;
+    gd_tie *ties;
+    int nties;
     char **names;            /* input names, for messages */
     int nscalars;
     double *scalars;
@@ -67,6 +76,11 @@ void gd_allow_one(gd_guards *gs, int i, uint32_t dims);
 /* Requires dynamic dim d of input i to be a multiple of q (> 1) as well;
  * false when d is not dynamic or its traced size is not one. */
 bool gd_set_divisor(gd_guards *gs, int i, int d, int64_t q);
+/* Ties every dynamic dim to the first dynamic dim of its traced size (in
+ * input and dim order), replacing the ties there were; an error when out
+ * of memory.  gd_set_dynamic does not tie: the caller ties the final
+ * set, once. */
+em_status gd_tie_dynamic(gd_guards *gs);
 void gd_make_static(gd_guards *gs);
 /* Whether any input has a dynamic dim. */
 bool gd_is_dynamic(const gd_guards *gs);

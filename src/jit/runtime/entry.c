@@ -450,6 +450,10 @@ bool jit_entry_make_dynamic(const jit_owner *o, jit_entry *e, em_tensor *const *
     }
     em_free(wide);
     if (dynamic && rt) allow_ones(e, in, rt, dyn);
+    if (dynamic && gd_tie_dynamic(e->guards) != EM_OK) {
+        dynamic = false;
+        snprintf(why, sizeof why, "out of memory");
+    }
     em_clear_error(); /* a dry trace's failure is not the call's */
     if (dynamic) {
         e->dynamic = true;
