@@ -307,6 +307,42 @@ START_TEST(dims_of_one_symbol_are_tied_by_a_guard) {
 }
 END_TEST
 
+/* An arange over every element of x [b, t], its count from em_numel (not
+ * a size read Ember sees), and exp(x). */
+static em_status count_fn(void *ctx, em_tensor *const *in, const double *s, em_tensor **out) {
+    (void)ctx, (void)s;
+    out[0] = em_arange(0, (double)em_numel(in[0]), 1, EM_F32, em_cpu());
+    out[1] = em_exp(in[0]);
+    return out[0] && out[1] ? EM_OK : em_last_status();
+}
+
+START_TEST(a_size_of_two_symbols_follows_their_product) {
+    em_compile_options o = options("count", 1, 0);
+    o.noutputs = 2;
+    em_compiled *f = em_compile(count_fn, NULL, &o);
+    /* [3, 5] makes b dynamic with the count 5 * b; [3, 7] moves t with b
+     * at 3 in both traces, where 3 * t fits too: only a dry trace that
+     * moves both tells it is b * t */
+    static const int64_t bt[][2] = {{2, 5}, {3, 5}, {3, 7}, {4, 6}, {5, 9}, {1, 4}};
+    for (int i = 0; i < 6; i++) {
+        int64_t b = bt[i][0], t = bt[i][1];
+        em_tensor *x = tu_random((uint64_t)(30 + i), 2, TU_SIZES(b, t), EM_F32, 1), *y[2];
+        ck_assert_msg(em_call(f, &x, NULL, y) == EM_OK, "%s", em_last_error());
+        double ref[64], *xv = tu_values(x);
+        for (int64_t k = 0; k < b * t; k++) ref[k] = (double)k;
+        tu_check_close(y[0], ref, 1, TU_SIZES(b * t), 0, 0);
+        for (int64_t k = 0; k < b * t; k++) ref[k] = exp(xv[k]);
+        tu_check_close(y[1], ref, 2, TU_SIZES(b, t), 1e-6, 1e-7);
+        free(xv);
+    }
+    em_compile_stats st = stats_of(f);
+    ck_assert_int_eq(st.eager, 0);
+    ck_assert_int_eq(st.traces, 3);
+    ck_assert_int_eq(st.hits, 3);
+    em_compiled_free(f);
+}
+END_TEST
+
 START_TEST(a_function_that_branches_at_one_keeps_one_specialized) {
     em_compile_options o = options("branch", 1, 0);
     em_compiled *f = em_compile(branch_at_one_fn, NULL, &o);
@@ -1179,6 +1215,20 @@ START_TEST(a_malformed_follow_line_is_refused) {
     ck_assert(!jit_sym_parse("follow %1 size[99] = rest", &back));
     ck_assert(!jit_sym_parse("follow %1 width[0] = rest", &back));
     free(buf);
+    /* a product of two sizes */
+    z = (jit_sym_size){.node = 4, .field = JIT_SYM_SIZE, .input = 0, .dim = 0, .product = true,
+                       .input2 = 1, .dim2 = 2, .a = 3};
+    buf = NULL;
+    f = open_memstream(&buf, &len);
+    jit_sym_print(&z, f);
+    fclose(f);
+    ck_assert_str_eq(buf, "follow %4 size[0] = 3 * in0[0] * in1[2] + 0\n");
+    ck_assert(jit_sym_parse(buf, &back));
+    ck_assert(back.product && back.input == 0 && back.dim == 0 && back.input2 == 1 && back.dim2 == 2);
+    ck_assert_int_eq(back.a, 3);
+    ck_assert(!jit_sym_parse("follow %4 size[0] = 3 * in0[0] * in1[99] + 0", &back));
+    ck_assert(jit_sym_parse("follow %4 size[0] = 3 * in0[0] + 0", &back) && !back.product);
+    free(buf);
 }
 END_TEST
 
@@ -1261,6 +1311,7 @@ static Suite *suite(void) {
         {"size_one_joins_a_dynamic_entry_size_zero_stays_specialized",
          size_one_joins_a_dynamic_entry_size_zero_stays_specialized},
         {"dims_of_one_symbol_are_tied_by_a_guard", dims_of_one_symbol_are_tied_by_a_guard},
+        {"a_size_of_two_symbols_follows_their_product", a_size_of_two_symbols_follows_their_product},
         {"a_function_that_branches_at_one_keeps_one_specialized",
          a_function_that_branches_at_one_keeps_one_specialized},
         {"forced_mode_makes_the_dims_the_graph_follows_dynamic", forced_mode_makes_the_dims_the_graph_follows_dynamic},

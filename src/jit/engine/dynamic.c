@@ -188,7 +188,50 @@ static double value_at(const jit_sym_size *z, double s) {
  * symbol, then a positive slope; a value with coefficient 1. */
 static int plainness(const jit_sym_size *z) {
     if (z->field == JIT_SYM_VALUE) return z->f != 1;
-    return 2 * (z->b != 0) + (z->a < 0);
+    return 4 * z->product + 2 * (z->b != 0) + (z->a < 0);
+}
+
+/* The dynamic dims of gs as (input, dim) pairs, one per symbol of g (the
+ * first dim of each traced size), into ids; how many. */
+static int symbols(const tr_graph *g, const gd_guards *gs, int (*ids)[2], int max) {
+    int n = 0;
+    for (int i = 0; i < gs->ntensors; i++) {
+        const em_meta *m = &input_node(g, i)->meta;
+        for (int d = 0; d < m->ndim && n < max; d++) {
+            if (!(gs->tensors[i].dyn >> d & 1)) continue;
+            bool seen = false;
+            for (int k = 0; k < n && !seen; k++)
+                seen = input_node(g, ids[k][0])->meta.sizes[ids[k][1]] == m->sizes[d];
+            if (!seen) ids[n][0] = i, ids[n][1] = d, n++;
+        }
+    }
+    return n;
+}
+
+/* Fits z as a * s1 * s2 for two distinct symbols s1, s2 (an arange over
+ * b * t positions), from v in g and vp in prev: a exact at both.  Only
+ * where no one-symbol fit exists; two pairs that fit make it ambiguous
+ * (false). */
+static bool fit_product(const tr_graph *g, const tr_graph *prev, const gd_guards *gs, double v,
+                        double vp, jit_sym_size *z) {
+    int ids[EM_MAX_DIMS * 4][2];
+    int n = symbols(g, gs, ids, EM_MAX_DIMS * 4), found = 0;
+    for (int x = 0; x < n; x++)
+        for (int y = x + 1; y < n; y++) {
+            int64_t s1 = input_node(g, ids[x][0])->meta.sizes[ids[x][1]];
+            int64_t s2 = input_node(g, ids[y][0])->meta.sizes[ids[y][1]];
+            int64_t p1 = input_node(prev, ids[x][0])->meta.sizes[ids[x][1]];
+            int64_t p2 = input_node(prev, ids[y][0])->meta.sizes[ids[y][1]];
+            int64_t iv = (int64_t)v, ivp = (int64_t)vp;
+            if (s1 * s2 == 0 || iv % (s1 * s2) || iv / (s1 * s2) * p1 * p2 != ivp ||
+                (s1 == p1 && s2 == p2))
+                continue;
+            if (found++) return false;
+            z->input = ids[x][0], z->dim = ids[x][1];
+            z->product = true, z->input2 = ids[y][0], z->dim2 = ids[y][1];
+            z->a = iv / (s1 * s2), z->b = 0;
+        }
+    return found == 1;
 }
 
 /* Fits z (node, field, j set) from its value v in g and vp in prev: a * s
@@ -234,6 +277,7 @@ static bool fit(const tr_graph *g, const tr_graph *prev, const gd_guards *gs, do
             *z = c;
         }
     }
+    if (best < 0 && z->field != JIT_SYM_VALUE) return fit_product(g, prev, gs, v, vp, z);
     return best >= 0 && !tie;
 }
 
@@ -241,6 +285,8 @@ static bool fit(const tr_graph *g, const tr_graph *prev, const gd_guards *gs, do
  * in); NULL otherwise.  A fit made from earlier traces beats a new one. */
 static const jit_sym_size *inherited(const jit_dyn *prev_dyn, const jit_sym_size *z,
                                      const tr_graph *g, em_tensor *const *in);
+static bool sym_in_graph(const jit_sym_size *z, const tr_graph *g, int64_t *s);
+static bool holds_at(const jit_sym_size *z, const tr_node *n, int64_t s);
 
 /* Appends to dyn the follow of node k's field (j) whose value changed from
  * prev (v) to g (vp); false when none fits or dyn is full. */
@@ -249,6 +295,12 @@ static bool follow_field(const follow_ctx *c, int k, jit_sym_field field, int j,
     if (dyn->nsizes == JIT_MAX_SYM_SIZES) return false;
     jit_sym_size z = {.node = k, .j = j, .field = field};
     const jit_sym_size *old = inherited(c->prev_dyn, &z, g, c->in);
+    int64_t sp;
+    /* an earlier fit counts only if the other trace agrees (it may have
+     * moved a symbol the earlier traces did not) */
+    if (old && !old->rest &&
+        !(sym_in_graph(old, prev, &sp) && holds_at(old, &prev->nodes[k], sp)))
+        old = NULL;
     if (old) {
         dyn->sizes[dyn->nsizes++] = *old;
         return true;
@@ -319,9 +371,29 @@ static bool attrs_follow(const follow_ctx *c, int k, jit_dyn *dyn) {
     return true;
 }
 
+/* z's symbol value for the input metas inputs: its size, or the product
+ * of its two. */
+static int64_t sym_in_metas(const jit_sym_size *z, const em_meta *inputs) {
+    int64_t s = inputs[z->input].sizes[z->dim];
+    return z->product ? s * inputs[z->input2].sizes[z->dim2] : s;
+}
+
+static int64_t sym_in_tensors(const jit_sym_size *z, em_tensor *const *in) {
+    int64_t s = in[z->input]->sizes[z->dim];
+    return z->product ? s * in[z->input2]->sizes[z->dim2] : s;
+}
+
+/* z's symbol value at g's input sizes; false when g has no such dims. */
+static bool sym_in_graph(const jit_sym_size *z, const tr_graph *g, int64_t *s) {
+    const tr_node *a = input_node(g, z->input), *b = z->product ? input_node(g, z->input2) : NULL;
+    if (!a || z->dim >= a->meta.ndim || (z->product && (!b || z->dim2 >= b->meta.ndim))) return false;
+    *s = a->meta.sizes[z->dim] * (b ? b->meta.sizes[z->dim2] : 1);
+    return true;
+}
+
 /* Sets z's attribute in n for the input metas inputs (not a rest). */
 static void apply(const jit_sym_size *z, tr_node *n, const em_meta *inputs) {
-    int64_t s = inputs[z->input].sizes[z->dim];
+    int64_t s = sym_in_metas(z, inputs);
     if (z->field == JIT_SYM_VALUE) n->attrs.value = value_at(z, (double)s);
     else *int_attr(&n->attrs, z->field, z->j) = z->a * s + z->b;
 }
@@ -339,7 +411,7 @@ static bool holds_at(const jit_sym_size *z, const tr_node *n, int64_t s) {
 
 /* Whether z holds for node n's attributes at the sizes of in. */
 static bool holds(const jit_sym_size *z, const tr_node *n, em_tensor *const *in) {
-    return z->rest || holds_at(z, n, in[z->input]->sizes[z->dim]);
+    return z->rest || holds_at(z, n, sym_in_tensors(z, in));
 }
 
 static const jit_sym_size *inherited(const jit_dyn *prev_dyn, const jit_sym_size *z,
@@ -357,8 +429,8 @@ bool jit_dyn_holds(const jit_dyn *dyn, const tr_graph *g) {
     for (int i = 0; i < dyn->nsizes; i++) {
         const jit_sym_size *z = &dyn->sizes[i];
         if (z->rest) continue;
-        const tr_node *in = z->node < g->nnodes ? input_node(g, z->input) : NULL;
-        if (!in || z->dim >= in->meta.ndim || !holds_at(z, &g->nodes[z->node], in->meta.sizes[z->dim]))
+        int64_t s;
+        if (z->node >= g->nnodes || !sym_in_graph(z, g, &s) || !holds_at(z, &g->nodes[z->node], s))
             return false;
     }
     return true;
@@ -466,6 +538,9 @@ void jit_sym_print(const jit_sym_size *z, FILE *f) {
     if (z->rest) fprintf(f, "rest\n");
     else if (z->field == JIT_SYM_VALUE)
         fprintf(f, "%a %s in%d[%d]\n", z->f, form_names[z->form], z->input, z->dim);
+    else if (z->product)
+        fprintf(f, "%lld * in%d[%d] * in%d[%d] + %lld\n", (long long)z->a, z->input, z->dim,
+                z->input2, z->dim2, (long long)z->b);
     else
         fprintf(f, "%lld * in%d[%d] + %lld\n", (long long)z->a, z->input, z->dim, (long long)z->b);
 }
@@ -494,6 +569,10 @@ bool jit_sym_parse(const char *s, jit_sym_size *z) {
         int form = name_index(word, form_names, 4);
         if (form < 0 || !isfinite(z->f)) return false;
         z->form = (jit_sym_form)form;
+    } else if (sscanf(s, "%lld * in%d[%d] * in%d[%d] + %lld", &a, &z->input, &z->dim, &z->input2,
+                      &z->dim2, &b) == 6) {
+        z->a = a, z->b = b, z->product = true;
+        if (z->input2 < 0 || z->dim2 < 0 || z->dim2 >= EM_MAX_DIMS) return false;
     } else {
         if (sscanf(s, "%lld * in%d[%d] + %lld", &a, &z->input, &z->dim, &b) != 4) return false;
         z->a = a, z->b = b;

@@ -207,9 +207,13 @@ typedef enum jit_sym_form { JIT_SYM_TIMES, JIT_SYM_OVER, JIT_SYM_TIMES_SQRT, JIT
 /* An attribute that follows a dynamic size: node's attribute `field`
  * (index j of the sizes) is a * s + b for s the size of dim `dim` of input
  * `input` (a reshape to [b, t, 4, 16] follows b and t; em_arange(0, t)
- * has t elements), or for a value f and form. */
+ * has t elements), or for a value f and form.  With product, s is that
+ * size times the size of dim `dim2` of input `input2` (two symbols:
+ * em_arange(0, b * t); b is 0 then). */
 typedef struct jit_sym_size {
     int node, j, input, dim;
+    bool product;
+    int input2, dim2;
     jit_sym_field field;
     int64_t a, b;
     double f;

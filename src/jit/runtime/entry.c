@@ -340,6 +340,37 @@ static bool widen(jit_entry *e, em_tensor *const *in, uint32_t *mask, const jit_
            jit_dyn_holds(dyn, prev->graph);
 }
 
+/* Checks the fits dyn that two traces made (prev's and e's, which may
+ * differ in one symbol only) against a dry trace that moves every symbol
+ * at once: a fit that named one symbol where the code used two (3 * t for
+ * an arange over b * t, with b = 3 in both traces) is refitted from the
+ * dry trace (and must still hold at prev's), else the entry is static.
+ * No dry trace (a random draw, a host read): the two traces decide. */
+static bool confirm(jit_entry *e, em_tensor *const *in, const jit_entry *prev,
+                    const jit_retrace *rt, jit_dyn *dyn, char *why, size_t nwhy) {
+    int n = e->guards->ntensors;
+    jit_dyn *d = jit_dyn_new(n);
+    bool ok = d && jit_dyn_probe(e->guards, in, n, d->probe);
+    tr_graph *g = ok ? rt->trace(rt->ud, d->probe) : NULL;
+    if (ok && !g) {
+        jit_dyn_free(d);
+        return true;
+    }
+    ok = ok && jit_dyn_check(e->graph, g, dyn, e->guards, in, d, why, nwhy);
+    if (ok && !jit_dyn_holds(d, prev->graph)) {
+        snprintf(why, nwhy, "the sizes the dry trace fits do not hold at the earlier trace");
+        ok = false;
+    }
+    if (ok) {
+        memcpy(dyn->sizes, d->sizes, sizeof d->sizes);
+        dyn->nsizes = d->nsizes;
+        memcpy(dyn->probe, d->probe, sizeof *dyn->probe * (size_t)n);
+    }
+    tr_graph_free(g);
+    jit_dyn_free(d);
+    return ok;
+}
+
 /* jit_dyn_check against prev, with the divisors it asks for: a reshape
  * that splits a dynamic dim ([b, t / 2, 16] of [b, t, 8]) makes that dim
  * a multiple of its divisor in the guards, and the check runs again
@@ -444,7 +475,8 @@ bool jit_entry_make_dynamic(const jit_owner *o, jit_entry *e, em_tensor *const *
         } else if (w) { /* back to the dims that changed, and their fits */
             for (int i = 0; i < n; i++) gd_set_dynamic(e->guards, i, mask[i]);
             dynamic = jit_dyn_check(e->graph, prev->graph, prev->follow, e->guards, in, dyn, why,
-                                    sizeof why);
+                                    sizeof why) &&
+                      confirm(e, in, prev, rt, dyn, why, sizeof why);
         }
         jit_dyn_free(w);
     }

@@ -17,6 +17,9 @@ static bool follow_fits(const jit_sym_size *z, const tr_graph *g, em_tensor *con
     if (!(em_op_table[n->op].attrs & need[z->field])) return false;
     if (z->field == JIT_SYM_SIZE && z->j >= n->attrs.ndim) return false;
     if (z->rest) return n->op == EM_OP_RESHAPE;
+    if (z->product && !(z->input2 >= 0 && z->input2 < g->ninputs && z->dim2 >= 0 &&
+                        z->dim2 < in[z->input2]->ndim))
+        return false;
     return z->input < g->ninputs && z->dim < in[z->input]->ndim;
 }
 
