@@ -999,6 +999,49 @@ START_TEST(a_causal_block_over_batch_and_length_compiles_few_graphs) {
 }
 END_TEST
 
+/* A count of b * t (an arange over every element of x [b, t]) summed
+ * with x's, lazily, over sizes where two traces that move one symbol
+ * would fit the count to that symbol alone. */
+typedef struct count_run {
+    bool ok;
+    em_lazy_stats st;
+} count_run;
+
+static void *count_body(void *arg) {
+    count_run *r = arg;
+    static const int64_t bt[][2] = {{2, 5}, {3, 5}, {3, 7}, {4, 6}, {5, 9}};
+    r->ok = true;
+    for (int i = 0; r->ok && i < 5; i++) {
+        int64_t b = bt[i][0], t = bt[i][1];
+        em_scope_begin();
+        em_tensor *x = tu_random(500 + (uint64_t)i, 2, TU_SIZES(b, t), EM_F32, 1);
+        em_lazy_begin();
+        em_tensor *pos = em_arange(0, (double)em_numel(x), 1, EM_F32, em_cpu());
+        em_tensor *y = em_add(em_sum(pos, 0, NULL, false), em_sum(x, 0, NULL, false));
+        r->ok = y && em_realize(y) == EM_OK;
+        em_lazy_end();
+        double *xv = r->ok ? tu_values(x) : NULL, want = (double)(b * t) * (double)(b * t - 1) / 2;
+        for (int64_t k = 0; xv && k < b * t; k++) want += xv[k];
+        double *got = r->ok ? tu_values(y) : NULL;
+        r->ok = got && fabs(got[0] - want) <= 1e-4 * fabs(want);
+        free(xv);
+        free(got);
+        em_scope_end();
+    }
+    em_lazy_get_stats(&r->st);
+    return NULL;
+}
+
+START_TEST(a_lazy_size_of_two_symbols_is_never_fitted_to_one) {
+    count_run r = {0};
+    pthread_t th;
+    ck_assert_int_eq(pthread_create(&th, NULL, count_body, &r), 0);
+    pthread_join(th, NULL);
+    ck_assert_msg(r.ok, "a lazy arange over b * t gave another sum than float64");
+    ck_assert_int_eq(r.st.eager_graphs, 0);
+}
+END_TEST
+
 /* ---- one entry machinery: em_compile and lazy mode count alike ---- */
 
 /* A sequence of row counts of x [rows, 8] through y = softmax(x) * w, and
@@ -1130,6 +1173,7 @@ int main(void) {
         {"every_op_lazy_equals_eager", every_op_lazy_equals_eager},
         {"a_causal_block_over_batch_and_length_compiles_few_graphs",
          a_causal_block_over_batch_and_length_compiles_few_graphs},
+        {"a_lazy_size_of_two_symbols_is_never_fitted_to_one", a_lazy_size_of_two_symbols_is_never_fitted_to_one},
         {"values_are_computed_when_read_and_not_before", values_are_computed_when_read_and_not_before},
         {"a_tensor_never_read_stays_computable_and_keeps_its_inputs", a_tensor_never_read_stays_computable_and_keeps_its_inputs},
         {"a_long_chain_is_cut_and_computed_on_the_way", a_long_chain_is_cut_and_computed_on_the_way},

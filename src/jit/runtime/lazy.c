@@ -69,6 +69,8 @@ typedef struct lz_state {
                             thunk; a mutex cost ~100 instructions an op */
     jit_table entries;   /* by the cut's key; never removed */
     jit_index structs;   /* shape-free key -> lz_structure */
+    jit_index served;    /* a cut's key -> lz_served: the dynamic entry whose graph,
+                            at that cut's sizes, was checked to be the cut's */
     int limit;           /* entries per structure before running eagerly */
     bool dynamic;        /* EMBER_DYNAMIC is not 0: a structure seen at a second
                             size gets a dynamic entry */
@@ -108,6 +110,18 @@ static void make_key(void) { pthread_key_create(&state_key, thread_exit); }
 
 /* ---- the thread's state ---- */
 
+/* A graph (by its key) that a dynamic entry was shown to compute: the key
+ * holds everything the graph is (its sizes and its attributes too), so a
+ * cut of that key runs on the entry without a check. */
+typedef struct lz_served {
+    kc_key key; /* first: jit_index reads it */
+    jit_entry *e;
+} lz_served;
+
+/* Past this many, a cut a dynamic entry serves is checked on every flush
+ * instead of remembered (the index stays bounded in memory). */
+#define LZ_MAX_SERVED 4096
+
 static void state_release(lz_state *st) {
     if (!st || atomic_fetch_sub(&st->refs, 1) != 1) return;
     const em_allocator *saved = em_get_allocator();
@@ -120,6 +134,8 @@ static void state_release(lz_state *st) {
         em_free(sg);
     }
     jit_index_free(&st->structs);
+    for (int i = 0; i < st->served.cap; i++) em_free((void *)st->served.slots[i]);
+    jit_index_free(&st->served);
     kc_close(st->env.cache);
     jit_log_close(&st->log);
     em_free(st->record);
@@ -692,16 +708,46 @@ typedef struct lz_run {
     void *spec;          /* dynamic: the backend's specialize result */
 } lz_run;
 
+/* Remembers that dynamic entry d computes the graph of key (out of
+ * memory or past LZ_MAX_SERVED: it is checked again next time). */
+static void served_add(lz_state *st, const kc_key *key, jit_entry *d) {
+    lz_served *old = jit_index_find(&st->served, key);
+    if (old) {
+        old->e = d;
+        return;
+    }
+    lz_served *v = st->served.n < LZ_MAX_SERVED ? em_malloc(sizeof *v) : NULL;
+    if (v) *v = (lz_served){*key, d};
+    if (v && !jit_index_add(&st->served, v)) em_free(v);
+    em_clear_error();
+}
+
+/* Whether dynamic entry d, whose guards take the cut's input sizes,
+ * computes the cut's graph: its attributes that follow the sizes (an
+ * arange's count, a reshape's sizes) are the cut's.  Two traces fit them,
+ * which cannot tell b * t from 3 * t when b was 3 in both, nor a count
+ * that follows no size at all (a loop counter): the cut, recorded with
+ * the program's own values, is the judge (jit_dyn_same).  The caller
+ * remembers a yes by the cut's key (served_add). */
+static bool computes_cut(const jit_entry *d, cut *c) {
+    if (cut_graph(c) != EM_OK || tr_optimize(c->g, false) != EM_OK) {
+        em_clear_error();
+        return false;
+    }
+    return jit_dyn_same(d->follow, d->graph, c->g);
+}
+
 /* Whether one of sg's dynamic entries takes the cut's sizes once its
  * dims at 1 may be 1 (jit_entry_take_one: the cut's graph is the entry's
  * at those sizes); into run. */
-static bool take_one(lz_state *st, lz_structure *sg, cut *c, lz_run *run) {
+static bool take_one(lz_state *st, lz_structure *sg, cut *c, const kc_key *key, lz_run *run) {
     void *spec = NULL;
     for (int k = sg ? sg->ndyn - 1 : -1; k >= 0; k--) {
         if (cut_graph(c) != EM_OK || tr_optimize(c->g, false) != EM_OK) break;
         if (!jit_entry_take_one(sg->dyn[k], c->inputs, c->g) ||
             !jit_entry_serves(&st->own, sg->dyn[k], c->inputs, NULL, &spec))
             continue;
+        served_add(st, key, sg->dyn[k]);
         st->stats.graph_hits++;
         st->stats.flushes++;
         *run = (lz_run){sg->dyn[k], true, spec};
@@ -720,15 +766,20 @@ static em_status lookup(lz_state *st, cut *c, lz_run *run) {
     lz_structure *sg = e ? NULL : structure_of(st, &sk);
     void *spec = NULL;
     if (!e && !sg) return em_last_status();
+    lz_served *sv = sg ? jit_index_find(&st->served, &key) : NULL;
     for (int k = sg ? sg->ndyn - 1 : -1; k >= 0; k--) {
-        if (!jit_entry_serves(&st->own, sg->dyn[k], c->inputs, NULL, &spec)) continue;
+        jit_entry *d = sg->dyn[k];
+        if ((sv && sv->e != d) || (d->guards && !gd_check(d->guards, c->inputs, NULL)) ||
+            (!sv && !computes_cut(d, c)) || !jit_entry_serves(&st->own, d, c->inputs, NULL, &spec))
+            continue;
+        if (!sv) served_add(st, &key, d);
         /* one state for these sizes of the structure: runs unlocked, as entries */
         st->stats.graph_hits++;
         st->stats.flushes++;
-        *run = (lz_run){sg->dyn[k], true, spec};
+        *run = (lz_run){d, true, spec};
         return EM_OK;
     }
-    if (take_one(st, sg, c, run)) return EM_OK;
+    if (take_one(st, sg, c, &key, run)) return EM_OK;
     if (sg && st->dynamic && sg->ndyn < LZ_MAX_DYN && !sg->dyn_refused && sg->first &&
         jit_limit_room(&sg->limit) && cut_graph(c) == EM_OK) {
         jit_entry *d = dyn_make(st, sg->ndyn ? sg->dyn[sg->ndyn - 1] : sg->first, c);
@@ -742,6 +793,7 @@ static em_status lookup(lz_state *st, cut *c, lz_run *run) {
             st->stats.kernels_loaded += d->kernels_loaded;
         }
         if (d && jit_entry_serves(&st->own, d, c->inputs, NULL, &spec)) {
+            served_add(st, &key, d); /* d's graph is the cut's */
             st->stats.flushes++;
             *run = (lz_run){d, true, spec};
             return EM_OK;
