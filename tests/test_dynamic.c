@@ -109,6 +109,18 @@ static em_compile_stats stats_of(const em_compiled *f) {
     return st;
 }
 
+/* What em_compiled_print prints of f's entry (0: the most recently
+ * used); the caller frees it. */
+static char *printed(const em_compiled *f, int entry) {
+    char *text = NULL;
+    size_t len = 0;
+    FILE *fp = open_memstream(&text, &len);
+    ck_assert_ptr_nonnull(fp);
+    ck_assert_int_eq(em_compiled_print(f, entry, false, fp), EM_OK);
+    fclose(fp);
+    return text;
+}
+
 /* f called on a random x [b, cols] (seed b, into *x); its result. */
 static em_tensor *call_at(em_compiled *f, int64_t b, int64_t cols, em_tensor **x) {
     em_tensor *y = NULL;
@@ -172,11 +184,7 @@ START_TEST(ten_batch_sizes_of_softmax_compile_twice) {
     /* the entry the later calls used prints its dynamic dim: the batch,
      * which changed (the width, which the function never reads, is not
      * widened: it keeps its static kernels) */
-    char *text = NULL;
-    size_t len = 0;
-    FILE *fp = open_memstream(&text, &len);
-    ck_assert_int_eq(em_compiled_print(f, 0, false, fp), EM_OK);
-    fclose(fp);
+    char *text = printed(f, 0);
     ck_assert_msg(strstr(text, "dynamic=[0] (dim 0 >= 1)"), "%s", text);
     free(text);
     em_compiled_free(f);
@@ -242,11 +250,7 @@ START_TEST(size_one_joins_a_dynamic_entry_size_zero_stays_specialized) {
     ck_assert_int_eq(st.entries, 3);
     ck_assert_int_eq(st.dynamic_entries, 1);
     ck_assert_int_eq(st.hits, 2);
-    char *text = NULL;
-    size_t len = 0;
-    FILE *fp = open_memstream(&text, &len);
-    ck_assert_int_eq(em_compiled_print(f, 0, false, fp), EM_OK);
-    fclose(fp);
+    char *text = printed(f, 0);
     ck_assert_msg(strstr(text, "dynamic=[0] (dim 0 >= 1)"), "%s", text);
     free(text);
     em_compiled_free(f);
@@ -287,11 +291,7 @@ START_TEST(dims_of_one_symbol_are_tied_by_a_guard) {
     check_product(f, 5, 5, 3); /* dynamic in both rows, one symbol */
     check_product(f, 1, 1, 5); /* size 1 joined */
     ck_assert_int_eq(stats_of(f).traces, 2);
-    char *text = NULL;
-    size_t len = 0;
-    FILE *fp = open_memstream(&text, &len);
-    ck_assert_int_eq(em_compiled_print(f, 0, false, fp), EM_OK);
-    fclose(fp);
+    char *text = printed(f, 0);
     ck_assert_msg(strstr(text, "guard w[0] (input 1 dim 0) == x[0] (input 0 dim 0)\n"), "%s", text);
     free(text);
     /* a broadcast of y's rows is not the traced graph: the tie refuses it,
@@ -365,11 +365,7 @@ START_TEST(a_function_that_branches_at_one_keeps_one_specialized) {
     ck_assert_int_eq(st.entries, 3);
     ck_assert_int_eq(st.dynamic_entries, 1);
     ck_assert_int_eq(st.hits, 2);
-    char *text = NULL;
-    size_t len = 0;
-    FILE *fp = open_memstream(&text, &len);
-    ck_assert_int_eq(em_compiled_print(f, 1, false, fp), EM_OK);
-    fclose(fp);
+    char *text = printed(f, 1);
     ck_assert_msg(strstr(text, "dynamic=[0] (>= 2)"), "%s", text);
     free(text);
     em_compiled_free(f);
@@ -600,11 +596,7 @@ START_TEST(forced_mode_makes_the_dims_the_graph_follows_dynamic) {
     em_compile_stats st = stats_of(f);
     ck_assert_int_eq(st.traces, 1);
     ck_assert_int_eq(st.dynamic_entries, 1);
-    char *text = NULL;
-    size_t len = 0;
-    FILE *fp = open_memstream(&text, &len);
-    ck_assert_int_eq(em_compiled_print(f, 0, false, fp), EM_OK);
-    fclose(fp);
+    char *text = printed(f, 0);
     ck_assert_msg(strstr(text, "guard input 0 (x): dtype=f32 device=cpu sizes=[2, 5, 16] strides=dense "
                          "dynamic=[0, 1, 2] (dim 0 >= 1, dim 1 >= 2, dim 2 >= 1)\n"), "%s", text);
     ck_assert_msg(strstr(text, "guard input 1 (w): dtype=f32 device=cpu sizes=[16, 48] strides=dense "
@@ -1123,11 +1115,7 @@ START_TEST(a_reshape_that_splits_a_dim_guards_its_divisor) {
     /* one dynamic entry, whose guard asks for an even t */
     ck_assert_int_eq(stats_of(f).traces, 2);
     ck_assert_int_eq(stats_of(f).dynamic_entries, 1);
-    char *text = NULL;
-    size_t len = 0;
-    FILE *fp = open_memstream(&text, &len);
-    ck_assert_int_eq(em_compiled_print(f, 0, false, fp), EM_OK);
-    fclose(fp);
+    char *text = printed(f, 0);
     ck_assert_msg(strstr(text, "dynamic=[0, 1] (dim 0 >= 1, dim 1 >= 2) divisible=1:2"), "%s", text);
     free(text);
     /* t = 7 fails that guard, with the reason (and the function itself

@@ -988,9 +988,7 @@ START_TEST(a_causal_block_over_batch_and_length_compiles_few_graphs) {
      * a structure of its own, 12 graphs compiled; now they are size
      * variants of one structure, served by its dynamic entries */
     causal_run r = {0};
-    pthread_t th;
-    ck_assert_int_eq(pthread_create(&th, NULL, causal_body, &r), 0);
-    pthread_join(th, NULL);
+    on_thread(causal_body, &r);
     ck_assert_msg(r.ok, "a lazy causal block differs from float64");
     ck_assert_int_eq(r.st.flushes, 12);
     ck_assert_int_eq(r.st.eager_graphs, 0);
@@ -1034,9 +1032,7 @@ static void *count_body(void *arg) {
 
 START_TEST(a_lazy_size_of_two_symbols_is_never_fitted_to_one) {
     count_run r = {0};
-    pthread_t th;
-    ck_assert_int_eq(pthread_create(&th, NULL, count_body, &r), 0);
-    pthread_join(th, NULL);
+    on_thread(count_body, &r);
     ck_assert_msg(r.ok, "a lazy arange over b * t gave another sum than float64");
     ck_assert_int_eq(r.st.eager_graphs, 0);
 }
