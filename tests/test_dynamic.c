@@ -620,6 +620,18 @@ START_TEST(a_causal_mask_from_arange_follows_the_sequence) {
 }
 END_TEST
 
+START_TEST(a_trace_at_length_1_is_not_the_model_for_other_lengths) {
+    /* [1, 1] and [1, 4] static (a length of 1 drops out of the graph);
+     * [1, 9] is compared with [1, 4], not with [1, 1] which the call
+     * before used, and is dynamic in t: 16 and 31 need nothing more */
+    static const int64_t ts[] = {1, 4, 1, 9, 16, 31};
+    em_compile_stats st = causal_over(ts, 6, 1);
+    ck_assert_int_eq(st.eager, 0);
+    ck_assert_int_eq(st.traces, 3);
+    ck_assert_int_eq(st.dynamic_entries, 1);
+}
+END_TEST
+
 static em_compile_stats attention_at(const int64_t (*bt)[2], int n, int mode) {
     em_compile_options o = options("attention", 2, mode);
     em_compiled *f = em_compile(attention_fn, NULL, &o);
@@ -1308,6 +1320,8 @@ static Suite *suite(void) {
         {"compiled_at_many_sizes_equals_eager", compiled_at_many_sizes_equals_eager},
         {"reshapes_follow_the_batch_and_the_sequence", reshapes_follow_the_batch_and_the_sequence},
         {"a_causal_mask_from_arange_follows_the_sequence", a_causal_mask_from_arange_follows_the_sequence},
+        {"a_trace_at_length_1_is_not_the_model_for_other_lengths",
+         a_trace_at_length_1_is_not_the_model_for_other_lengths},
         {"a_second_dim_joins_the_dynamic_ones", a_second_dim_joins_the_dynamic_ones},
         {"dynamic_off_gives_one_entry_per_size", dynamic_off_gives_one_entry_per_size},
         {"forced_dynamic_compiles_once", forced_dynamic_compiles_once},

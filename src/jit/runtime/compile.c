@@ -516,6 +516,18 @@ static bool differs_in_sizes_only(const em_compiled *f, const jit_entry *e, em_t
     return true;
 }
 
+/* Whether e was traced at size 0 or 1 in a dim whose size in differs: a
+ * poor model of other sizes (such a dim broadcasts or drops out of its
+ * graph), so another entry that differs only in sizes is compared first. */
+static bool traced_one_where_changed(const jit_entry *e, em_tensor *const *in, int n) {
+    for (int i = 0; e->guards && i < n && i < e->guards->ntensors; i++) {
+        const gd_tensor *g = &e->guards->tensors[i];
+        for (int d = 0; d < g->ndim && d < in[i]->ndim; d++)
+            if (g->sizes[d] < 2 && g->sizes[d] != in[i]->sizes[d]) return true;
+    }
+    return false;
+}
+
 /* The dims a new entry makes dynamic (Dynamo's automatic_dynamic_shapes):
  * forced, every dim of size >= 2; automatic, the dims whose sizes differ
  * from the most recent entry that differs only in sizes, plus that
@@ -523,10 +535,17 @@ static bool differs_in_sizes_only(const em_compiled *f, const jit_entry *e, em_t
  * specialized.  false: none. */
 static bool dynamic_dims(const em_compiled *f, em_tensor *const *in, const double *scalars,
                          uint32_t *dyn, const jit_entry **prev) {
-    const jit_entry *near = NULL;
-    for (int i = 0; f->dynamic == 0 && !near && i < f->entries.n; i++)
-        if (differs_in_sizes_only(f, jit_table_recent(&f->entries, i), in, scalars))
-            near = jit_table_recent(&f->entries, i);
+    const jit_entry *near = NULL, *unit = NULL;
+    for (int i = 0; f->dynamic == 0 && !near && i < f->entries.n; i++) {
+        const jit_entry *e = jit_table_recent(&f->entries, i);
+        if (!differs_in_sizes_only(f, e, in, scalars)) continue;
+        if (traced_one_where_changed(e, in, f->ninputs)) {
+            if (!unit) unit = e;
+        } else {
+            near = e;
+        }
+    }
+    if (!near) near = unit;
     if (f->dynamic < 0 || (f->dynamic == 0 && !near)) return false;
     *prev = near;
     if (near) jit_dyn_mask(near, in, f->ninputs, dyn);
