@@ -4,6 +4,8 @@
 
 #include "cpu.h" /* em_blas_core_warning */
 
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 static const em_dtype NUM4[] = {EM_F32, EM_F64, EM_I32, EM_I64};
@@ -323,6 +325,46 @@ START_TEST(test_blas_core_warning) {
 }
 END_TEST
 
+/* Which BLAS runs the matmuls: OpenBLAS unless it would run a generic
+ * core below the CPU that nobody chose, then BLIS when it loads;
+ * EMBER_BLAS overrides; every case that changes something says why. */
+START_TEST(test_blas_choice) {
+    static const struct {
+        const char *want, *core;
+        bool coretype, blis;
+        em_isa cpu;
+        em_blas_lib lib;
+        const char *msg; /* NULL: says nothing */
+    } cases[] = {
+        {NULL, "Zen", false, true, EM_ISA_AVX2, EM_BLAS_OPENBLAS, NULL},
+        {"auto", "SkylakeX", false, true, EM_ISA_AVX512, EM_BLAS_OPENBLAS, NULL},
+        {NULL, "Prescott", false, true, EM_ISA_AVX512, EM_BLAS_BLIS, "using BLIS instead"},
+        {NULL, "Prescott", false, false, EM_ISA_AVX512, EM_BLAS_OPENBLAS, "install BLIS"},
+        {NULL, "Prescott", true, true, EM_ISA_AVX512, EM_BLAS_OPENBLAS, NULL}, /* the user chose */
+        {NULL, "Prescott", false, true, EM_ISA_AVX, EM_BLAS_OPENBLAS, NULL},   /* nothing better */
+        {"openblas", "Prescott", false, true, EM_ISA_AVX512, EM_BLAS_OPENBLAS, NULL},
+        {"blis", "Zen", false, true, EM_ISA_AVX2, EM_BLAS_BLIS, NULL},
+        {"blis", "Zen", false, false, EM_ISA_AVX2, EM_BLAS_OPENBLAS, "does not load: using OpenBLAS"},
+        {"blis", NULL, false, false, EM_ISA_AVX2, EM_BLAS_NONE, "does not load: using plain loops"},
+        {NULL, NULL, false, true, EM_ISA_AVX2, EM_BLAS_BLIS, NULL},  /* no OpenBLAS */
+        {NULL, NULL, false, false, EM_ISA_AVX2, EM_BLAS_NONE, NULL},
+        {"mkl", "Zen", false, true, EM_ISA_AVX2, EM_BLAS_OPENBLAS, "EMBER_BLAS=mkl is not auto"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char msg[512];
+        em_blas_lib lib = em_blas_choose(cases[i].want, cases[i].core, cases[i].coretype, cases[i].cpu,
+                                         cases[i].blis, msg, sizeof msg);
+        ck_assert_msg(lib == cases[i].lib, "case %zu: %d", i, (int)lib);
+        if (cases[i].msg) ck_assert_msg(strstr(msg, cases[i].msg), "case %zu: %s", i, msg);
+        else ck_assert_msg(!msg[0], "case %zu: %s", i, msg);
+    }
+    /* this process's: whichever it is, it names its kernels */
+    char kernels[64];
+    em_blas_lib here = em_blas_in_use(kernels, sizeof kernels);
+    ck_assert(here == EM_BLAS_NONE || kernels[0]);
+}
+END_TEST
+
 static Suite *suite(void) {
     const tu_test tests[] = {
         {"2d_every_dtype", test_2d_every_dtype},
@@ -334,8 +376,20 @@ static Suite *suite(void) {
         {"large", test_large},
         {"errors", test_errors},
         {"blas_core_warning", test_blas_core_warning},
+        {"blas_choice", test_blas_choice},
     };
     return tu_suite("matmul", tests, sizeof tests / sizeof tests[0], 120);
 }
 
-int main(void) { return tu_run(suite()); }
+int main(void) {
+#ifdef TEST_BLAS /* test_matmul_blis: every product above on that BLAS */
+    setenv("EMBER_BLAS", TEST_BLAS, 1);
+    char kernels[64];
+    if (em_blas_in_use(kernels, sizeof kernels) != EM_BLAS_BLIS) {
+        printf("SKIP: BLIS (libblis.so.4, Debian's libblis4-serial) does not load here\n");
+        return 77;
+    }
+    printf("matmuls on BLIS, arch %s\n", kernels);
+#endif
+    return tu_run(suite());
+}

@@ -68,6 +68,20 @@ em_isa em_cpu_isa(void);
  * that fixes it, into buf; else false. */
 bool em_blas_core_warning(const char *core, em_isa cpu, char *buf, size_t n);
 
+/* The BLAS matmuls run on. */
+typedef enum em_blas_lib { EM_BLAS_NONE, EM_BLAS_OPENBLAS, EM_BLAS_BLIS } em_blas_lib;
+/* Which BLAS to use, from EMBER_BLAS (want: NULL or "auto", "openblas",
+ * "blis"), the core OpenBLAS chose (NULL: no OpenBLAS), whether the user
+ * set OPENBLAS_CORETYPE, the CPU's ISA and whether BLIS loads.  Auto takes
+ * OpenBLAS unless it runs a generic core below the CPU (em_blas_core_warning)
+ * that nobody chose, and then BLIS, which picks its kernels at run time.
+ * msg: what to say once, or empty. */
+em_blas_lib em_blas_choose(const char *want, const char *core, bool coretype_set, em_isa cpu,
+                           bool have_blis, char *msg, size_t n);
+/* The BLAS matmuls run on in this process and the kernels it runs (a
+ * core or arch name), into buf; loads it if no matmul did yet. */
+em_blas_lib em_blas_in_use(char *buf, size_t n);
+
 /* Kernels named in ops.def. */
 #define X(NAME, name, kind, nin, attrs, infer, cpu) em_status cpu(const em_op_call *c, em_tensor *out);
 #include "ops.def"

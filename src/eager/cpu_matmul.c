@@ -42,10 +42,26 @@
 #define EMBER_OPENBLAS_SONAME "libopenblas.so.0"
 #endif
 
+/* BLIS (Debian's libblis4-serial: single-threaded, so that it runs inside
+ * Ember's pool as OpenBLAS does) picks its kernels at run time from cpuid
+ * and knows CPUs that Debian 12's OpenBLAS does not (bench/bench_blas). */
+static const char *const blis_paths[] = {
+    "libblis.so.4",
+#if defined(__x86_64__)
+    "/usr/lib/x86_64-linux-gnu/blis-serial/libblis.so.4",
+#elif defined(__aarch64__)
+    "/usr/lib/aarch64-linux-gnu/blis-serial/libblis.so.4",
+#endif
+};
+
+/* The process's BLAS, set once by blas_load (blas_once) and read-only
+ * after: one library per process, as the loader gives it. */
 static __typeof__(cblas_sgemm) *blas_sgemm;
 static __typeof__(cblas_dgemm) *blas_dgemm;
 static pthread_once_t blas_once = PTHREAD_ONCE_INIT;
-static bool blas_ok; /* OpenBLAS loaded and usable: else the plain loops below */
+static bool blas_ok; /* a BLAS loaded and usable: else the plain loops below */
+static em_blas_lib blas_lib;
+static char blas_kernels[64]; /* the core or arch it runs */
 
 static bool address_space_limited(void) {
     struct rlimit r;
@@ -136,18 +152,67 @@ bool em_blas_core_warning(const char *core, em_isa cpu, char *buf, size_t n) {
     return true;
 }
 
-/* Says once (stderr, or EMBER_LOG_FILE's file) that OpenBLAS chose a core
- * below this CPU.  Only when OPENBLAS_CORETYPE is unset: a user who set it
- * chose. */
-static void blas_check_core(void *h) {
-    char *(*corename)(void) = (char *(*)(void))dlsym(h, "openblas_get_corename");
-    char buf[EM_ENV_MAX], msg[512];
-    if (!corename || em_getenv("OPENBLAS_CORETYPE", buf, sizeof buf)) return;
-    if (!em_blas_core_warning(corename(), em_cpu_isa(), msg, sizeof msg)) return;
+em_blas_lib em_blas_choose(const char *want, const char *core, bool coretype_set, em_isa cpu,
+                           bool have_blis, char *msg, size_t n) {
+    msg[0] = '\0';
+    bool blis = want && !strcmp(want, "blis"), openblas = want && !strcmp(want, "openblas");
+    if (want && *want && !blis && !openblas && strcmp(want, "auto"))
+        snprintf(msg, n, "EMBER_BLAS=%s is not auto, openblas or blis: using auto", want);
+    if (blis && have_blis) return EM_BLAS_BLIS;
+    if (blis) snprintf(msg, n, "EMBER_BLAS=blis: BLIS (libblis.so.4) does not load: using %s",
+                       core ? "OpenBLAS" : "plain loops");
+    if (!core) return have_blis && !openblas ? EM_BLAS_BLIS : EM_BLAS_NONE;
+    char why[384];
+    if (openblas || blis || coretype_set || !em_blas_core_warning(core, cpu, why, sizeof why))
+        return EM_BLAS_OPENBLAS;
+    if (have_blis) {
+        snprintf(msg, n, "matmul: OpenBLAS would run its generic '%s' kernels on this CPU: "
+                 "using BLIS instead (EMBER_BLAS=openblas keeps OpenBLAS)", core);
+        return EM_BLAS_BLIS;
+    }
+    snprintf(msg, n, "%s, or install BLIS (libblis4-serial), which Ember then uses", why);
+    return EM_BLAS_OPENBLAS;
+}
+
+/* Says msg once (stderr, or EMBER_LOG_FILE's file). */
+static void blas_say(const char *msg) {
+    char buf[EM_ENV_MAX];
+    if (!msg[0]) return;
     const char *file = em_getenv("EMBER_LOG_FILE", buf, sizeof buf);
     FILE *f = file && *file ? fopen(file, "a") : NULL;
     fprintf(f ? f : stderr, "[ember] %s\n", msg);
     if (f) fclose(f);
+}
+
+/* BLIS, from the first of blis_paths that loads and has both gemms. */
+static void *blis_open(void) {
+    for (size_t i = 0; i < sizeof blis_paths / sizeof *blis_paths; i++) {
+        void *h = dlopen(blis_paths[i], RTLD_NOW | RTLD_LOCAL);
+        if (h && dlsym(h, "cblas_sgemm") && dlsym(h, "cblas_dgemm")) return h;
+        if (h) dlclose(h);
+    }
+    return NULL;
+}
+
+/* The kernel set BLIS chose (bli_arch_string of bli_arch_query_id). */
+static void blis_arch(void *h, char *buf, size_t n) {
+    int (*id)(void) = (int (*)(void))dlsym(h, "bli_arch_query_id");
+    const char *(*name)(int) = (const char *(*)(int))dlsym(h, "bli_arch_string");
+    snprintf(buf, n, "%s", id && name ? name(id()) : "unknown");
+}
+
+static void blas_use(void *h, em_blas_lib lib) {
+    blas_sgemm = (__typeof__(cblas_sgemm) *)dlsym(h, "cblas_sgemm");
+    blas_dgemm = (__typeof__(cblas_dgemm) *)dlsym(h, "cblas_dgemm");
+    blas_lib = blas_sgemm && blas_dgemm ? lib : EM_BLAS_NONE;
+}
+
+static void blas_load(void);
+
+em_blas_lib em_blas_in_use(char *buf, size_t n) {
+    pthread_once(&blas_once, blas_load);
+    snprintf(buf, n, "%s", blas_ok ? blas_kernels : "");
+    return blas_ok ? blas_lib : EM_BLAS_NONE;
 }
 
 /* Once per process, before the first gemm.  When the program itself links
@@ -158,19 +223,37 @@ static void blas_load(void) {
     bool limited = address_space_limited();
     void *h = dlopen(EMBER_OPENBLAS_SONAME, RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
     if (!h) h = blas_open(limited);
-    if (!h) return; /* no OpenBLAS (or no room for it): the plain loops */
-    blas_sgemm = (__typeof__(cblas_sgemm) *)dlsym(h, "cblas_sgemm");
-    blas_dgemm = (__typeof__(cblas_dgemm) *)dlsym(h, "cblas_dgemm");
-    void (*set_threads)(int) = (void (*)(int))dlsym(h, "openblas_set_num_threads");
-    if (!blas_sgemm || !blas_dgemm) return;
+    char *(*corename)(void) = h ? (char *(*)(void))dlsym(h, "openblas_get_corename") : NULL;
+    void (*set_threads)(int) = h ? (void (*)(int))dlsym(h, "openblas_set_num_threads") : NULL;
     /* OpenBLAS runs single-threaded inside Ember's pool: two pools on the
      * same cores (OpenBLAS's workers spin with sched_yield after each
      * call) made every fused kernel that followed a matmul wait a
      * scheduler slice for a descheduled worker (MiniLM compiled: 1.3 s a
      * batch instead of 18 ms). */
     if (set_threads) set_threads(1);
-    blas_ok = !limited || blas_headroom();
-    if (blas_ok) blas_check_core(h);
+    const char *core = h ? (corename ? corename() : "unknown") : NULL;
+    char want[EM_ENV_MAX], ct[EM_ENV_MAX], msg[512];
+    const char *w = em_getenv("EMBER_BLAS", want, sizeof want);
+    bool coretype = em_getenv("OPENBLAS_CORETYPE", ct, sizeof ct) != NULL;
+    /* BLIS is opened only where it may be chosen: an OpenBLAS that runs
+     * well never pays for a second library */
+    bool may_blis = !h || (w && !strcmp(w, "blis")) ||
+                    (!(w && !strcmp(w, "openblas")) && !coretype &&
+                     em_blas_core_warning(core, em_cpu_isa(), msg, sizeof msg));
+    void *blis = may_blis ? blis_open() : NULL;
+    em_blas_lib lib = em_blas_choose(w, core, coretype, em_cpu_isa(), blis != NULL, msg, sizeof msg);
+    if (lib == EM_BLAS_BLIS) {
+        blas_use(blis, EM_BLAS_BLIS);
+        blis_arch(blis, blas_kernels, sizeof blas_kernels);
+    } else if (lib == EM_BLAS_OPENBLAS) {
+        blas_use(h, EM_BLAS_OPENBLAS);
+        snprintf(blas_kernels, sizeof blas_kernels, "%s", core);
+    }
+    if (blis && lib != EM_BLAS_BLIS) dlclose(blis);
+    if (blas_lib == EM_BLAS_NONE) return; /* no BLAS (or no room for it): the plain loops */
+    /* the buffer check is OpenBLAS's (BLIS packs into small pooled blocks) */
+    blas_ok = blas_lib == EM_BLAS_BLIS || !limited || blas_headroom();
+    if (blas_ok) blas_say(msg);
 }
 
 typedef struct operand {
