@@ -163,24 +163,24 @@ static bool embed(const bert_model *m, bert_compiled *f, em_tensor *ids, em_tens
 }
 
 /* The median of reps timed runs; the first run is warm-up. */
-static double time_runs(const bert_model *m, bert_compiled *f, em_tensor *ids, em_tensor *mask,
-                        float *emb, size_t nbytes, int reps) {
-    double *t = malloc(sizeof *t * (size_t)reps);
-    if (!t || !embed(m, f, ids, mask, emb, nbytes)) {
-        free(t);
-        return -1;
-    }
-    for (int i = 0; i < reps; i++) {
+/* Times reps eager and compiled runs of the batch, alternating (this
+ * machine's load drifts: alternating gives both the same share of it),
+ * into their medians *te and *tc; the last embeddings into eager and
+ * comp.  false: a run failed. */
+static bool time_alternating(const bert_model *m, bert_compiled *f, em_tensor *ids, em_tensor *mask,
+                             float *eager, float *comp, size_t nbytes, int reps, double *te,
+                             double *tc) {
+    double *t = malloc(sizeof *t * 2 * (size_t)reps);
+    bool ok = t != NULL;
+    for (int i = 0; ok && i < 2 * reps; i++) {
+        bool compiled = i % 2;
         double t0 = now();
-        if (!embed(m, f, ids, mask, emb, nbytes)) {
-            free(t);
-            return -1;
-        }
-        t[i] = now() - t0;
+        ok = embed(m, compiled ? f : NULL, ids, mask, compiled ? comp : eager, nbytes);
+        t[(compiled ? reps : 0) + i / 2] = now() - t0;
     }
-    double med = median(t, reps);
+    if (ok) *te = median(t, reps), *tc = median(t + reps, reps);
     free(t);
-    return med;
+    return ok;
 }
 
 static void print_similarity(const sentences *s, const float *emb, int h) {
@@ -238,20 +238,24 @@ static int run(const bert_model *m, const sentences *s, const args *a, em_tensor
     int rc = 1;
     if (!eager || !comp || bert_compile(m, &cf, &e) != ML_OK) goto done;
     f = &cf;
-    double te = time_runs(m, NULL, ids, mask, eager, nbytes, reps);
+    /* one eager run first (its buffers, OpenBLAS's), untimed; then the
+     * first compiled call, which traces and compiles: timed alone */
+    if (!embed(m, NULL, ids, mask, eager, nbytes)) goto done;
     double t0 = now();
-    bool first = te >= 0 && embed(m, f, ids, mask, comp, nbytes);
+    bool first = embed(m, f, ids, mask, comp, nbytes);
     double tfirst = now() - t0;
     em_compile_stats st0;
     bert_compiled_stats(f, &st0);
-    double tc = first ? time_runs(m, f, ids, mask, comp, nbytes, reps) : -1;
-    if (tc < 0) goto done;
+    double te, tc;
+    if (!first || !time_alternating(m, f, ids, mask, eager, comp, nbytes, reps, &te, &tc)) goto done;
     em_compile_stats st;
     bert_compiled_stats(f, &st);
     print_similarity(s, comp, h);
     printf("\neager:    %8.2f ms per batch, %7.1f sentences/s (median of %d runs)\n", te * 1e3,
            s->n / te, reps);
-    printf("compiled: %8.2f ms per batch, %7.1f sentences/s, %.2fx eager\n", tc * 1e3, s->n / tc, te / tc);
+    printf("compiled: %8.2f ms per batch, %7.1f sentences/s, %.2fx eager (median of %d runs, "
+           "alternating with eager's, after the first call, which compiled: below)\n", tc * 1e3,
+           s->n / tc, te / tc, reps);
     printf("compile:  first call %.3f s (trace, then %lld kernels compiled and %lld loaded from the "
            "kernel cache)\n", tfirst, (long long)st0.kernels_compiled, (long long)st0.kernels_loaded);
     printf("calls:    %lld to %d compiled functions, hits %lld, traces %lld, eager fallbacks %lld, "
