@@ -415,6 +415,9 @@ void bert_compiled_stats(const bert_compiled *c, em_compile_stats *sum) {
         sum->calls += st.calls, sum->hits += st.hits, sum->traces += st.traces, sum->eager += st.eager;
         sum->entries += st.entries, sum->kernels += st.kernels;
         sum->kernels_compiled += st.kernels_compiled, sum->kernels_loaded += st.kernels_loaded;
+        sum->graphs_loaded += st.graphs_loaded, sum->graphs_lowered += st.graphs_lowered;
+        sum->segmented += st.segmented, sum->dynamic_entries += st.dynamic_entries;
+        sum->pending += st.pending;
         sum->broken |= st.broken;
         if (st.last_failure[0]) memcpy(sum->last_failure, st.last_failure, sizeof sum->last_failure);
     }

@@ -201,7 +201,9 @@ typedef struct bert_compiled {
 ml_status bert_compile(const bert_model *m, bert_compiled *c, ml_error *e);
 /* As bert_forward, through the compiled functions. */
 em_status bert_compiled_call(bert_compiled *c, const bert_model *m, em_tensor *const *in, em_tensor **out);
-/* The functions' statistics, summed. */
+/* The functions' statistics, summed (counts added, broken or'ed; kernels
+ * and entries are totals over the functions; last_failure: the last
+ * function's that has one). */
 void bert_compiled_stats(const bert_compiled *c, em_compile_stats *sum);
 void bert_compiled_free(bert_compiled *c);
 
