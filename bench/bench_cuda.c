@@ -3,7 +3,10 @@
  * (median of the repetitions, after warm-up), against the floors measured
  * in the same run: device-to-device copy bandwidth and the f32 GEMM rate.
  *
- * Usage: bench_cuda [--only NAME,...] [--reps N] [--json FILE]
+ * Usage: bench_cuda [--sweep] [--only NAME,...] [--reps N] [--json FILE]
+ * --sweep: the shape sweep below (issue 14) instead of the workloads, each
+ * with Ember's eager time beside its compiled one; bench/torch_sweep.py
+ * times the same ops with PyTorch eager and torch.compile.
  * The kernel cache is EMBER_CACHE_DIR's: run twice with the same empty
  * directory to see the cold first call (first run) and the warm one (a new
  * process with the cache filled, second run).  Exits 77 without a GPU.
@@ -123,6 +126,49 @@ static em_status sum_all(void *c, em_tensor *const *in, const double *s, em_tens
     return out[0] ? EM_OK : em_last_status();
 }
 
+/* ---- the shape sweep (--sweep, issue 14): ordinary shapes from real
+ * models that the workloads above do not use, each of at least 64 MB of
+ * traffic; bench/torch_sweep.py times the same ops with PyTorch ---- */
+
+#define SWEEP_FN(name, expr)                                                                \
+    static em_status name(void *c, em_tensor *const *in, const double *s, em_tensor **out) { \
+        (void)c, (void)s;                                                                    \
+        out[0] = (expr);                                                                     \
+        return out[0] ? EM_OK : em_last_status();                                            \
+    }
+
+SWEEP_FN(sw_softmax, em_softmax(in[0], -1))
+SWEEP_FN(sw_scaled_softmax, em_softmax(em_mul_scalar(in[0], 0.125), -1))
+SWEEP_FN(sw_logsoftmax_slice_mean, em_mean(em_slice(em_log_softmax(in[0], -1), 1, 0, 1000, 1), 0, NULL, false))
+SWEEP_FN(sw_rmsnorm, em_mul(em_mul(in[0], em_rsqrt(em_add_scalar(em_mean(em_mul(in[0], in[0]), 1, (int[]){-1}, true), 1e-6))), in[1]))
+SWEEP_FN(sw_rowsum, em_sum(in[0], 1, (int[]){-1}, false))
+SWEEP_FN(sw_layernorm, em_layer_norm(in[0], 1, in[1], in[2], 1e-5))
+SWEEP_FN(sw_colsum, em_sum(in[0], 1, (int[]){0}, false))
+SWEEP_FN(sw_transpose_add, em_add(em_transpose(in[0], 0, 1), in[1]))
+SWEEP_FN(sw_bias_gelu, em_gelu_tanh(em_add(in[0], in[1])))
+
+typedef struct sweep_case {
+    const char *name;
+    em_fn fn;
+    int64_t rows, cols;  /* the input x [rows, cols] (scores: [rows / 1024, 1024, cols]) */
+    int extra;           /* 0: x only; 1: a [cols] weight; 2: weight and bias; 3: y like x */
+    double passes;       /* bytes moved, in units of x's size (read x once = 1) */
+} sweep_case;
+
+static const sweep_case sweep[] = {
+    {"sw_softmax_vocab", sw_softmax, 256, 50257, 0, 2},
+    {"sw_softmax_37", sw_softmax, 1 << 20, 37, 0, 2},
+    {"sw_scaled_softmax", sw_scaled_softmax, 192 * 1024, 1024, 0, 2},
+    {"sw_logsoftmax_slice_mean", sw_logsoftmax_slice_mean, 2048, 50257, 0, 1},
+    {"sw_rmsnorm", sw_rmsnorm, 8192, 4096, 1, 2},
+    {"sw_rowsum_37", sw_rowsum, 1 << 20, 37, 0, 1},
+    {"sw_layernorm_1000", sw_layernorm, 16384, 1000, 2, 2},
+    {"sw_colsum", sw_colsum, 16384, 4096, 0, 1},
+    {"sw_transpose_add", sw_transpose_add, 8192, 8192, 3, 3},
+    {"sw_bias_gelu", sw_bias_gelu, 8192, 3072, 1, 2},
+};
+enum { NSWEEP = sizeof sweep / sizeof sweep[0] };
+
 typedef struct workload {
     const char *name;
     em_fn fn;
@@ -130,6 +176,25 @@ typedef struct workload {
     em_tensor *in[16];
     double bytes, flops;
 } workload;
+
+/* w as sweep case name; false: not one. */
+static bool sweep_setup(workload *w, em_generator *g) {
+    for (int i = 0; i < NSWEEP; i++) {
+        const sweep_case *c = &sweep[i];
+        if (strcmp(w->name, c->name)) continue;
+        bool scores = c->fn == sw_scaled_softmax;
+        int64_t sz[3] = {c->rows, c->cols}, s3[3] = {c->rows / 1024, 1024, c->cols};
+        w->fn = c->fn;
+        w->nin = 1 + (c->extra == 2 ? 2 : c->extra ? 1 : 0);
+        w->in[0] = scores ? randn(g, 3, s3, 1) : randn(g, 2, sz, 1);
+        if (c->extra == 1 || c->extra == 2) w->in[1] = randn(g, 1, &sz[1], 1);
+        if (c->extra == 2) w->in[2] = randn(g, 1, &sz[1], 1);
+        if (c->extra == 3) w->in[1] = randn(g, 2, sz, 1);
+        w->bytes = c->passes * 4.0 * (double)c->rows * (double)c->cols;
+        return true;
+    }
+    return false;
+}
 
 typedef struct call_ud {
     em_compiled *f;
@@ -191,6 +256,7 @@ static void setup(workload *w, em_generator *g) {
         free(m);
         double hd = (double)E_ / NH_;
         w->flops = 2.0 * B_ * T_ * (E * 3 * E + E * E + 8.0 * E * E) + 2.0 * 2 * B_ * NH_ * T_ * T_ * hd;
+    } else if (sweep_setup(w, g)) {
     } else if (!strcmp(n, "sum_all")) {
         int64_t N = (int64_t)1 << 26;
         w->fn = sum_all;
@@ -298,6 +364,11 @@ static result run(workload *w, int reps, double copy_bw, double mm_rate, const c
            "graphs lowered %lld)", r.cold, (r.cold - t) * 1e3, st.kernels,
            (long long)st.kernels_compiled, (long long)st.kernels_loaded,
            (long long)st.graphs_lowered);
+    if (!strncmp(w->name, "sw_", 3)) { /* the sweep: Ember's eager ops beside it */
+        eager_ud eu = {w};
+        r.eager = time_events(eager_body, &eu, reps);
+        printf("  eager %.3f ms", r.eager * 1e3);
+    }
     if (self) { /* --json: eager times and the warm first call too */
         eager_ud eu = {w};
         r.eager = tiny ? wall_per_call(eager_body, &eu, 2000) : time_events(eager_body, &eu, reps);
@@ -346,6 +417,13 @@ static void json_row(FILE *jf, int k, const char *name, const result *r) {
 int main(int argc, char **argv) {
     const char *only = "", *json = NULL;
     int reps = 20;
+    bool sweeping = false;
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--sweep")) { /* a flag: take it out of the pairs below */
+            sweeping = true;
+            memmove(&argv[i], &argv[i + 1], sizeof *argv * (size_t)(argc - i));
+            argc--, i--;
+        }
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--only")) only = argv[i + 1];
         else if (!strcmp(argv[i], "--reps")) reps = atoi(argv[i + 1]);
@@ -394,13 +472,15 @@ int main(int argc, char **argv) {
            mm_rate / 1e12);
     if (jf) json_begin(jf, name, copy_bw, mm_rate);
     int rows = 0;
-    for (int i = 0; i < NWORKLOADS; i++) {
-        if (*only && !strstr(only, names[i])) continue;
-        workload w = {.name = names[i]};
+    int nrows = sweeping ? NSWEEP : NWORKLOADS;
+    for (int i = 0; i < nrows; i++) {
+        const char *wn = sweeping ? sweep[i].name : names[i];
+        if (*only && !strstr(only, wn)) continue;
+        workload w = {.name = wn};
         setup(&w, g);
         result r = run(&w, reps, copy_bw, mm_rate, jf ? argv[0] : NULL);
         /* sum_all is not a WORKLOADS.md workload: printed, not in the JSON */
-        if (jf && strcmp(names[i], "sum_all")) json_row(jf, rows++, names[i], &r);
+        if (jf && strcmp(wn, "sum_all")) json_row(jf, rows++, wn, &r);
         for (int k = 0; k < w.nin; k++) em_release(w.in[k]);
     }
     em_generator_free(g);

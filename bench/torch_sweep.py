@@ -1,0 +1,82 @@
+"""torch_sweep.py - PyTorch's side of `bench_cuda --sweep` (issue 14): the
+same ops on the same shapes, eager and torch.compile, timed with CUDA
+events (median of the repetitions, after warm-up), fp32, TF32 off.
+
+    python3 bench/torch_sweep.py [--reps N] [--only NAME,...]
+
+Prints one line per case: eager and compiled milliseconds and the compiled
+rate against the bytes bench_cuda counts for it (its `passes` column)."""
+import argparse
+
+import torch
+import torch.nn.functional as F
+
+torch.backends.cuda.matmul.allow_tf32 = False
+torch.backends.cudnn.allow_tf32 = False
+
+
+def rmsnorm(x, w):
+    return x * torch.rsqrt((x * x).mean(-1, keepdim=True) + 1e-6) * w
+
+
+# name: (fn, x shape, extra inputs (0 x only, 1 weight, 2 weight+bias, 3 y like x), passes)
+CASES = {
+    "sw_softmax_vocab": (lambda x: torch.softmax(x, -1), (256, 50257), 0, 2),
+    "sw_softmax_37": (lambda x: torch.softmax(x, -1), (1 << 20, 37), 0, 2),
+    "sw_scaled_softmax": (lambda x: torch.softmax(x * 0.125, -1), (192, 1024, 1024), 0, 2),
+    "sw_logsoftmax_slice_mean": (lambda x: torch.log_softmax(x, -1)[:, :1000].mean(), (2048, 50257), 0, 1),
+    "sw_rmsnorm": (rmsnorm, (8192, 4096), 1, 2),
+    "sw_rowsum_37": (lambda x: x.sum(-1), (1 << 20, 37), 0, 1),
+    "sw_layernorm_1000": (lambda x, w, b: F.layer_norm(x, (x.shape[-1],), w, b, 1e-5), (16384, 1000), 2, 2),
+    "sw_colsum": (lambda x: x.sum(0), (16384, 4096), 0, 1),
+    "sw_transpose_add": (lambda x, y: x.t() + y, (8192, 8192), 3, 3),
+    "sw_bias_gelu": (lambda x, b: F.gelu(x + b, approximate="tanh"), (8192, 3072), 1, 2),
+}
+
+
+def timed(fn, args, reps):
+    for _ in range(3):
+        fn(*args)
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn(*args)
+        b.record()
+        b.synchronize()
+        ts.append(a.elapsed_time(b))
+    ts.sort()
+    return ts[len(ts) // 2]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--only", default="")
+    a = ap.parse_args()
+    g = torch.Generator(device="cuda").manual_seed(0)
+    print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}, fp32, TF32 off")
+    for name, (fn, shape, extra, passes) in CASES.items():
+        if a.only and name not in a.only:
+            continue
+        x = torch.randn(shape, device="cuda", generator=g)
+        cols = shape[-1]
+        args = [x]
+        if extra in (1, 2):
+            args.append(torch.randn(cols, device="cuda", generator=g))
+        if extra == 2:
+            args.append(torch.randn(cols, device="cuda", generator=g))
+        if extra == 3:
+            args.append(torch.randn(shape, device="cuda", generator=g))
+        te = timed(fn, args, a.reps)
+        tc = timed(torch.compile(fn), args, a.reps)
+        nbytes = passes * 4.0 * x.numel()
+        print(f"{name:26s} eager {te:8.3f} ms  torch.compile {tc:8.3f} ms  {nbytes / tc / 1e6:7.1f} GB/s",
+              flush=True)
+        del x, args
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
