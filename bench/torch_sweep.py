@@ -11,6 +11,8 @@ import argparse
 import torch
 import torch.nn.functional as F
 
+from torch_bench import median_events  # the same event timing as make bench-cuda
+
 torch.backends.cuda.matmul.allow_tf32 = False
 torch.backends.cudnn.allow_tf32 = False
 
@@ -35,19 +37,11 @@ CASES = {
 
 
 def timed(fn, args, reps):
+    """Median milliseconds of fn(*args) on CUDA events, after 3 warm-up calls."""
     for _ in range(3):
         fn(*args)
     torch.cuda.synchronize()
-    ts = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn(*args)
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b))
-    ts.sort()
-    return ts[len(ts) // 2]
+    return median_events(fn, args, reps) * 1e3
 
 
 def main():
