@@ -548,7 +548,7 @@ static bool dynamic_dims(const em_compiled *f, em_tensor *const *in, const doubl
     if (!near) near = unit;
     if (f->dynamic < 0 || (f->dynamic == 0 && !near)) return false;
     *prev = near;
-    if (near) jit_dyn_mask(near, in, f->ninputs, dyn);
+    if (near) jit_dyn_mask(near, in, f->ninputs, false, dyn);
     bool any = false;
     for (int i = 0; i < f->ninputs; i++) {
         uint32_t want = near ? dyn[i] : ~0u; /* forced: every dim */

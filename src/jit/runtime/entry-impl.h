@@ -153,9 +153,12 @@ void jit_dyn_free(jit_dyn *d);
 /* The dims a new entry after prev (the entry that differs from the call
  * only in sizes) makes dynamic (Dynamo's automatic_dynamic_shapes): those
  * whose sizes differ from prev's traced ones, plus prev's own dynamic
- * dims; a mask per input.  (Sizes 0 and 1 stay specialized:
- * gd_set_dynamic.) */
-void jit_dyn_mask(const jit_entry *prev, em_tensor *const *in, int ninputs, uint32_t *mask);
+ * dims; a mask per input.  Dims of size 0 or 1 in the call are left out,
+ * except, with ones, prev's dynamic dims of size 1 (a batch of 1 after
+ * the batch became dynamic: the two traces then decide whether size 1
+ * is the same graph). */
+void jit_dyn_mask(const jit_entry *prev, em_tensor *const *in, int ninputs, bool ones,
+                  uint32_t *mask);
 /* Records the entry's function again for other input metas, computing
  * nothing (em_compile's dry trace, compile.c): the graph after the same
  * passes, or NULL when the function fails, reads a value or draws random

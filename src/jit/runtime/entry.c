@@ -226,16 +226,19 @@ static const int64_t *traced_sizes(const jit_entry *e, int i, uint32_t *dyn) {
     return NULL;
 }
 
-void jit_dyn_mask(const jit_entry *prev, em_tensor *const *in, int ninputs, uint32_t *mask) {
+void jit_dyn_mask(const jit_entry *prev, em_tensor *const *in, int ninputs, bool ones,
+                  uint32_t *mask) {
     for (int i = 0; i < ninputs; i++) {
         uint32_t dyn;
         const int64_t *sizes = traced_sizes(prev, i, &dyn);
         mask[i] = dyn;
         for (int d = 0; sizes && d < in[i]->ndim; d++)
             if (sizes[d] != in[i]->sizes[d]) mask[i] |= 1u << d;
-        /* a dim at 0 or 1 here joins only as widen and allow_ones decide */
+        /* a dim at 0 or 1 here joins only as widen and allow_ones decide,
+         * or (ones) as the two traces do */
         for (int d = 0; d < in[i]->ndim; d++)
-            if (in[i]->sizes[d] < 2) mask[i] &= ~(1u << d);
+            if (in[i]->sizes[d] < 2 && !(ones && in[i]->sizes[d] == 1 && (dyn >> d & 1)))
+                mask[i] &= ~(1u << d);
     }
 }
 

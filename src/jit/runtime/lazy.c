@@ -660,6 +660,21 @@ static void adopt(em_tensor *t, em_tensor *v) {
 
 /* ---- dynamic entries ---- */
 
+/* jit_entry_make_dynamic for e after prev: first with prev's dynamic dims
+ * that are 1 in inputs kept dynamic (lazy mode has no dry trace to try
+ * size 1 with: the two traces decide, and an entry then serves 1 and
+ * more alike), else without them. */
+static bool make_dynamic(lz_state *st, jit_entry *e, const jit_entry *prev, em_tensor *const *inputs,
+                         int n, uint32_t *mask, jit_dyn *dyn) {
+    jit_dyn_mask(prev, inputs, n, true, mask);
+    bool any_one = false;
+    for (int i = 0; i < n; i++)
+        for (int d = 0; d < inputs[i]->ndim; d++) any_one |= (mask[i] >> d & 1) && inputs[i]->sizes[d] == 1;
+    if (any_one && jit_entry_make_dynamic(&st->own, e, inputs, mask, prev, NULL, dyn)) return true;
+    jit_dyn_mask(prev, inputs, n, false, mask);
+    return jit_entry_make_dynamic(&st->own, e, inputs, mask, prev, NULL, dyn);
+}
+
 /* Makes a dynamic entry of a structure from the cut's graph (taken on
  * success): the input dims whose sizes differ from prev (the structure's
  * first entry, or its newest dynamic one), and prev's dynamic dims, become
@@ -675,8 +690,7 @@ static jit_entry *dyn_make(lz_state *st, const jit_entry *prev, cut *c) {
     uint32_t *mask = dyn ? em_calloc((size_t)n + 1, sizeof *mask) : NULL;
     bool ok = mask && tr_optimize(g, false) == EM_OK &&
               (e->guards = gd_build(g, c->inputs, NULL, 0, NULL, 0));
-    if (ok) jit_dyn_mask(prev, c->inputs, n, mask);
-    if (ok && jit_entry_make_dynamic(&st->own, e, c->inputs, mask, prev, NULL, dyn)) {
+    if (ok && make_dynamic(st, e, prev, c->inputs, n, mask, dyn)) {
         ok = jit_entry_compile_now(&st->own, e, dyn) == EM_OK;
         dyn = NULL;
         if (!ok)
