@@ -68,6 +68,15 @@ em_isa em_cpu_isa(void);
  * that fixes it, into buf; else false. */
 bool em_blas_core_warning(const char *core, em_isa cpu, char *buf, size_t n);
 
+/* Whether OpenBLAS is loaded and usable (it loads at the first call). */
+bool em_blas_ready(void);
+/* c[m x n] = alpha * a[m x k] @ b' + beta * c, row-major f32, where b' is
+ * b [k x n] or, with transb, b [n x k] transposed: one single-threaded
+ * OpenBLAS call, for kernels that multiply tiles inside Ember's thread
+ * pool (cpu_attention.c).  Only after em_blas_ready() said true. */
+void em_sgemm_tile(bool transb, int m, int n, int k, float alpha, const float *a, int lda,
+                   const float *b, int ldb, float beta, float *c, int ldc);
+
 /* Kernels named in ops.def. */
 #define X(NAME, name, kind, nin, attrs, infer, cpu) em_status cpu(const em_op_call *c, em_tensor *out);
 #include "ops.def"

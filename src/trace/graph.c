@@ -158,6 +158,7 @@ static bool same_attrs(const em_op_attrs *a, const em_op_attrs *b, unsigned mask
         return false;
     if ((mask & A_CORRECTION) && a->correction != b->correction) return false;
     if ((mask & A_KEEPDIM) && a->keepdim != b->keepdim) return false;
+    if ((mask & A_CAUSAL) && a->causal != b->causal) return false;
     if ((mask & A_DTYPE) && a->dtype != b->dtype) return false;
     if ((mask & A_DEVICE) && !em_same_device(a->device, b->device)) return false;
     if ((mask & A_RNG) && (a->seed != b->seed || a->offset != b->offset || a->generator != b->generator))

@@ -1,0 +1,381 @@
+/* test_attention.c - em_scaled_dot_product_attention (the decomposition),
+ * the fused attention op's CPU kernel, the attention pass
+ * (src/trace/attention.c) and compiled attention, each against a float64
+ * reference computed here from the inputs' values. */
+#include "testutil.h"
+
+#include "engine.h"
+#include "jit.h"
+#include "trace.h"
+
+#include <string.h>
+
+/* ---- the float64 reference ---- */
+
+typedef struct ref_in {
+    const em_tensor *q, *k, *v, *mask; /* mask NULL: none */
+    bool causal;
+    double scale;                      /* NAN: 1/sqrt(D) */
+} ref_in;
+
+/* Broadcast batch sizes of q, k, v into sizes[0..nb); returns nb. */
+static int ref_batch(const ref_in *r, int64_t *sizes) {
+    const em_tensor *t[3] = {r->q, r->k, r->v};
+    int nb = 0;
+    for (int i = 0; i < 3; i++) nb = em_ndim(t[i]) - 2 > nb ? em_ndim(t[i]) - 2 : nb;
+    for (int d = 0; d < nb; d++) {
+        sizes[d] = 1;
+        for (int i = 0; i < 3; i++) {
+            int td = d - (nb - (em_ndim(t[i]) - 2));
+            if (td >= 0 && em_size(t[i], td) != 1) sizes[d] = em_size(t[i], td);
+        }
+    }
+    return nb;
+}
+
+/* One query row: out[0..Dv) for batch multi-index idx (rank nb + 2, with
+ * idx[nb] the query). */
+static void ref_row(const ref_in *r, const double *qv, const double *kv, const double *vv,
+                    const double *mv, int nb, int64_t *idx, double scale, double *out) {
+    int64_t Tk = em_size(r->k, -2), D = em_size(r->q, -1), Dv = em_size(r->v, -1), i = idx[nb];
+    double *s = malloc(sizeof(double) * (size_t)(Tk + 1)), mx = -INFINITY;
+    for (int64_t j = 0; j < Tk; j++) {
+        double acc = 0;
+        for (int64_t d = 0; d < D; d++) {
+            idx[nb] = i, idx[nb + 1] = d;
+            double a = tu_bcast_get(qv, em_ndim(r->q), em_sizes(r->q), nb + 2, idx);
+            idx[nb] = j;
+            acc += a * tu_bcast_get(kv, em_ndim(r->k), em_sizes(r->k), nb + 2, idx);
+        }
+        s[j] = acc * scale;
+        if (mv) {
+            idx[nb] = i, idx[nb + 1] = j;
+            double m = tu_bcast_get(mv, em_ndim(r->mask), em_sizes(r->mask), nb + 2, idx);
+            s[j] = em_dtype_of(r->mask) == EM_BOOL ? (m != 0 ? s[j] : -INFINITY) : s[j] + m;
+        }
+        if (r->causal && j > i) s[j] = -INFINITY;
+        mx = fmax(mx, s[j]);
+    }
+    double sum = 0;
+    for (int64_t j = 0; j < Tk; j++) sum += s[j] = exp(s[j] - mx); /* all -inf: NaN, as torch */
+    for (int64_t e = 0; e < Dv; e++) {
+        double acc = 0;
+        for (int64_t j = 0; j < Tk; j++) {
+            idx[nb] = j, idx[nb + 1] = e;
+            acc += s[j] / sum * tu_bcast_get(vv, em_ndim(r->v), em_sizes(r->v), nb + 2, idx);
+        }
+        out[e] = acc;
+    }
+    idx[nb] = i;
+    free(s);
+}
+
+/* The reference result (malloc'd) and its sizes. */
+static double *ref_attention(const ref_in *r, int *ndim, int64_t *sizes) {
+    int nb = ref_batch(r, sizes);
+    int64_t Tq = em_size(r->q, -2), Dv = em_size(r->v, -1), D = em_size(r->q, -1);
+    sizes[nb] = Tq;
+    sizes[nb + 1] = Dv;
+    *ndim = nb + 2;
+    double scale = isnan(r->scale) ? (D > 0 ? 1 / sqrt((double)D) : 1) : r->scale;
+    int64_t rows = Tq;
+    for (int d = 0; d < nb; d++) rows *= sizes[d];
+    double *out = malloc(sizeof(double) * (size_t)(rows * Dv + 1));
+    double *qv = tu_values(r->q), *kv = tu_values(r->k), *vv = tu_values(r->v);
+    double *mv = r->mask ? tu_values(r->mask) : NULL;
+    int64_t idx[EM_MAX_DIMS + 2] = {0}, rowsz[EM_MAX_DIMS + 1];
+    memcpy(rowsz, sizes, sizeof(int64_t) * (size_t)(nb + 1));
+    for (int64_t row = 0; row < rows; row++) {
+        ref_row(r, qv, kv, vv, mv, nb, idx, scale, out + row * Dv);
+        tu_next(nb + 1, rowsz, idx);
+    }
+    free(qv), free(kv), free(vv), free(mv);
+    return out;
+}
+
+static void check_against_ref(const em_tensor *y, const ref_in *r, double tol) {
+    int nd;
+    int64_t sizes[EM_MAX_DIMS + 2];
+    double *ref = ref_attention(r, &nd, sizes);
+    ck_assert_msg(y != NULL, "attention failed: %s", em_last_error());
+    tu_check_close(y, ref, nd, sizes, tol, tol);
+    free(ref);
+}
+
+/* em_scaled_dot_product_attention against the reference. */
+static void check_sdpa(const ref_in *r, double tol) {
+    em_tensor *y = em_scaled_dot_product_attention(r->q, r->k, r->v, r->mask, r->causal, r->scale);
+    check_against_ref(y, r, tol);
+}
+
+static em_tensor *rnd(uint64_t seed, int ndim, const int64_t *sizes) {
+    return tu_random(seed, ndim, sizes, EM_F32, 1.0);
+}
+
+/* A bool tensor from 0/1 values. */
+static em_tensor *bools(const double *v, int ndim, const int64_t *sizes) {
+    return tu_tensor(v, ndim, sizes, EM_BOOL);
+}
+
+/* ---- 1. the op, by decomposition ---- */
+
+START_TEST(sdpa_plain_and_scaled) {
+    em_tensor *q = rnd(1, 4, TU_SIZES(2, 3, 5, 8)), *k = rnd(2, 4, TU_SIZES(2, 3, 5, 8));
+    em_tensor *v = rnd(3, 4, TU_SIZES(2, 3, 5, 6));
+    check_sdpa(&(ref_in){q, k, v, NULL, false, EM_SCALE_DEFAULT}, 2e-5);
+    check_sdpa(&(ref_in){q, k, v, NULL, false, 0.3}, 2e-5);
+    check_sdpa(&(ref_in){q, k, v, NULL, false, -1.5}, 2e-5);
+    check_sdpa(&(ref_in){q, k, v, NULL, false, 0}, 2e-5); /* uniform weights */
+    /* f64 computes in f64 */
+    em_tensor *qd = tu_random(4, 3, TU_SIZES(2, 7, 4), EM_F64, 1);
+    em_tensor *kd = tu_random(5, 3, TU_SIZES(2, 9, 4), EM_F64, 1);
+    em_tensor *vd = tu_random(6, 3, TU_SIZES(2, 9, 3), EM_F64, 1);
+    em_tensor *y = em_scaled_dot_product_attention(qd, kd, vd, NULL, true, EM_SCALE_DEFAULT);
+    ck_assert_int_eq(em_dtype_of(y), EM_F64);
+    check_against_ref(y, &(ref_in){qd, kd, vd, NULL, true, EM_SCALE_DEFAULT}, 1e-12);
+}
+END_TEST
+
+START_TEST(sdpa_masks) {
+    em_tensor *q = rnd(1, 4, TU_SIZES(2, 3, 5, 8)), *k = rnd(2, 4, TU_SIZES(2, 3, 7, 8));
+    em_tensor *v = rnd(3, 4, TU_SIZES(2, 3, 7, 4));
+    /* additive, broadcast over batch and heads; and per batch, padding style */
+    em_tensor *add = tu_random(4, 2, TU_SIZES(5, 7), EM_F32, 3.0);
+    check_sdpa(&(ref_in){q, k, v, add, false, EM_SCALE_DEFAULT}, 2e-5);
+    double pad[14] = {0, 0, 0, 0, 0, -1e9, -1e9, 0, 0, 0, -1e9, -1e9, -1e9, -1e9};
+    em_tensor *padm = tu_tensor(pad, 4, TU_SIZES(2, 1, 1, 7), EM_F32);
+    check_sdpa(&(ref_in){q, k, v, padm, false, EM_SCALE_DEFAULT}, 2e-5);
+    /* bool: true keeps; per key, and a full [Tq, Tk] pattern */
+    double keep[7] = {1, 0, 1, 1, 0, 1, 1};
+    check_sdpa(&(ref_in){q, k, v, bools(keep, 1, TU_SIZES(7)), false, EM_SCALE_DEFAULT}, 2e-5);
+    double full[35];
+    for (int i = 0; i < 35; i++) full[i] = (i * 7 + 3) % 5 != 0 || i % 7 == 0;
+    em_tensor *fm = bools(full, 3, TU_SIZES(1, 5, 7));
+    check_sdpa(&(ref_in){q, k, v, fm, false, 0.5}, 2e-5);
+    /* a query with every key dropped is NaN, as in torch */
+    double none[35];
+    for (int i = 0; i < 35; i++) none[i] = i >= 7;
+    check_sdpa(&(ref_in){q, k, v, bools(none, 2, TU_SIZES(5, 7)), false, EM_SCALE_DEFAULT}, 2e-5);
+}
+END_TEST
+
+START_TEST(sdpa_causal_shapes) {
+    /* odd T, Tq != Tk both ways (upper-left aligned), T = 1 */
+    int64_t shapes[][2] = {{9, 9}, {3, 7}, {7, 3}, {1, 1}, {1, 5}, {130, 130}};
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+        int64_t Tq = shapes[s][0], Tk = shapes[s][1];
+        em_tensor *q = rnd(10 + s, 3, TU_SIZES(2, Tq, 16)), *k = rnd(20 + s, 3, TU_SIZES(2, Tk, 16));
+        em_tensor *v = rnd(30 + s, 3, TU_SIZES(2, Tk, 5));
+        check_sdpa(&(ref_in){q, k, v, NULL, true, EM_SCALE_DEFAULT}, 2e-5);
+        check_sdpa(&(ref_in){q, k, v, NULL, false, EM_SCALE_DEFAULT}, 2e-5);
+    }
+}
+END_TEST
+
+START_TEST(sdpa_edge_sizes) {
+    /* size-0 batch, no keys (an empty sum: 0), D = 0, Dv = 0 */
+    em_tensor *q0 = rnd(1, 4, TU_SIZES(0, 2, 4, 8)), *k0 = rnd(2, 4, TU_SIZES(0, 2, 4, 8));
+    em_tensor *v0 = rnd(3, 4, TU_SIZES(0, 2, 4, 8));
+    check_sdpa(&(ref_in){q0, k0, v0, NULL, true, EM_SCALE_DEFAULT}, 0);
+    em_tensor *q = rnd(4, 3, TU_SIZES(1, 3, 8)), *ke = rnd(5, 3, TU_SIZES(1, 0, 8));
+    em_tensor *ve = rnd(6, 3, TU_SIZES(1, 0, 4));
+    check_sdpa(&(ref_in){q, ke, ve, NULL, false, EM_SCALE_DEFAULT}, 0);
+    em_tensor *qz = rnd(7, 2, TU_SIZES(3, 0)), *kz = rnd(8, 2, TU_SIZES(4, 0));
+    check_sdpa(&(ref_in){qz, kz, rnd(9, 2, TU_SIZES(4, 2)), NULL, false, EM_SCALE_DEFAULT}, 1e-6);
+    check_sdpa(&(ref_in){q, rnd(10, 2, TU_SIZES(4, 8)), rnd(11, 2, TU_SIZES(4, 0)), NULL, false,
+                         EM_SCALE_DEFAULT}, 0);
+}
+END_TEST
+
+/* q, k, v as GPT-2 code makes them: one [B, T, 3C] projection, sliced,
+ * split into heads and permuted (strides of the fused tensor). */
+static void qkv_split(uint64_t seed, int64_t B, int64_t T, int64_t H, int64_t D, em_tensor **out) {
+    em_tensor *qkv = rnd(seed, 3, TU_SIZES(B, T, 3 * H * D));
+    for (int w = 0; w < 3; w++) {
+        em_tensor *t = em_slice(qkv, -1, w * H * D, (w + 1) * H * D, 1);
+        out[w] = em_transpose(em_reshape(t, 4, TU_SIZES(B, T, H, D)), 1, 2);
+    }
+}
+
+START_TEST(sdpa_non_contiguous_and_broadcast) {
+    em_tensor *qkv[3];
+    qkv_split(1, 2, 11, 3, 8, qkv);
+    ck_assert(!em_is_contiguous(qkv[0]));
+    check_sdpa(&(ref_in){qkv[0], qkv[1], qkv[2], NULL, true, EM_SCALE_DEFAULT}, 2e-5);
+    /* k given as the transpose of a [.., D, T] tensor; v permuted */
+    em_tensor *q = rnd(2, 3, TU_SIZES(3, 6, 8));
+    em_tensor *k = em_transpose(rnd(3, 3, TU_SIZES(3, 8, 9)), 1, 2);
+    em_tensor *v = em_permute(rnd(4, 3, TU_SIZES(9, 3, 5)), 3, (int[]){1, 0, 2});
+    check_sdpa(&(ref_in){q, k, v, NULL, false, EM_SCALE_DEFAULT}, 2e-5);
+    /* batch dims broadcast: k without the batch dim, v of batch 1 */
+    em_tensor *qb = rnd(5, 4, TU_SIZES(2, 4, 5, 8)), *kb = rnd(6, 3, TU_SIZES(4, 7, 8));
+    em_tensor *vb = rnd(7, 4, TU_SIZES(1, 4, 7, 3));
+    check_sdpa(&(ref_in){qb, kb, vb, NULL, false, EM_SCALE_DEFAULT}, 2e-5);
+    /* an expanded (stride-0) mask */
+    em_tensor *m = em_expand(tu_random(8, 2, TU_SIZES(1, 7), EM_F32, 2), 2, TU_SIZES(5, 7));
+    check_sdpa(&(ref_in){qb, kb, vb, m, false, EM_SCALE_DEFAULT}, 2e-5);
+}
+END_TEST
+
+START_TEST(sdpa_errors) {
+    em_tensor *q = rnd(1, 3, TU_SIZES(2, 5, 8)), *k = rnd(2, 3, TU_SIZES(2, 7, 8));
+    em_tensor *v = rnd(3, 3, TU_SIZES(2, 7, 4));
+    double d = EM_SCALE_DEFAULT;
+    tu_check_fails(em_scaled_dot_product_attention(NULL, k, v, NULL, false, d), EM_ERR_NULL);
+    tu_check_fails(em_scaled_dot_product_attention(q, NULL, v, NULL, false, d), EM_ERR_NULL);
+    tu_check_fails(em_scaled_dot_product_attention(q, k, NULL, NULL, false, d), EM_ERR_NULL);
+    em_tensor *r1 = rnd(4, 1, TU_SIZES(8));
+    tu_check_fails(em_scaled_dot_product_attention(r1, k, v, NULL, false, d), EM_ERR_DIM);
+    tu_check_fails(em_scaled_dot_product_attention(q, rnd(5, 3, TU_SIZES(2, 7, 6)), v, NULL, false, d),
+                   EM_ERR_SHAPE); /* head sizes */
+    tu_check_fails(em_scaled_dot_product_attention(q, k, rnd(6, 3, TU_SIZES(2, 6, 4)), NULL, false, d),
+                   EM_ERR_SHAPE); /* key lengths */
+    tu_check_fails(em_scaled_dot_product_attention(q, rnd(7, 3, TU_SIZES(3, 7, 8)), v, NULL, false, d),
+                   EM_ERR_SHAPE); /* batch dims */
+    tu_check_fails(em_scaled_dot_product_attention(q, k, v, rnd(8, 2, TU_SIZES(5, 6)), false, d),
+                   EM_ERR_SHAPE); /* mask does not broadcast */
+    tu_check_fails(em_scaled_dot_product_attention(q, k, v, rnd(9, 4, TU_SIZES(3, 2, 5, 7)), false, d),
+                   EM_ERR_SHAPE); /* mask would widen the scores */
+    em_tensor *m = rnd(10, 2, TU_SIZES(5, 7));
+    tu_check_fails(em_scaled_dot_product_attention(q, k, v, m, true, d), EM_ERR_ARG);
+    tu_check_fails(em_scaled_dot_product_attention(q, k, v, NULL, false, INFINITY), EM_ERR_ARG);
+    em_tensor *qi = tu_random(11, 3, TU_SIZES(2, 5, 8), EM_I32, 1);
+    tu_check_fails(em_scaled_dot_product_attention(qi, k, v, NULL, false, d), EM_ERR_DTYPE);
+    em_tensor *kd = tu_random(12, 3, TU_SIZES(2, 7, 8), EM_F64, 1);
+    tu_check_fails(em_scaled_dot_product_attention(q, kd, v, NULL, false, d), EM_ERR_DTYPE);
+    em_tensor *mi = tu_random(13, 2, TU_SIZES(5, 7), EM_I64, 1);
+    tu_check_fails(em_scaled_dot_product_attention(q, k, v, mi, false, d), EM_ERR_DTYPE);
+    /* a failed input keeps its error */
+    em_clear_error();
+    em_tensor *bad = em_reshape(q, 1, TU_SIZES(7));
+    ck_assert_ptr_null(bad);
+    em_status s = em_last_status();
+    ck_assert_ptr_null(em_scaled_dot_product_attention(bad, k, v, NULL, false, d));
+    ck_assert_int_eq(em_last_status(), s);
+}
+END_TEST
+
+/* ---- 3. the fused op's CPU kernel (src/eager/cpu_attention.c) ---- */
+
+/* The fused op, dispatched as a compiled plan's step dispatches it. */
+static em_tensor *fused(const ref_in *r) {
+    double D = (double)em_size(r->q, -1);
+    em_op_attrs a = {0};
+    a.value = isnan(r->scale) ? (D > 0 ? 1 / sqrt(D) : 1) : r->scale;
+    a.causal = r->causal;
+    em_tensor *in[4] = {(em_tensor *)r->q, (em_tensor *)r->k, (em_tensor *)r->v, (em_tensor *)r->mask};
+    return em_dispatch(EM_OP_ATTENTION, r->mask ? 4 : 3, in, &a);
+}
+
+/* The fused kernel against the reference and against the decomposition
+ * (the unfused graph's ops). */
+static void check_fused(const ref_in *r, double tol) {
+    em_tensor *y = fused(r);
+    check_against_ref(y, r, tol);
+    const em_tensor *mask = r->mask;
+    em_tensor *u = em_scaled_dot_product_attention(r->q, r->k, r->v, mask, mask ? false : r->causal,
+                                                   r->scale);
+    if (mask && r->causal) return; /* the op refuses both; the reference covered it */
+    double *uv = tu_values(u);
+    tu_check_close(y, uv, em_ndim(u), em_sizes(u), tol, tol);
+    free(uv);
+}
+
+START_TEST(fused_shapes_and_head_dims) {
+    /* head dims 64 and 128, odd T, T = 1, several tiles of queries and
+     * keys (BQ 64, BK 128), Tq != Tk */
+    int64_t shapes[][3] = {{1, 1, 64}, {7, 7, 64}, {65, 65, 64}, {130, 200, 128}, {200, 130, 128},
+                           {257, 257, 64}, {3, 300, 32}, {33, 5, 17}};
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+        int64_t Tq = shapes[s][0], Tk = shapes[s][1], D = shapes[s][2];
+        em_tensor *q = rnd(40 + s, 4, TU_SIZES(1, 2, Tq, D)), *k = rnd(50 + s, 4, TU_SIZES(1, 2, Tk, D));
+        em_tensor *v = rnd(60 + s, 4, TU_SIZES(1, 2, Tk, D));
+        for (int causal = 0; causal < 2; causal++)
+            check_fused(&(ref_in){q, k, v, NULL, causal, EM_SCALE_DEFAULT}, 3e-5);
+    }
+}
+END_TEST
+
+START_TEST(fused_masks) {
+    em_tensor *q = rnd(1, 4, TU_SIZES(2, 3, 70, 64)), *k = rnd(2, 4, TU_SIZES(2, 3, 150, 64));
+    em_tensor *v = rnd(3, 4, TU_SIZES(2, 3, 150, 64));
+    /* padding style [B, 1, 1, Tk]: the last keys of batch 1 get -1e9 */
+    double *pad = calloc(300, sizeof(double));
+    for (int j = 100; j < 150; j++) pad[150 + j] = -1e9;
+    em_tensor *pm = tu_tensor(pad, 4, TU_SIZES(2, 1, 1, 150), EM_F32);
+    free(pad);
+    check_fused(&(ref_in){q, k, v, pm, false, EM_SCALE_DEFAULT}, 3e-5);
+    /* a full [Tq, Tk] mask, a per-key row, an expanded one, and a -inf
+     * mask that drops every key of some queries (NaN rows) */
+    em_tensor *full = tu_random(4, 2, TU_SIZES(70, 150), EM_F32, 2);
+    check_fused(&(ref_in){q, k, v, full, false, 0.2}, 3e-5);
+    check_fused(&(ref_in){q, k, v, full, true, 0.2}, 3e-5); /* the fused op takes both */
+    em_tensor *row = tu_random(5, 1, TU_SIZES(150), EM_F32, 2);
+    check_fused(&(ref_in){q, k, v, row, false, EM_SCALE_DEFAULT}, 3e-5);
+    em_tensor *ex = em_expand(tu_random(6, 2, TU_SIZES(70, 1), EM_F32, 2), 2, TU_SIZES(70, 150));
+    check_fused(&(ref_in){q, k, v, ex, false, EM_SCALE_DEFAULT}, 3e-5);
+    double *drop = calloc(70 * 150, sizeof(double));
+    for (int j = 0; j < 150; j++) drop[3 * 150 + j] = drop[69 * 150 + j] = -INFINITY;
+    em_tensor *dm = tu_tensor(drop, 2, TU_SIZES(70, 150), EM_F32);
+    free(drop);
+    check_fused(&(ref_in){q, k, v, dm, false, EM_SCALE_DEFAULT}, 3e-5);
+}
+END_TEST
+
+START_TEST(fused_non_contiguous_and_edges) {
+    em_tensor *qkv[3];
+    qkv_split(7, 2, 77, 2, 64, qkv); /* rows in place, row stride 3C */
+    check_fused(&(ref_in){qkv[0], qkv[1], qkv[2], NULL, true, EM_SCALE_DEFAULT}, 3e-5);
+    /* columns strided (copied per tile): a transposed k and v */
+    em_tensor *q = rnd(8, 3, TU_SIZES(2, 9, 16));
+    em_tensor *k = em_transpose(rnd(9, 3, TU_SIZES(2, 16, 140)), 1, 2);
+    em_tensor *v = em_transpose(rnd(10, 3, TU_SIZES(2, 8, 140)), 1, 2);
+    check_fused(&(ref_in){q, k, v, NULL, false, EM_SCALE_DEFAULT}, 3e-5);
+    /* broadcast batch (stride 0), an expanded k (row stride 0) */
+    em_tensor *kb = em_expand(rnd(11, 3, TU_SIZES(1, 1, 16)), 3, TU_SIZES(3, 20, 16));
+    check_fused(&(ref_in){rnd(12, 4, TU_SIZES(2, 3, 9, 16)), kb, rnd(13, 2, TU_SIZES(20, 4)), NULL,
+                          false, EM_SCALE_DEFAULT}, 3e-5);
+    /* size 0 batch, no keys, D = 0, Dv = 0 */
+    check_fused(&(ref_in){rnd(14, 3, TU_SIZES(0, 4, 8)), rnd(15, 3, TU_SIZES(0, 4, 8)),
+                          rnd(16, 3, TU_SIZES(0, 4, 8)), NULL, true, EM_SCALE_DEFAULT}, 0);
+    check_fused(&(ref_in){rnd(17, 2, TU_SIZES(3, 8)), rnd(18, 2, TU_SIZES(0, 8)),
+                          rnd(19, 2, TU_SIZES(0, 4)), NULL, false, EM_SCALE_DEFAULT}, 0);
+    check_fused(&(ref_in){rnd(20, 2, TU_SIZES(3, 0)), rnd(21, 2, TU_SIZES(4, 0)),
+                          rnd(22, 2, TU_SIZES(4, 2)), NULL, false, EM_SCALE_DEFAULT}, 1e-6);
+    check_fused(&(ref_in){rnd(23, 2, TU_SIZES(3, 8)), rnd(24, 2, TU_SIZES(4, 8)),
+                          rnd(25, 2, TU_SIZES(4, 0)), NULL, false, EM_SCALE_DEFAULT}, 0);
+}
+END_TEST
+
+START_TEST(fused_op_errors) {
+    em_tensor *q = rnd(1, 3, TU_SIZES(2, 5, 8)), *k = rnd(2, 3, TU_SIZES(2, 7, 8));
+    em_tensor *v = rnd(3, 3, TU_SIZES(2, 7, 4));
+    em_op_attrs a = {0};
+    a.value = 0.5;
+    tu_check_fails(em_dispatch(EM_OP_ATTENTION, 2, (em_tensor *[]){q, k}, &a), EM_ERR_ARG);
+    em_tensor *qd = tu_random(4, 3, TU_SIZES(2, 5, 8), EM_F64, 1);
+    tu_check_fails(em_dispatch(EM_OP_ATTENTION, 3, (em_tensor *[]){qd, k, v}, &a), EM_ERR_DTYPE);
+    em_tensor *bm = tu_random(5, 2, TU_SIZES(5, 7), EM_BOOL, 1);
+    tu_check_fails(em_dispatch(EM_OP_ATTENTION, 4, (em_tensor *[]){q, k, v, bm}, &a), EM_ERR_DTYPE);
+    em_tensor *m6 = rnd(6, 2, TU_SIZES(5, 6));
+    tu_check_fails(em_dispatch(EM_OP_ATTENTION, 4, (em_tensor *[]){q, k, v, m6}, &a), EM_ERR_SHAPE);
+    a.value = INFINITY;
+    tu_check_fails(em_dispatch(EM_OP_ATTENTION, 3, (em_tensor *[]){q, k, v}, &a), EM_ERR_ARG);
+}
+END_TEST
+
+int main(void) {
+    const tu_test tests[] = {
+        {"sdpa_plain_and_scaled", sdpa_plain_and_scaled},
+        {"sdpa_masks", sdpa_masks},
+        {"sdpa_causal_shapes", sdpa_causal_shapes},
+        {"sdpa_edge_sizes", sdpa_edge_sizes},
+        {"sdpa_non_contiguous_and_broadcast", sdpa_non_contiguous_and_broadcast},
+        {"sdpa_errors", sdpa_errors},
+        {"fused_shapes_and_head_dims", fused_shapes_and_head_dims},
+        {"fused_masks", fused_masks},
+        {"fused_non_contiguous_and_edges", fused_non_contiguous_and_edges},
+        {"fused_op_errors", fused_op_errors},
+    };
+    return tu_run(tu_suite("attention", tests, sizeof tests / sizeof tests[0], 120));
+}
