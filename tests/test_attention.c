@@ -364,6 +364,277 @@ START_TEST(fused_op_errors) {
 }
 END_TEST
 
+/* ---- 2. the attention pass (src/trace/attention.c) ---- */
+
+typedef void (*attn_fn)(em_tensor *const *in, em_tensor **out);
+
+/* fn's graph, recorded and optimized as em_compile does. */
+static tr_graph *record(attn_fn fn, int nin, em_tensor *const *in, int nout) {
+    tr_recorder *r = tr_record_begin(nin, in, NULL);
+    ck_assert_ptr_nonnull(r);
+    em_tensor *out[4] = {0};
+    fn(in, out);
+    char why[256] = "";
+    tr_graph *g = tr_record_end(r, nout, out, why, sizeof why);
+    ck_assert_msg(g != NULL, "recording failed: %s %s", why, em_last_error());
+    ck_assert_int_eq(tr_optimize(g, true), EM_OK);
+    return g;
+}
+
+static int count_op(const tr_graph *g, em_op op) {
+    int n = 0;
+    for (int i = 0; i < g->nnodes; i++) n += g->nodes[i].kind == TR_CALL && g->nodes[i].op == op;
+    return n;
+}
+
+/* Runs the pass on fn's graph: expects `want` fused nodes; for a rewrite,
+ * checks the graph verifies, keeps no softmax (exp) and gives the unfused
+ * graph's values; returns the text of the rewritten graph (em_free), or
+ * NULL when nothing was fused. */
+static char *check_pass(attn_fn fn, int nin, em_tensor *const *in, int nout, int want) {
+    tr_graph *g = record(fn, nin, in, nout);
+    int n = -2;
+    tr_graph *f = tr_fuse_attention(g, &n);
+    ck_assert_int_eq(n, want);
+    char *text = NULL;
+    if (want == 0) {
+        ck_assert_ptr_null(f);
+    } else {
+        ck_assert_ptr_nonnull(f);
+        ck_assert_int_eq(tr_verify(f), EM_OK);
+        ck_assert_int_eq(count_op(f, EM_OP_ATTENTION), want);
+        ck_assert_int_eq(count_op(f, EM_OP_EXP), 0);
+        ck_assert_int_eq(count_op(g, EM_OP_ATTENTION), 0); /* g itself is untouched */
+        em_tensor *yu[4] = {0}, *yf[4] = {0};
+        ck_assert_int_eq(jit_exec_op_by_op(g, in, yu), EM_OK);
+        ck_assert_int_eq(jit_exec_op_by_op(f, in, yf), EM_OK);
+        for (int o = 0; o < nout; o++) {
+            double *uv = tu_values(yu[o]);
+            tu_check_close(yf[o], uv, em_ndim(yu[o]), em_sizes(yu[o]), 3e-5, 3e-5);
+            free(uv);
+        }
+        text = tr_to_text(f);
+        tr_graph_free(f);
+    }
+    tr_graph_free(g);
+    return text;
+}
+
+enum { PB = 2, PT = 9, PH = 2, PD = 8, PC = PH * PD };
+
+/* q, k, v of the [B, T, 3C] projection in[0], as gpt_block.c splits it. */
+static void heads_of(em_tensor *qkv, em_tensor **h) {
+    for (int w = 0; w < 3; w++) {
+        em_tensor *t = em_slice(qkv, -1, w * PC, (w + 1) * PC, 1);
+        h[w] = em_transpose(em_reshape(t, 4, TU_SIZES(PB, PT, PH, PD)), 1, 2);
+    }
+}
+
+/* GPT-2 (examples/gpt_block.c): causal by arange/gt and where(-inf). */
+static em_tensor *gpt_attention(em_tensor *qkv) {
+    em_tensor *h[3];
+    heads_of(qkv, h);
+    em_tensor *pos = em_arange(0, PT, 1, EM_I64, em_cpu());
+    em_tensor *future = em_gt(em_unsqueeze(pos, 0), em_unsqueeze(pos, 1));
+    em_tensor *att = em_mul_scalar(em_matmul(h[0], em_transpose(h[1], -2, -1)), 1.0 / sqrt(PD));
+    att = em_softmax(em_where(future, em_scalar(-INFINITY, EM_F32, em_cpu()), att), -1);
+    return em_matmul(att, h[2]);
+}
+static void gpt_fn(em_tensor *const *in, em_tensor **out) { out[0] = gpt_attention(in[0]); }
+
+/* Two layers, the second merging heads back first. */
+static void gpt2_fn(em_tensor *const *in, em_tensor **out) {
+    em_tensor *y = em_reshape(em_contiguous(em_transpose(gpt_attention(in[0]), 1, 2)), 3,
+                              TU_SIZES(PB, PT, PC));
+    out[0] = gpt_attention(em_add(in[0], em_cat(3, (em_tensor *[]){y, y, y}, -1)));
+}
+
+/* MiniLM (examples/minilm/bert.c): an additive padding bias [B, 1, 1, T]. */
+static void bert_fn(em_tensor *const *in, em_tensor **out) {
+    em_tensor *h[3];
+    heads_of(in[0], h);
+    em_tensor *s = em_mul_scalar(em_matmul(h[0], em_transpose(h[1], -2, -1)), 1.0 / sqrt(PD));
+    out[0] = em_matmul(em_softmax(em_add(s, in[1]), -1), h[2]);
+}
+
+/* The op itself, every mask form (queries of their own: attentions
+ * sharing q and k would share their scores, which nothing may fuse). */
+static void sdpa_fn(em_tensor *const *in, em_tensor **out) {
+    em_tensor *h[3];
+    heads_of(in[0], h);
+    double d = EM_SCALE_DEFAULT;
+    out[0] = em_scaled_dot_product_attention(h[0], h[1], h[2], NULL, true, d);
+    out[1] = em_scaled_dot_product_attention(em_neg(h[0]), h[1], h[2], in[1], false, 0.25);
+    out[2] = em_scaled_dot_product_attention(em_sin(h[0]), h[1], h[2], in[2], false, d);
+    out[3] = em_scaled_dot_product_attention(em_cos(h[0]), h[1], h[2], NULL, false, d);
+}
+
+/* Two attentions over the same q and k: one score matrix (after CSE). */
+static void shared_scores_fn(em_tensor *const *in, em_tensor **out) {
+    em_tensor *h[3];
+    heads_of(in[0], h);
+    out[0] = em_scaled_dot_product_attention(h[0], h[1], h[2], NULL, false, EM_SCALE_DEFAULT);
+    out[1] = em_scaled_dot_product_attention(h[0], h[1], h[1], NULL, false, EM_SCALE_DEFAULT);
+}
+
+/* Scales before the product (on q, and on k before its transpose), a
+ * division after, the mask first: add(mask, S); keep-form causal:
+ * where(j <= i, S, -inf) written as ge(i, j). */
+static void scaled_early_fn(em_tensor *const *in, em_tensor **out) {
+    em_tensor *h[3];
+    heads_of(in[0], h);
+    em_tensor *q = em_mul_scalar(h[0], 0.5), *kt = em_transpose(em_mul_scalar(h[1], 0.5), -2, -1);
+    em_tensor *s = em_div_scalar(em_matmul(q, kt), 2.0);
+    em_tensor *pos = em_arange(0, PT, 1, EM_I32, em_cpu());
+    em_tensor *keep = em_ge(em_unsqueeze(pos, 1), em_unsqueeze(pos, 0));
+    s = em_where(keep, em_add(in[1], s), em_scalar(-INFINITY, EM_F32, em_cpu()));
+    out[0] = em_matmul(em_softmax(s, -1), h[2]);
+}
+
+static em_tensor *pass_qkv(void) { return rnd(77, 3, TU_SIZES(PB, PT, 3 * PC)); }
+
+START_TEST(pass_rewrites_gpt_bert_and_the_op) {
+    em_tensor *x = pass_qkv();
+    char *t = check_pass(gpt_fn, 1, &x, 1, 1);
+    ck_assert_msg(strstr(t, "= attention(") && strstr(t, "causal=true") &&
+                  strstr(t, "value=0.35355339059327373"), "%s", t);
+    ck_assert_ptr_null(strstr(t, "where(")); /* the causal mask is gone */
+    em_free(t);
+    /* the rewritten graph's values are the reference's */
+    tr_graph *g = record(gpt_fn, 1, &x, 1);
+    int n;
+    tr_graph *f = tr_fuse_attention(g, &n);
+    em_tensor *y = NULL, *h[3];
+    ck_assert_int_eq(jit_exec_op_by_op(f, &x, &y), EM_OK);
+    heads_of(x, h);
+    check_against_ref(y, &(ref_in){h[0], h[1], h[2], NULL, true, EM_SCALE_DEFAULT}, 3e-5);
+    tr_graph_free(f);
+    tr_graph_free(g);
+    em_free(check_pass(gpt2_fn, 1, &x, 1, 2));
+    /* BERT: the padding bias is the fused node's mask */
+    double pad[PB * PT] = {0};
+    for (int j = 6; j < PT; j++) pad[PT + j] = -1e9;
+    em_tensor *bias = tu_tensor(pad, 4, TU_SIZES(PB, 1, 1, PT), EM_F32);
+    t = check_pass(bert_fn, 2, (em_tensor *[]){x, bias}, 1, 1);
+    ck_assert_msg(strstr(t, "= attention(%4, %7, %10, %in1)") && strstr(t, "causal=false"), "%s", t);
+    em_free(t);
+    /* the op: causal, additive, bool (where(mask, 0, -inf) added), none */
+    em_tensor *bm = tu_random(78, 2, TU_SIZES(PT, PT), EM_BOOL, 1);
+    em_free(check_pass(sdpa_fn, 3, (em_tensor *[]){x, bias, bm}, 4, 4));
+    em_free(check_pass(scaled_early_fn, 2, (em_tensor *[]){x, bias}, 1, 1));
+}
+END_TEST
+
+/* Near-misses, each left alone. */
+static void other_dim_fn(em_tensor *const *in, em_tensor **out) {
+    em_tensor *h[3];
+    heads_of(in[0], h);
+    out[0] = em_matmul(em_softmax(em_matmul(h[0], em_transpose(h[1], -2, -1)), -2), h[2]);
+}
+static void tensor_scale_fn(em_tensor *const *in, em_tensor **out) {
+    em_tensor *h[3];
+    heads_of(in[0], h);
+    em_tensor *s = em_mul(em_matmul(h[0], em_transpose(h[1], -2, -1)), in[1]); /* [T] scale */
+    out[0] = em_matmul(em_softmax(s, -1), h[2]);
+}
+static void finite_fill_fn(em_tensor *const *in, em_tensor **out) {
+    em_tensor *h[3];
+    heads_of(in[0], h);
+    em_tensor *pos = em_arange(0, PT, 1, EM_I64, em_cpu());
+    em_tensor *future = em_gt(em_unsqueeze(pos, 0), em_unsqueeze(pos, 1));
+    em_tensor *s = em_matmul(h[0], em_transpose(h[1], -2, -1));
+    s = em_where(future, em_scalar(-1e9, EM_F32, em_cpu()), s);
+    out[0] = em_matmul(em_softmax(s, -1), h[2]);
+}
+static void bool_where_fn(em_tensor *const *in, em_tensor **out) { /* not causal: any bool */
+    em_tensor *h[3];
+    heads_of(in[0], h);
+    em_tensor *s = em_matmul(h[0], em_transpose(h[1], -2, -1));
+    s = em_where(in[1], s, em_scalar(-INFINITY, EM_F32, em_cpu()));
+    out[0] = em_matmul(em_softmax(s, -1), h[2]);
+}
+static void anti_causal_fn(em_tensor *const *in, em_tensor **out) { /* j < i: not torch's */
+    em_tensor *h[3];
+    heads_of(in[0], h);
+    em_tensor *pos = em_arange(0, PT, 1, EM_I64, em_cpu());
+    em_tensor *past = em_lt(em_unsqueeze(pos, 0), em_unsqueeze(pos, 1));
+    em_tensor *s = em_matmul(h[0], em_transpose(h[1], -2, -1));
+    s = em_where(past, em_scalar(-INFINITY, EM_F32, em_cpu()), s);
+    out[0] = em_matmul(em_softmax(s, -1), h[2]);
+}
+static void probs_out_fn(em_tensor *const *in, em_tensor **out) {
+    em_tensor *h[3];
+    heads_of(in[0], h);
+    out[1] = em_softmax(em_matmul(h[0], em_transpose(h[1], -2, -1)), -1);
+    out[0] = em_matmul(out[1], h[2]);
+}
+static void scores_reused_fn(em_tensor *const *in, em_tensor **out) {
+    em_tensor *h[3];
+    heads_of(in[0], h);
+    em_tensor *s = em_matmul(h[0], em_transpose(h[1], -2, -1));
+    out[0] = em_add(em_matmul(em_softmax(s, -1), h[2]), em_sum(s, 1, (int[]){-1}, true));
+}
+static void scaled_mask_fn(em_tensor *const *in, em_tensor **out) { /* (S + m) * c */
+    em_tensor *h[3];
+    heads_of(in[0], h);
+    em_tensor *s = em_mul_scalar(em_add(em_matmul(h[0], em_transpose(h[1], -2, -1)), in[1]), 0.3);
+    out[0] = em_matmul(em_softmax(s, -1), h[2]);
+}
+static void negative_after_causal_fn(em_tensor *const *in, em_tensor **out) {
+    em_tensor *h[3];
+    heads_of(in[0], h);
+    em_tensor *pos = em_arange(0, PT, 1, EM_I64, em_cpu());
+    em_tensor *future = em_gt(em_unsqueeze(pos, 0), em_unsqueeze(pos, 1));
+    em_tensor *s = em_matmul(h[0], em_transpose(h[1], -2, -1));
+    s = em_mul_scalar(em_where(future, em_scalar(-INFINITY, EM_F32, em_cpu()), s), -0.5);
+    out[0] = em_matmul(em_softmax(s, -1), h[2]);
+}
+static void untransposed_key_fn(em_tensor *const *in, em_tensor **out) { /* k^T is an input */
+    em_tensor *h[3];
+    heads_of(in[0], h);
+    out[0] = em_matmul(em_softmax(em_matmul(h[0], in[1]), -1), h[2]);
+}
+static void f64_fn(em_tensor *const *in, em_tensor **out) {
+    em_tensor *h[3];
+    heads_of(em_cast(in[0], EM_F64), h);
+    out[0] = em_scaled_dot_product_attention(h[0], h[1], h[2], NULL, true, EM_SCALE_DEFAULT);
+}
+
+START_TEST(pass_leaves_near_misses) {
+    em_tensor *x = pass_qkv();
+    ck_assert_ptr_null(check_pass(other_dim_fn, 1, &x, 1, 0));
+    em_tensor *ts = rnd(3, 1, TU_SIZES(PT));
+    ck_assert_ptr_null(check_pass(tensor_scale_fn, 2, (em_tensor *[]){x, ts}, 1, 0));
+    ck_assert_ptr_null(check_pass(finite_fill_fn, 1, &x, 1, 0));
+    em_tensor *bm = tu_random(4, 2, TU_SIZES(PT, PT), EM_BOOL, 1);
+    ck_assert_ptr_null(check_pass(bool_where_fn, 2, (em_tensor *[]){x, bm}, 1, 0));
+    ck_assert_ptr_null(check_pass(anti_causal_fn, 1, &x, 1, 0));
+    ck_assert_ptr_null(check_pass(probs_out_fn, 1, &x, 2, 0));
+    ck_assert_ptr_null(check_pass(scores_reused_fn, 1, &x, 1, 0));
+    em_tensor *m = rnd(5, 2, TU_SIZES(PT, PT));
+    ck_assert_ptr_null(check_pass(scaled_mask_fn, 2, (em_tensor *[]){x, m}, 1, 0));
+    ck_assert_ptr_null(check_pass(negative_after_causal_fn, 1, &x, 1, 0));
+    em_tensor *kt = rnd(6, 4, TU_SIZES(PB, PH, PD, PT));
+    ck_assert_ptr_null(check_pass(untransposed_key_fn, 2, (em_tensor *[]){x, kt}, 1, 0));
+    ck_assert_ptr_null(check_pass(f64_fn, 1, &x, 1, 0));
+    ck_assert_ptr_null(check_pass(shared_scores_fn, 1, &x, 2, 0));
+}
+END_TEST
+
+/* The rewritten graph prints and parses back to the same text. */
+START_TEST(pass_text_round_trip) {
+    em_tensor *x = pass_qkv();
+    char *t = check_pass(gpt_fn, 1, &x, 1, 1);
+    tr_graph *p = tr_parse_placeholders(t);
+    ck_assert_msg(p != NULL, "%s", em_last_error());
+    char *t2 = tr_to_text(p);
+    ck_assert_str_eq(t, t2);
+    em_free(t2);
+    tr_graph_free(p);
+    em_free(t);
+}
+END_TEST
+
 int main(void) {
     const tu_test tests[] = {
         {"sdpa_plain_and_scaled", sdpa_plain_and_scaled},
@@ -376,6 +647,9 @@ int main(void) {
         {"fused_masks", fused_masks},
         {"fused_non_contiguous_and_edges", fused_non_contiguous_and_edges},
         {"fused_op_errors", fused_op_errors},
+        {"pass_rewrites_gpt_bert_and_the_op", pass_rewrites_gpt_bert_and_the_op},
+        {"pass_leaves_near_misses", pass_leaves_near_misses},
+        {"pass_text_round_trip", pass_text_round_trip},
     };
     return tu_run(tu_suite("attention", tests, sizeof tests / sizeof tests[0], 120));
 }

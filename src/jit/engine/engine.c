@@ -51,6 +51,7 @@ void jit_engine_free(jit_compiled *st) {
     const em_allocator *caller = em_get_allocator();
     em_set_allocator(st->alloc);
     drop_kernels(st);
+    tr_graph_free(st->graph);
     em_free(st);
     em_set_allocator(caller);
 }
@@ -278,8 +279,26 @@ static void store_plan(jit_env *env, const kc_key *gkey, const kc_manifest *why,
     em_clear_error(); /* a plan not stored only costs the next process a compile */
 }
 
-/* The static compile: plan from the cache, else build (and store the plan). */
+/* The graph st's device runs for g: g with attention fused when the
+ * device runs the fused op (kept in st->graph, logged under
+ * EMBER_LOG=graph), else g.  Out of memory: g, unfused (still correct). */
+static const tr_graph *device_graph(jit_compiled *st, const tr_graph *g, const jit_env *env) {
+    int nfused = 0;
+    if (!st->dev->fused_attention || st->graph) return st->graph ? st->graph : g;
+    tr_graph *f = tr_fuse_attention(g, &nfused);
+    if (nfused < 0) em_clear_error();
+    if (!f) return g;
+    st->graph = f;
+    jit_logf(env->log, JIT_LOG_GRAPH, "%s: %d attention pattern%s fused:", st->dev->name, nfused,
+             nfused == 1 ? "" : "s");
+    if (env->log && (env->log->flags & JIT_LOG_GRAPH)) tr_print(f, env->log->f);
+    return f;
+}
+
+/* The static compile: plan from the cache, else build (and store the
+ * plan), for the graph the device runs (device_graph). */
 static em_status compile_static(jit_compiled *st, const tr_graph *g, jit_env *env) {
+    g = device_graph(st, g, env);
     char target[256];
     if (!st->dev->target(st->index, env, target, sizeof target)) {
         run_op_by_op(st, env);
@@ -528,6 +547,7 @@ const char *jit_engine_declined(const jit_compiled *st) { return st ? st->declin
 
 em_status jit_engine_run(jit_compiled *st, void *spec, const tr_graph *g, em_tensor *const *in,
                          em_tensor **out) {
+    if (st && st->graph) g = st->graph; /* what the plan was made for */
     if (!st || !st->kernels) return jit_exec_op_by_op(g, in, out);
     jit_spec *sp = spec;
     em_status s = jit_exec(st, g, sp, in, out);
