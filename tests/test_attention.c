@@ -9,6 +9,7 @@
 #include "trace.h"
 
 #include <string.h>
+#include <unistd.h>
 
 /* ---- the float64 reference ---- */
 
@@ -635,6 +636,137 @@ START_TEST(pass_text_round_trip) {
 }
 END_TEST
 
+/* ---- compiled: one fused attention step per layer ---- */
+
+/* A transformer's weights for the compiled tests: per layer the qkv and
+ * output projections. */
+enum { CL = 2 };
+typedef struct model {
+    int64_t C, NH;
+    bool causal_gpt;          /* GPT-2 blocks; else MiniLM encoder layers (padding bias) */
+    em_tensor *w_qkv[CL], *b_qkv[CL], *w_o[CL], *ln_w, *ln_b;
+} model;
+
+static em_tensor *split_heads(const model *m, em_tensor *qkv, int w, int64_t B, int64_t T) {
+    em_tensor *t = em_slice(qkv, -1, w * m->C, (w + 1) * m->C, 1);
+    return em_transpose(em_reshape(t, 4, (int64_t[]){B, T, m->NH, m->C / m->NH}), 1, 2);
+}
+
+/* One layer, written as examples/gpt_block.c (causal, arange/gt/where) or
+ * examples/minilm/bert.c (an additive bias [B, 1, 1, T]) write it. */
+static em_tensor *layer(const model *m, int l, em_tensor *x, em_tensor *bias) {
+    int64_t B = em_size(x, 0), T = em_size(x, 1), HD = m->C / m->NH;
+    em_tensor *h = em_layer_norm(x, 1, m->ln_w, m->ln_b, 1e-5);
+    em_tensor *qkv = em_add(em_matmul(h, m->w_qkv[l]), m->b_qkv[l]);
+    em_tensor *q = split_heads(m, qkv, 0, B, T), *k = split_heads(m, qkv, 1, B, T);
+    em_tensor *v = split_heads(m, qkv, 2, B, T);
+    em_tensor *s = em_mul_scalar(em_matmul(q, em_transpose(k, -2, -1)), 1.0 / sqrt((double)HD));
+    if (m->causal_gpt) {
+        em_tensor *pos = em_arange(0, (double)T, 1, EM_I64, em_cpu());
+        em_tensor *future = em_gt(em_unsqueeze(pos, 0), em_unsqueeze(pos, 1));
+        s = em_where(future, em_scalar(-INFINITY, EM_F32, em_cpu()), s);
+    } else {
+        s = em_add(s, bias);
+    }
+    em_tensor *y = em_matmul(em_softmax(s, -1), v);
+    y = em_reshape(em_transpose(y, 1, 2), 3, (int64_t[]){B, T, m->C});
+    return em_add(x, em_matmul(y, m->w_o[l]));
+}
+
+static em_status model_fn(void *ctx, em_tensor *const *in, const double *sc, em_tensor **out) {
+    const model *m = ctx;
+    em_tensor *x = in[0];
+    for (int l = 0; l < CL; l++) x = layer(m, l, x, m->causal_gpt ? NULL : in[1]);
+    out[0] = x;
+    return x ? EM_OK : em_last_status();
+}
+
+static void model_init(model *m, int64_t C, int64_t NH, bool gpt) {
+    *m = (model){.C = C, .NH = NH, .causal_gpt = gpt};
+    for (int l = 0; l < CL; l++) {
+        m->w_qkv[l] = tu_random(100 + l, 2, TU_SIZES(C, 3 * C), EM_F32, 1 / sqrt((double)C));
+        m->b_qkv[l] = tu_random(110 + l, 1, TU_SIZES(3 * C), EM_F32, 0.1);
+        m->w_o[l] = tu_random(120 + l, 2, TU_SIZES(C, C), EM_F32, 1 / sqrt((double)C));
+    }
+    m->ln_w = tu_random(130, 1, TU_SIZES(C), EM_F32, 1);
+    m->ln_b = tu_random(131, 1, TU_SIZES(C), EM_F32, 0.1);
+}
+
+static char *slurp(const char *path) {
+    FILE *f = fopen(path, "rb");
+    ck_assert_ptr_nonnull(f);
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *buf = malloc((size_t)n + 1);
+    ck_assert_int_eq(fread(buf, 1, (size_t)n, f), (size_t)n);
+    buf[n] = '\0';
+    fclose(f);
+    return buf;
+}
+
+static int count_str(const char *s, const char *w) {
+    int n = 0;
+    for (const char *p = s; (p = strstr(p, w)); p += strlen(w)) n++;
+    return n;
+}
+
+/* Compiles m's two layers on the CPU backend, runs them twice, and checks
+ * the log shows one fused attention node per layer (and no other
+ * attention) and the values match eager mode. */
+static void check_compiled(const model *m, int nin, em_tensor *const *in) {
+    char path[] = "/tmp/ember-attn-log-XXXXXX";
+    int fd = mkstemp(path);
+    ck_assert_int_ge(fd, 0);
+    close(fd);
+    setenv("EMBER_LOG", "graph", 1);
+    setenv("EMBER_LOG_FILE", path, 1);
+    em_compile_options o = {.ninputs = nin, .noutputs = 1, .name = "layers", .backend = "cpu",
+                            .dynamic = -1};
+    em_compiled *f = em_compile(model_fn, (void *)m, &o);
+    unsetenv("EMBER_LOG");
+    unsetenv("EMBER_LOG_FILE");
+    ck_assert_ptr_nonnull(f);
+    em_tensor *ye = NULL, *yc = NULL;
+    ck_assert_int_eq(model_fn((void *)m, in, NULL, &ye), EM_OK);
+    for (int r = 0; r < 2; r++) /* the trace, then the compiled plan */
+        ck_assert_msg(em_call(f, in, NULL, &yc) == EM_OK, "%s", em_last_error());
+    em_compile_stats st;
+    ck_assert_int_eq(em_compiled_stats(f, &st), EM_OK);
+    ck_assert_int_eq(st.hits, 1);
+    em_compiled_free(f);
+    char *log = slurp(path);
+    unlink(path);
+    ck_assert_msg(strstr(log, "cpu: 2 attention patterns fused:"), "%s", log);
+    ck_assert_msg(count_str(log, " = attention(") == CL, "%s", log);
+    ck_assert_msg(count_str(log, m->causal_gpt ? "causal=true" : "causal=false") == CL, "%s", log);
+    free(log);
+    double *ev = tu_values(ye);
+    tu_check_close(yc, ev, em_ndim(ye), em_sizes(ye), 1e-4, 1e-4);
+    free(ev);
+}
+
+START_TEST(compiled_gpt_block_fuses_each_layer) {
+    model m;
+    model_init(&m, 128, 2, true); /* head dim 64, odd T over two query tiles */
+    em_tensor *x = tu_random(140, 3, TU_SIZES(2, 67, 128), EM_F32, 1);
+    check_compiled(&m, 1, &x);
+}
+END_TEST
+
+START_TEST(compiled_minilm_layers_fuse_each_layer) {
+    model m;
+    model_init(&m, 256, 2, false); /* head dim 128 */
+    int64_t B = 2, T = 21;
+    double *pad = calloc((size_t)(B * T), sizeof(double));
+    for (int64_t j = 15; j < T; j++) pad[T + j] = -1e9; /* the second sentence is shorter */
+    em_tensor *bias = tu_tensor(pad, 4, TU_SIZES(B, 1, 1, T), EM_F32);
+    free(pad);
+    em_tensor *in[2] = {tu_random(141, 3, TU_SIZES(B, T, 256), EM_F32, 1), bias};
+    check_compiled(&m, 2, in);
+}
+END_TEST
+
 int main(void) {
     const tu_test tests[] = {
         {"sdpa_plain_and_scaled", sdpa_plain_and_scaled},
@@ -650,6 +782,8 @@ int main(void) {
         {"pass_rewrites_gpt_bert_and_the_op", pass_rewrites_gpt_bert_and_the_op},
         {"pass_leaves_near_misses", pass_leaves_near_misses},
         {"pass_text_round_trip", pass_text_round_trip},
+        {"compiled_gpt_block_fuses_each_layer", compiled_gpt_block_fuses_each_layer},
+        {"compiled_minilm_layers_fuse_each_layer", compiled_minilm_layers_fuse_each_layer},
     };
     return tu_run(tu_suite("attention", tests, sizeof tests / sizeof tests[0], 120));
 }

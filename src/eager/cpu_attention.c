@@ -20,6 +20,19 @@
 #include <math.h>
 #include <string.h>
 
+/* `omp simd` lifts -O2's cost model (as in cpu_pointwise.c); its
+ * reductions may reassociate, which float max and a sum of positive
+ * terms tolerate. */
+#if defined(_OPENMP) || defined(EM_OPENMP_SIMD)
+#define EM_SIMD _Pragma("omp simd")
+#define EM_SIMD_MAX_MX _Pragma("omp simd reduction(max:mx)")
+#define EM_SIMD_SUM_SUM _Pragma("omp simd reduction(+:sum)")
+#else
+#define EM_SIMD
+#define EM_SIMD_MAX_MX
+#define EM_SIMD_SUM_SUM
+#endif
+
 #define BQ 64  /* queries per task: the scores tile is BQ x BK floats (32 KiB) */
 #define BK 128 /* keys per tile */
 #define PIECES_PER_THREAD 4 /* tasks cost unequally (causal): smaller pieces balance */
@@ -118,8 +131,7 @@ static void accumulate_tile(const attn_ctx *X, int64_t m, int64_t n, const float
 /* Adds the mask and drops the causal keys of row i (n keys from j0). */
 static void mask_row(const attn_ctx *X, const float *mrow, int64_t i, int64_t j0, int64_t n,
                      float *s) {
-    if (mrow)
-        for (int64_t c = 0; c < n; c++) s[c] += mrow[(j0 + c) * X->mask.cs];
+    if (mrow) EM_SIMD for (int64_t c = 0; c < n; c++) s[c] += mrow[(j0 + c) * X->mask.cs];
     if (X->causal)
         for (int64_t c = i - j0 + 1 < 0 ? 0 : i - j0 + 1; c < n; c++) s[c] = -INFINITY;
 }
@@ -128,23 +140,19 @@ static void mask_row(const attn_ctx *X, const float *mrow, int64_t i, int64_t j0
  * max m', and the row's sum and output are rescaled to m'. */
 static void softmax_row(const attn_ctx *X, float *s, int64_t n, float *m, float *l, float *o) {
     float mx = -INFINITY;
-    for (int64_t c = 0; c < n; c++) mx = s[c] > mx ? s[c] : mx;
+    EM_SIMD_MAX_MX for (int64_t c = 0; c < n; c++) mx = s[c] > mx ? s[c] : mx;
     float mnew = mx > *m ? mx : *m;
     if (mnew == -INFINITY) { /* every key so far dropped: nothing to add */
         memset(s, 0, sizeof(float) * (size_t)n);
         return;
     }
-    for (int64_t c = 0; c < n; c++) s[c] = em_vexpf(s[c] - mnew); /* vectorized */
-    float part[8] = {0}; /* 8 partial sums: a float sum does not vectorize as written */
-    int64_t c = 0;
-    for (; c + 8 <= n; c += 8)
-        for (int u = 0; u < 8; u++) part[u] += s[c + u];
     float sum = 0;
-    for (; c < n; c++) sum += s[c];
-    for (int u = 0; u < 8; u++) sum += part[u];
+    EM_SIMD_SUM_SUM for (int64_t c = 0; c < n; c++) {
+        s[c] = em_vexpf(s[c] - mnew);
+        sum += s[c];
+    }
     float alpha = em_vexpf(*m - mnew); /* exp(-inf) = 0 on the first keys */
-    if (alpha != 1.0f)
-        for (int64_t d = 0; d < X->Dv; d++) o[d] *= alpha;
+    if (alpha != 1.0f) EM_SIMD for (int64_t d = 0; d < X->Dv; d++) o[d] *= alpha;
     *l = *l * alpha + sum;
     *m = mnew;
 }
