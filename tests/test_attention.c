@@ -284,9 +284,9 @@ static void check_fused(const ref_in *r, double tol) {
 
 START_TEST(fused_shapes_and_head_dims) {
     /* head dims 64 and 128, odd T, T = 1, several tiles of queries and
-     * keys (BQ 64, BK 128), Tq != Tk */
-    int64_t shapes[][3] = {{1, 1, 64}, {7, 7, 64}, {65, 65, 64}, {130, 200, 128}, {200, 130, 128},
-                           {257, 257, 64}, {3, 300, 32}, {33, 5, 17}};
+     * keys (BQ 128, BK 256), Tq != Tk */
+    int64_t shapes[][3] = {{1, 1, 64}, {7, 7, 64}, {129, 129, 64}, {130, 600, 128}, {600, 130, 128},
+                           {257, 257, 64}, {3, 520, 32}, {33, 5, 17}};
     for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
         int64_t Tq = shapes[s][0], Tk = shapes[s][1], D = shapes[s][2];
         em_tensor *q = rnd(40 + s, 4, TU_SIZES(1, 2, Tq, D)), *k = rnd(50 + s, 4, TU_SIZES(1, 2, Tk, D));
@@ -298,26 +298,29 @@ START_TEST(fused_shapes_and_head_dims) {
 END_TEST
 
 START_TEST(fused_masks) {
-    em_tensor *q = rnd(1, 4, TU_SIZES(2, 3, 70, 64)), *k = rnd(2, 4, TU_SIZES(2, 3, 150, 64));
-    em_tensor *v = rnd(3, 4, TU_SIZES(2, 3, 150, 64));
+    /* 2 query tiles of 128, 2 key tiles of 256 */
+    em_tensor *q = rnd(1, 4, TU_SIZES(2, 3, 140, 64)), *k = rnd(2, 4, TU_SIZES(2, 3, 300, 64));
+    em_tensor *v = rnd(3, 4, TU_SIZES(2, 3, 300, 64));
     /* padding style [B, 1, 1, Tk]: the last keys of batch 1 get -1e9 */
-    double *pad = calloc(300, sizeof(double));
-    for (int j = 100; j < 150; j++) pad[150 + j] = -1e9;
-    em_tensor *pm = tu_tensor(pad, 4, TU_SIZES(2, 1, 1, 150), EM_F32);
+    double *pad = calloc(600, sizeof(double));
+    for (int j = 200; j < 300; j++) pad[300 + j] = -1e9;
+    em_tensor *pm = tu_tensor(pad, 4, TU_SIZES(2, 1, 1, 300), EM_F32);
     free(pad);
     check_fused(&(ref_in){q, k, v, pm, false, EM_SCALE_DEFAULT}, 3e-5);
     /* a full [Tq, Tk] mask, a per-key row, an expanded one, and a -inf
      * mask that drops every key of some queries (NaN rows) */
-    em_tensor *full = tu_random(4, 2, TU_SIZES(70, 150), EM_F32, 2);
+    em_tensor *full = tu_random(4, 2, TU_SIZES(140, 300), EM_F32, 2);
     check_fused(&(ref_in){q, k, v, full, false, 0.2}, 3e-5);
     check_fused(&(ref_in){q, k, v, full, true, 0.2}, 3e-5); /* the fused op takes both */
-    em_tensor *row = tu_random(5, 1, TU_SIZES(150), EM_F32, 2);
+    em_tensor *row = tu_random(5, 1, TU_SIZES(300), EM_F32, 2);
     check_fused(&(ref_in){q, k, v, row, false, EM_SCALE_DEFAULT}, 3e-5);
-    em_tensor *ex = em_expand(tu_random(6, 2, TU_SIZES(70, 1), EM_F32, 2), 2, TU_SIZES(70, 150));
+    em_tensor *ex = em_expand(tu_random(6, 2, TU_SIZES(140, 1), EM_F32, 2), 2, TU_SIZES(140, 300));
     check_fused(&(ref_in){q, k, v, ex, false, EM_SCALE_DEFAULT}, 3e-5);
-    double *drop = calloc(70 * 150, sizeof(double));
-    for (int j = 0; j < 150; j++) drop[3 * 150 + j] = drop[69 * 150 + j] = -INFINITY;
-    em_tensor *dm = tu_tensor(drop, 2, TU_SIZES(70, 150), EM_F32);
+    double *drop = calloc(140 * 300, sizeof(double));
+    for (int j = 0; j < 300; j++) drop[3 * 300 + j] = drop[139 * 300 + j] = -INFINITY;
+    /* and a row whose first key tile is all dropped: the running max starts later */
+    for (int j = 0; j < 256; j++) drop[70 * 300 + j] = -INFINITY;
+    em_tensor *dm = tu_tensor(drop, 2, TU_SIZES(140, 300), EM_F32);
     free(drop);
     check_fused(&(ref_in){q, k, v, dm, false, EM_SCALE_DEFAULT}, 3e-5);
 }
@@ -325,12 +328,12 @@ END_TEST
 
 START_TEST(fused_non_contiguous_and_edges) {
     em_tensor *qkv[3];
-    qkv_split(7, 2, 77, 2, 64, qkv); /* rows in place, row stride 3C */
+    qkv_split(7, 2, 277, 2, 64, qkv); /* rows in place, row stride 3C; 3 query, 2 key tiles */
     check_fused(&(ref_in){qkv[0], qkv[1], qkv[2], NULL, true, EM_SCALE_DEFAULT}, 3e-5);
     /* columns strided (copied per tile): a transposed k and v */
     em_tensor *q = rnd(8, 3, TU_SIZES(2, 9, 16));
-    em_tensor *k = em_transpose(rnd(9, 3, TU_SIZES(2, 16, 140)), 1, 2);
-    em_tensor *v = em_transpose(rnd(10, 3, TU_SIZES(2, 8, 140)), 1, 2);
+    em_tensor *k = em_transpose(rnd(9, 3, TU_SIZES(2, 16, 300)), 1, 2);
+    em_tensor *v = em_transpose(rnd(10, 3, TU_SIZES(2, 8, 300)), 1, 2);
     check_fused(&(ref_in){q, k, v, NULL, false, EM_SCALE_DEFAULT}, 3e-5);
     /* broadcast batch (stride 0), an expanded k (row stride 0) */
     em_tensor *kb = em_expand(rnd(11, 3, TU_SIZES(1, 1, 16)), 3, TU_SIZES(3, 20, 16));
@@ -662,9 +665,9 @@ static em_tensor *layer(const model *m, int l, em_tensor *x, em_tensor *bias) {
     em_tensor *v = split_heads(m, qkv, 2, B, T);
     em_tensor *s = em_mul_scalar(em_matmul(q, em_transpose(k, -2, -1)), 1.0 / sqrt((double)HD));
     if (m->causal_gpt) {
-        em_tensor *pos = em_arange(0, (double)T, 1, EM_I64, em_cpu());
+        em_tensor *pos = em_arange(0, (double)T, 1, EM_I64, em_device_of(x));
         em_tensor *future = em_gt(em_unsqueeze(pos, 0), em_unsqueeze(pos, 1));
-        s = em_where(future, em_scalar(-INFINITY, EM_F32, em_cpu()), s);
+        s = em_where(future, em_scalar(-INFINITY, EM_F32, em_device_of(x)), s);
     } else {
         s = em_add(s, bias);
     }
@@ -711,18 +714,18 @@ static int count_str(const char *s, const char *w) {
     return n;
 }
 
-/* Compiles m's two layers on the CPU backend, runs them twice, and checks
- * the log shows one fused attention node per layer (and no other
- * attention) and the values match eager mode. */
-static void check_compiled(const model *m, int nin, em_tensor *const *in) {
+/* Compiles m's two layers (backend auto: the inputs' device), runs them
+ * twice, and checks the log shows `fused` attention nodes per layer (on
+ * the CPU one, on CUDA none: no fused kernel there) and the values match
+ * eager mode within tol. */
+static void check_compiled_on(const model *m, int nin, em_tensor *const *in, int fused, double tol) {
     char path[] = "/tmp/ember-attn-log-XXXXXX";
     int fd = mkstemp(path);
     ck_assert_int_ge(fd, 0);
     close(fd);
     setenv("EMBER_LOG", "graph", 1);
     setenv("EMBER_LOG_FILE", path, 1);
-    em_compile_options o = {.ninputs = nin, .noutputs = 1, .name = "layers", .backend = "cpu",
-                            .dynamic = -1};
+    em_compile_options o = {.ninputs = nin, .noutputs = 1, .name = "layers", .dynamic = -1};
     em_compiled *f = em_compile(model_fn, (void *)m, &o);
     unsetenv("EMBER_LOG");
     unsetenv("EMBER_LOG_FILE");
@@ -737,13 +740,30 @@ static void check_compiled(const model *m, int nin, em_tensor *const *in) {
     em_compiled_free(f);
     char *log = slurp(path);
     unlink(path);
-    ck_assert_msg(strstr(log, "cpu: 2 attention patterns fused:"), "%s", log);
-    ck_assert_msg(count_str(log, " = attention(") == CL, "%s", log);
-    ck_assert_msg(count_str(log, m->causal_gpt ? "causal=true" : "causal=false") == CL, "%s", log);
+    ck_assert_msg(strstr(log, "captured graph of layers"), "%s", log);
+    ck_assert_msg(!fused || strstr(log, "cpu: 2 attention patterns fused:"), "%s", log);
+    ck_assert_msg(count_str(log, " = attention(") == fused * CL, "%s", log);
+    ck_assert_msg(count_str(log, m->causal_gpt ? "causal=true" : "causal=false") == fused * CL,
+                  "%s", log);
     free(log);
     double *ev = tu_values(ye);
-    tu_check_close(yc, ev, em_ndim(ye), em_sizes(ye), 1e-4, 1e-4);
+    tu_check_close(yc, ev, em_ndim(ye), em_sizes(ye), tol, tol);
     free(ev);
+}
+
+static void check_compiled(const model *m, int nin, em_tensor *const *in) {
+    check_compiled_on(m, nin, in, 1, 1e-4);
+}
+
+/* t's values in a new tensor on dev. */
+static em_tensor *on_device(const em_tensor *t, em_device dev) {
+    size_t n = sizeof(float) * (size_t)em_numel(t);
+    float *buf = malloc(n + 1);
+    ck_assert_int_eq(em_copy_to_host(t, buf, n), EM_OK);
+    em_tensor *r = em_from_data(buf, EM_F32, em_ndim(t), em_sizes(t), dev);
+    free(buf);
+    ck_assert_ptr_nonnull(r);
+    return r;
 }
 
 START_TEST(compiled_gpt_block_fuses_each_layer) {
@@ -767,6 +787,30 @@ START_TEST(compiled_minilm_layers_fuse_each_layer) {
 }
 END_TEST
 
+/* On CUDA the pass must not fire (no fused kernel there yet): the same
+ * GPT-2 layers compile with no attention node and match eager mode on
+ * the GPU.  Without a GPU (CI) there is nothing to check. */
+START_TEST(compiled_on_cuda_stays_unfused) {
+    char why[256];
+    if (!tu_probe_gpu(why, sizeof why)) {
+        printf("compiled_on_cuda_stays_unfused: skipped, no CUDA device: %s\n", why);
+        return;
+    }
+    model m;
+    model_init(&m, 128, 2, true);
+    em_device gpu = em_cuda(0);
+    for (int l = 0; l < CL; l++) {
+        m.w_qkv[l] = on_device(m.w_qkv[l], gpu);
+        m.b_qkv[l] = on_device(m.b_qkv[l], gpu);
+        m.w_o[l] = on_device(m.w_o[l], gpu);
+    }
+    m.ln_w = on_device(m.ln_w, gpu);
+    m.ln_b = on_device(m.ln_b, gpu);
+    em_tensor *x = on_device(tu_random(140, 3, TU_SIZES(2, 67, 128), EM_F32, 1), gpu);
+    check_compiled_on(&m, 1, &x, 0, 1e-3);
+}
+END_TEST
+
 int main(void) {
     const tu_test tests[] = {
         {"sdpa_plain_and_scaled", sdpa_plain_and_scaled},
@@ -784,6 +828,7 @@ int main(void) {
         {"pass_text_round_trip", pass_text_round_trip},
         {"compiled_gpt_block_fuses_each_layer", compiled_gpt_block_fuses_each_layer},
         {"compiled_minilm_layers_fuse_each_layer", compiled_minilm_layers_fuse_each_layer},
+        {"compiled_on_cuda_stays_unfused", compiled_on_cuda_stays_unfused},
     };
     return tu_run(tu_suite("attention", tests, sizeof tests / sizeof tests[0], 120));
 }
