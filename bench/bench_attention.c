@@ -8,7 +8,8 @@
  *
  *   bench_attention [--reps N] [--max-t T] [--heads H] [--json FILE]
  *   bench_attention --memory       peak RSS of compiled causal attention
- *                                  at T = 1024, 4096, 8192 (fused only)
+ *                                  at T = 1024 ... 8192 (fused only; the
+ *                                  tracing call records lazily)
  *
  * The padding mask is bool [B, 1, 1, T], keeping the first 3T/4 keys. */
 #include <ember.h>
@@ -74,9 +75,11 @@ static bool make_inputs(em_generator *g, const point *p, int64_t H, em_tensor **
     return in[0] && in[1] && in[2] && in[3];
 }
 
-static em_compiled *compile_point(point *p) {
+/* lazy: the tracing call records without computing (lazy_trace 1), so
+ * that the decomposition's eager run does not materialize the scores. */
+static em_compiled *compile_point(point *p, bool lazy) {
     em_compile_options o = {.ninputs = 4, .noutputs = 1, .name = "attention", .backend = "cpu",
-                            .dynamic = -1};
+                            .dynamic = -1, .lazy_trace = lazy ? 1 : -1};
     return em_compile(attn_fn, p, &o);
 }
 
@@ -86,8 +89,8 @@ static long peak_rss_mb(void) {
     return u.ru_maxrss / 1024;
 }
 
-/* Compiled causal attention only, growing T: the peak RSS follows q, k, v
- * and the output (linear in T), not the scores. */
+/* Compiled causal attention only, growing T, traced lazily: the peak RSS
+ * follows q, k, v and the output (linear in T), not the scores. */
 static int memory_sweep(int64_t H) {
     em_generator *g = em_generator_new(0);
     printf("peak RSS of compiled (fused) causal attention, B=%d H=%lld D=64\n", B, (long long)H);
@@ -95,7 +98,7 @@ static int memory_sweep(int64_t H) {
         point p = {T, 64, true};
         em_scope_begin();
         em_tensor *in[4];
-        em_compiled *f = make_inputs(g, &p, H, in) ? compile_point(&p) : NULL;
+        em_compiled *f = make_inputs(g, &p, H, in) ? compile_point(&p, true) : NULL;
         double t = f ? time_calls(f, &p, in, 1) : -1;
         em_compiled_free(f);
         em_scope_end();
@@ -146,7 +149,7 @@ int main(int argc, char **argv) {
                 point p = {T, D, causal};
                 em_scope_begin();
                 em_tensor *in[4];
-                em_compiled *f = make_inputs(g, &p, H, in) ? compile_point(&p) : NULL;
+                em_compiled *f = make_inputs(g, &p, H, in) ? compile_point(&p, false) : NULL;
                 double te = f ? time_calls(NULL, &p, in, reps) : -1;
                 double tc = te >= 0 ? time_calls(f, &p, in, reps) : -1;
                 em_compiled_free(f);
