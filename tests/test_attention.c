@@ -4,11 +4,15 @@
  * reference computed here from the inputs' values. */
 #include "testutil.h"
 
+#include "cpu.h"
+
 #include "engine.h"
 #include "jit.h"
 #include "trace.h"
 
 #include <string.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 /* ---- the float64 reference ---- */
@@ -787,6 +791,71 @@ START_TEST(compiled_minilm_layers_fuse_each_layer) {
 }
 END_TEST
 
+/* ---- the kernel without OpenBLAS (its plain tile loops) ---- */
+
+/* Largest difference of the fused op (f32, its loops) from the
+ * decomposition computed in f64 on the same values.  Child code: no
+ * Check macro may run outside a test (each one reports to the runner). */
+static double loops_error(const ref_in *r) {
+    em_tensor *y = fused(r);
+    em_tensor *u = em_scaled_dot_product_attention(em_cast(r->q, EM_F64), em_cast(r->k, EM_F64),
+                                                   em_cast(r->v, EM_F64),
+                                                   r->mask ? em_cast(r->mask, EM_F64) : NULL,
+                                                   r->causal, r->scale);
+    double err = INFINITY;
+    if (y && u && em_item(em_amax(em_abs(em_sub(em_cast(y, EM_F64), u)), 0, NULL, false), &err) != EM_OK)
+        err = INFINITY;
+    return err == err ? err : INFINITY;
+}
+
+/* The child of fused_without_blas_uses_its_loops, under an address-space
+ * limit that leaves OpenBLAS no room (cpu_matmul.c): exit 2 if BLAS is
+ * in use anyway, 1 on a wrong value, 0 when every case matches. */
+static int loops_child(void) {
+    if (em_blas_ready()) return 2;
+    em_scope_begin();
+    em_generator *g = em_generator_new(5);
+    em_tensor *q = em_randn(g, 3, TU_SIZES(2, 130, 24), EM_F32, em_cpu());
+    em_tensor *k = em_randn(g, 3, TU_SIZES(2, 300, 24), EM_F32, em_cpu());
+    em_tensor *v = em_transpose(em_randn(g, 3, TU_SIZES(2, 5, 300), EM_F32, em_cpu()), 1, 2);
+    em_tensor *m = em_randn(g, 2, TU_SIZES(130, 300), EM_F32, em_cpu()); /* columns strided: v */
+    const ref_in cases[] = {{q, k, v, NULL, true, EM_SCALE_DEFAULT}, {q, k, v, m, false, 0.3},
+                            {q, k, v, NULL, false, EM_SCALE_DEFAULT}};
+    double err = 0;
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        double e = loops_error(&cases[c]);
+        err = e > err ? e : err;
+    }
+    em_generator_free(g);
+    em_scope_end();
+    return err <= 3e-5 ? 0 : 1;
+}
+
+START_TEST(fused_without_blas_uses_its_loops) {
+#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
+    return; /* a sanitizer's shadow memory does not fit under RLIMIT_AS */
+#endif
+    char self[4096];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    ck_assert(n > 0);
+    self[n] = '\0';
+    pid_t pid = fork();
+    ck_assert(pid >= 0);
+    if (pid == 0) {
+        /* two threads need 2 x ~128 MiB of OpenBLAS buffers: 160 MB is too little */
+        setenv("EMBER_NUM_THREADS", "2", 1);
+        struct rlimit r = {160l << 20, 160l << 20};
+        setrlimit(RLIMIT_AS, &r);
+        execl(self, self, "--loops-child", (char *)NULL);
+        _exit(127);
+    }
+    int st;
+    ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+    ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "the child's status %#x (exit 1: wrong "
+                  "values, 2: OpenBLAS was usable)", st);
+}
+END_TEST
+
 /* On CUDA the pass must not fire (no fused kernel there yet): the same
  * GPT-2 layers compile with no attention node and match eager mode on
  * the GPU.  Without a GPU (CI) there is nothing to check. */
@@ -811,7 +880,8 @@ START_TEST(compiled_on_cuda_stays_unfused) {
 }
 END_TEST
 
-int main(void) {
+int main(int argc, char **argv) {
+    if (argc > 1 && !strcmp(argv[1], "--loops-child")) return loops_child();
     const tu_test tests[] = {
         {"sdpa_plain_and_scaled", sdpa_plain_and_scaled},
         {"sdpa_masks", sdpa_masks},
@@ -823,6 +893,7 @@ int main(void) {
         {"fused_masks", fused_masks},
         {"fused_non_contiguous_and_edges", fused_non_contiguous_and_edges},
         {"fused_op_errors", fused_op_errors},
+        {"fused_without_blas_uses_its_loops", fused_without_blas_uses_its_loops},
         {"pass_rewrites_gpt_bert_and_the_op", pass_rewrites_gpt_bert_and_the_op},
         {"pass_leaves_near_misses", pass_leaves_near_misses},
         {"pass_text_round_trip", pass_text_round_trip},
