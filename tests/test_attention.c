@@ -629,6 +629,26 @@ START_TEST(pass_leaves_near_misses) {
 }
 END_TEST
 
+static void sdpa_causal_fn(em_tensor *const *in, em_tensor **out) {
+    out[0] = em_scaled_dot_product_attention(in[0], in[1], in[2], NULL, true, EM_SCALE_DEFAULT);
+}
+
+/* Golden text: the op's causal decomposition becomes one node; the
+ * arange, comparison, where and softmax are gone. */
+START_TEST(pass_golden_text) {
+    em_tensor *q = rnd(1, 4, TU_SIZES(1, 2, 3, 4)), *k = rnd(2, 4, TU_SIZES(1, 2, 5, 4));
+    em_tensor *v = rnd(3, 4, TU_SIZES(1, 2, 5, 6));
+    char *t = check_pass(sdpa_causal_fn, 3, (em_tensor *[]){q, k, v}, 1, 1);
+    ck_assert_str_eq(t, "graph(%in0: f32[1, 2, 3, 4]{24, 12, 4, 1}, %in1: f32[1, 2, 5, 4]{40, 20, 4, 1}, "
+                        "%in2: f32[1, 2, 5, 6]{60, 30, 6, 1}) {\n"
+                        "  %3 = attention(%in0, %in1, %in2) [value=0.5, causal=true] : "
+                        "f32[1, 2, 3, 6]{36, 18, 6, 1}\n"
+                        "  return (%3)\n"
+                        "}\n");
+    em_free(t);
+}
+END_TEST
+
 /* The rewritten graph prints and parses back to the same text. */
 START_TEST(pass_text_round_trip) {
     em_tensor *x = pass_qkv();
@@ -897,6 +917,7 @@ int main(int argc, char **argv) {
         {"pass_rewrites_gpt_bert_and_the_op", pass_rewrites_gpt_bert_and_the_op},
         {"pass_leaves_near_misses", pass_leaves_near_misses},
         {"pass_text_round_trip", pass_text_round_trip},
+        {"pass_golden_text", pass_golden_text},
         {"compiled_gpt_block_fuses_each_layer", compiled_gpt_block_fuses_each_layer},
         {"compiled_minilm_layers_fuse_each_layer", compiled_minilm_layers_fuse_each_layer},
         {"compiled_on_cuda_stays_unfused", compiled_on_cuda_stays_unfused},
