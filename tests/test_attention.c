@@ -779,6 +779,57 @@ static void check_compiled(const model *m, int nin, em_tensor *const *in) {
     check_compiled_on(m, nin, in, 1, 1e-4);
 }
 
+/* Dynamic shapes: compiled with every dim dynamic from the first call
+ * (T = 67), the one entry serves T = 45 and 90 with its fused steps (the
+ * attention node's shape and causal flag follow T; the arange the causal
+ * mask was built from is gone) and matches eager at each. */
+static void check_dynamic(const model *m, bool bias) {
+    char path[] = "/tmp/ember-attn-log-XXXXXX";
+    int fd = mkstemp(path);
+    ck_assert_int_ge(fd, 0);
+    close(fd);
+    setenv("EMBER_LOG", "graph", 1);
+    setenv("EMBER_LOG_FILE", path, 1);
+    em_compile_options o = {.ninputs = bias ? 2 : 1, .noutputs = 1, .name = "layers", .dynamic = 1};
+    em_compiled *f = em_compile(model_fn, (void *)m, &o);
+    unsetenv("EMBER_LOG");
+    unsetenv("EMBER_LOG_FILE");
+    const int64_t Ts[] = {67, 45, 90};
+    for (int i = 0; i < 3; i++) {
+        int64_t T = Ts[i];
+        double *pad = calloc((size_t)(2 * T), sizeof(double));
+        for (int64_t j = T - 5; j < T; j++) pad[T + j] = -1e9;
+        em_tensor *in[2] = {tu_random(150 + i, 3, TU_SIZES(2, T, m->C), EM_F32, 1),
+                            tu_tensor(pad, 4, TU_SIZES(2, 1, 1, T), EM_F32)};
+        free(pad);
+        em_tensor *ye = NULL, *yc = NULL;
+        ck_assert_int_eq(model_fn((void *)m, in, NULL, &ye), EM_OK);
+        ck_assert_msg(em_call(f, in, NULL, &yc) == EM_OK, "%s", em_last_error());
+        double *ev = tu_values(ye);
+        tu_check_close(yc, ev, em_ndim(ye), em_sizes(ye), 1e-4, 1e-4);
+        free(ev);
+    }
+    em_compile_stats st;
+    ck_assert_int_eq(em_compiled_stats(f, &st), EM_OK);
+    ck_assert_msg(st.traces == 1 && st.dynamic_entries == 1, "traces %lld, dynamic entries %d: %s",
+                  (long long)st.traces, st.dynamic_entries, st.last_failure);
+    em_compiled_free(f);
+    char *log = slurp(path);
+    unlink(path);
+    ck_assert_msg(strstr(log, "cpu: 2 attention patterns fused:"), "%s", log);
+    ck_assert_msg(count_str(log, " = attention(") == CL, "%s", log);
+    free(log);
+}
+
+START_TEST(compiled_dynamic_sizes_stay_fused) {
+    model m;
+    model_init(&m, 128, 2, true);
+    check_dynamic(&m, false);
+    model_init(&m, 128, 2, false);
+    check_dynamic(&m, true);
+}
+END_TEST
+
 /* t's values in a new tensor on dev. */
 static em_tensor *on_device(const em_tensor *t, em_device dev) {
     size_t n = sizeof(float) * (size_t)em_numel(t);
@@ -920,6 +971,7 @@ int main(int argc, char **argv) {
         {"pass_golden_text", pass_golden_text},
         {"compiled_gpt_block_fuses_each_layer", compiled_gpt_block_fuses_each_layer},
         {"compiled_minilm_layers_fuse_each_layer", compiled_minilm_layers_fuse_each_layer},
+        {"compiled_dynamic_sizes_stay_fused", compiled_dynamic_sizes_stay_fused},
         {"compiled_on_cuda_stays_unfused", compiled_on_cuda_stays_unfused},
     };
     return tu_run(tu_suite("attention", tests, sizeof tests / sizeof tests[0], 120));

@@ -255,7 +255,7 @@ static int *count_uses(const tr_graph *g) {
     return uses;
 }
 
-tr_graph *tr_fuse_attention(const tr_graph *g, int *nfused) {
+tr_graph *tr_fuse_attention_map(const tr_graph *g, int *nfused, int *map) {
     *nfused = -1;
     attn_graph a = {g, count_uses(g)};
     attn_match *ms = a.uses ? em_malloc(sizeof *ms * ((size_t)g->nnodes + 1)) : NULL;
@@ -271,11 +271,18 @@ tr_graph *tr_fuse_attention(const tr_graph *g, int *nfused) {
                 c = NULL;
             }
         }
-        if (c) tr_dce(c);
+        if (c && tr_dce_map(c, map) < 0) {
+            tr_graph_free(c);
+            c = NULL;
+        }
     }
     if (n > 0 && !c) *nfused = -1;
     em_free(a.uses);
     em_free(ms);
     em_free(hit);
     return c;
+}
+
+tr_graph *tr_fuse_attention(const tr_graph *g, int *nfused) {
+    return tr_fuse_attention_map(g, nfused, NULL);
 }

@@ -100,6 +100,10 @@ em_status tr_print_dot(const tr_graph *g, FILE *f);
 /* ---- passes: one per file, run in order by tr_optimize (passes.c) ---- */
 em_status tr_verify(const tr_graph *g); /* verify.c: the invariants below */
 int tr_dce(tr_graph *g);                /* dce.c: returns nodes removed */
+/* The same, with where each node went into map (g->nnodes slots before
+ * the call: its new index, or -1 when removed); -1 when out of memory
+ * (nothing removed, map untouched). */
+int tr_dce_map(tr_graph *g, int *map);
 /* verify.c: the metas every node of g would have for inputs of metas
  * inputs[0..ninputs) (constants keep theirs), by each op's infer rule and
  * eager mode's layout of results; out has g->nnodes slots.  An error names
@@ -123,6 +127,10 @@ em_status tr_optimize(tr_graph *g, bool verify_each);
  * *nfused > 0; NULL with *nfused 0 when nothing matched, with -1 when
  * out of memory (error set). */
 tr_graph *tr_fuse_attention(const tr_graph *g, int *nfused);
+/* The same; map (g->nnodes slots, or NULL) gets where each of g's nodes
+ * is in the result (-1: removed), for data that names g's nodes
+ * (dynamic shapes' attribute sizes). */
+tr_graph *tr_fuse_attention_map(const tr_graph *g, int *nfused, int *map);
 /* Invariants (tr_verify): nodes in topological order (inputs < index);
  * inputs numbered 0..ninputs-1 once each, with unique names; constants in
  * range and present; calls with a valid op, the table's arity, and a meta

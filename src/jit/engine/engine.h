@@ -141,8 +141,9 @@ typedef struct jit_device {
     int (*prefer_eager)(int index, const sc_schedule *s, int gi);
     /* Optional (false): the device runs the fused attention op
      * (EM_OP_ATTENTION) as an eager step of its plans, so the engine
-     * rewrites attention into it (tr_fuse_attention) before scheduling.
-     * CUDA has no fused kernel yet: its graphs keep the unfused ops. */
+     * rewrites attention into it (tr_fuse_attention) before scheduling,
+     * static and dynamic compiles alike.  CUDA has no fused kernel yet:
+     * its graphs keep the unfused ops. */
     bool fused_attention;
 } jit_device;
 
