@@ -282,11 +282,20 @@ static void store_plan(jit_env *env, const kc_key *gkey, const kc_manifest *why,
 /* g with attention fused, when st's device runs the fused op and some
  * attention matched (map, when not NULL, gets where g's nodes went), or
  * NULL: g as it is (also out of memory: unfused is still correct). */
-static tr_graph *fused_graph(const jit_compiled *st, const tr_graph *g, int *map, int *nfused) {
+static tr_graph *fused_graph(const jit_compiled *st, const tr_graph *g, int *map, int *nfused,
+                             const jit_env *env) {
     *nfused = 0;
     if (!st->dev->fused_attention) return NULL;
     tr_graph *f = tr_fuse_attention_map(g, nfused, map);
     if (*nfused < 0) em_clear_error();
+    /* the rewrite is checked as every pass is (once per compile, linear in
+     * the nodes): a graph it broke runs unfused, never wrong */
+    if (f && tr_verify(f) != EM_OK) {
+        jit_logf(env->log, JIT_LOG_CODE, "attention rewrite rejected by the verifier: %s", em_last_error());
+        em_clear_error();
+        tr_graph_free(f);
+        return NULL;
+    }
     return f;
 }
 
@@ -304,7 +313,7 @@ static const tr_graph *keep_graph(jit_compiled *st, tr_graph *f, int nfused, con
 static const tr_graph *device_graph(jit_compiled *st, const tr_graph *g, const jit_env *env) {
     if (st->graph) return st->graph;
     int nfused;
-    tr_graph *f = fused_graph(st, g, NULL, &nfused);
+    tr_graph *f = fused_graph(st, g, NULL, &nfused, env);
     return f ? keep_graph(st, f, nfused, env) : g;
 }
 
@@ -319,7 +328,7 @@ static const tr_graph *dynamic_graph(jit_compiled *st, const tr_graph *g, const 
     *use = dyn;
     int nfused;
     int *map = st->dev->fused_attention ? em_malloc(sizeof(int) * ((size_t)g->nnodes + 1)) : NULL;
-    tr_graph *f = map ? fused_graph(st, g, map, &nfused) : NULL;
+    tr_graph *f = map ? fused_graph(st, g, map, &nfused, env) : NULL;
     em_clear_error(); /* out of memory for map: unfused */
     bool ok = f != NULL;
     *fd = *dyn;
