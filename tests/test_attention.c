@@ -602,6 +602,18 @@ static void untransposed_key_fn(em_tensor *const *in, em_tensor **out) { /* k^T 
     heads_of(in[0], h);
     out[0] = em_matmul(em_softmax(em_matmul(h[0], in[1]), -1), h[2]);
 }
+/* Scores scaled 5 times (fused, the scales multiplied) or 100 times
+ * (past the walk's bound: left alone, and no deep recursion). */
+static void scale_chain(em_tensor *const *in, em_tensor **out, int n) {
+    em_tensor *h[3];
+    heads_of(in[0], h);
+    em_tensor *s = em_matmul(h[0], em_transpose(h[1], -2, -1));
+    for (int i = 0; i < n; i++) s = em_mul_scalar(s, i % 2 ? 1.25 : 0.8);
+    out[0] = em_matmul(em_softmax(s, -1), h[2]);
+}
+static void scale5_fn(em_tensor *const *in, em_tensor **out) { scale_chain(in, out, 5); }
+static void scale100_fn(em_tensor *const *in, em_tensor **out) { scale_chain(in, out, 100); }
+
 static void f64_fn(em_tensor *const *in, em_tensor **out) {
     em_tensor *h[3];
     heads_of(em_cast(in[0], EM_F64), h);
@@ -626,6 +638,8 @@ START_TEST(pass_leaves_near_misses) {
     ck_assert_ptr_null(check_pass(untransposed_key_fn, 2, (em_tensor *[]){x, kt}, 1, 0));
     ck_assert_ptr_null(check_pass(f64_fn, 1, &x, 1, 0));
     ck_assert_ptr_null(check_pass(shared_scores_fn, 1, &x, 2, 0));
+    ck_assert_ptr_null(check_pass(scale100_fn, 1, &x, 1, 0));
+    em_free(check_pass(scale5_fn, 1, &x, 1, 1));
 }
 END_TEST
 

@@ -33,7 +33,11 @@ typedef struct attn_match {
     double scale;
     bool causal;
     bool scaled;       /* a scale was seen (walking from the softmax back) */
+    int steps;         /* nodes walked: the walk recurses, and a graph can
+                          chain 100k scalings (MAX_STEPS bounds the stack) */
 } attn_match;
+
+#define MAX_STEPS 64
 
 typedef struct attn_graph {
     const tr_graph *g;
@@ -147,6 +151,7 @@ static bool swaps_last_two(const tr_node *n) {
 
 static bool key_of(const attn_graph *a, int b, attn_match *m) {
     int inner;
+    if (++m->steps > MAX_STEPS) return false;
     if (peel_scale(a, b, m, &inner)) return key_of(a, inner, m);
     if (!is_call(a, b, EM_OP_PERMUTE) || !swaps_last_two(node(a, b))) return false;
     int k = node(a, b)->in[0];
@@ -170,6 +175,7 @@ static bool scores_of(const attn_graph *a, int s, int readers, attn_match *m) {
 static bool chain_of(const attn_graph *a, int x, int readers, attn_match *m) {
     const tr_node *n = node(a, x);
     int inner;
+    if (++m->steps > MAX_STEPS) return false;
     if (is_call(a, x, EM_OP_MATMUL)) return scores_of(a, x, readers, m);
     if (!private_value(a, x, readers) || n->kind != TR_CALL) return false;
     if (peel_scale(a, x, m, &inner)) return chain_of(a, inner, 1, m);
@@ -200,6 +206,31 @@ static bool chain_of(const attn_graph *a, int x, int readers, attn_match *m) {
     return false;
 }
 
+/* A stand-in tensor with meta's shape, dtype and device (no data), for
+ * the shape rule em_attention_sizes. */
+static void shape_of(const em_meta *meta, em_tensor *t) {
+    memset(t, 0, sizeof *t);
+    t->ndim = meta->ndim;
+    memcpy(t->sizes, meta->sizes, sizeof meta->sizes);
+    t->dtype = meta->dtype;
+    t->device = meta->device;
+}
+
+/* Whether the fused node m would have out's sizes: the two matmuls may
+ * broadcast batch dims in ways the op's rule does not (a mask that widens
+ * them, say). */
+static bool gives_sizes_of(const attn_graph *a, const attn_match *m, int out) {
+    const int ins[4] = {m->q, m->k, m->v, m->mask};
+    em_tensor t[4];
+    for (int i = 0; i < (m->mask >= 0 ? 4 : 3); i++) shape_of(&node(a, ins[i])->meta, &t[i]);
+    em_meta want;
+    if (em_attention_sizes("attention", &t[0], &t[1], &t[2], m->mask >= 0 ? &t[3] : NULL, &want) != EM_OK) {
+        em_clear_error();
+        return false;
+    }
+    return same_sizes(&want, &node(a, out)->meta);
+}
+
 /* Whether the node at out is attention, into m. */
 static bool match_at(const attn_graph *a, int out, attn_match *m) {
     *m = (attn_match){.mask = -1, .scale = 1};
@@ -210,23 +241,7 @@ static bool match_at(const attn_graph *a, int out, attn_match *m) {
     if (!is_f32(a, m->q) || !is_f32(a, m->k) || !is_f32(a, m->v) || node(a, m->v)->meta.ndim < 2)
         return false;
     if (!isfinite(m->scale)) return false;
-    /* the fused node must give out's sizes (batch dims broadcast alike) */
-    const int ins[4] = {m->q, m->k, m->v, m->mask};
-    em_tensor t[4];
-    for (int i = 0; i < (m->mask >= 0 ? 4 : 3); i++) {
-        const em_meta *mt = &node(a, ins[i])->meta;
-        memset(&t[i], 0, sizeof t[i]);
-        t[i].ndim = mt->ndim;
-        memcpy(t[i].sizes, mt->sizes, sizeof mt->sizes);
-        t[i].dtype = mt->dtype;
-        t[i].device = mt->device;
-    }
-    em_meta want;
-    if (em_attention_sizes("attention", &t[0], &t[1], &t[2], m->mask >= 0 ? &t[3] : NULL, &want) != EM_OK) {
-        em_clear_error();
-        return false;
-    }
-    return same_sizes(&want, &node(a, out)->meta);
+    return gives_sizes_of(a, m, out);
 }
 
 /* Makes node i of g the attention call m describes. */
