@@ -327,6 +327,19 @@ START_TEST(fused_masks) {
     em_tensor *dm = tu_tensor(drop, 2, TU_SIZES(140, 300), EM_F32);
     free(drop);
     check_fused(&(ref_in){q, k, v, dm, false, EM_SCALE_DEFAULT}, 3e-5);
+    /* -inf padding over whole key tiles (skipped): per key [B, 1, 1, Tk] with
+     * batch 1 keeping only its first 20 keys, and the same as a full
+     * [Tq, Tk] mask (checked row by row) */
+    em_tensor *k6 = rnd(7, 4, TU_SIZES(2, 3, 600, 64)), *v6 = rnd(8, 4, TU_SIZES(2, 3, 600, 64));
+    double *pinf = calloc(1200, sizeof(double));
+    for (int j = 256; j < 512; j++) pinf[j] = -INFINITY;
+    for (int j = 20; j < 600; j++) pinf[600 + j] = -INFINITY;
+    em_tensor *pk = tu_tensor(pinf, 4, TU_SIZES(2, 1, 1, 600), EM_F32);
+    check_fused(&(ref_in){q, k6, v6, pk, false, EM_SCALE_DEFAULT}, 3e-5);
+    check_fused(&(ref_in){q, k6, v6, pk, true, EM_SCALE_DEFAULT}, 3e-5);
+    em_tensor *pfull = em_contiguous(em_expand(pk, 4, TU_SIZES(2, 1, 140, 600)));
+    check_fused(&(ref_in){q, k6, v6, pfull, false, 0.3}, 3e-5);
+    free(pinf);
 }
 END_TEST
 

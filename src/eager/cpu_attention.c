@@ -198,6 +198,20 @@ EM_VMATH_CLONES static void softmax_tile(const attn_ctx *X, const float *mb, int
     }
 }
 
+/* Whether the mask drops every key of the tile (queries from i0, n keys
+ * from j0): a padding mask's padded keys, whose tile then costs nothing.
+ * Skipping it changes no finite result (its weights are exp(-inf) = 0);
+ * only a NaN or inf score in such a tile would have shown. */
+static bool tile_dropped(const attn_ctx *X, const float *mb, int64_t i0, int64_t j0, int64_t m,
+                         int64_t n) {
+    if (!mb) return false;
+    int64_t rows = X->mask.rs == 0 ? 1 : m; /* a per-key mask: one row says it */
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < n; c++)
+            if (mb[(i0 + r) * X->mask.rs + (j0 + c) * X->mask.cs] != -INFINITY) return false;
+    return true;
+}
+
 /* Task t: batch t / nqblk, queries of block t % nqblk. */
 static void run_task(const attn_ctx *X, int64_t t, float *scratch) {
     int64_t bi = t / X->nqblk, i0 = (t % X->nqblk) * BQ;
@@ -219,6 +233,7 @@ static void run_task(const attn_ctx *X, int64_t t, float *scratch) {
     int64_t kend = X->causal && i0 + m < X->Tk ? i0 + m : X->Tk; /* later keys: all dropped */
     for (int64_t j0 = 0; j0 < kend; j0 += BK) {
         int64_t n = kend - j0 < BK ? kend - j0 : BK;
+        if (tile_dropped(X, mb, i0, j0, m, n)) continue;
         const float *kt = rows_of(kb, &X->k, j0, n, X->D, kbuf, &ldk);
         scores_tile(X, m, n, qt, ldq, kt, ldk, s);
         softmax_tile(X, mb, i0, j0, m, n, s, mx, l, o);
