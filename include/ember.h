@@ -276,6 +276,25 @@ EM_API em_tensor *em_log_softmax(const em_tensor *x, int dim);
  * dims) may be NULL. */
 EM_API em_tensor *em_layer_norm(const em_tensor *x, int nnorm, const em_tensor *weight,
                                 const em_tensor *bias, double eps);
+/* torch.nn.functional.scaled_dot_product_attention (no dropout):
+ * softmax(q @ k^T * scale + mask) @ v over the last dim, for q [..., Tq, D],
+ * k [..., Tk, D], v [..., Tk, Dv] of one float dtype (batch dims, heads
+ * included, broadcast); the result is [batch..., Tq, Dv].
+ *  mask   NULL, or a tensor broadcasting to the scores [batch..., Tq, Tk]:
+ *         bool keeps the keys where true (torch's convention), a float mask
+ *         (q's dtype) is added to the scores;
+ *  causal drop key j for query i when j > i (torch's is_causal: upper-left
+ *         aligned, also for Tq != Tk); not together with a mask;
+ *  scale  EM_SCALE_DEFAULT (NAN) for 1/sqrt(D), else any finite value.
+ * A query whose keys are all dropped gives NaN, as in torch.  Errors:
+ * EM_ERR_NULL, EM_ERR_DTYPE, EM_ERR_DIM (fewer than 2 dims), EM_ERR_SHAPE
+ * (head sizes, key lengths, batch dims or mask that do not agree),
+ * EM_ERR_ARG (mask and causal, an infinite scale).  Compiled on a CPU,
+ * the pattern runs as one fused, tiled kernel (docs/api.md). */
+#define EM_SCALE_DEFAULT (__builtin_nan(""))
+EM_API em_tensor *em_scaled_dot_product_attention(const em_tensor *q, const em_tensor *k,
+                                                  const em_tensor *v, const em_tensor *mask,
+                                                  bool causal, double scale);
 
 
 /* ---- Compiled functions (em_compile) ----

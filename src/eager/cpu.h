@@ -82,6 +82,31 @@ em_blas_lib em_blas_choose(const char *want, const char *core, bool coretype_set
  * core or arch name), into buf; loads it if no matmul did yet. */
 em_blas_lib em_blas_in_use(char *buf, size_t n);
 
+/* Whether a BLAS is loaded and usable (it loads at the first call). */
+bool em_blas_ready(void);
+/* c[m x n] = alpha * a[m x k] @ b' + beta * c, row-major f32, where b' is
+ * b [k x n] or, with transb, b [n x k] transposed: one single-threaded
+ * call of the BLAS in use (em_blas_in_use), for kernels that multiply tiles inside Ember's thread
+ * pool (cpu_attention.c).  Only after em_blas_ready() said true. */
+void em_sgemm_tile(bool transb, int m, int n, int k, float alpha, const float *a, int lda,
+                   const float *b, int ldb, float beta, float *c, int ldc);
+
+/* EM_VMATH_CLONES: the F32 loops of vmath.h's functions are compute bound:
+ * on x86-64 with glibc (ifunc), gcc also builds them for AVX2 and AVX-512 and picks one
+ * by the CPU at load time (2-4x the baseline SSE2 loop).  None of the
+ * clones enables FMA, so every clone computes the same IEEE operations in
+ * the same order: results are bitwise identical on every machine. */
+/* Not under ThreadSanitizer: its instrumented ifunc resolvers run before
+ * the sanitizer starts, and crash (tools/tsan-check). */
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__GLIBC__) && \
+    defined(__has_attribute) && !defined(__SANITIZE_THREAD__)
+#if __has_attribute(target_clones)
+#define EM_VMATH_CLONES __attribute__((target_clones("default", "avx2", "avx512f")))
+#endif
+#endif
+#ifndef EM_VMATH_CLONES
+#define EM_VMATH_CLONES
+#endif
 /* Kernels named in ops.def. */
 #define X(NAME, name, kind, nin, attrs, infer, cpu) em_status cpu(const em_op_call *c, em_tensor *out);
 #include "ops.def"

@@ -524,3 +524,14 @@ em_status cpu_matmul(const em_op_call *c, em_tensor *out) {
     em_free(X.b.tmp);
     return st;
 }
+
+bool em_blas_ready(void) {
+    pthread_once(&blas_once, blas_load);
+    return blas_ok;
+}
+
+void em_sgemm_tile(bool transb, int m, int n, int k, float alpha, const float *a, int lda,
+                   const float *b, int ldb, float beta, float *c, int ldc) {
+    blas_sgemm(CblasRowMajor, CblasNoTrans, transb ? CblasTrans : CblasNoTrans, m, n, k, alpha,
+               a, lda, b, ldb, beta, c, ldc);
+}

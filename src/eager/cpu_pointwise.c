@@ -192,22 +192,6 @@ static em_status pick(const em_op_call *c, const em_loop_fn *table, em_dtype d,
         [EM_F32] = name##_f32, [EM_F64] = name##_f64};                                 \
     SAME_KERNEL(name, 1)
 
-/* The F32 loops of vmath.h's functions are compute bound: on x86-64 with
- * glibc (ifunc), gcc also builds them for AVX2 and AVX-512 and picks one
- * by the CPU at load time (2-4x the baseline SSE2 loop).  None of the
- * clones enables FMA, so every clone computes the same IEEE operations in
- * the same order: results are bitwise identical on every machine. */
-/* Not under ThreadSanitizer: its instrumented ifunc resolvers run before
- * the sanitizer starts, and crash (tools/tsan-check). */
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__GLIBC__) && \
-    defined(__has_attribute) && !defined(__SANITIZE_THREAD__)
-#if __has_attribute(target_clones)
-#define EM_VMATH_CLONES __attribute__((target_clones("default", "avx2", "avx512f")))
-#endif
-#endif
-#ifndef EM_VMATH_CLONES
-#define EM_VMATH_CLONES
-#endif
 #define UNARY_VMATH(name, ff, fd) UNARY_FLOAT_ATTR(name, ff, fd, EM_VMATH_CLONES)
 
 /* Unary on F32, F64, I32, I64: one expression per dtype (v is the element). */

@@ -4,6 +4,8 @@
  * primitives these call, as Inductor sees ATen decompositions. */
 #include "eager.h"
 
+#include <math.h>
+
 /* Checks x and dim for the softmax family (naming the caller's function). */
 static bool softmax_args(const char *fn, const em_tensor *x, int dim) {
     int d;
@@ -94,4 +96,67 @@ em_tensor *em_layer_norm(const em_tensor *x, int nnorm, const em_tensor *weight,
     if (weight) y = em_mul(y, weight);
     if (bias) y = em_add(y, bias);
     return kept(y);
+}
+
+/* Checks attention's arguments and resolves its scale into *scale. */
+static bool attention_args(const em_tensor *q, const em_tensor *k, const em_tensor *v,
+                           const em_tensor *mask, bool causal, double *scale) {
+    static const char fn[] = "em_scaled_dot_product_attention";
+    if (!q || !k || !v) {
+        em_error_null(fn, !q ? "q" : !k ? "k" : "v");
+        return false;
+    }
+    if (!em_dtype_is_float(q->dtype) || k->dtype != q->dtype || v->dtype != q->dtype) {
+        em_error(EM_ERR_DTYPE, "%s: q, k and v must have one float dtype (got %s, %s, %s)", fn,
+                 em_dtype_name(q->dtype), em_dtype_name(k->dtype), em_dtype_name(v->dtype));
+        return false;
+    }
+    if (mask && mask->dtype != EM_BOOL && mask->dtype != q->dtype) {
+        em_error(EM_ERR_DTYPE, "%s: mask must be bool or q's dtype %s, not %s", fn,
+                 em_dtype_name(q->dtype), em_dtype_name(mask->dtype));
+        return false;
+    }
+    if (mask && causal) { /* as torch: which of the two would win is not obvious */
+        em_error(EM_ERR_ARG, "%s: give a mask or causal, not both", fn);
+        return false;
+    }
+    if (isinf(*scale)) {
+        em_error(EM_ERR_ARG, "%s: scale %g is not finite (NAN: the default)", fn, *scale);
+        return false;
+    }
+    em_meta m;
+    if (em_attention_sizes(fn, q, k, v, mask, &m) != EM_OK) return false;
+    int64_t D = q->sizes[q->ndim - 1];
+    /* over D = 0 every score is 0 whatever the scale: 1 avoids 0 * inf */
+    if (isnan(*scale)) *scale = D > 0 ? 1.0 / sqrt((double)D) : 1.0;
+    return true;
+}
+
+/* [Tq, Tk] bool: key j is after query i (j > i), the keys torch's
+ * is_causal drops (upper-left aligned).  Written as GPT-2 code writes it,
+ * arange and a comparison, which the attention pass recognizes. */
+static em_tensor *future_keys(int64_t Tq, int64_t Tk, em_device dev) {
+    em_tensor *i = em_unsqueeze(em_arange(0, (double)Tq, 1, EM_I64, dev), 1);
+    em_tensor *j = em_unsqueeze(em_arange(0, (double)Tk, 1, EM_I64, dev), 0);
+    return em_gt(j, i);
+}
+
+/* softmax(q k^T * scale + mask) v, as torch's math backend: a bool mask
+ * keeps the keys where it is true (the others get -inf), a float mask is
+ * added to the scores; causal drops the keys after each query.  A row with
+ * every key dropped is NaN (0/0), as in torch. */
+em_tensor *em_scaled_dot_product_attention(const em_tensor *q, const em_tensor *k,
+                                           const em_tensor *v, const em_tensor *mask, bool causal,
+                                           double scale) {
+    if (!attention_args(q, k, v, mask, causal, &scale)) return NULL;
+    em_scope_begin();
+    em_tensor *ninf = em_scalar(-INFINITY, q->dtype, q->device);
+    em_tensor *s = em_mul_scalar(em_matmul(q, em_transpose(k, -2, -1)), scale);
+    if (mask && mask->dtype == EM_BOOL)
+        s = em_add(s, em_where(mask, em_scalar(0, q->dtype, q->device), ninf));
+    else if (mask)
+        s = em_add(s, mask);
+    if (causal)
+        s = em_where(future_keys(q->sizes[q->ndim - 2], k->sizes[k->ndim - 2], q->device), ninf, s);
+    return kept(em_matmul(em_softmax(s, -1), v));
 }

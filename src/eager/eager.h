@@ -34,7 +34,9 @@ typedef enum em_op_kind {
     EM_KIND_COPY,    /* contiguous */
     EM_KIND_CAT,
     EM_KIND_INDEX,
-    EM_KIND_MATMUL
+    EM_KIND_MATMUL,
+    EM_KIND_ATTENTION /* fused softmax(q k^T * scale + mask) v: made only by the
+                         attention pass (src/trace/attention.c) */
 } em_op_kind;
 
 /* Which em_op_attrs fields an op reads (the attrs column of ops.def). */
@@ -49,7 +51,8 @@ enum {
     A_KEEPDIM = 1 << 7,    /* keepdim */
     A_DTYPE = 1 << 8,      /* dtype */
     A_DEVICE = 1 << 9,     /* device */
-    A_RNG = 1 << 10        /* seed, offset, generator */
+    A_RNG = 1 << 10,       /* seed, offset, generator */
+    A_CAUSAL = 1 << 11     /* causal */
 };
 
 /* Scalar attributes of an op call.  One flat struct for every op, so that a
@@ -61,10 +64,11 @@ typedef struct em_op_attrs {
     int dims[EM_MAX_DIMS];         /* reductions: dims (normalized); permute: perm */
     int dim;                       /* slice, squeeze, unsqueeze, cat, index_select, argmax */
     int64_t start, end, step;      /* slice (normalized, clamped) */
-    double value;                  /* full: fill value */
+    double value;                  /* full: fill value; attention: the scale */
     double fstart, fstep;          /* arange: value i is fstart + i * fstep */
     int correction;                /* var */
     bool keepdim;                  /* reductions */
+    bool causal;                   /* attention: key j > query i is masked out */
     em_dtype dtype;                /* creation, cast: result dtype */
     em_device device;              /* creation: result device */
     uint64_t seed, offset;         /* rand, randn: Philox key and first counter */
@@ -214,6 +218,15 @@ em_status em_force(const em_tensor *t);
  * em_end_host_read (the read's own ops are not the program's). */
 em_dispatch_hook em_begin_host_read(const em_tensor *t, const char *what);
 void em_end_host_read(em_dispatch_hook saved);
+
+/* ---- Attention's shapes (infer.c) ----
+ * q [..., Tq, D], k [..., Tk, D], v [..., Tk, Dv], batch dims broadcast;
+ * mask (NULL: none) must broadcast to the scores [batch..., Tq, Tk]
+ * without widening them.  m gets the result's sizes [batch..., Tq, Dv],
+ * q's dtype and device; errors (EM_ERR_DIM, EM_ERR_SHAPE) name fn.  One
+ * rule for em_scaled_dot_product_attention and the fused op. */
+em_status em_attention_sizes(const char *fn, const em_tensor *q, const em_tensor *k,
+                             const em_tensor *v, const em_tensor *mask, em_meta *m);
 
 /* ---- Per-thread context ---- */
 typedef struct em_scope_frame {

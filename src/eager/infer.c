@@ -7,6 +7,7 @@
  * a recorded graph may be replayed without the wrappers. */
 #include "eager.h"
 
+#include <math.h>
 #include <string.h>
 
 #define OPNAME(c) (em_op_table[(c)->op].name)
@@ -486,4 +487,85 @@ em_status infer_matmul(const em_op_call *c, em_meta *m) {
     m->sizes[nb + 1] = b->sizes[b->ndim - 1];
     m->dtype = a->dtype;
     return check_size(c, m);
+}
+
+/* ---- attention ---- */
+
+/* Whether n batch dims of t (right-aligned to the last nb of the result,
+ * t's own last two dims excluded) broadcast into bsz; widens bsz. */
+static bool broadcast_batch(const em_tensor *t, int nb, int64_t *bsz) {
+    int tb = t->ndim - 2;
+    for (int d = 0; d < tb; d++) {
+        int64_t s = t->sizes[d], *o = &bsz[d + nb - tb];
+        if (s != 1 && *o != 1 && s != *o) return false;
+        if (s != 1) *o = s;
+    }
+    return true;
+}
+
+/* Whether mask broadcasts to the scores' sizes (ndim, sizes) without
+ * widening them (torch: "broadcastable to the attention weights"). */
+static bool mask_fits(const em_tensor *mask, int ndim, const int64_t *sizes) {
+    if (mask->ndim > ndim) return false;
+    for (int d = 0; d < mask->ndim; d++) {
+        int64_t s = mask->sizes[d], o = sizes[d + ndim - mask->ndim];
+        if (s != 1 && s != o) return false;
+    }
+    return true;
+}
+
+em_status em_attention_sizes(const char *fn, const em_tensor *q, const em_tensor *k,
+                             const em_tensor *v, const em_tensor *mask, em_meta *m) {
+    char s1[160], s2[160];
+    const em_tensor *qkv[3] = {q, k, v};
+    for (int i = 0; i < 3; i++)
+        if (qkv[i]->ndim < 2)
+            return em_error(EM_ERR_DIM, "%s: %s must have at least 2 dims [..., T, D], not %d", fn,
+                            i == 0 ? "q" : i == 1 ? "k" : "v", qkv[i]->ndim);
+    int64_t D = q->sizes[q->ndim - 1], Tq = q->sizes[q->ndim - 2];
+    int64_t Tk = k->sizes[k->ndim - 2], Dv = v->sizes[v->ndim - 1];
+    if (k->sizes[k->ndim - 1] != D)
+        return em_error(EM_ERR_SHAPE, "%s: q %s and k %s have different head sizes", fn,
+                        em_shape_str(q->ndim, q->sizes, s1, sizeof s1),
+                        em_shape_str(k->ndim, k->sizes, s2, sizeof s2));
+    if (v->sizes[v->ndim - 2] != Tk)
+        return em_error(EM_ERR_SHAPE, "%s: k %s and v %s have different sequence lengths", fn,
+                        em_shape_str(k->ndim, k->sizes, s1, sizeof s1),
+                        em_shape_str(v->ndim, v->sizes, s2, sizeof s2));
+    int nb = 0;
+    for (int i = 0; i < 3; i++)
+        if (qkv[i]->ndim - 2 > nb) nb = qkv[i]->ndim - 2;
+    memset(m, 0, sizeof *m);
+    m->ndim = nb + 2;
+    for (int d = 0; d < nb; d++) m->sizes[d] = 1;
+    for (int i = 0; i < 3; i++)
+        if (!broadcast_batch(qkv[i], nb, m->sizes))
+            return em_error(EM_ERR_SHAPE, "%s: the batch dims of q, k and v do not broadcast "
+                            "(%s is %s)", fn, i == 0 ? "q" : i == 1 ? "k" : "v",
+                            em_shape_str(qkv[i]->ndim, qkv[i]->sizes, s1, sizeof s1));
+    m->sizes[nb] = Tq;
+    m->sizes[nb + 1] = Tk;
+    if (mask && !mask_fits(mask, m->ndim, m->sizes))
+        return em_error(EM_ERR_SHAPE, "%s: mask %s does not broadcast to the scores %s", fn,
+                        em_shape_str(mask->ndim, mask->sizes, s1, sizeof s1),
+                        em_shape_str(m->ndim, m->sizes, s2, sizeof s2));
+    m->sizes[nb + 1] = Dv;
+    m->dtype = q->dtype;
+    m->device = q->device;
+    return EM_OK;
+}
+
+/* attention(q, k, v [, mask]): f32 only (the fused CPU kernel's type);
+ * the additive mask, when given, is f32 too. */
+em_status infer_attention(const em_op_call *c, em_meta *m) {
+    if (c->nin != 3 && c->nin != 4)
+        return em_error(EM_ERR_ARG, "attention: takes q, k, v and an optional mask, not %d inputs",
+                        c->nin);
+    for (int i = 0; i < c->nin; i++)
+        if (c->in[i]->dtype != EM_F32) return dtype_error(c, c->in[i]->dtype, "f32");
+    if (!(c->attrs->value == c->attrs->value) || isinf(c->attrs->value))
+        return em_error(EM_ERR_ARG, "attention: scale %g is not finite", c->attrs->value);
+    em_status s = em_attention_sizes("attention", c->in[0], c->in[1], c->in[2],
+                                     c->nin == 4 ? c->in[3] : NULL, m);
+    return s == EM_OK ? check_size(c, m) : s;
 }

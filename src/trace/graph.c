@@ -158,6 +158,7 @@ static bool same_attrs(const em_op_attrs *a, const em_op_attrs *b, unsigned mask
         return false;
     if ((mask & A_CORRECTION) && a->correction != b->correction) return false;
     if ((mask & A_KEEPDIM) && a->keepdim != b->keepdim) return false;
+    if ((mask & A_CAUSAL) && a->causal != b->causal) return false;
     if ((mask & A_DTYPE) && a->dtype != b->dtype) return false;
     if ((mask & A_DEVICE) && !em_same_device(a->device, b->device)) return false;
     if ((mask & A_RNG) && (a->seed != b->seed || a->offset != b->offset || a->generator != b->generator))
@@ -198,4 +199,47 @@ uint64_t tr_call_hash(const tr_node *n) {
 bool tr_has_effect(const tr_node *n) {
     return n->kind == TR_CALL &&
            (n->op == EM_OP_RAND || n->op == EM_OP_RANDN || n->op == EM_OP_EMPTY);
+}
+
+/* Copies n bytes from src into a new em_malloc'd block (NULL for n 0). */
+static bool dup_bytes(void **dst, const void *src, size_t n) {
+    *dst = NULL;
+    if (n == 0) return true;
+    if (!(*dst = em_malloc(n))) return false;
+    memcpy(*dst, src, n);
+    return true;
+}
+
+tr_graph *tr_graph_copy(const tr_graph *g) {
+    tr_graph *c = tr_graph_new();
+    if (!c) return NULL;
+    bool ok = dup_bytes((void **)&c->nodes, g->nodes, sizeof(tr_node) * (size_t)g->nnodes) &&
+              dup_bytes((void **)&c->consts, g->consts, sizeof(em_tensor *) * (size_t)g->nconsts) &&
+              dup_bytes((void **)&c->outputs, g->outputs, sizeof(int) * (size_t)g->noutputs);
+    if (!ok) { /* nothing of g's is owned yet: free the arrays alone */
+        em_free(c->nodes);
+        em_free(c->consts);
+        em_free(c->outputs);
+        em_free(c);
+        return NULL;
+    }
+    c->capnodes = c->nnodes = g->nnodes;
+    c->capconsts = c->nconsts = g->nconsts;
+    c->noutputs = g->noutputs;
+    c->ninputs = g->ninputs;
+    for (int i = 0; i < c->nconsts; i++) em_retain(c->consts[i]);
+    for (int i = 0; i < c->nnodes; i++) { /* per node arrays: cleared first, so a failure frees */
+        c->nodes[i].in = NULL;
+        c->nodes[i].name = NULL;
+    }
+    for (int i = 0; ok && i < c->nnodes; i++) {
+        const tr_node *n = &g->nodes[i];
+        ok = dup_bytes((void **)&c->nodes[i].in, n->in, sizeof(int) * (size_t)n->nin) &&
+             (!n->name || dup_bytes((void **)&c->nodes[i].name, n->name, strlen(n->name) + 1));
+    }
+    if (!ok) {
+        tr_graph_free(c);
+        return NULL;
+    }
+    return c;
 }

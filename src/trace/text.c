@@ -75,7 +75,7 @@ static void fmt_double(double v, char *buf, size_t n) {
 
 enum {
     K_SIZES, K_DIMS, K_DIM, K_START, K_END, K_STEP, K_VALUE, K_FROM, K_BY,
-    K_CORRECTION, K_KEEPDIM, K_DTYPE, K_DEVICE, K_SEED, K_OFFSET, K_COUNT
+    K_CORRECTION, K_KEEPDIM, K_CAUSAL, K_DTYPE, K_DEVICE, K_SEED, K_OFFSET, K_COUNT
 };
 
 static const struct {
@@ -93,6 +93,7 @@ static const struct {
     [K_BY] = {"by", A_ARANGE},
     [K_CORRECTION] = {"correction", A_CORRECTION},
     [K_KEEPDIM] = {"keepdim", A_KEEPDIM},
+    [K_CAUSAL] = {"causal", A_CAUSAL},
     [K_DTYPE] = {"dtype", A_DTYPE},
     [K_DEVICE] = {"device", A_DEVICE},
     [K_SEED] = {"seed", A_RNG},
@@ -199,6 +200,7 @@ static void print_attrs(FILE *f, const em_op_attrs *a, unsigned mask) {
         case K_BY: fmt_double(a->fstep, num, sizeof num); fputs(num, f); break;
         case K_CORRECTION: fprintf(f, "%d", a->correction); break;
         case K_KEEPDIM: fputs(a->keepdim ? "true" : "false", f); break;
+        case K_CAUSAL: fputs(a->causal ? "true" : "false", f); break;
         case K_DTYPE: fputs(em_dtype_name(a->dtype), f); break;
         case K_DEVICE: print_device(f, a->device); break;
         case K_SEED: fprintf(f, "%" PRIu64, a->seed); break;
@@ -911,6 +913,7 @@ static bool parse_attrs(parser *ps, const char *opname, unsigned mask, em_op_att
                 ok = parse_int(ps, INT_MIN, INT_MAX, "a correction", &a->correction);
                 break;
             case K_KEEPDIM: ok = parse_bool(ps, "true or false", &a->keepdim); break;
+            case K_CAUSAL: ok = parse_bool(ps, "true or false", &a->causal); break;
             case K_DTYPE: ok = parse_dtype(ps, &a->dtype); break;
             case K_DEVICE: ok = parse_device(ps, &a->device); break;
             case K_SEED: ok = parse_u64(ps, "a seed", &a->seed); break;

@@ -48,6 +48,9 @@ typedef struct tr_graph {
 /* ---- graph.c: building ---- */
 tr_graph *tr_graph_new(void);
 void tr_graph_free(tr_graph *g);
+/* A deep copy of g (its own nodes, names and input arrays; one more
+ * reference to each constant), or NULL (out of memory). */
+tr_graph *tr_graph_copy(const tr_graph *g);
 /* Each returns the new node's index, or -1 (error set). */
 int tr_add_input(tr_graph *g, const char *name, const em_meta *m);
 int tr_add_const(tr_graph *g, em_tensor *t); /* takes a new reference to t */
@@ -97,6 +100,10 @@ em_status tr_print_dot(const tr_graph *g, FILE *f);
 /* ---- passes: one per file, run in order by tr_optimize (passes.c) ---- */
 em_status tr_verify(const tr_graph *g); /* verify.c: the invariants below */
 int tr_dce(tr_graph *g);                /* dce.c: returns nodes removed */
+/* The same, with where each node went into map (g->nnodes slots before
+ * the call: its new index, or -1 when removed); -1 when out of memory
+ * (nothing removed, map untouched). */
+int tr_dce_map(tr_graph *g, int *map);
 /* verify.c: the metas every node of g would have for inputs of metas
  * inputs[0..ninputs) (constants keep theirs), by each op's infer rule and
  * eager mode's layout of results; out has g->nnodes slots.  An error names
@@ -111,6 +118,19 @@ int tr_cse(tr_graph *g);                /* cse.c: returns nodes merged */
  * gives the same text; returns the nodes moved */
 int tr_inputs_first(tr_graph *g);
 em_status tr_optimize(tr_graph *g, bool verify_each);
+/* attention.c: each matmul(q, k^T) -> scale -> [additive mask] [causal
+ * where(j > i, -inf, .)] -> softmax over the last dim -> matmul(., v)
+ * chain of f32 whose intermediates nothing else reads becomes one
+ * attention node (ops.def), the dead nodes dropped.  Not in tr_optimize:
+ * the engine runs it for devices that run that node (jit_device's
+ * fused_attention).  Returns the rewritten copy of g (caller frees) with
+ * *nfused > 0; NULL with *nfused 0 when nothing matched, with -1 when
+ * out of memory (error set). */
+tr_graph *tr_fuse_attention(const tr_graph *g, int *nfused);
+/* The same; map (g->nnodes slots, or NULL) gets where each of g's nodes
+ * is in the result (-1: removed), for data that names g's nodes
+ * (dynamic shapes' attribute sizes). */
+tr_graph *tr_fuse_attention_map(const tr_graph *g, int *nfused, int *map);
 /* Invariants (tr_verify): nodes in topological order (inputs < index);
  * inputs numbered 0..ninputs-1 once each, with unique names; constants in
  * range and present; calls with a valid op, the table's arity, and a meta

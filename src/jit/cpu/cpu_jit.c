@@ -119,4 +119,5 @@ const jit_device jit_cpu_device = {
     .load = cpu_load,
     .launch = cpu_launch,
     .unload = cpu_unload,
+    .fused_attention = true, /* src/eager/cpu_attention.c */
 };

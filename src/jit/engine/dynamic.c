@@ -496,9 +496,10 @@ static kc_key hint_key(const char *backend, const tr_graph *g) {
         /* only the attributes the op has (a parsed graph has no others) */
         const em_op_attrs *a = &n->attrs;
         unsigned m = em_op_table[n->op].attrs;
-        int64_t w[7] = {m & A_SIZES ? a->ndim : 0, m & A_DIMS ? a->ndims : 0, m & A_DIM ? a->dim : 0,
+        int64_t w[8] = {m & A_SIZES ? a->ndim : 0, m & A_DIMS ? a->ndims : 0, m & A_DIM ? a->dim : 0,
                         m & A_RANGE ? a->step : 0, m & A_CORRECTION ? a->correction : 0,
-                        m & A_KEEPDIM ? a->keepdim : 0, m & A_DTYPE ? (int64_t)a->dtype : -1};
+                        m & A_KEEPDIM ? a->keepdim : 0, m & A_DTYPE ? (int64_t)a->dtype : -1,
+                        m & A_CAUSAL ? a->causal : 0};
         kc_hasher_update(&h, w, sizeof w);
         if (m & A_DIMS) kc_hasher_update(&h, a->dims, sizeof(int) * (size_t)a->ndims);
     }

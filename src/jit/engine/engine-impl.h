@@ -30,6 +30,9 @@ typedef struct jit_spec {
  * which of its constants are size arguments. */
 struct jit_compiled {
     const jit_device *dev;
+    tr_graph *graph;          /* the graph the plan runs when the device's
+                                 rewrites changed the caller's (fused
+                                 attention), owned; NULL: the caller's */
     int index;                /* the device's index */
     jit_plan plan;
     jit_kernel **kernels;     /* by plan kernel; NULL: run op by op */

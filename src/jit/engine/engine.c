@@ -53,6 +53,7 @@ void jit_engine_free(jit_compiled *st) {
     const em_allocator *caller = em_get_allocator();
     em_set_allocator(st->alloc);
     drop_kernels(st);
+    tr_graph_free(st->graph);
     em_free(st);
     em_set_allocator(caller);
 }
@@ -280,8 +281,83 @@ static void store_plan(jit_env *env, const kc_key *gkey, const kc_manifest *why,
     em_clear_error(); /* a plan not stored only costs the next process a compile */
 }
 
-/* The static compile: plan from the cache, else build (and store the plan). */
+/* g with attention fused, when st's device runs the fused op and some
+ * attention matched (map, when not NULL, gets where g's nodes went), or
+ * NULL: g as it is (also out of memory: unfused is still correct). */
+static tr_graph *fused_graph(const jit_compiled *st, const tr_graph *g, int *map, int *nfused,
+                             const jit_env *env) {
+    *nfused = 0;
+    if (!st->dev->fused_attention) return NULL;
+    tr_graph *f = tr_fuse_attention_map(g, nfused, map);
+    if (*nfused < 0) em_clear_error();
+    /* the rewrite is checked as every pass is (once per compile, linear in
+     * the nodes): a graph it broke runs unfused, never wrong */
+    if (f && tr_verify(f) != EM_OK) {
+        jit_logf(env->log, JIT_LOG_CODE, "attention rewrite rejected by the verifier: %s", em_last_error());
+        em_clear_error();
+        tr_graph_free(f);
+        return NULL;
+    }
+    return f;
+}
+
+/* Keeps f as the graph st runs, logged under EMBER_LOG=graph. */
+static const tr_graph *keep_graph(jit_compiled *st, tr_graph *f, int nfused, const jit_env *env) {
+    st->graph = f;
+    jit_logf(env->log, JIT_LOG_GRAPH, "%s: %d attention pattern%s fused:", st->dev->name, nfused,
+             nfused == 1 ? "" : "s");
+    if (env->log && (env->log->flags & JIT_LOG_GRAPH)) tr_print(f, env->log->f);
+    return f;
+}
+
+/* The graph st's device runs for g: st->graph when a rewrite made one,
+ * else g fused for the device (fused_graph), else g. */
+static const tr_graph *device_graph(jit_compiled *st, const tr_graph *g, const jit_env *env) {
+    if (st->graph) return st->graph;
+    int nfused;
+    tr_graph *f = fused_graph(st, g, NULL, &nfused, env);
+    return f ? keep_graph(st, f, nfused, env) : g;
+}
+
+/* The same for a dynamic compile, whose attribute sizes (dyn) name g's
+ * nodes: they are renumbered into *fd for the fused graph.  A size of a
+ * node the rewrite removed may only be an arange's (the causal mask,
+ * which the fused node's causal flag gives at any size); any other (the
+ * scale's value following a head size, say) keeps g unfused.  *use: the
+ * sizes that go with the graph returned. */
+static const tr_graph *dynamic_graph(jit_compiled *st, const tr_graph *g, const jit_dyn *dyn,
+                                     jit_dyn *fd, const jit_dyn **use, const jit_env *env) {
+    *use = dyn;
+    int nfused;
+    int *map = st->dev->fused_attention ? em_malloc(sizeof(int) * ((size_t)g->nnodes + 1)) : NULL;
+    tr_graph *f = map ? fused_graph(st, g, map, &nfused, env) : NULL;
+    em_clear_error(); /* out of memory for map: unfused */
+    bool ok = f != NULL;
+    *fd = *dyn;
+    fd->nsizes = 0;
+    for (int i = 0; ok && i < dyn->nsizes; i++) {
+        jit_sym_size z = dyn->sizes[i];
+        const tr_node *n = &g->nodes[z.node];
+        if (map[z.node] < 0) {
+            ok = n->kind == TR_CALL && n->op == EM_OP_ARANGE && z.field == JIT_SYM_SIZE;
+            continue;
+        }
+        z.node = map[z.node];
+        fd->sizes[fd->nsizes++] = z;
+    }
+    em_free(map);
+    if (!ok) {
+        tr_graph_free(f);
+        return g;
+    }
+    *use = fd;
+    return keep_graph(st, f, nfused, env);
+}
+
+/* The static compile: plan from the cache, else build (and store the
+ * plan), for the graph the device runs (device_graph). */
 static em_status compile_static(jit_compiled *st, const tr_graph *g, jit_env *env) {
+    g = device_graph(st, g, env);
     char target[256];
     if (!st->dev->target(st->index, env, target, sizeof target)) {
         run_op_by_op(st, env);
@@ -453,7 +529,9 @@ em_status jit_engine_compile_dynamic(const jit_device *d, const tr_graph *g, con
         snprintf(why, nwhy, "the graph runs op by op");
         return *out ? EM_OK : em_last_status();
     }
-    em_status s = build_dynamic(st, g, dyn, env, why, nwhy);
+    jit_dyn fd;
+    const tr_graph *gd = dynamic_graph(st, g, dyn, &fd, &dyn, env);
+    em_status s = build_dynamic(st, gd, dyn, env, why, nwhy);
     *dynamic = st->dynamic = s == EM_OK;
     if (s == EM_OK) {
         memcpy(st->follow.sizes, dyn->sizes, sizeof dyn->sizes);
@@ -526,6 +604,7 @@ static jit_spec *make_spec(jit_compiled *st, const tr_graph *g, em_tensor *const
 bool jit_engine_specialize(jit_compiled *st, const tr_graph *g, em_tensor *const *in, void **spec) {
     *spec = NULL;
     if (!st || !st->dynamic) return true;
+    if (st->graph) g = st->graph; /* the sizes follow its nodes */
     for (int i = 0; i < st->nmemo; i++) {
         if (same_inputs(st->memo[i]->in, in, g->ninputs)) {
             *spec = st->memo[i];
@@ -544,6 +623,7 @@ const char *jit_engine_declined(const jit_compiled *st) { return st ? st->declin
 
 em_status jit_engine_run(jit_compiled *st, void *spec, const tr_graph *g, em_tensor *const *in,
                          em_tensor **out) {
+    if (st && st->graph) g = st->graph; /* what the plan was made for */
     if (!st || !st->kernels) return jit_exec_op_by_op(g, in, out);
     jit_spec *sp = spec;
     em_status s = jit_exec(st, g, sp, in, out);

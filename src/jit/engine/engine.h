@@ -139,6 +139,12 @@ typedef struct jit_device {
     /* Optional: the node of group gi that the device runs better with its
      * eager op (a kernel step becomes an eager step of the plan), or -1. */
     int (*prefer_eager)(int index, const sc_schedule *s, int gi);
+    /* Optional (false): the device runs the fused attention op
+     * (EM_OP_ATTENTION) as an eager step of its plans, so the engine
+     * rewrites attention into it (tr_fuse_attention) before scheduling,
+     * static and dynamic compiles alike.  CUDA has no fused kernel yet:
+     * its graphs keep the unfused ops. */
+    bool fused_attention;
 } jit_device;
 
 /* A key for devices to use as their key function: the hash of "ember
