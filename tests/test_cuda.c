@@ -225,6 +225,13 @@ START_TEST(reductions) {
             same(em_mean(g1, 0, NULL, false), em_mean(c1, 0, NULL, false), rt, rt);
             same(em_mean(g2, 2, (int[]){1, 2}, true), em_mean(c2, 2, (int[]){1, 2}, true), rt, rt);
         }
+        /* of a slice (not contiguous): reduced on a contiguous copy, split */
+        em_tensor *c3 = tu_random(60 + d, 2, TU_SIZES(64, 4099), sdt[d], 3);
+        em_tensor *s3 = em_slice(c3, 1, 1, 1501, 1), *g3 = em_slice(to_gpu(c3), 1, 1, 1501, 1);
+        same(em_sum(g3, 0, NULL, false), em_sum(s3, 0, NULL, false), rt, at);
+        same(em_amax(g3, 0, NULL, false), em_amax(s3, 0, NULL, false), 0, 0);
+        if (em_dtype_is_float(sdt[d]))
+            same(em_mean(g3, 0, NULL, false), em_mean(s3, 0, NULL, false), rt, rt);
     }
     /* bool: any/all-like max and min, integer sum */
     em_tensor *b = em_gt(tu_random(12, 2, TU_SIZES(9, 40), EM_F32, 1), em_scalar(0.5, EM_F32, CPU));
