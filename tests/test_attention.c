@@ -451,12 +451,18 @@ static void heads_of(em_tensor *qkv, em_tensor **h) {
     }
 }
 
+/* The causal mask as GPT-2 code builds it: future[i][j] = j > i, over t
+ * positions on dev. */
+static em_tensor *future_mask(int64_t t, em_device dev) {
+    em_tensor *pos = em_arange(0, (double)t, 1, EM_I64, dev);
+    return em_gt(em_unsqueeze(pos, 0), em_unsqueeze(pos, 1));
+}
+
 /* GPT-2 (examples/gpt_block.c): causal by arange/gt and where(-inf). */
 static em_tensor *gpt_attention(em_tensor *qkv) {
     em_tensor *h[3];
     heads_of(qkv, h);
-    em_tensor *pos = em_arange(0, PT, 1, EM_I64, em_cpu());
-    em_tensor *future = em_gt(em_unsqueeze(pos, 0), em_unsqueeze(pos, 1));
+    em_tensor *future = future_mask(PT, em_cpu());
     em_tensor *att = em_mul_scalar(em_matmul(h[0], em_transpose(h[1], -2, -1)), 1.0 / sqrt(PD));
     att = em_softmax(em_where(future, em_scalar(-INFINITY, EM_F32, em_cpu()), att), -1);
     return em_matmul(att, h[2]);
@@ -561,8 +567,7 @@ static void tensor_scale_fn(em_tensor *const *in, em_tensor **out) {
 static void finite_fill_fn(em_tensor *const *in, em_tensor **out) {
     em_tensor *h[3];
     heads_of(in[0], h);
-    em_tensor *pos = em_arange(0, PT, 1, EM_I64, em_cpu());
-    em_tensor *future = em_gt(em_unsqueeze(pos, 0), em_unsqueeze(pos, 1));
+    em_tensor *future = future_mask(PT, em_cpu());
     em_tensor *s = em_matmul(h[0], em_transpose(h[1], -2, -1));
     s = em_where(future, em_scalar(-1e9, EM_F32, em_cpu()), s);
     out[0] = em_matmul(em_softmax(s, -1), h[2]);
@@ -604,8 +609,7 @@ static void scaled_mask_fn(em_tensor *const *in, em_tensor **out) { /* (S + m) *
 static void negative_after_causal_fn(em_tensor *const *in, em_tensor **out) {
     em_tensor *h[3];
     heads_of(in[0], h);
-    em_tensor *pos = em_arange(0, PT, 1, EM_I64, em_cpu());
-    em_tensor *future = em_gt(em_unsqueeze(pos, 0), em_unsqueeze(pos, 1));
+    em_tensor *future = future_mask(PT, em_cpu());
     em_tensor *s = em_matmul(h[0], em_transpose(h[1], -2, -1));
     s = em_mul_scalar(em_where(future, em_scalar(-INFINITY, EM_F32, em_cpu()), s), -0.5);
     out[0] = em_matmul(em_softmax(s, -1), h[2]);
@@ -716,8 +720,7 @@ static em_tensor *layer(const model *m, int l, em_tensor *x, em_tensor *bias) {
     em_tensor *v = split_heads(m, qkv, 2, B, T);
     em_tensor *s = em_mul_scalar(em_matmul(q, em_transpose(k, -2, -1)), 1.0 / sqrt((double)HD));
     if (m->causal_gpt) {
-        em_tensor *pos = em_arange(0, (double)T, 1, EM_I64, em_device_of(x));
-        em_tensor *future = em_gt(em_unsqueeze(pos, 0), em_unsqueeze(pos, 1));
+        em_tensor *future = future_mask(T, em_device_of(x));
         s = em_where(future, em_scalar(-INFINITY, EM_F32, em_device_of(x)), s);
     } else {
         s = em_add(s, bias);
