@@ -211,7 +211,7 @@ static void blas_load(void);
 
 em_blas_lib em_blas_in_use(char *buf, size_t n) {
     pthread_once(&blas_once, blas_load);
-    snprintf(buf, n, "%s", blas_ok ? blas_kernels : "");
+    if (n) snprintf(buf, n, "%s", blas_ok ? blas_kernels : "");
     return blas_ok ? blas_lib : EM_BLAS_NONE;
 }
 
@@ -525,10 +525,7 @@ em_status cpu_matmul(const em_op_call *c, em_tensor *out) {
     return st;
 }
 
-bool em_blas_ready(void) {
-    pthread_once(&blas_once, blas_load);
-    return blas_ok;
-}
+bool em_blas_ready(void) { return em_blas_in_use(NULL, 0) != EM_BLAS_NONE; }
 
 void em_sgemm_tile(bool transb, int m, int n, int k, float alpha, const float *a, int lda,
                    const float *b, int ldb, float beta, float *c, int ldc) {
