@@ -61,6 +61,7 @@ static void load_driver(void) {
               L(ModuleLoadData, cuModuleLoadData) && L(ModuleGetFunction, cuModuleGetFunction) &&
               L(ModuleGetGlobal, cuModuleGetGlobal) &&
               L(ModuleUnload, cuModuleUnload) && L(LaunchKernel, cuLaunchKernel) &&
+              L(FuncSetAttribute, cuFuncSetAttribute) &&
               L(GetErrorString, cuGetErrorString) && L(EventCreate, cuEventCreate) &&
               L(EventRecord, cuEventRecord) && L(EventSynchronize, cuEventSynchronize) &&
               L(EventElapsedTime, cuEventElapsedTime) && L(EventDestroy, cuEventDestroy);

@@ -52,6 +52,7 @@ typedef struct cu_api {
     __typeof__(&cuModuleGetGlobal) ModuleGetGlobal;
     __typeof__(&cuModuleUnload) ModuleUnload;
     __typeof__(&cuLaunchKernel) LaunchKernel;
+    __typeof__(&cuFuncSetAttribute) FuncSetAttribute;
     __typeof__(&cuGetErrorString) GetErrorString;
     __typeof__(&cuEventCreate) EventCreate;
     __typeof__(&cuEventRecord) EventRecord;
