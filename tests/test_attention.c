@@ -769,10 +769,11 @@ static int count_str(const char *s, const char *w) {
 }
 
 /* Compiles m's two layers (backend auto: the inputs' device), runs them
- * twice, and checks the log shows `fused` attention nodes per layer (on
- * the CPU one, on CUDA none: no fused kernel there) and the values match
- * eager mode within tol. */
-static void check_compiled_on(const model *m, int nin, em_tensor *const *in, int fused, double tol) {
+ * twice, and checks the log shows one fused attention node per layer,
+ * rewritten for device dev ("cpu", "cuda"), and the values match eager
+ * mode within tol. */
+static void check_compiled_on(const model *m, int nin, em_tensor *const *in, const char *dev,
+                              double tol) {
     char path[] = "/tmp/ember-attn-log-XXXXXX";
     int fd = mkstemp(path);
     ck_assert_int_ge(fd, 0);
@@ -795,10 +796,11 @@ static void check_compiled_on(const model *m, int nin, em_tensor *const *in, int
     char *log = slurp(path);
     unlink(path);
     ck_assert_msg(strstr(log, "captured graph of layers"), "%s", log);
-    ck_assert_msg(!fused || strstr(log, "cpu: 2 attention patterns fused:"), "%s", log);
-    ck_assert_msg(count_str(log, " = attention(") == fused * CL, "%s", log);
-    ck_assert_msg(count_str(log, m->causal_gpt ? "causal=true" : "causal=false") == fused * CL,
-                  "%s", log);
+    char want[64];
+    snprintf(want, sizeof want, "%s: 2 attention patterns fused:", dev);
+    ck_assert_msg(strstr(log, want), "%s", log);
+    ck_assert_msg(count_str(log, " = attention(") == CL, "%s", log);
+    ck_assert_msg(count_str(log, m->causal_gpt ? "causal=true" : "causal=false") == CL, "%s", log);
     free(log);
     double *ev = tu_values(ye);
     tu_check_close(yc, ev, em_ndim(ye), em_sizes(ye), tol, tol);
@@ -806,7 +808,7 @@ static void check_compiled_on(const model *m, int nin, em_tensor *const *in, int
 }
 
 static void check_compiled(const model *m, int nin, em_tensor *const *in) {
-    check_compiled_on(m, nin, in, 1, 1e-4);
+    check_compiled_on(m, nin, in, "cpu", 1e-4);
 }
 
 /* Dynamic shapes: compiled with every dim dynamic from the first call
@@ -957,27 +959,124 @@ START_TEST(fused_without_blas_uses_its_loops) {
 }
 END_TEST
 
-/* On CUDA the pass must not fire (no fused kernel there yet): the same
- * GPT-2 layers compile with no attention node and match eager mode on
- * the GPU.  Without a GPU (CI) there is nothing to check. */
-START_TEST(compiled_on_cuda_stays_unfused) {
+/* ---- the fused op's CUDA kernel (src/jit/cuda/cuda_attention.c) ---- */
+
+static bool gpu_or_skip(const char *test) {
     char why[256];
-    if (!tu_probe_gpu(why, sizeof why)) {
-        printf("compiled_on_cuda_stays_unfused: skipped, no CUDA device: %s\n", why);
-        return;
+    if (tu_probe_gpu(why, sizeof why)) return true;
+    printf("%s: skipped, no CUDA device: %s\n", test, why);
+    return false;
+}
+
+static em_tensor *gpu(const em_tensor *t) { return on_device(t, em_cuda(0)); }
+
+/* A random f32 tensor made on the GPU (the CPU's values, copied). */
+static em_tensor *grnd(uint64_t seed, int ndim, const int64_t *sizes) {
+    return gpu(rnd(seed, ndim, sizes));
+}
+
+/* The kernel's tiles are 64 queries x 64 keys: shapes around and across
+ * them, head dims 64 and 128 and odd ones, T = 1, Tq != Tk, each against
+ * the float64 reference and the decomposition run on the GPU. */
+START_TEST(fused_on_cuda_shapes_and_head_dims) {
+    if (!gpu_or_skip("fused_on_cuda_shapes_and_head_dims")) return;
+    int64_t shapes[][3] = {{1, 1, 64},    {7, 7, 64},     {63, 65, 64},  {129, 129, 64},
+                           {130, 600, 128}, {600, 130, 128}, {257, 257, 64}, {3, 520, 32},
+                           {33, 5, 17},   {1, 300, 128},  {100, 1, 80},  {65, 64, 256}};
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+        int64_t Tq = shapes[s][0], Tk = shapes[s][1], D = shapes[s][2];
+        em_tensor *q = grnd(40 + s, 4, TU_SIZES(1, 2, Tq, D)), *k = grnd(50 + s, 4, TU_SIZES(1, 2, Tk, D));
+        em_tensor *v = grnd(60 + s, 4, TU_SIZES(1, 2, Tk, D));
+        for (int causal = 0; causal < 2; causal++)
+            check_fused(&(ref_in){q, k, v, NULL, causal, EM_SCALE_DEFAULT}, 3e-5);
     }
-    model m;
-    model_init(&m, 128, 2, true);
-    em_device gpu = em_cuda(0);
-    for (int l = 0; l < CL; l++) {
-        m.w_qkv[l] = on_device(m.w_qkv[l], gpu);
-        m.b_qkv[l] = on_device(m.b_qkv[l], gpu);
-        m.w_o[l] = on_device(m.w_o[l], gpu);
+}
+END_TEST
+
+START_TEST(fused_on_cuda_masks) {
+    if (!gpu_or_skip("fused_on_cuda_masks")) return;
+    em_tensor *q = grnd(1, 4, TU_SIZES(2, 3, 140, 64)), *k = grnd(2, 4, TU_SIZES(2, 3, 300, 64));
+    em_tensor *v = grnd(3, 4, TU_SIZES(2, 3, 300, 64));
+    double *pad = calloc(600, sizeof(double)); /* [B, 1, 1, Tk] padding, -1e9 */
+    for (int j = 200; j < 300; j++) pad[300 + j] = -1e9;
+    em_tensor *pm = gpu(tu_tensor(pad, 4, TU_SIZES(2, 1, 1, 300), EM_F32));
+    free(pad);
+    check_fused(&(ref_in){q, k, v, pm, false, EM_SCALE_DEFAULT}, 3e-5);
+    em_tensor *full = gpu(tu_random(4, 2, TU_SIZES(140, 300), EM_F32, 2));
+    check_fused(&(ref_in){q, k, v, full, false, 0.2}, 3e-5);
+    check_fused(&(ref_in){q, k, v, full, true, 0.2}, 3e-5);
+    check_fused(&(ref_in){q, k, v, gpu(tu_random(5, 1, TU_SIZES(300), EM_F32, 2)), false,
+                          EM_SCALE_DEFAULT}, 3e-5);
+    em_tensor *ex = em_expand(grnd(6, 2, TU_SIZES(140, 1)), 2, TU_SIZES(140, 300));
+    check_fused(&(ref_in){q, k, v, ex, false, EM_SCALE_DEFAULT}, 3e-5);
+    /* -inf over every key of some queries (NaN rows, as the decomposition
+     * gives), and over the first key tiles of another (its running max
+     * starts late) */
+    double *drop = calloc(140 * 300, sizeof(double));
+    for (int j = 0; j < 300; j++) drop[3 * 300 + j] = drop[139 * 300 + j] = -INFINITY;
+    for (int j = 0; j < 256; j++) drop[70 * 300 + j] = -INFINITY;
+    em_tensor *dm = gpu(tu_tensor(drop, 2, TU_SIZES(140, 300), EM_F32));
+    free(drop);
+    check_fused(&(ref_in){q, k, v, dm, false, EM_SCALE_DEFAULT}, 3e-5);
+    check_fused(&(ref_in){q, k, v, dm, true, EM_SCALE_DEFAULT}, 3e-5);
+}
+END_TEST
+
+START_TEST(fused_on_cuda_layouts_and_edges) {
+    if (!gpu_or_skip("fused_on_cuda_layouts_and_edges")) return;
+    /* a qkv split made on the GPU: rows strided by 3C, heads permuted */
+    int64_t B = 2, T = 277, H = 2, D = 64;
+    em_tensor *all = grnd(7, 3, TU_SIZES(B, T, 3 * H * D)), *qkv[3];
+    for (int w = 0; w < 3; w++) {
+        em_tensor *t = em_slice(all, -1, w * H * D, (w + 1) * H * D, 1);
+        qkv[w] = em_transpose(em_reshape(t, 4, TU_SIZES(B, T, H, D)), 1, 2);
     }
-    m.ln_w = on_device(m.ln_w, gpu);
-    m.ln_b = on_device(m.ln_b, gpu);
-    em_tensor *x = on_device(tu_random(140, 3, TU_SIZES(2, 67, 128), EM_F32, 1), gpu);
-    check_compiled_on(&m, 1, &x, 0, 1e-3);
+    ck_assert(!em_is_contiguous(qkv[0]));
+    check_fused(&(ref_in){qkv[0], qkv[1], qkv[2], NULL, true, EM_SCALE_DEFAULT}, 3e-5);
+    /* columns strided: a transposed k and v */
+    em_tensor *q = grnd(8, 3, TU_SIZES(2, 9, 16));
+    em_tensor *k = em_transpose(grnd(9, 3, TU_SIZES(2, 16, 300)), 1, 2);
+    em_tensor *v = em_transpose(grnd(10, 3, TU_SIZES(2, 8, 300)), 1, 2);
+    check_fused(&(ref_in){q, k, v, NULL, false, EM_SCALE_DEFAULT}, 3e-5);
+    /* broadcast batch (stride 0), an expanded k (row stride 0) */
+    em_tensor *kb = em_expand(grnd(11, 3, TU_SIZES(1, 1, 16)), 3, TU_SIZES(3, 20, 16));
+    check_fused(&(ref_in){grnd(12, 4, TU_SIZES(2, 3, 9, 16)), kb, grnd(13, 2, TU_SIZES(20, 4)), NULL,
+                          false, EM_SCALE_DEFAULT}, 3e-5);
+    /* size 0 batch, no keys (zeros), D = 0 and Dv = 200 (past the kernel:
+     * the host path) */
+    check_fused(&(ref_in){grnd(14, 3, TU_SIZES(0, 4, 8)), grnd(15, 3, TU_SIZES(0, 4, 8)),
+                          grnd(16, 3, TU_SIZES(0, 4, 8)), NULL, true, EM_SCALE_DEFAULT}, 0);
+    check_fused(&(ref_in){grnd(17, 2, TU_SIZES(3, 8)), grnd(18, 2, TU_SIZES(0, 8)),
+                          grnd(19, 2, TU_SIZES(0, 4)), NULL, false, EM_SCALE_DEFAULT}, 0);
+    check_fused(&(ref_in){grnd(20, 2, TU_SIZES(3, 0)), grnd(21, 2, TU_SIZES(4, 0)),
+                          grnd(22, 2, TU_SIZES(4, 2)), NULL, false, EM_SCALE_DEFAULT}, 1e-6);
+    check_fused(&(ref_in){grnd(23, 2, TU_SIZES(70, 8)), grnd(24, 2, TU_SIZES(90, 8)),
+                          grnd(25, 2, TU_SIZES(90, 200)), NULL, true, EM_SCALE_DEFAULT}, 3e-5);
+}
+END_TEST
+
+/* Compiled on CUDA, the same GPT-2 and MiniLM-style layers run with one
+ * fused node per layer and match eager mode on the GPU. */
+START_TEST(compiled_on_cuda_fuses_each_layer) {
+    if (!gpu_or_skip("compiled_on_cuda_fuses_each_layer")) return;
+    for (int gpt = 1; gpt >= 0; gpt--) {
+        model m;
+        model_init(&m, gpt ? 128 : 256, 2, gpt);
+        for (int l = 0; l < CL; l++) {
+            m.w_qkv[l] = gpu(m.w_qkv[l]);
+            m.b_qkv[l] = gpu(m.b_qkv[l]);
+            m.w_o[l] = gpu(m.w_o[l]);
+        }
+        m.ln_w = gpu(m.ln_w);
+        m.ln_b = gpu(m.ln_b);
+        int64_t Bn = 2, T = gpt ? 67 : 21;
+        double *pad = calloc((size_t)(Bn * T), sizeof(double));
+        for (int64_t j = T - 6; j < T; j++) pad[T + j] = -1e9;
+        em_tensor *in[2] = {grnd(140, 3, TU_SIZES(Bn, T, m.C)),
+                            gpu(tu_tensor(pad, 4, TU_SIZES(Bn, 1, 1, T), EM_F32))};
+        free(pad);
+        check_compiled_on(&m, gpt ? 1 : 2, in, "cuda", 1e-4);
+    }
 }
 END_TEST
 
@@ -1002,7 +1101,10 @@ int main(int argc, char **argv) {
         {"compiled_gpt_block_fuses_each_layer", compiled_gpt_block_fuses_each_layer},
         {"compiled_minilm_layers_fuse_each_layer", compiled_minilm_layers_fuse_each_layer},
         {"compiled_dynamic_sizes_stay_fused", compiled_dynamic_sizes_stay_fused},
-        {"compiled_on_cuda_stays_unfused", compiled_on_cuda_stays_unfused},
+        {"fused_on_cuda_shapes_and_head_dims", fused_on_cuda_shapes_and_head_dims},
+        {"fused_on_cuda_masks", fused_on_cuda_masks},
+        {"fused_on_cuda_layouts_and_edges", fused_on_cuda_layouts_and_edges},
+        {"compiled_on_cuda_fuses_each_layer", compiled_on_cuda_fuses_each_layer},
     };
     return tu_run(tu_suite("attention", tests, sizeof tests / sizeof tests[0], 120));
 }

@@ -7,6 +7,7 @@
 
 #include "config.h"
 #include "cpu_gccjit.h"
+#include "cuda_eager.h"
 #include "cuda_emit.h"
 #include "cuda_kernel.h"
 #include "schedule.h"
@@ -381,6 +382,35 @@ static void check_gather(em_tensor *x, int dim, em_tensor *idx) {
     kir_free(k);
 }
 
+#ifdef EMBER_HAVE_CUDA
+/* The fused attention kernel's text (cuda_attention.c) compiles for every
+ * specialization: head dims 64 and 128, odd ones and the largest taken,
+ * causal, masked, 0 to 8 batch dims; the tensor-core kernel for sm_90,
+ * the CUDA-core one for sm_75. */
+START_TEST(attention_kernel_compiles) {
+    int64_t dims[][2] = {{64, 64}, {128, 128}, {1, 1}, {17, 100}, {256, 128}, {80, 33}};
+    for (size_t i = 0; i < sizeof dims / sizeof *dims; i++) {
+        for (int mma = 0; mma < 2; mma++) {
+            char *text = cuda_attention_text(dims[i][0], dims[i][1], i % 2, i % 3 == 0,
+                                             (int)(i * 3 % 9), mma);
+            ck_assert_ptr_nonnull(text);
+            char want[32];
+            snprintf(want, sizeof want, "#define D %lld\n", (long long)dims[i][0]);
+            ck_assert_msg(strstr(text, want), "%s", text);
+            ck_assert_msg(!strstr(text, "mma.sync") == !mma, "%s", text);
+            void *bin = NULL;
+            size_t n = 0;
+            ck_assert_msg(cuda_nvrtc_compile(text, "k", mma ? 90 : 75, false, &bin, &n) == EM_OK, "%s",
+                          em_last_error());
+            ck_assert(n > 100);
+            em_free(bin);
+            em_free(text);
+        }
+    }
+}
+END_TEST
+#endif
+
 START_TEST(gather_kernel) {
     /* embedding-like: rows of a [50, 16] table, i64 ids */
     int64_t ids[7] = {3, 0, 49, 3, 17, 1, 48};
@@ -494,7 +524,7 @@ int main(void) {
         {"no_gpu_is_an_error", no_gpu_is_an_error}, {"gather_kernel", gather_kernel},
         {"warmup_for_a_named_gpu_needs_no_gpu", warmup_for_a_named_gpu_needs_no_gpu},
 #ifdef EMBER_HAVE_CUDA
-        {"kernel_table", kernel_table},
+        {"kernel_table", kernel_table}, {"attention_kernel_compiles", attention_kernel_compiles},
 #endif
     };
     return tu_run(tu_suite("cuda_emit", tests, sizeof tests / sizeof tests[0], 120));

@@ -14,6 +14,8 @@
  *    var (over any dims: the reduced dims are permuted to the end first):
  *    an NVRTC kernel (two for few, long rows: the split scheme below);
  *  - matmul: cuBLAS (cuda_matmul.c);
+ *  - attention (the fused op the attention pass makes): one generated
+ *    flash-attention kernel (cuda_attention.c);
  *  - index_select (and so embedding): the indices are copied to the host
  *    and checked as the CPU kernel checks them, then a gather kernel built
  *    in kernel IR (cuda_gather_kernel) reads x on the GPU;
@@ -395,6 +397,10 @@ static em_status cuda_run(const em_op_call *c, em_tensor *out) {
     if (c->op == EM_OP_MATMUL) {
         em_status s = cuda_matmul(d, c, out);
         if (s != EM_ERR_UNSUPPORTED) return s;
+        em_clear_error();
+    } else if (c->op == EM_OP_ATTENTION) {
+        em_status s = cuda_attention(d, c, out, &eager_stats);
+        if (s != EM_ERR_UNSUPPORTED) return s; /* head sizes past the kernel's: the host */
         em_clear_error();
     } else if (c->op == EM_OP_INDEX_SELECT) {
         em_status s = run_index_select(d, c, out);

@@ -5,6 +5,7 @@
 #define EMBER_CUDA_EAGER_H
 
 #include "cache.h"
+#include "cuda_kernel.h"
 #include "cuda_lib.h"
 #include "engine.h"
 
@@ -13,6 +14,17 @@
 /* out = c's matmul on device d via cuBLAS; EM_ERR_UNSUPPORTED for dtypes
  * and layouts it does not take (the caller then uses the host). */
 em_status cuda_matmul(cuda_device *d, const em_op_call *c, em_tensor *out);
+
+/* out = c's fused attention (the attention op) on device d, one generated
+ * kernel (cuda_attention.c); its compile or load is counted in stats.
+ * EM_ERR_UNSUPPORTED for head sizes it does not take (the caller then
+ * uses the host). */
+em_status cuda_attention(cuda_device *d, const em_op_call *c, em_tensor *out, cuda_get_stats *stats);
+/* The kernel's CUDA C for head sizes D (q, k) and Dv (v), causal, an
+ * additive mask and nb batch dims, for tensor cores (mma: sm_80 on) or
+ * CUDA cores (em_malloc'd; exposed for tests, which compile it with NVRTC
+ * alone). */
+char *cuda_attention_text(int64_t D, int64_t Dv, bool causal, bool mask, int nb, bool mma);
 
 /* The kernel cache eager CUDA ops use (opened once per process; NULL when
  * it could not be opened), and how many kernels eager ops compiled and

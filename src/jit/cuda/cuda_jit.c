@@ -260,4 +260,5 @@ const jit_device jit_cuda_device = {
     .find = cuda_find,
     .add = cuda_add,
     .prefer_eager = cuda_prefer_eager,
+    .fused_attention = true, /* cuda_attention.c */
 };

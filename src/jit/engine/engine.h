@@ -142,8 +142,7 @@ typedef struct jit_device {
     /* Optional (false): the device runs the fused attention op
      * (EM_OP_ATTENTION) as an eager step of its plans, so the engine
      * rewrites attention into it (tr_fuse_attention) before scheduling,
-     * static and dynamic compiles alike.  CUDA has no fused kernel yet:
-     * its graphs keep the unfused ops. */
+     * static and dynamic compiles alike. */
     bool fused_attention;
 } jit_device;
 

@@ -1,0 +1,540 @@
+/* cuda_attention.c - fused attention on CUDA (the attention op of ops.def:
+ * out = softmax(q k^T * scale + mask [causal]) v, f32), as one generated
+ * kernel compiled through NVRTC (cuda_source.h): FlashAttention's schedule
+ * (Dao et al. 2022), so the Tq x Tk scores never reach global memory.
+ *
+ * A block of NT threads takes one batch (head) and BQ queries.  It keeps
+ * its q tile in shared memory (transposed, pre-scaled by scale * log2 e so
+ * that the softmax runs on exp2) and walks the keys in tiles of BK:
+ *  - the BQ x BK scores tile, each thread a 4 x 8 piece of it in registers
+ *    (4 queries, 8 keys), from the k tile in shared memory: three 16-byte
+ *    shared loads per 32 multiply-adds;
+ *  - the mask added, causal and out-of-range keys dropped, and the online
+ *    softmax step (running max and sum per query, kept by the 8 threads of
+ *    a query row and combined with warp shuffles);
+ *  - the probabilities through shared memory, and out += p v with each
+ *    thread holding 4 queries x DVP/8 output columns in registers; the v
+ *    tile reuses the k tile's space.
+ * A causal block stops at its last query's key tile, and blocks run the
+ * longest query blocks first (causal work grows with the query index).
+ * f32 on CUDA cores: TF32 stays off for f32 (docs/cuda.md), as for matmul.
+ *
+ * The text is specialized on the head sizes, causal, the mask and the
+ * number of batch dims; strides and lengths are arguments, so one kernel
+ * serves every sequence length and layout (q, k, v and the mask read
+ * through their strides: a qkv split or heads permuted need no copy).
+ * Head sizes past MAX_D / MAX_DV (registers, shared memory) are
+ * EM_ERR_UNSUPPORTED: the caller then runs the CPU kernel on a copy. */
+#include "cuda_eager.h"
+
+#ifdef EMBER_HAVE_CUDA
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda_source.h"
+
+enum { MAX_D = 256, MAX_DV = 128 };
+
+/* The kernel's arguments after the pointers, as the text declares them
+ * (struct attn_args): batch sizes and per-operand batch strides aligned
+ * to the result's batch dims (0 where broadcast), row and column strides. */
+typedef struct attn_args {
+    long long bsz[EM_MAX_DIMS];
+    long long qb[EM_MAX_DIMS], kb[EM_MAX_DIMS], vb[EM_MAX_DIMS], mb[EM_MAX_DIMS];
+    long long qr, qc, kr, kc, vr, vc, mr, mc;
+    long long Tq, Tk, nqblk, nbatch;
+    float scale; /* scale * log2(e) */
+    int vec;     /* bit 0, 1, 2: q, k, v read as 16-byte vectors */
+} attn_args;
+
+/* The kernel body; the generator puts the defines in front of it (D, DV:
+ * head sizes; D4, DVP: D rounded up to 4, DV to 32, the zero-padded tile
+ * widths; QP: the q and k tiles' row pitch; RM x CN: each thread's piece
+ * of the scores; CAUSAL, MASK, NB).  Tiles are row-major in shared memory
+ * and read as 16-byte vectors: a thread's keys are tx + 8c, so the 8
+ * threads of a row group read 8 different rows, which the pitch (4 mod 8
+ * floats) puts in 8 different bank groups; its queries are shared by the
+ * 8 (one broadcast read). */
+static const char attention_prelude[] =
+    "#define LOG2E 1.4426950408889634f\n#define INFINITY __int_as_float(0x7f800000)\n"
+    "struct attn_args {\n"
+    "  long long bsz[8], qb[8], kb[8], vb[8], mb[8];\n"
+    "  long long qr, qc, kr, kc, vr, vc, mr, mc;\n"
+    "  long long Tq, Tk, nqblk, nbatch;\n"
+    "  float scale;\n"
+    "  int vec;\n"
+    "};\n"
+    "/* dst[r][c] = src row r0 + r, column c, times mul, for ROWS x COLS4\n"
+    " * (zero past nrows or COLS); vec: 16-byte loads (unit column stride,\n"
+    " * rows and base 16-byte aligned, COLS a multiple of 4). */\n"
+    "template <int ROWS, int COLS, int COLS4, int PITCH>\n"
+    "__device__ __forceinline__ void load_tile(float *dst, const float *__restrict__ src,\n"
+    "    long long r0, long long nrows, long long rs, long long cs, float mul, bool vec) {\n"
+    "  if (vec) {\n"
+    "    for (int e = threadIdx.x; e < ROWS * (COLS4 / 4); e += NT) {\n"
+    "      int r = e / (COLS4 / 4), c = e % (COLS4 / 4) * 4;\n"
+    "      float4 x = make_float4(0.f, 0.f, 0.f, 0.f);\n"
+    "      if (r0 + r < nrows && c < COLS) x = *(const float4 *)(src + (r0 + r) * rs + c);\n"
+    "      x.x *= mul, x.y *= mul, x.z *= mul, x.w *= mul;\n"
+    "      *(float4 *)&dst[r * PITCH + c] = x;\n"
+    "    }\n"
+    "  } else {\n"
+    "    for (int e = threadIdx.x; e < ROWS * COLS4; e += NT) {\n"
+    "      int r = e / COLS4, c = e % COLS4;\n"
+    "      dst[r * PITCH + c] = r0 + r < nrows && c < COLS ? src[(r0 + r) * rs + c * cs] * mul : 0.f;\n"
+    "    }\n"
+    "  }\n"
+    "}\n"
+    "__device__ __forceinline__ float lane4(float4 v, int i) {\n"
+    "  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;\n"
+    "}\n";
+
+static const char attention_simt[] =
+    "extern \"C\" __global__ void __launch_bounds__(NT, 1) k(const float *__restrict__ q,\n"
+    "    const float *__restrict__ kk, const float *__restrict__ v,\n"
+    "    const float *__restrict__ mask, float *__restrict__ out, attn_args a) {\n"
+    "  extern __shared__ float4 smem4[];\n"
+    "  float *Qs = (float *)smem4, *Ks = Qs + BQ * QP, *Vs = Ks + BK * QP, *Ps = Vs + BK * DVP;\n"
+    "  const int tid = threadIdx.x, tx = tid & 7, ty = tid >> 3;\n"
+    "  const long long bid = blockIdx.x, b = bid % a.nbatch;\n"
+    "  const long long i0 = (a.nqblk - 1 - bid / a.nbatch) * BQ;\n"
+    "  long long qo = 0, ko = 0, vo = 0, mo = 0, rem = b;\n"
+    "  for (int d = NB - 1; d >= 0; d--) {\n"
+    "    long long c = rem % a.bsz[d];\n"
+    "    rem /= a.bsz[d];\n"
+    "    qo += c * a.qb[d], ko += c * a.kb[d], vo += c * a.vb[d], mo += c * a.mb[d];\n"
+    "  }\n"
+    "  load_tile<BQ, D, D4, QP>(Qs, q + qo, i0, a.Tq, a.qr, a.qc, a.scale, a.vec & 1);\n"
+    "  float o[RM][DVP / 8], m[RM], l[RM];\n"
+    "#pragma unroll\n"
+    "  for (int r = 0; r < RM; r++) {\n"
+    "    m[r] = -INFINITY, l[r] = 0.f;\n"
+    "#pragma unroll\n"
+    "    for (int c = 0; c < DVP / 8; c++) o[r][c] = 0.f;\n"
+    "  }\n"
+    "  long long kend = a.Tk;\n"
+    "  if (CAUSAL && i0 + BQ < kend) kend = i0 + BQ;\n"
+    "  for (long long j0 = 0; j0 < kend; j0 += BK) {\n"
+    "    if (MASK) {\n"
+    "      /* a tile the mask drops for every query costs nothing (padding\n"
+    "       * keys, an additive causal mask's upper tiles) */\n"
+    "      bool live = false;\n"
+    "#pragma unroll\n"
+    "      for (int r = 0; r < RM; r++)\n"
+    "#pragma unroll\n"
+    "        for (int c = 0; c < CN; c++) {\n"
+    "          long long i = i0 + ty * RM + r, j = j0 + tx + 8 * c;\n"
+    "          if (i < a.Tq && j < a.Tk && !(CAUSAL && j > i))\n"
+    "            live |= mask[mo + i * a.mr + j * a.mc] != -INFINITY;\n"
+    "        }\n"
+    "      if (!__syncthreads_or(live)) continue;\n"
+    "    } else {\n"
+    "      __syncthreads();\n"
+    "    }\n"
+    "    load_tile<BK, D, D4, QP>(Ks, kk + ko, j0, a.Tk, a.kr, a.kc, 1.f, a.vec & 2);\n"
+    "    load_tile<BK, DV, DVP, DVP>(Vs, v + vo, j0, a.Tk, a.vr, a.vc, 1.f, a.vec & 4);\n"
+    "    __syncthreads();\n"
+    "    float s[RM][CN];\n"
+    "#pragma unroll\n"
+    "    for (int r = 0; r < RM; r++)\n"
+    "#pragma unroll\n"
+    "      for (int c = 0; c < CN; c++) s[r][c] = 0.f;\n"
+    "#pragma unroll 1\n"
+    "    for (int d = 0; d < D4; d += 4) {\n"
+    "      float4 kv[CN];\n"
+    "#pragma unroll\n"
+    "      for (int c = 0; c < CN; c++) kv[c] = *(const float4 *)&Ks[(tx + 8 * c) * QP + d];\n"
+    "#pragma unroll\n"
+    "      for (int r = 0; r < RM; r++) {\n"
+    "        float4 qv = *(const float4 *)&Qs[(ty * RM + r) * QP + d];\n"
+    "#pragma unroll\n"
+    "        for (int c = 0; c < CN; c++) {\n"
+    "          s[r][c] = fmaf(qv.x, kv[c].x, s[r][c]);\n"
+    "          s[r][c] = fmaf(qv.y, kv[c].y, s[r][c]);\n"
+    "          s[r][c] = fmaf(qv.z, kv[c].z, s[r][c]);\n"
+    "          s[r][c] = fmaf(qv.w, kv[c].w, s[r][c]);\n"
+    "        }\n"
+    "      }\n"
+    "    }\n"
+    "#pragma unroll\n"
+    "    for (int r = 0; r < RM; r++) {\n"
+    "      long long i = i0 + ty * RM + r;\n"
+    "      float mx = -INFINITY;\n"
+    "#pragma unroll\n"
+    "      for (int c = 0; c < CN; c++) {\n"
+    "        long long j = j0 + tx + 8 * c;\n"
+    "        if (j >= a.Tk || (CAUSAL && j > i)) s[r][c] = -INFINITY;\n"
+    "        else if (MASK && i < a.Tq) s[r][c] += mask[mo + i * a.mr + j * a.mc] * LOG2E;\n"
+    "        mx = fmaxf(mx, s[r][c]);\n"
+    "      }\n"
+    "      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));\n"
+    "      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));\n"
+    "      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));\n"
+    "      float mnew = fmaxf(m[r], mx), alpha = 1.f, sum = 0.f;\n"
+    "      if (mnew == -INFINITY) {\n"
+    "#pragma unroll\n"
+    "        for (int c = 0; c < CN; c++) s[r][c] = 0.f;\n"
+    "      } else {\n"
+    "        alpha = exp2f(m[r] - mnew);\n"
+    "#pragma unroll\n"
+    "        for (int c = 0; c < CN; c++) {\n"
+    "          s[r][c] = exp2f(s[r][c] - mnew);\n"
+    "          sum += s[r][c];\n"
+    "        }\n"
+    "      }\n"
+    "      sum += __shfl_xor_sync(0xffffffffu, sum, 1);\n"
+    "      sum += __shfl_xor_sync(0xffffffffu, sum, 2);\n"
+    "      sum += __shfl_xor_sync(0xffffffffu, sum, 4);\n"
+    "      l[r] = l[r] * alpha + sum;\n"
+    "      m[r] = mnew;\n"
+    "#pragma unroll\n"
+    "      for (int c = 0; c < DVP / 8; c++) o[r][c] *= alpha;\n"
+    "#pragma unroll\n"
+    "      for (int c = 0; c < CN; c++) Ps[(ty * RM + r) * PP + tx + 8 * c] = s[r][c];\n"
+    "    }\n"
+    "    __syncthreads();\n"
+    "#pragma unroll 1\n"
+    "    for (int j = 0; j < BK; j += 4) {\n"
+    "      float4 pr[RM];\n"
+    "#pragma unroll\n"
+    "      for (int r = 0; r < RM; r++) pr[r] = *(const float4 *)&Ps[(ty * RM + r) * PP + j];\n"
+    "#pragma unroll\n"
+    "      for (int jj = 0; jj < 4; jj++)\n"
+    "#pragma unroll\n"
+    "        for (int g = 0; g < DVP / 32; g++) {\n"
+    "          float4 vv = *(const float4 *)&Vs[(j + jj) * DVP + g * 32 + tx * 4];\n"
+    "#pragma unroll\n"
+    "          for (int r = 0; r < RM; r++) {\n"
+    "            float p = lane4(pr[r], jj);\n"
+    "            o[r][g * 4 + 0] = fmaf(p, vv.x, o[r][g * 4 + 0]);\n"
+    "            o[r][g * 4 + 1] = fmaf(p, vv.y, o[r][g * 4 + 1]);\n"
+    "            o[r][g * 4 + 2] = fmaf(p, vv.z, o[r][g * 4 + 2]);\n"
+    "            o[r][g * 4 + 3] = fmaf(p, vv.w, o[r][g * 4 + 3]);\n"
+    "          }\n"
+    "        }\n"
+    "    }\n"
+    "  }\n"
+    "#pragma unroll\n"
+    "  for (int r = 0; r < RM; r++) {\n"
+    "    long long i = i0 + ty * RM + r;\n"
+    "    if (i >= a.Tq) continue;\n"
+    "    float f = a.Tk == 0 ? 0.f : m[r] == -INFINITY ? __int_as_float(0x7fc00000) : 1.f / l[r];\n"
+    "    float *row = out + (b * a.Tq + i) * DV;\n"
+    "#pragma unroll\n"
+    "    for (int g = 0; g < DVP / 32; g++)\n"
+    "#pragma unroll\n"
+    "      for (int e = 0; e < 4; e++) {\n"
+    "        int col = g * 32 + tx * 4 + e;\n"
+    "        if (col < DV) row[col] = a.Tk == 0 ? 0.f : o[r][g * 4 + e] * f;\n"
+    "      }\n"
+    "  }\n"
+    "}\n";
+
+static const char attention_mma[] =
+    "/* x as a tf32 pair: big (the top 19 bits) and small (the rest, which\n"
+    " * the tensor core truncates to tf32 in turn) */\n"
+    "__device__ __forceinline__ void split(float x, unsigned &big, unsigned &small) {\n"
+    "  big = __float_as_uint(x) & 0xffffe000u;\n"
+    "  small = __float_as_uint(x - __uint_as_float(big));\n"
+    "}\n"
+    "__device__ __forceinline__ void mma(float *c, const unsigned *a, const unsigned *b) {\n"
+    "  asm volatile(\"mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, \"\n"
+    "      \"{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\"\n"
+    "      : \"+f\"(c[0]), \"+f\"(c[1]), \"+f\"(c[2]), \"+f\"(c[3])\n"
+    "      : \"r\"(a[0]), \"r\"(a[1]), \"r\"(a[2]), \"r\"(a[3]), \"r\"(b[0]), \"r\"(b[1]));\n"
+    "}\n"
+    "/* c += a b to about f32's accuracy: three tf32 products (3xTF32; the\n"
+    " * small x small one is below f32's rounding) */\n"
+    "__device__ __forceinline__ void mma3(float *c, const float *a, const float *b) {\n"
+    "  unsigned ab[4], as[4], bb[2], bs[2];\n"
+    "#pragma unroll\n"
+    "  for (int i = 0; i < 4; i++) split(a[i], ab[i], as[i]);\n"
+    "  split(b[0], bb[0], bs[0]);\n"
+    "  split(b[1], bb[1], bs[1]);\n"
+    "  mma(c, as, bb);\n"
+    "  mma(c, ab, bs);\n"
+    "  mma(c, ab, bb);\n"
+    "}\n"
+    "extern \"C\" __global__ void __launch_bounds__(NT) k(const float *__restrict__ q,\n"
+    "    const float *__restrict__ kk, const float *__restrict__ v,\n"
+    "    const float *__restrict__ mask, float *__restrict__ out, attn_args a) {\n"
+    "  extern __shared__ float4 smem4[];\n"
+    "  float *Qs = (float *)smem4, *Ks = Qs + BQ * QP, *Vs = Ks + BK * QP;\n"
+    "  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;\n"
+    "  const int m0 = (threadIdx.x >> 5) * 16; /* the warp's 16 queries */\n"
+    "  const long long bid = blockIdx.x, b = bid % a.nbatch;\n"
+    "  const long long i0 = (a.nqblk - 1 - bid / a.nbatch) * BQ;\n"
+    "  long long qo = 0, ko = 0, vo = 0, mo = 0, rem = b;\n"
+    "  for (int d = NB - 1; d >= 0; d--) {\n"
+    "    long long c = rem % a.bsz[d];\n"
+    "    rem /= a.bsz[d];\n"
+    "    qo += c * a.qb[d], ko += c * a.kb[d], vo += c * a.vb[d], mo += c * a.mb[d];\n"
+    "  }\n"
+    "  load_tile<BQ, D, D8, QP>(Qs, q + qo, i0, a.Tq, a.qr, a.qc, a.scale, a.vec & 1);\n"
+    "  const long long iq[2] = {i0 + m0 + g, i0 + m0 + g + 8}; /* this thread's two queries */\n"
+    "  float o[DV8 / 8][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};\n"
+    "#pragma unroll\n"
+    "  for (int n = 0; n < DV8 / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;\n"
+    "  long long kend = a.Tk;\n"
+    "  if (CAUSAL && i0 + BQ < kend) kend = i0 + BQ;\n"
+    "  for (long long j0 = 0; j0 < kend; j0 += BK) {\n"
+    "    if (MASK) {\n"
+    "      /* a tile the mask drops for every query of the block costs\n"
+    "       * nothing (padding keys, an additive causal mask's upper tiles) */\n"
+    "      bool live = false;\n"
+    "      for (int e = threadIdx.x; e < BQ * BK; e += NT) {\n"
+    "        long long i = i0 + e / BK, j = j0 + e % BK;\n"
+    "        if (i < a.Tq && j < a.Tk && !(CAUSAL && j > i))\n"
+    "          live |= mask[mo + i * a.mr + j * a.mc] != -INFINITY;\n"
+    "      }\n"
+    "      if (!__syncthreads_or(live)) continue;\n"
+    "    } else {\n"
+    "      __syncthreads();\n"
+    "    }\n"
+    "    load_tile<BK, D, D8, QP>(Ks, kk + ko, j0, a.Tk, a.kr, a.kc, 1.f, a.vec & 2);\n"
+    "    load_tile<BK, DV, DV8, VP>(Vs, v + vo, j0, a.Tk, a.vr, a.vc, 1.f, a.vec & 4);\n"
+    "    __syncthreads();\n"
+    "    /* s[n]: keys j0 + 8n + 2t, +1 of queries g, g + 8 (the mma's C) */\n"
+    "    float s[BK / 8][4];\n"
+    "#pragma unroll\n"
+    "    for (int n = 0; n < BK / 8; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;\n"
+    "#pragma unroll 2\n"
+    "    for (int k0 = 0; k0 < D8; k0 += 8) {\n"
+    "      const float *qr = Qs + (m0 + g) * QP + k0 + t;\n"
+    "      float af[4] = {qr[0], qr[8 * QP], qr[4], qr[8 * QP + 4]};\n"
+    "#pragma unroll\n"
+    "      for (int n = 0; n < BK / 8; n++) {\n"
+    "        const float *kr = Ks + (8 * n + g) * QP + k0 + t;\n"
+    "        float bf[2] = {kr[0], kr[4]};\n"
+    "        mma3(s[n], af, bf);\n"
+    "      }\n"
+    "    }\n"
+    "    /* a tile on the diagonal or past the keys drops some scores */\n"
+    "    bool edge = j0 + BK > a.Tk || (CAUSAL && j0 + BK - 1 > i0) || MASK;\n"
+    "    float alpha[2];\n"
+    "#pragma unroll\n"
+    "    for (int h = 0; h < 2; h++) {\n"
+    "      float mx = -INFINITY;\n"
+    "#pragma unroll\n"
+    "      for (int n = 0; n < BK / 8; n++)\n"
+    "#pragma unroll\n"
+    "        for (int e = 0; e < 2; e++) {\n"
+    "          float &x = s[n][2 * h + e];\n"
+    "          if (edge) {\n"
+    "            long long j = j0 + 8 * n + 2 * t + e;\n"
+    "            if (j >= a.Tk || (CAUSAL && j > iq[h])) x = -INFINITY;\n"
+    "            else if (MASK && iq[h] < a.Tq) x += mask[mo + iq[h] * a.mr + j * a.mc] * LOG2E;\n"
+    "          }\n"
+    "          mx = fmaxf(mx, x);\n"
+    "        }\n"
+    "      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));\n"
+    "      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));\n"
+    "      float mnew = fmaxf(m[h], mx), sum = 0.f;\n"
+    "      alpha[h] = 1.f;\n"
+    "      if (mnew == -INFINITY) {\n"
+    "#pragma unroll\n"
+    "        for (int n = 0; n < BK / 8; n++) s[n][2 * h] = s[n][2 * h + 1] = 0.f;\n"
+    "      } else {\n"
+    "        alpha[h] = exp2f(m[h] - mnew);\n"
+    "#pragma unroll\n"
+    "        for (int n = 0; n < BK / 8; n++)\n"
+    "#pragma unroll\n"
+    "          for (int e = 0; e < 2; e++) {\n"
+    "            s[n][2 * h + e] = exp2f(s[n][2 * h + e] - mnew);\n"
+    "            sum += s[n][2 * h + e];\n"
+    "          }\n"
+    "      }\n"
+    "      sum += __shfl_xor_sync(0xffffffffu, sum, 1);\n"
+    "      sum += __shfl_xor_sync(0xffffffffu, sum, 2);\n"
+    "      l[h] = l[h] * alpha[h] + sum;\n"
+    "      m[h] = mnew;\n"
+    "    }\n"
+    "#pragma unroll\n"
+    "    for (int n = 0; n < DV8 / 8; n++) {\n"
+    "      o[n][0] *= alpha[0], o[n][1] *= alpha[0], o[n][2] *= alpha[1], o[n][3] *= alpha[1];\n"
+    "    }\n"
+    "    /* out += p v over the tile's keys, 8 at a time: the A operand's k\n"
+    "     * = t, t + 4 are the keys 2t, 2t + 1 the scores' C fragment holds,\n"
+    "     * so v's rows are read in that order (no shuffle) */\n"
+    "#pragma unroll\n"
+    "    for (int kb = 0; kb < BK / 8; kb++) {\n"
+    "      float af[4] = {s[kb][0], s[kb][2], s[kb][1], s[kb][3]};\n"
+    "      const float *vr = Vs + (8 * kb + 2 * t) * VP + g;\n"
+    "#pragma unroll\n"
+    "      for (int n = 0; n < DV8 / 8; n++) {\n"
+    "        float bf[2] = {vr[8 * n], vr[VP + 8 * n]};\n"
+    "        mma3(o[n], af, bf);\n"
+    "      }\n"
+    "    }\n"
+    "  }\n"
+    "#pragma unroll\n"
+    "  for (int h = 0; h < 2; h++) {\n"
+    "    if (iq[h] >= a.Tq) continue;\n"
+    "    float f = a.Tk == 0 ? 0.f : m[h] == -INFINITY ? __int_as_float(0x7fc00000) : 1.f / l[h];\n"
+    "    float *row = out + (b * a.Tq + iq[h]) * DV;\n"
+    "#pragma unroll\n"
+    "    for (int n = 0; n < DV8 / 8; n++)\n"
+    "#pragma unroll\n"
+    "      for (int e = 0; e < 2; e++) {\n"
+    "        int col = 8 * n + 2 * t + e;\n"
+    "        if (col < DV) row[col] = a.Tk == 0 ? 0.f : o[n][2 * h + e] * f;\n"
+    "      }\n"
+    "  }\n"
+    "}\n";
+
+/* How a call runs: which kernel, its tiling, its launch. */
+typedef struct attn_plan {
+    bool mma;       /* tensor cores (sm_80 on): 3xTF32, else CUDA cores */
+    int tr, rm, cn; /* CUDA cores: 8 x tr threads, each rm queries x cn keys */
+    int nt, bq, bk; /* threads, queries and keys of a block's tiles */
+    int64_t D, Dv, dp, dvp, qp, vp; /* head sizes, their tile widths, row pitches */
+} attn_plan;
+
+static int64_t up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+/* A row pitch for tiles of w floats (w a multiple of 4) that is 4 mod 8
+ * (mod 16 when mod16): consecutive rows start in different bank groups,
+ * so the fragment reads of 8 rows (4 threads each) hit 32 banks. */
+static int64_t pitch_of(int64_t w, bool mod16) {
+    int64_t p = w + 4;
+    while (p % (mod16 ? 16 : 8) != 4) p += 4;
+    return p;
+}
+
+/* Whether cuda:d runs the tensor-core kernel: sm_80 on, unless
+ * EMBER_CUDA_ATTENTION=simt asks for the CUDA-core one (the only one
+ * before sm_80; the tests run both on one GPU). */
+static bool use_mma(const cuda_device *d) {
+    const char *e = getenv("EMBER_CUDA_ATTENTION");
+    return d->major >= 8 && !(e && !strcmp(e, "simt"));
+}
+
+/* The plan for head sizes D, Dv.  Tensor cores: 4 warps of 16 queries, 64
+ * keys a tile (the C fragments of the scores are the A fragments of
+ * p v).  CUDA cores: 8 x 8 scores a thread for head sizes up to 64 (a
+ * 128 x 64 tile), else 4 x 4 (the output's registers, rm x Dv/8, and the
+ * tiles' shared memory). */
+static attn_plan plan_for(bool mma, int64_t D, int64_t Dv) {
+    attn_plan p = {.mma = mma, .D = D, .Dv = Dv};
+    if (p.mma) {
+        p.nt = 128, p.bq = 64, p.bk = 64;
+        p.dp = up(D, 8), p.dvp = up(Dv, 8);
+        p.qp = pitch_of(p.dp, false), p.vp = pitch_of(p.dvp, true);
+        return p;
+    }
+    bool small = D <= 64 && Dv <= 64;
+    p.tr = 16, p.rm = small ? 8 : 4, p.cn = small ? 8 : 4;
+    p.nt = 8 * p.tr, p.bq = p.tr * p.rm, p.bk = 8 * p.cn;
+    p.dp = up(D, 4), p.dvp = up(Dv, 32);
+    p.qp = pitch_of(p.dp, false), p.vp = p.dvp;
+    return p;
+}
+
+/* Shared memory of p's kernel, in bytes: the q, k and v tiles (and on
+ * CUDA cores the probabilities'). */
+static unsigned smem_bytes(const attn_plan *p) {
+    int64_t n = p->bq * p->qp + p->bk * p->qp + p->bk * p->vp;
+    if (!p->mma) n += p->bq * (p->bk + 4);
+    return (unsigned)(n * (int64_t)sizeof(float));
+}
+
+/* The defines of p's kernel text, into buf. */
+static void plan_defines(const attn_plan *p, char *buf, size_t n) {
+    if (p->mma)
+        snprintf(buf, n, "#define NW %d\n#define NT %d\n#define BQ %d\n#define BK %d\n#define D8 %lld\n"
+                 "#define DV8 %lld\n#define QP %lld\n#define VP %lld\n", p->nt / 32, p->nt, p->bq, p->bk,
+                 (long long)p->dp, (long long)p->dvp, (long long)p->qp, (long long)p->vp);
+    else
+        snprintf(buf, n, "#define TR %d\n#define RM %d\n#define CN %d\n#define NT %d\n#define BQ %d\n"
+                 "#define BK %d\n#define PP (BK + 4)\n#define D4 %lld\n#define DVP %lld\n#define QP %lld\n",
+                 p->tr, p->rm, p->cn, p->nt, p->bq, p->bk, (long long)p->dp, (long long)p->dvp,
+                 (long long)p->qp);
+}
+
+static char *plan_text(const attn_plan *p, bool causal, bool mask, int nb) {
+    char defs[512];
+    plan_defines(p, defs, sizeof defs);
+    const char *fmt = "/* ember fused attention */\n#define D %lld\n#define DV %lld\n#define CAUSAL %d\n"
+                      "#define MASK %d\n#define NB %d\n%s%s%s";
+    const char *body = p->mma ? attention_mma : attention_simt;
+    int n = snprintf(NULL, 0, fmt, (long long)p->D, (long long)p->Dv, causal, mask, nb, defs,
+                     attention_prelude, body);
+    char *text = n > 0 ? em_malloc((size_t)n + 1) : NULL;
+    if (text)
+        snprintf(text, (size_t)n + 1, fmt, (long long)p->D, (long long)p->Dv, causal, mask, nb, defs,
+                 attention_prelude, body);
+    return text;
+}
+
+char *cuda_attention_text(int64_t D, int64_t Dv, bool causal, bool mask, int nb, bool mma) {
+    attn_plan p = plan_for(mma, D, Dv);
+    return plan_text(&p, causal, mask, nb);
+}
+
+/* t's strides aligned to the result's nb batch dims (0 where t lacks the
+ * dim or broadcasts it), and its row and column strides (0 where
+ * broadcast): cpu_attention.c's operand_of, on the kernel's fields. */
+static void strides_of(const em_tensor *t, int nb, long long *bst, long long *rs, long long *cs) {
+    int nd = t->ndim, tb = nd - 2;
+    for (int d = 0; d < nb; d++) {
+        int td = d - (nb - tb);
+        bst[d] = td >= 0 && t->sizes[td] != 1 ? t->strides[td] : 0;
+    }
+    *rs = nd >= 2 && t->sizes[nd - 2] != 1 ? t->strides[nd - 2] : 0;
+    *cs = nd >= 1 && t->sizes[nd - 1] != 1 ? t->strides[nd - 1] : 0;
+}
+
+/* Whether t's rows of cols elements can be read as 16-byte vectors: unit
+ * column stride, every other stride and the base 16-byte aligned. */
+static bool vector_rows(const em_tensor *t, int nb, const long long *bst, long long rs, long long cs,
+                        int64_t cols) {
+    bool ok = cols % 4 == 0 && (cs == 1 || cols == 1) && rs % 4 == 0 &&
+              (uintptr_t)em_data(t) % 16 == 0;
+    for (int i = 0; ok && i < nb; i++) ok = bst[i] % 4 == 0;
+    return ok;
+}
+
+em_status cuda_attention(cuda_device *d, const em_op_call *c, em_tensor *out, cuda_get_stats *stats) {
+    const em_tensor *q = c->in[0], *k = c->in[1], *v = c->in[2];
+    const em_tensor *mask = c->nin == 4 ? c->in[3] : NULL;
+    int64_t D = q->sizes[q->ndim - 1], Dv = v->sizes[v->ndim - 1];
+    if (out->dtype != EM_F32 || D < 1 || D > MAX_D || Dv > MAX_DV)
+        return em_error(EM_ERR_UNSUPPORTED, "attention on CUDA: head sizes %lld/%lld (at most %d/%d)",
+                        (long long)D, (long long)Dv, MAX_D, MAX_DV);
+    attn_args a;
+    memset(&a, 0, sizeof a);
+    int nb = out->ndim - 2;
+    for (int i = 0; i < nb; i++) a.bsz[i] = out->sizes[i];
+    a.Tq = out->sizes[nb];
+    a.Tk = k->sizes[k->ndim - 2];
+    a.nbatch = em_shape_numel(nb, out->sizes);
+    attn_plan p = plan_for(use_mma(d), D, Dv);
+    a.nqblk = (a.Tq + p.bq - 1) / p.bq;
+    a.scale = (float)(c->attrs->value * 1.4426950408889634);
+    if (a.nbatch * a.nqblk > INT32_MAX)
+        return em_error(EM_ERR_UNSUPPORTED, "attention on CUDA: %lld query blocks",
+                        (long long)(a.nbatch * a.nqblk));
+    if (a.nbatch * a.nqblk == 0) return EM_OK;
+    strides_of(q, nb, a.qb, &a.qr, &a.qc);
+    strides_of(k, nb, a.kb, &a.kr, &a.kc);
+    strides_of(v, nb, a.vb, &a.vr, &a.vc);
+    if (mask) strides_of(mask, nb, a.mb, &a.mr, &a.mc);
+    a.vec = vector_rows(q, nb, a.qb, a.qr, a.qc, D) | vector_rows(k, nb, a.kb, a.kr, a.kc, D) << 1 |
+            vector_rows(v, nb, a.vb, a.vr, a.vc, Dv) << 2;
+    char *text = plan_text(&p, c->attrs->causal, mask != NULL, nb);
+    if (!text) return em_last_status();
+    const cuda_kernel *ck = NULL;
+    em_status s = cuda_source_get(d, text, cuda_eager_cache(), cuda_eager_log(), stats, &ck);
+    em_free(text);
+    if (s != EM_OK) return s;
+    CUdeviceptr pq = (CUdeviceptr)(uintptr_t)em_data(q), pk = (CUdeviceptr)(uintptr_t)em_data(k);
+    CUdeviceptr pv = (CUdeviceptr)(uintptr_t)em_data(v), po = (CUdeviceptr)(uintptr_t)em_data(out);
+    CUdeviceptr pm = mask ? (CUdeviceptr)(uintptr_t)em_data(mask) : 0;
+    void *args[] = {&pq, &pk, &pv, &pm, &po, &a};
+    return cuda_source_launch(d, ck, (unsigned)(a.nbatch * a.nqblk), (unsigned)p.nt, smem_bytes(&p),
+                              args);
+}
+
+#endif /* EMBER_HAVE_CUDA */
