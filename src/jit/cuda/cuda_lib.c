@@ -264,8 +264,52 @@ cuda_device *cuda_device_get(int index) {
     return d ? make_current(d) : NULL;
 }
 
+/* ---- errors found by kernels (cuda_lib.h) ---- */
+
+static const unsigned long long kerror_zero[4]; /* never written: a pageable source is safe */
+
+em_status cuda_kerror_words(cuda_device *d, CUdeviceptr *words) {
+    em_status s = EM_OK;
+    pthread_mutex_lock(&d->lock);
+    if (!d->kerror) { /* process-long, like the loaded modules: never freed */
+        CUdeviceptr p = 0;
+        s = cuda_check(cu.MemAlloc(&p, sizeof kerror_zero), "cuMemAlloc");
+        if (s == EM_OK)
+            s = cuda_check(cu.MemcpyHtoDAsync(p, kerror_zero, sizeof kerror_zero, d->stream), "cuMemcpyHtoDAsync");
+        if (s == EM_OK) d->kerror = p;
+        else if (p) cu.MemFree(p);
+    }
+    if (s == EM_OK) d->kerror_armed = true;
+    *words = d->kerror;
+    pthread_mutex_unlock(&d->lock);
+    return s;
+}
+
+/* The error kernels recorded since the last read (the stream is idle). */
+static em_status read_kerror(cuda_device *d) {
+    pthread_mutex_lock(&d->lock);
+    bool armed = d->kerror_armed;
+    d->kerror_armed = false;
+    CUdeviceptr w = d->kerror;
+    pthread_mutex_unlock(&d->lock);
+    if (!armed) return EM_OK;
+    unsigned long long h[4];
+    em_status s = cuda_check(cu.MemcpyDtoHAsync(h, w, sizeof h, d->stream), "cuMemcpyDtoHAsync");
+    if (s == EM_OK) s = cuda_check(cu.StreamSynchronize(d->stream), "cuStreamSynchronize");
+    if (s != EM_OK || h[0] == 0) return s;
+    s = cuda_check(cu.MemcpyHtoDAsync(w, kerror_zero, sizeof kerror_zero, d->stream), "cuMemcpyHtoDAsync");
+    if (s != EM_OK) return s;
+    if (h[0] == CUDA_KERROR_INDEX)
+        return em_error(EM_ERR_INDEX,
+                        "index_select: index %lld is out of range for dim %lld of size %lld (found on "
+                        "cuda:%d by a kernel queued before this synchronization; its result holds 0 there)",
+                        (long long)h[1], (long long)h[3], (long long)h[2], d->index);
+    return em_error(EM_ERR_STATE, "cuda:%d: a kernel reported error %llu", d->index, h[0]);
+}
+
 em_status cuda_sync(cuda_device *d) {
-    return cuda_check(cu.StreamSynchronize(d->stream), "cuStreamSynchronize");
+    em_status s = cuda_check(cu.StreamSynchronize(d->stream), "cuStreamSynchronize");
+    return s == EM_OK ? read_kerror(d) : s;
 }
 
 /* ---- caching allocator ---- */

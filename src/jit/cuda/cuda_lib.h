@@ -125,6 +125,8 @@ typedef struct cuda_device {
     int nkernels, capkernels;
     int *kindex;             /* open-addressed index into kernels (-1: empty) */
     int capindex;
+    CUdeviceptr kerror;      /* the kernel-error words (below), or 0 before the first use */
+    bool kerror_armed;       /* a kernel that may set them ran since they were last read */
 } cuda_device;
 
 /* Number of devices, or -1 (error set) without a driver. */
@@ -151,8 +153,24 @@ void cuda_mem_free(cuda_device *d, void *ptr);
 void cuda_mem_trim(cuda_device *d);
 size_t cuda_mem_bucket(size_t nbytes);
 
-/* Waits for the device's stream (before the host reads results). */
+/* Waits for the device's stream (before the host reads results), then
+ * reports what kernels recorded in the kernel-error words, if any armed
+ * them since the last sync (the error is then cleared: the next sync is
+ * clean). */
 em_status cuda_sync(cuda_device *d);
+
+/* ---- errors found by kernels, reported without a wait per launch ----
+ * Four 64-bit words of device memory per device: [0] the error's kind (0:
+ * none), [1..3] its values; a kernel that finds an error sets them with an
+ * atomicCAS on word 0, so the first error of the stream is kept.  The next
+ * cuda_sync reads them and returns the error:
+ *  CUDA_KERROR_INDEX: an index out of range ([1] the index, [2] the dim's
+ *  size, [3] the dim), EM_ERR_INDEX (index_select: cuda_native.c). */
+enum { CUDA_KERROR_INDEX = 1 };
+/* The words' device address (allocated and zeroed at the first call), the
+ * next cuda_sync armed to read them: call it before each launch that may
+ * set them. */
+em_status cuda_kerror_words(cuda_device *d, CUdeviceptr *words);
 
 /* Whether TF32 tensor cores may be used for f32 matmuls: the environment
  * variable EMBER_CUDA_TF32=1 (default off: full f32 accuracy). */
