@@ -143,19 +143,11 @@ static int geom_build(native_geom *g, int nd, const int64_t *sizes, const int64_
     return m;
 }
 
-
-/* A kernel's text: the generator's #defines (defs, already formatted), the
- * launch bound and the name, then its kind's fixed body. */
-static char *kernel_text(const char *defs, const char *body) {
-    if (!defs) return NULL;
-    return textf("%s#define EM_THREADS %d\n#define EM_NAME %s\n%s", defs, BLOCK, JIT_KERNEL_NAME, body);
-}
-
-/* A generator's #defines, formatted (NULL with the error set). */
-#define DEFS(...) textf(__VA_ARGS__)
-
+/* A kernel's text: the generator's #defines (defs, from textf; consumed),
+ * the launch bound and the name, then its kind's fixed body. */
 static char *text_of(char *defs, const char *body) {
-    char *t = kernel_text(defs, body);
+    if (!defs) return NULL;
+    char *t = textf("%s#define EM_THREADS %d\n#define EM_NAME %s\n%s", defs, BLOCK, JIT_KERNEL_NAME, body);
     em_free(defs);
     return t;
 }
@@ -201,7 +193,7 @@ static const char copy_body[] =
 
 char *cuda_native_copy_text(size_t esize, int nd, em_dtype idx) {
     bool gather = idx == EM_I32 || idx == EM_I64;
-    return text_of(DEFS("/* ember native: copy */\n#define ND %d\n#define GATHER %d\n"
+    return text_of(textf("/* ember native: copy */\n#define ND %d\n#define GATHER %d\n"
                         "#define EM_KERROR_INDEX %d\ntypedef %s T;\ntypedef %s I;\n",
                         nd, (int)gather, CUDA_KERROR_INDEX, bits_type(esize),
                         idx == EM_I32 ? "int" : "long long"),
@@ -355,7 +347,7 @@ char *cuda_native_arange_text(em_dtype d, bool exact) {
     }
     bool half = d == EM_F16 || d == EM_BF16;
     /* exact is i32/i64 only: i32 saturates the int64 value */
-    return text_of(DEFS("/* ember native: arange */\n#define EXACT %d\ntypedef %s T;\n"
+    return text_of(textf("/* ember native: arange */\n#define EXACT %d\ntypedef %s T;\n"
                         "#define CONVERT(v) %s(v)%s\n#define CONVERT_I(v) %s(v)\n",
                         (int)exact, type, cv, half ? ")" : "", d == EM_I32 ? "em_sat_i32" : ""),
                    arange_body);
@@ -458,7 +450,7 @@ char *cuda_native_rand_text(em_dtype d, bool normal) {
                  em_dtype_name(d));
         return NULL;
     }
-    return text_of(DEFS("/* ember native: %s */\n#define F32 %d\n#define NORMAL %d\ntypedef %s T;\n",
+    return text_of(textf("/* ember native: %s */\n#define F32 %d\n#define NORMAL %d\ntypedef %s T;\n",
                         normal ? "randn" : "rand", (int)(d == EM_F32), (int)normal,
                         d == EM_F32 ? "float" : "double"),
                    rand_body);
@@ -528,7 +520,7 @@ char *cuda_native_argmax_text(em_dtype d, int nd) {
     case EM_BOOL: t = "unsigned char", k = "int"; break;
     default: em_error(EM_ERR_DTYPE, "argmax: dtype %s is not supported", em_dtype_name(d)); return NULL;
     }
-    return text_of(DEFS("/* ember native: argmax */\n#define ND %d\n#define ISFLOAT %d\n"
+    return text_of(textf("/* ember native: argmax */\n#define ND %d\n#define ISFLOAT %d\n"
                         "typedef %s T;\ntypedef %s K;\n#define LOAD(v) %s\n",
                         nd, (int)(d == EM_F32 || d == EM_F64), t, k,
                         d == EM_BOOL ? "((v) != 0)" : "(v)"),
