@@ -125,6 +125,7 @@ typedef struct cuda_device {
     int nkernels, capkernels;
     int *kindex;             /* open-addressed index into kernels (-1: empty) */
     int capindex;
+    pthread_mutex_t kerror_lock; /* guards the two below; see cuda_kerror_launch */
     CUdeviceptr kerror;      /* the kernel-error words (below), or 0 before the first use */
     bool kerror_armed;       /* a kernel that may set them ran since they were last read */
 } cuda_device;
@@ -167,10 +168,13 @@ em_status cuda_sync(cuda_device *d);
  *  CUDA_KERROR_INDEX: an index out of range ([1] the index, [2] the dim's
  *  size, [3] the dim), EM_ERR_INDEX (index_select: cuda_native.c). */
 enum { CUDA_KERROR_INDEX = 1 };
-/* The words' device address (allocated and zeroed at the first call), the
- * next cuda_sync armed to read them: call it before each launch that may
- * set them. */
-em_status cuda_kerror_words(cuda_device *d, CUdeviceptr *words);
+typedef em_status (*cuda_kerror_fn)(void *ctx, CUdeviceptr words);
+/* Runs launch(ctx, words) (words allocated and zeroed at the first call)
+ * and arms the next cuda_sync to read them, under d->kerror_lock, which
+ * cuda_sync holds from reading the words to clearing them: a launch
+ * therefore falls wholly before the read (and is reported by it) or after
+ * the clearing (and is reported by the next sync), whatever the threads. */
+em_status cuda_kerror_launch(cuda_device *d, cuda_kerror_fn launch, void *ctx);
 
 /* Whether TF32 tensor cores may be used for f32 matmuls: the environment
  * variable EMBER_CUDA_TF32=1 (default off: full f32 accuracy). */

@@ -200,11 +200,26 @@ char *cuda_native_copy_text(size_t esize, int nd, em_dtype idx) {
                    copy_body);
 }
 
-/* Launches the copy kernel for g (rank nd) from src to dst; idx and err
- * only for a gather. */
+/* One launch of the copy kernel (its arguments but the error words). */
+typedef struct copy_launch {
+    cuda_device *d;
+    const cuda_kernel *k;
+    native_geom *g;
+    const void *src;
+    void *dst;
+    const void *idx; /* NULL: no gather */
+} copy_launch;
+
+static em_status launch_copy(void *ctx, CUdeviceptr err) {
+    copy_launch *L = ctx;
+    void *args[] = {&L->src, &L->dst, &L->idx, &err, L->g};
+    return launch(L->d, L->k, L->g->n, BLOCK, args);
+}
+
+/* The copy kernel for g (rank nd) from src to dst, gathering through idx
+ * (then armed for cuda_sync to report bad indices) unless it is NULL. */
 static em_status run_copy(cuda_device *d, cuda_get_stats *stats, size_t esize, int nd,
-                          native_geom *g, const void *src, void *dst, const em_tensor *idx,
-                          CUdeviceptr err) {
+                          native_geom *g, const void *src, void *dst, const em_tensor *idx) {
     if (g->n == 0) return EM_OK;
     if (!idx && nd == 1 && g->sst[0] == 1 && g->dst[0] == 1) { /* one run: a plain copy */
         const cu_api *cu = cuda_driver();
@@ -212,13 +227,11 @@ static em_status run_copy(cuda_device *d, cuda_get_stats *stats, size_t esize, i
                                               (size_t)g->n * esize, d->stream),
                           "cuMemcpyDtoDAsync");
     }
-    const cuda_kernel *k = NULL;
+    copy_launch L = {d, NULL, g, src, dst, idx ? em_data(idx) : NULL};
     em_status s = get_kernel(d, cuda_native_copy_text(esize, nd, idx ? idx->dtype : EM_DTYPE_COUNT),
-                             stats, &k);
+                             stats, &L.k);
     if (s != EM_OK) return s;
-    void *ip = idx ? em_data(idx) : NULL;
-    void *args[] = {&src, &dst, &ip, &err, g};
-    return launch(d, k, g->n, BLOCK, args);
+    return idx ? cuda_kerror_launch(d, launch_copy, &L) : launch_copy(&L, 0);
 }
 
 static em_status cat_input(cuda_device *d, cuda_get_stats *stats, const em_tensor *x,
@@ -227,7 +240,7 @@ static em_status cat_input(cuda_device *d, cuda_get_stats *stats, const em_tenso
     native_geom g;
     int nd = geom_build(&g, x->ndim, x->sizes, x->strides, out->strides, -1);
     char *dst = (char *)em_data(out) + (size_t)(off * out->strides[dim]) * es;
-    return run_copy(d, stats, es, nd, &g, em_data(x), dst, NULL, 0);
+    return run_copy(d, stats, es, nd, &g, em_data(x), dst, NULL);
 }
 
 /* Each input copied into its slab of out (the checks are cpu_cat's). */
@@ -265,15 +278,12 @@ static em_status run_index_select(cuda_device *d, const em_op_call *c, em_tensor
         return em_error(EM_ERR_SHAPE, "index_select: indices must be 1-d, not %d-d", idx->ndim);
     if (out->ndim != x->ndim || out->dtype != x->dtype)
         return em_error(EM_ERR_SHAPE, "index_select: the output does not match x");
-    CUdeviceptr err = 0;
-    em_status s = cuda_kerror_words(d, &err);
-    if (s != EM_OK) return s;
     native_geom g;
     int nd = geom_build(&g, out->ndim, out->sizes, x->strides, out->strides, dim);
     g.ist = idx->ndim ? idx->strides[0] : 0;
     g.bound = x->sizes[dim];
     g.dim = dim;
-    return run_copy(d, stats, em_dtype_size(x->dtype), nd, &g, em_data(x), em_data(out), idx, err);
+    return run_copy(d, stats, em_dtype_size(x->dtype), nd, &g, em_data(x), em_data(out), idx);
 }
 
 /* ---- arange ----
