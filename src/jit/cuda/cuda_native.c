@@ -17,18 +17,18 @@
  *  - cat and index_select copy bytes, so one kernel per element size takes
  *    every dtype, f16 and bf16 included, which the CUDA printer lacks.
  *
- * One generator per kernel kind (copy_text, arange_text, rand_text,
- * argmax_text); each text is a few #defines over one fixed body, so the
- * distinct texts are few and each is compiled once per target
+ * One generator per kernel kind (cuda_native_copy_text, _arange_text,
+ * _rand_text, _argmax_text); each text is a few #defines over one fixed
+ * body, so the distinct texts are few and each is compiled once per target
  * (cuda_source_get: the device's table, then the kernel cache, then NVRTC).
  *
  * index_select's bounds: the kernel never reads out of bounds (an index
  * outside [0, size) reads nothing and writes 0) and records the first bad
- * index it meets in the device's kernel-error words (cuda_lib.h); the
- * next synchronization of the device (cuda_sync: any copy between host and
- * device, em_item, em_copy_to_host) returns EM_ERR_INDEX with it.  No copy
- * of the indices, no wait per call; docs/cuda.md says when the error
- * surfaces. */
+ * index it meets in the device's kernel-error words (cuda_kerror_launch,
+ * cuda_lib.h); the next synchronization of the device (cuda_sync: any copy
+ * between host and device, em_item, em_copy_to_host) returns EM_ERR_INDEX
+ * with it.  No copy of the indices, no wait per call; docs/cuda.md says
+ * when the error surfaces. */
 #include "cuda_eager.h"
 
 #ifdef EMBER_HAVE_CUDA
