@@ -18,6 +18,12 @@
 #include "testutil.h"
 #include "../bench/workloads.h"
 #include "cache.h"
+#include "config.h"
+#ifdef EMBER_HAVE_CUDA
+#include "cuda_eager.h"
+#include "cuda_kernel.h"
+#include "schedule.h"
+#endif
 
 #define GPU em_cuda(0)
 static const em_device CPU = {EM_CPU, 0};
@@ -92,7 +98,8 @@ START_TEST(creation) {
     }
     same(em_arange(0, 10, 0.5, EM_F32, GPU), em_arange(0, 10, 0.5, EM_F32, CPU), 0, 0);
     em_generator *g1 = em_generator_new(7), *g2 = em_generator_new(7);
-    same(em_randn(g1, 2, sz, EM_F32, GPU), em_randn(g2, 2, sz, EM_F32, CPU), 0, 0);
+    /* CUDA's logf/cosf, not the CPU's libm: a few ulp (native_rand) */
+    same(em_randn(g1, 2, sz, EM_F32, GPU), em_randn(g2, 2, sz, EM_F32, CPU), 4e-6, 1e-6);
     same(em_rand(g1, 2, sz, EM_F64, GPU), em_rand(g2, 2, sz, EM_F64, CPU), 0, 0);
     em_generator_free(g1);
     em_generator_free(g2);
@@ -259,6 +266,25 @@ END_TEST
 
 /* ---- joining, indexing ---- */
 
+/* r, an index_select whose indices are out of range, was queued (the
+ * kernel finds them): the next synchronization, here a copy to the host,
+ * fails with EM_ERR_INDEX and a message holding want; the one after it is
+ * clean. */
+#define expect_index_error(r, want) expect_index_error_at(__FILE__, __LINE__, (r), (want))
+static void expect_index_error_at(const char *file, int line, em_tensor *r, const char *want) {
+    ck_assert_msg(r != NULL, "%s:%d: the op itself failed: %s", file, line, em_last_error());
+    size_t n = (size_t)em_numel(r) * em_dtype_size(em_dtype_of(r));
+    void *buf = malloc(n ? n : 1);
+    em_clear_error();
+    em_status s = em_copy_to_host(r, buf, n);
+    ck_assert_msg(s == EM_ERR_INDEX, "%s:%d: status %s (%s), expected EM_ERR_INDEX", file, line,
+                  em_status_name(s), em_last_error());
+    ck_assert_msg(strstr(em_last_error(), want), "%s:%d: message %s", file, line, em_last_error());
+    ck_assert_msg(em_copy_to_host(r, buf, n) == EM_OK, "%s:%d: the error surfaced twice: %s", file,
+                  line, em_last_error());
+    free(buf);
+}
+
 START_TEST(cat_and_index) {
     em_tensor *a = tu_random(16, 2, TU_SIZES(3, 4), EM_F32, 1), *b = tu_random(17, 2, TU_SIZES(2, 4), EM_F32, 1);
     em_tensor *ga = to_gpu(a), *gb = to_gpu(b);
@@ -283,12 +309,14 @@ START_TEST(cat_and_index) {
     same(em_embedding(to_gpu(table), to_gpu(ids)), em_embedding(table, ids), 0, 0);
     em_tensor *it = tu_random(22, 2, TU_SIZES(40, 7), EM_I64, 1000);
     same(em_index_select(to_gpu(it), 0, to_gpu(i)), em_index_select(it, 0, i), 0, 0);
-    /* out-of-range indices: the CPU's error, nothing launched */
+    /* out-of-range indices: the CPU's error, at the next synchronization
+     * (native_index_select_errors has the details) */
     int64_t badv[3] = {1, 2, -1};
-    tu_check_fails(em_index_select(ga, 0, to_gpu(em_from_data(badv, EM_I64, 1, TU_SIZES(3), CPU))), EM_ERR_INDEX);
-    ck_assert_msg(strstr(em_last_error(), "index -1 is out of range"), "%s", em_last_error());
+    em_tensor *gbad = to_gpu(em_from_data(badv, EM_I64, 1, TU_SIZES(3), CPU));
+    expect_index_error(em_index_select(ga, 0, gbad), "index -1 is out of range");
     badv[2] = 3; /* a has 3 rows */
-    tu_check_fails(em_embedding(ga, to_gpu(em_from_data(badv, EM_I64, 1, TU_SIZES(3), CPU))), EM_ERR_INDEX);
+    gbad = to_gpu(em_from_data(badv, EM_I64, 1, TU_SIZES(3), CPU));
+    expect_index_error(em_embedding(ga, gbad), "index 3 is out of range for dim 0 of size 3");
 }
 END_TEST
 
@@ -826,16 +854,278 @@ START_TEST(ten_batch_sizes_on_the_gpu_compile_twice) {
 }
 END_TEST
 
+/* ---- native kernels (cuda_native.c): cat, index_select, arange, rand,
+ * randn, argmax as generated CUDA C, against the CPU's results ---- */
+
+static const em_dtype all_dtypes[] = {EM_F32, EM_F64, EM_I32, EM_I64, EM_BOOL, EM_F16, EM_BF16};
+#define NDTYPES (int)(sizeof all_dtypes / sizeof all_dtypes[0])
+
+/* Asserts that the GPU result g has the CPU result c's dtype, sizes and
+ * bytes (both read densely). */
+#define same_bits(g, c) same_bits_at(__FILE__, __LINE__, (g), (c))
+static void same_bits_at(const char *file, int line, const em_tensor *g, const em_tensor *c) {
+    ck_assert_msg(g != NULL, "%s:%d: GPU op failed: %s", file, line, em_last_error());
+    ck_assert_msg(c != NULL, "%s:%d: CPU op failed: %s", file, line, em_last_error());
+    ck_assert_msg(em_device_of(g).type == EM_CUDA, "%s:%d: result not on CUDA", file, line);
+    ck_assert_msg(em_dtype_of(g) == em_dtype_of(c), "%s:%d: dtype %s, expected %s", file, line,
+                  em_dtype_name(em_dtype_of(g)), em_dtype_name(em_dtype_of(c)));
+    ck_assert_int_eq(em_ndim(g), em_ndim(c));
+    for (int i = 0; i < em_ndim(c); i++) ck_assert_int_eq(em_size(g, i), em_size(c, i));
+    size_t es = em_dtype_size(em_dtype_of(c)), n = (size_t)em_numel(c) * es;
+    unsigned char *a = malloc(n + 1), *b = malloc(n + 1);
+    ck_assert_msg(em_copy_to_host(g, a, n) == EM_OK, "%s:%d: %s", file, line, em_last_error());
+    ck_assert_msg(em_copy_to_host(c, b, n) == EM_OK, "%s:%d: %s", file, line, em_last_error());
+    for (size_t i = 0; i < n; i += es)
+        if (memcmp(a + i, b + i, es)) {
+            double x = tu_decode(a + i, em_dtype_of(c)), y = tu_decode(b + i, em_dtype_of(c));
+            free(a), free(b);
+            ck_abort_msg("%s:%d: element %zu is %.17g, expected %.17g (bits differ)", file, line,
+                         i / es, x, y);
+        }
+    free(a), free(b);
+}
+
+/* x on the GPU and on the CPU, permuted by perm (non-contiguous on both). */
+static void permuted_pair(em_tensor *x, int nd, const int *perm, em_tensor **g, em_tensor **c) {
+    *g = em_permute(to_gpu(x), nd, perm);
+    *c = em_permute(x, nd, perm);
+}
+
+START_TEST(native_cat) {
+    for (int t = 0; t < NDTYPES; t++) {
+        em_dtype dt = all_dtypes[t];
+        em_tensor *a = tu_random(40 + t, 3, TU_SIZES(3, 5, 7), dt, 3);
+        em_tensor *b = tu_random(50 + t, 3, TU_SIZES(3, 5, 7), dt, 3);
+        em_tensor *ga = to_gpu(a), *gb = to_gpu(b);
+        for (int dim = 0; dim < 3; dim++) /* every dim, contiguous inputs */
+            same_bits(em_cat(2, (em_tensor *[]){ga, gb}, dim), em_cat(2, (em_tensor *[]){a, b}, dim));
+        /* non-contiguous inputs: a permuted [7, 5, 3], a stepped slice, an expand */
+        em_tensor *gp, *cp;
+        permuted_pair(tu_random(60 + t, 3, TU_SIZES(7, 5, 3), dt, 3), 3, (int[]){2, 1, 0}, &gp, &cp);
+        em_tensor *gs = em_slice(ga, 2, 1, 7, 2), *cs = em_slice(a, 2, 1, 7, 2); /* [3, 5, 3] */
+        em_tensor *ge = em_expand(em_slice(gb, 2, 0, 1, 1), 3, TU_SIZES(3, 5, 4));
+        em_tensor *ce = em_expand(em_slice(b, 2, 0, 1, 1), 3, TU_SIZES(3, 5, 4));
+        same_bits(em_cat(4, (em_tensor *[]){gp, gs, ge, ga}, 2), em_cat(4, (em_tensor *[]){cp, cs, ce, a}, 2));
+        /* size-0 and size-1 inputs, a single input, a 1-d cat */
+        em_tensor *z = em_slice(a, 1, 0, 0, 1), *gz = em_slice(ga, 1, 0, 0, 1);
+        em_tensor *o = em_slice(a, 1, 2, 3, 1), *go = em_slice(ga, 1, 2, 3, 1);
+        same_bits(em_cat(4, (em_tensor *[]){gz, go, ga, gz}, 1), em_cat(4, (em_tensor *[]){z, o, a, z}, 1));
+        same_bits(em_cat(1, (em_tensor *[]){gs}, 0), em_cat(1, (em_tensor *[]){cs}, 0));
+        em_tensor *v = tu_random(70 + t, 1, TU_SIZES(1001), dt, 3);
+        same_bits(em_cat(3, (em_tensor *[]){to_gpu(v), to_gpu(v), to_gpu(v)}, 0),
+                  em_cat(3, (em_tensor *[]){v, v, v}, 0));
+    }
+    /* an all-empty result: nothing to do */
+    em_tensor *e = em_zeros(2, TU_SIZES(0, 4), EM_F32, GPU);
+    em_tensor *r = em_cat(2, (em_tensor *[]){e, e}, 0);
+    ck_assert_msg(r && em_numel(r) == 0, "%s", em_last_error());
+}
+END_TEST
+
+START_TEST(native_index_select) {
+    int64_t iv[7] = {4, 0, 4, 1, 3, 2, 0};
+    int32_t iv32[14] = {2, 9, 0, 9, 1, 9, 3, 9, 3, 9, 0, 9, 4, 9};
+    em_tensor *i64 = em_from_data(iv, EM_I64, 1, TU_SIZES(7), CPU);
+    em_tensor *i32 = em_slice(em_from_data(iv32, EM_I32, 1, TU_SIZES(14), CPU), 0, 0, 14, 2);
+    em_tensor *gi64 = to_gpu(i64);
+    em_tensor *gi32 = em_slice(to_gpu(em_from_data(iv32, EM_I32, 1, TU_SIZES(14), CPU)), 0, 0, 14, 2);
+    em_tensor *none = em_from_data(iv, EM_I64, 1, TU_SIZES(0), CPU), *gnone = to_gpu(none);
+    em_tensor *one = em_scalar(3, EM_I32, CPU), *gone = to_gpu(one);
+    for (int t = 0; t < NDTYPES; t++) {
+        em_dtype dt = all_dtypes[t];
+        em_tensor *x = tu_random(80 + t, 3, TU_SIZES(5, 5, 5), dt, 3), *gx = to_gpu(x);
+        em_tensor *gp, *cp; /* non-contiguous x */
+        permuted_pair(x, 3, (int[]){1, 2, 0}, &gp, &cp);
+        for (int dim = 0; dim < 3; dim++) {
+            same_bits(em_index_select(gx, dim, gi64), em_index_select(x, dim, i64));
+            same_bits(em_index_select(gp, dim, gi32), em_index_select(cp, dim, i32));
+            same_bits(em_index_select(gx, dim, gone), em_index_select(x, dim, one)); /* 0-d */
+            same_bits(em_index_select(gp, dim, gnone), em_index_select(cp, dim, none)); /* size 0 */
+        }
+        em_tensor *table = tu_random(90 + t, 2, TU_SIZES(37, 3), dt, 3); /* odd sizes */
+        int64_t ids[2 * 9];
+        for (int k = 0; k < 18; k++) ids[k] = (k * 7 + 3) % 37;
+        em_tensor *cid = em_from_data(ids, EM_I64, 2, TU_SIZES(2, 9), CPU);
+        same_bits(em_embedding(to_gpu(table), to_gpu(cid)), em_embedding(table, cid));
+    }
+}
+END_TEST
+
+START_TEST(native_index_select_errors) {
+    em_tensor *x = tu_random(100, 2, TU_SIZES(4, 6), EM_F32, 1), *gx = to_gpu(x);
+    int64_t good[3] = {3, 0, 2}, bad[3] = {3, 4, 0}, neg[3] = {0, -2, 1};
+    em_tensor *g_good = to_gpu(em_from_data(good, EM_I64, 1, TU_SIZES(3), CPU));
+    em_tensor *g_bad = to_gpu(em_from_data(bad, EM_I64, 1, TU_SIZES(3), CPU));
+    em_tensor *g_neg = to_gpu(em_from_data(neg, EM_I64, 1, TU_SIZES(3), CPU));
+    int32_t bad32[2] = {1, 6};
+    em_tensor *g_bad32 = to_gpu(em_from_data(bad32, EM_I32, 1, TU_SIZES(2), CPU));
+    /* the CPU's message; the call after it is fine */
+    expect_index_error(em_index_select(gx, 0, g_bad), "index 4 is out of range for dim 0 of size 4");
+    same_bits(em_index_select(gx, 0, g_good), em_index_select(x, 0, em_from_data(good, EM_I64, 1, TU_SIZES(3), CPU)));
+    expect_index_error(em_index_select(gx, 0, g_neg), "index -2 is out of range");
+    expect_index_error(em_index_select(gx, 1, g_bad32), "index 6 is out of range for dim 1 of size 6");
+    expect_index_error(em_embedding(gx, g_bad), "index 4 is out of range");
+    /* several ops after the bad one: the error waits for the first
+     * synchronization, which reports the first bad call's index */
+    em_tensor *r1 = em_index_select(gx, 0, g_neg);
+    em_tensor *r2 = em_index_select(gx, 0, g_bad);
+    em_tensor *r3 = em_exp(r2);
+    ck_assert_msg(r1 && r2 && r3, "%s", em_last_error());
+    expect_index_error(r3, "index -2 is out of range");
+    /* no read out of bounds: a table of 0 rows */
+    em_tensor *empty = em_zeros(2, TU_SIZES(0, 6), EM_F32, GPU);
+    expect_index_error(em_index_select(empty, 0, g_good), "out of range for dim 0 of size 0");
+    /* em_item reports it too */
+    double v;
+    em_tensor *r = em_sum(em_index_select(gx, 0, g_bad), 0, NULL, false);
+    ck_assert_msg(r != NULL, "%s", em_last_error());
+    ck_assert_int_eq(em_item(r, &v), EM_ERR_INDEX);
+    ck_assert_int_eq(em_item(r, &v), EM_OK);
+}
+END_TEST
+
+START_TEST(native_arange) {
+    const double cases[][3] = {
+        {0, 10, 0.1},     {-3.5, 7.25, 0.37}, {5, -5, -0.3},   {0, 1000003, 1}, {1, 2, 5},
+        {0, 0, 1},        {-7, 9, 2},         {0.5, 100, 1.5}, {1e15, 1e15 + 40, 3}, {-2, 2, 0.25},
+        {0, 4e9, 1e9},    {-5e9, 5e9, 2.5e9}, /* saturated on i32 */
+        {0, 1.3e19, 4e18},                    /* 1.2e19 saturates i64 (the product overflows) */
+        {-9e18, -1.9e19, -4e18},              /* and the sum */
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++)
+        for (int t = 0; t < NDTYPES; t++) {
+            em_dtype dt = all_dtypes[t];
+            const double *c = cases[k];
+            same_bits(em_arange(c[0], c[1], c[2], dt, GPU), em_arange(c[0], c[1], c[2], dt, CPU));
+        }
+}
+END_TEST
+
+START_TEST(native_rand) {
+    int64_t sizes[][2] = {{3, 1365}, {1, 1}, {0, 5}, {7, 0}, {1, 4099}};
+    for (int k = 0; k < 5; k++)
+        for (int d = 0; d < 2; d++) {
+            em_dtype dt = d ? EM_F64 : EM_F32;
+            em_generator *g1 = em_generator_new(1234 + k), *g2 = em_generator_new(1234 + k);
+            for (int draw = 0; draw < 2; draw++) { /* the second from a nonzero offset */
+                same_bits(em_rand(g1, 2, sizes[k], dt, GPU), em_rand(g2, 2, sizes[k], dt, CPU));
+                /* Box-Muller through CUDA's logf/cosf (log/cos): a few ulp */
+                same(em_randn(g1, 2, sizes[k], dt, GPU), em_randn(g2, 2, sizes[k], dt, CPU),
+                     d ? 1e-14 : 4e-6, d ? 1e-15 : 1e-6);
+            }
+            ck_assert(em_generator_offset(g1) == em_generator_offset(g2));
+            em_generator_free(g1);
+            em_generator_free(g2);
+        }
+    em_generator *g = em_generator_new(5);
+    tu_check_fails(em_rand(g, 1, TU_SIZES(4), EM_I32, GPU), EM_ERR_DTYPE);
+    tu_check_fails(em_randn(g, 1, TU_SIZES(4), EM_F16, GPU), EM_ERR_DTYPE);
+    em_generator_free(g);
+}
+END_TEST
+
+/* x with NaNs written at a few places (floats; the first NaN of a row is
+ * the answer). */
+static em_tensor *with_nans(em_tensor *x) {
+    int64_t n = em_numel(x);
+    double *v = tu_values(x);
+    for (int64_t i = 3; i < n; i += 29) v[i] = NAN;
+    for (int64_t i = 4; i < n; i += 57) v[i] = NAN;
+    em_tensor *r = tu_tensor(v, em_ndim(x), em_sizes(x), em_dtype_of(x));
+    free(v);
+    return r;
+}
+
+START_TEST(native_argmax) {
+    const em_dtype dts[] = {EM_F32, EM_F64, EM_I32, EM_I64, EM_BOOL};
+    for (int t = 0; t < 5; t++) {
+        em_dtype dt = dts[t];
+        bool fl = dt == EM_F32 || dt == EM_F64;
+        /* small integer values: many ties, the first one must win */
+        em_tensor *x = tu_random(110 + t, 3, TU_SIZES(7, 33, 5), dt, fl ? 3 : 1.5);
+        em_tensor *sets[3] = {x, fl ? with_nans(x) : x, tu_random(120 + t, 3, TU_SIZES(1, 1, 5), dt, 2)};
+        for (int s = 0; s < 3; s++) {
+            em_tensor *c = sets[s], *g = to_gpu(c), *gp, *cp;
+            permuted_pair(c, 3, (int[]){2, 0, 1}, &gp, &cp);
+            for (int dim = 0; dim < 3; dim++)
+                for (int keep = 0; keep < 2; keep++) {
+                    same_bits(em_argmax(g, dim, keep), em_argmax(c, dim, keep));
+                    same_bits(em_argmax(gp, dim, keep), em_argmax(cp, dim, keep));
+                }
+        }
+        /* long rows, few of them (lanes stride 32 apart) and a 0-d input */
+        em_tensor *l = tu_random(130 + t, 2, TU_SIZES(3, 5001), dt, fl ? 3 : 1.5);
+        same_bits(em_argmax(to_gpu(l), 1, false), em_argmax(l, 1, false));
+        same_bits(em_argmax(em_slice(to_gpu(l), 1, 7, 5001, 3), 1, true), em_argmax(em_slice(l, 1, 7, 5001, 3), 1, true));
+        em_tensor *z = em_scalar(1, dt, CPU);
+        same_bits(em_argmax(to_gpu(z), 0, false), em_argmax(z, 0, false));
+    }
+    em_tensor *h = to_gpu(tu_random(140, 1, TU_SIZES(9), EM_F16, 1));
+    tu_check_fails(em_argmax(h, 0, false), EM_ERR_DTYPE);
+}
+END_TEST
+
+/* ---- the generated texts, compiled by NVRTC alone (no GPU needed) ---- */
+#ifdef EMBER_HAVE_CUDA
+
+static void compiles(char *text, const char *what) {
+    ck_assert_msg(text != NULL, "%s: %s", what, em_last_error());
+    void *bin = NULL;
+    size_t n = 0;
+    em_status s = cuda_nvrtc_compile(text, JIT_KERNEL_NAME, 90, false, &bin, &n);
+    ck_assert_msg(s == EM_OK, "%s does not compile: %s\n%s", what, em_last_error(), text);
+    ck_assert(n > 0);
+    em_free(bin);
+    em_free(text);
+}
+
+START_TEST(native_texts_compile) {
+    const em_dtype idx[] = {EM_DTYPE_COUNT, EM_I32, EM_I64};
+    int nd = 1; /* every element size and index type, the ranks 1..8 among them */
+    for (size_t es = 1; es <= 8; es *= 2)
+        for (int i = 0; i < 3; i++, nd = nd % EM_MAX_DIMS + 1)
+            compiles(cuda_native_copy_text(es, nd, idx[i]), "copy");
+    for (int t = 0; t < NDTYPES; t++) {
+        compiles(cuda_native_arange_text(all_dtypes[t], false), "arange");
+        if (all_dtypes[t] == EM_I32 || all_dtypes[t] == EM_I64)
+            compiles(cuda_native_arange_text(all_dtypes[t], true), "exact arange");
+    }
+    for (int d = 0; d < 2; d++)
+        for (int normal = 0; normal < 2; normal++)
+            compiles(cuda_native_rand_text(d ? EM_F64 : EM_F32, normal), normal ? "randn" : "rand");
+    for (int t = 0; t < 5; t++) compiles(cuda_native_argmax_text(all_dtypes[t], t), "argmax");
+    /* dtypes the ops refuse, with the CPU's errors */
+    ck_assert_ptr_null(cuda_native_rand_text(EM_I32, false));
+    ck_assert_int_eq(em_last_status(), EM_ERR_DTYPE);
+    ck_assert_ptr_null(cuda_native_argmax_text(EM_F16, 1));
+    ck_assert_int_eq(em_last_status(), EM_ERR_DTYPE);
+}
+END_TEST
+
+#endif /* EMBER_HAVE_CUDA */
+
+/* Without a GPU: the NVRTC-only tests when NVRTC loads (exit 77 else). */
+static int run_without_gpu(const char *why) {
+    printf("SKIP: the GPU tests: no CUDA device: %s\n", why[0] ? why : "(unknown)");
+#ifndef EMBER_HAVE_CUDA
+    return 77;
+#else
+    if (!cuda_nvrtc()) {
+        printf("SKIP: the NVRTC tests too: %s\n", em_last_error());
+        return 77;
+    }
+    const tu_test tests[] = {{"native_texts_compile", native_texts_compile}};
+    return tu_run(tu_suite("cuda_nvrtc", tests, 1, 120));
+#endif
+}
+
 int main(int argc, char **argv) {
     self_path = argv[0];
     if (argc > 1 && !strcmp(argv[1], "--cache-child")) return cache_child();
     if (argc > 1 && !strcmp(argv[1], "--swap-child")) return swap_child();
     if (argc > 1 && !strcmp(argv[1], "--warm-child")) return warm_child();
     char why[512];
-    if (!tu_probe_gpu(why, sizeof why)) {
-        printf("SKIP: no CUDA device: %s\n", why[0] ? why : "(unknown)");
-        return 77;
-    }
+    if (!tu_probe_gpu(why, sizeof why)) return run_without_gpu(why);
     const tu_test tests[] = {
         {"bad_device", bad_device},
         {"warmup_round_trip_on_the_gpu", warmup_round_trip_on_the_gpu},
@@ -856,6 +1146,15 @@ int main(int argc, char **argv) {
         {"lazy_mode_on_the_gpu", lazy_mode_on_the_gpu},
         {"second_process_compiles_nothing", second_process_compiles_nothing},
         {"swapped_cubins_are_misses", swapped_cubins_are_misses},
+        {"native_cat", native_cat},
+        {"native_index_select", native_index_select},
+        {"native_index_select_errors", native_index_select_errors},
+        {"native_arange", native_arange},
+        {"native_rand", native_rand},
+        {"native_argmax", native_argmax},
+#ifdef EMBER_HAVE_CUDA
+        {"native_texts_compile", native_texts_compile},
+#endif
     };
     return tu_run(tu_suite("cuda", tests, sizeof tests / sizeof tests[0], 120));
 }

@@ -16,14 +16,12 @@
  *  - matmul: cuBLAS (cuda_matmul.c);
  *  - attention (the fused op the attention pass makes): one generated
  *    flash-attention kernel (cuda_attention.c);
- *  - index_select (and so embedding): the indices are copied to the host
- *    and checked as the CPU kernel checks them, then a gather kernel built
- *    in kernel IR (cuda_gather_kernel) reads x on the GPU;
+ *  - cat, index_select (and so embedding), arange, rand, randn, argmax:
+ *    generated CUDA C kernels (cuda_native.c), nothing copied to the host;
+ *    index_select's out-of-range indices surface at the next cuda_sync;
  *  - empty: nothing;
- *  - the rest (arange, rand, randn, argmax, cat, integer
- *    matmul): the CPU kernel on a host copy of the inputs, result copied
- *    back.  Slow but exact (random values equal the CPU's); docs/cuda.md
- *    lists them. */
+ *  - the rest (integer matmul): the CPU kernel on a host copy of the
+ *    inputs, result copied back.  Slow but exact; docs/cuda.md lists it. */
 #include "cuda_eager.h"
 
 #ifdef EMBER_HAVE_CUDA
@@ -346,50 +344,6 @@ static em_status run_on_host(const em_op_call *c, em_tensor *out) {
     return s;
 }
 
-/* ---- index_select ---- */
-
-/* Checks idx's values against [0, size) on a host copy, with the CPU
- * kernel's error (nothing is written when one is out of range). */
-static em_status check_indices(const em_tensor *idx, int dim, int64_t size) {
-    int64_t n = idx->ndim ? idx->sizes[0] : 1, st = idx->ndim ? idx->strides[0] : 0;
-    if (n == 0) return EM_OK;
-    em_status s = EM_OK;
-    em_scope_begin();
-    em_tensor *h = to_host(idx);
-    if (!h) s = em_last_status();
-    for (int64_t j = 0; s == EM_OK && j < n; j++) {
-        const char *p = em_data(h) + j * st * (int64_t)em_dtype_size(h->dtype);
-        int64_t i;
-        if (h->dtype == EM_I64) memcpy(&i, p, sizeof i);
-        else {
-            int32_t v;
-            memcpy(&v, p, sizeof v);
-            i = v;
-        }
-        if (i < 0 || i >= size)
-            s = em_error(EM_ERR_INDEX, "index_select: index %lld is out of range for dim %d of size %lld",
-                         (long long)i, dim, (long long)size);
-    }
-    em_scope_end();
-    return s;
-}
-
-static em_status run_index_select(cuda_device *d, const em_op_call *c, em_tensor *out) {
-    const em_tensor *x = c->in[0], *idx = c->in[1];
-    int dim = c->attrs->dim;
-    if (dim < 0 || dim >= x->ndim) return em_error(EM_ERR_DIM, "index_select: dim %d is out of range", dim);
-    em_status s = check_indices(idx, dim, x->sizes[dim]);
-    if (s != EM_OK) return s;
-    k_kernel *k = cuda_gather_kernel(x, dim, idx, out);
-    if (!k) return em_last_status();
-    const cuda_kernel *ck = NULL;
-    s = cuda_kernel_get(d, k, cuda_eager_cache(), cuda_eager_log(), &eager_stats, &ck);
-    void *ptrs[3] = {em_data(x), em_data(idx), em_data(out)};
-    if (s == EM_OK) s = cuda_kernel_launch(d, ck, ptrs, NULL);
-    kir_free(k);
-    return s;
-}
-
 static em_status cuda_run(const em_op_call *c, em_tensor *out) {
     cuda_device *d = cuda_device_get(out->device.index);
     if (!d) return em_last_status();
@@ -402,10 +356,8 @@ static em_status cuda_run(const em_op_call *c, em_tensor *out) {
         em_status s = cuda_attention(d, c, out, &eager_stats);
         if (s != EM_ERR_UNSUPPORTED) return s; /* head sizes past the kernel's: the host */
         em_clear_error();
-    } else if (c->op == EM_OP_INDEX_SELECT) {
-        em_status s = run_index_select(d, c, out);
-        if (s != EM_ERR_UNSUPPORTED) return s; /* f16/bf16: the host path */
-        em_clear_error();
+    } else if (cuda_native_takes(c->op)) { /* cat, index_select, arange, rand(n), argmax */
+        return cuda_native_run(d, c, out, &eager_stats);
     } else if (has_kernel(c)) {
         bool red = em_op_table[c->op].kind == EM_KIND_REDUCE; /* creation ops have no input */
         int64_t rows = em_numel(out), len = red && rows ? em_numel(c->in[0]) / rows : 0;

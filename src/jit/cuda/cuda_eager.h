@@ -34,5 +34,29 @@ kc_cache *cuda_eager_cache(void);
 const jit_log *cuda_eager_log(void);
 void cuda_eager_stats(int64_t *compiled, int64_t *loaded);
 
+/* ---- cuda_native.c: ops as generated CUDA C (cuda_source.h) ----
+ * cat, index_select, arange, rand, randn and argmax, on the GPU without a
+ * host copy or a wait (cuda_native.c says how; index_select's bad indices
+ * surface at the next cuda_sync as EM_ERR_INDEX). */
+
+/* Whether op has a native kernel. */
+bool cuda_native_takes(em_op op);
+/* out = c on device d; kernels are looked up through the eager kernel
+ * cache, counted in stats. */
+struct cuda_get_stats; /* cuda_kernel.h */
+em_status cuda_native_run(cuda_device *d, const em_op_call *c, em_tensor *out,
+                          struct cuda_get_stats *stats);
+/* The generators (em_malloc'd text defining JIT_KERNEL_NAME, or NULL with
+ * the error set; exposed so tests compile each with NVRTC alone):
+ * the strided copy of esize-byte elements over nd dims (cat), gathering
+ * one dim through i32/i64 indices when idx is EM_I32 or EM_I64
+ * (index_select; any other value: no gather); arange of dtype d (exact:
+ * int64 arithmetic, integer dtypes only); rand/randn (normal) of f32/f64;
+ * argmax of a d tensor whose outputs walk nd dims. */
+char *cuda_native_copy_text(size_t esize, int nd, em_dtype idx);
+char *cuda_native_arange_text(em_dtype d, bool exact);
+char *cuda_native_rand_text(em_dtype d, bool normal);
+char *cuda_native_argmax_text(em_dtype d, int nd);
+
 #endif
 #endif

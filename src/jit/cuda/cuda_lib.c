@@ -211,6 +211,7 @@ static em_status device_init(cuda_device *d, int index) {
                        "cuDeviceGetAttribute");
     d->index = index;
     pthread_mutex_init(&d->lock, NULL);
+    pthread_mutex_init(&d->kerror_lock, NULL);
     return s;
 }
 
@@ -264,8 +265,60 @@ cuda_device *cuda_device_get(int index) {
     return d ? make_current(d) : NULL;
 }
 
+/* ---- errors found by kernels (cuda_lib.h) ---- */
+
+static const unsigned long long kerror_zero[4]; /* never written: a pageable source is safe */
+
+/* The words, allocated and zeroed (d->kerror_lock held).  Process-long,
+ * like the loaded modules: never freed. */
+static em_status kerror_alloc(cuda_device *d) {
+    CUdeviceptr p = 0;
+    em_status s = cuda_check(cu.MemAlloc(&p, sizeof kerror_zero), "cuMemAlloc");
+    if (s == EM_OK)
+        s = cuda_check(cu.MemcpyHtoDAsync(p, kerror_zero, sizeof kerror_zero, d->stream), "cuMemcpyHtoDAsync");
+    if (s == EM_OK) d->kerror = p;
+    else if (p) cu.MemFree(p);
+    return s;
+}
+
+em_status cuda_kerror_launch(cuda_device *d, cuda_kerror_fn launch, void *ctx) {
+    pthread_mutex_lock(&d->kerror_lock);
+    em_status s = d->kerror ? EM_OK : kerror_alloc(d);
+    if (s == EM_OK) s = launch(ctx, d->kerror);
+    if (s == EM_OK) d->kerror_armed = true;
+    pthread_mutex_unlock(&d->kerror_lock);
+    return s;
+}
+
+/* The error kernels recorded since the last read, then the words cleared
+ * (d->kerror_lock held; the stream has just been waited for). */
+static em_status read_kerror_locked(cuda_device *d) {
+    unsigned long long h[4];
+    CUdeviceptr w = d->kerror;
+    d->kerror_armed = false;
+    em_status s = cuda_check(cu.MemcpyDtoHAsync(h, w, sizeof h, d->stream), "cuMemcpyDtoHAsync");
+    if (s == EM_OK) s = cuda_check(cu.StreamSynchronize(d->stream), "cuStreamSynchronize");
+    if (s != EM_OK || h[0] == 0) return s;
+    s = cuda_check(cu.MemcpyHtoDAsync(w, kerror_zero, sizeof kerror_zero, d->stream), "cuMemcpyHtoDAsync");
+    if (s != EM_OK) return s;
+    if (h[0] == CUDA_KERROR_INDEX)
+        return em_error(EM_ERR_INDEX,
+                        "index_select: index %lld is out of range for dim %lld of size %lld (found on "
+                        "cuda:%d by a kernel queued before this synchronization; its result holds 0 there)",
+                        (long long)h[1], (long long)h[3], (long long)h[2], d->index);
+    return em_error(EM_ERR_STATE, "cuda:%d: a kernel reported error %llu", d->index, h[0]);
+}
+
+static em_status read_kerror(cuda_device *d) {
+    pthread_mutex_lock(&d->kerror_lock);
+    em_status s = d->kerror_armed ? read_kerror_locked(d) : EM_OK;
+    pthread_mutex_unlock(&d->kerror_lock);
+    return s;
+}
+
 em_status cuda_sync(cuda_device *d) {
-    return cuda_check(cu.StreamSynchronize(d->stream), "cuStreamSynchronize");
+    em_status s = cuda_check(cu.StreamSynchronize(d->stream), "cuStreamSynchronize");
+    return s == EM_OK ? read_kerror(d) : s;
 }
 
 /* ---- caching allocator ---- */

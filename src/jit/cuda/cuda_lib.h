@@ -125,6 +125,9 @@ typedef struct cuda_device {
     int nkernels, capkernels;
     int *kindex;             /* open-addressed index into kernels (-1: empty) */
     int capindex;
+    pthread_mutex_t kerror_lock; /* guards the two below; see cuda_kerror_launch */
+    CUdeviceptr kerror;      /* the kernel-error words (below), or 0 before the first use */
+    bool kerror_armed;       /* a kernel that may set them ran since they were last read */
 } cuda_device;
 
 /* Number of devices, or -1 (error set) without a driver. */
@@ -151,8 +154,27 @@ void cuda_mem_free(cuda_device *d, void *ptr);
 void cuda_mem_trim(cuda_device *d);
 size_t cuda_mem_bucket(size_t nbytes);
 
-/* Waits for the device's stream (before the host reads results). */
+/* Waits for the device's stream (before the host reads results), then
+ * reports what kernels recorded in the kernel-error words, if any armed
+ * them since the last sync (the error is then cleared: the next sync is
+ * clean). */
 em_status cuda_sync(cuda_device *d);
+
+/* ---- errors found by kernels, reported without a wait per launch ----
+ * Four 64-bit words of device memory per device: [0] the error's kind (0:
+ * none), [1..3] its values; a kernel that finds an error sets them with an
+ * atomicCAS on word 0, so the first error of the stream is kept.  The next
+ * cuda_sync reads them and returns the error:
+ *  CUDA_KERROR_INDEX: an index out of range ([1] the index, [2] the dim's
+ *  size, [3] the dim), EM_ERR_INDEX (index_select: cuda_native.c). */
+enum { CUDA_KERROR_INDEX = 1 };
+typedef em_status (*cuda_kerror_fn)(void *ctx, CUdeviceptr words);
+/* Runs launch(ctx, words) (words allocated and zeroed at the first call)
+ * and arms the next cuda_sync to read them, under d->kerror_lock, which
+ * cuda_sync holds from reading the words to clearing them: a launch
+ * therefore falls wholly before the read (and is reported by it) or after
+ * the clearing (and is reported by the next sync), whatever the threads. */
+em_status cuda_kerror_launch(cuda_device *d, cuda_kerror_fn launch, void *ctx);
 
 /* Whether TF32 tensor cores may be used for f32 matmuls: the environment
  * variable EMBER_CUDA_TF32=1 (default off: full f32 accuracy). */

@@ -1,0 +1,585 @@
+/* cuda_native.c - eager CUDA ops that run as generated CUDA C (cuda_source.h)
+ * rather than as a one-node graph: cat, index_select (and so embedding),
+ * arange, rand, randn and argmax.  Before, these ran the CPU kernel on a
+ * host copy of their inputs (index_select copied only its indices, to check
+ * them); now nothing leaves the GPU and no call waits for the stream.
+ *
+ * Why generated text and not kernel IR:
+ *  - rand/randn need Philox's 32-bit mulhi, which the IR cannot say;
+ *  - arange must equal the CPU bit for bit, start + i*step rounded twice,
+ *    and NVRTC contracts a multiply and an add into an FMA by default
+ *    (--fmad=true, which cuda_kernel.c leaves on): the text says
+ *    __dmul_rn/__dadd_rn, which are never contracted;
+ *  - sizes, strides and scalars are kernel arguments, not constants of the
+ *    text: one compile per (kind, element size, rank) serves every shape
+ *    (an IR kernel bakes its sizes in: arange(T) for each T, or a cat for
+ *    each shape, would compile anew);
+ *  - cat and index_select copy bytes, so one kernel per element size takes
+ *    every dtype, f16 and bf16 included, which the CUDA printer lacks.
+ *
+ * One generator per kernel kind (cuda_native_copy_text, _arange_text,
+ * _rand_text, _argmax_text); each text is a few #defines over one fixed
+ * body, so the distinct texts are few and each is compiled once per target
+ * (cuda_source_get: the device's table, then the kernel cache, then NVRTC).
+ *
+ * index_select's bounds: the kernel never reads out of bounds (an index
+ * outside [0, size) reads nothing and writes 0) and records the first bad
+ * index it meets in the device's kernel-error words (cuda_kerror_launch,
+ * cuda_lib.h); the next synchronization of the device (cuda_sync: any copy
+ * between host and device, em_item, em_copy_to_host) returns EM_ERR_INDEX
+ * with it.  No copy of the indices, no wait per call; docs/cuda.md says
+ * when the error surfaces. */
+#include "cuda_eager.h"
+
+#ifdef EMBER_HAVE_CUDA
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "cuda_source.h"
+#include "schedule.h" /* JIT_KERNEL_NAME */
+
+enum { BLOCK = 256 };
+
+/* ---- text helpers ---- */
+
+/* printf into a buffer from em_malloc, or NULL with the error set. */
+static char *textf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static char *textf(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(NULL, 0, fmt, ap);
+    va_end(ap);
+    char *s = n < 0 ? NULL : em_malloc((size_t)n + 1);
+    if (!s) {
+        if (n < 0) em_error(EM_ERR_STATE, "cuda_native: a kernel text could not be formatted");
+        return NULL;
+    }
+    va_start(ap, fmt);
+    vsnprintf(s, (size_t)n + 1, fmt, ap);
+    va_end(ap);
+    return s;
+}
+
+/* The unsigned C type of an element of esize bytes (copies move bits). */
+static const char *bits_type(size_t esize) {
+    switch (esize) {
+    case 1: return "unsigned char";
+    case 2: return "unsigned short";
+    case 4: return "unsigned int";
+    default: return "unsigned long long";
+    }
+}
+
+/* The loaded kernel for text (consumed), or an error. */
+static em_status get_kernel(cuda_device *d, char *text, cuda_get_stats *stats,
+                            const cuda_kernel **k) {
+    if (!text) return em_last_status();
+    em_status s = cuda_source_get(d, text, cuda_eager_cache(), cuda_eager_log(), stats, k);
+    em_free(text);
+    return s;
+}
+
+/* A grid-stride launch over n items, BLOCK threads a block, per_block items
+ * a block per pass; at most 16 blocks per SM in flight. */
+static em_status launch(cuda_device *d, const cuda_kernel *k, int64_t n, int per_block,
+                        void **args) {
+    int64_t grid = (n + per_block - 1) / per_block, cap = 16 * (int64_t)(d->sm_count > 0 ? d->sm_count : 1);
+    if (grid > cap) grid = cap;
+    return cuda_source_launch(d, k, (unsigned)grid, BLOCK, 0, args);
+}
+
+/* ---- strided geometry ----
+ * The dims a kernel walks, merged where both sides step alike (a cat of
+ * contiguous tensors along dim 0 is one run); size-1 dims are dropped but
+ * the gathered one, which keeps its own index. */
+
+typedef struct native_geom { /* the kernels' struct em_geom, field for field */
+    long long n;                                      /* elements to write */
+    long long size[EM_MAX_DIMS];                      /* the merged dims, outermost first */
+    long long sst[EM_MAX_DIMS], dst[EM_MAX_DIMS];     /* source, destination strides */
+    long long gdim;                                   /* merged dim read through idx, or -1 */
+    long long ist;                                    /* idx's stride (argmax: the reduced dim's) */
+    long long bound;                                  /* x's size at the gathered dim (argmax:
+                                                         the reduced dim's length) */
+    long long dim;                                    /* the gathered dim's number (messages) */
+} native_geom;
+
+/* The text's copy of native_geom (every field long long: no padding). */
+#define GEOM_DECL                                                                                \
+    "struct em_geom {\n"                                                                         \
+    "  long long n, size[8], sst[8], dst[8], gdim, ist, bound, dim;\n"                          \
+    "};\n"
+
+_Static_assert(EM_MAX_DIMS == 8, "GEOM_DECL spells out EM_MAX_DIMS");
+_Static_assert(sizeof(native_geom) == (5 + 3 * EM_MAX_DIMS) * sizeof(long long), "no padding");
+
+/* g over nd dims of sizes with source strides sst and destination strides
+ * dst; gdim the gathered dim or -1.  Returns the merged rank (>= 1). */
+static int geom_build(native_geom *g, int nd, const int64_t *sizes, const int64_t *sst,
+                      const int64_t *dst, int gdim) {
+    memset(g, 0, sizeof *g);
+    g->gdim = -1;
+    g->n = 1;
+    int m = 0;
+    for (int d = 0; d < nd; d++) {
+        g->n *= sizes[d];
+        if (sizes[d] == 1 && d != gdim) continue;
+        bool merge = m > 0 && d != gdim && g->gdim != m - 1 && g->sst[m - 1] == sizes[d] * sst[d] &&
+                     g->dst[m - 1] == sizes[d] * dst[d];
+        if (merge) {
+            g->size[m - 1] *= sizes[d];
+            g->sst[m - 1] = sst[d];
+            g->dst[m - 1] = dst[d];
+            continue;
+        }
+        if (d == gdim) g->gdim = m;
+        g->size[m] = sizes[d], g->sst[m] = sst[d], g->dst[m] = dst[d];
+        m++;
+    }
+    if (m == 0) g->size[m++] = 1; /* one element (strides 0) */
+    return m;
+}
+
+/* A kernel's text: the generator's #defines (defs, from textf; consumed),
+ * the launch bound and the name, then its kind's fixed body. */
+static char *text_of(char *defs, const char *body) {
+    if (!defs) return NULL;
+    char *t = textf("%s#define EM_THREADS %d\n#define EM_NAME %s\n%s", defs, BLOCK, JIT_KERNEL_NAME, body);
+    em_free(defs);
+    return t;
+}
+
+/* ---- the copy kernel: cat's inputs, index_select's rows ---- */
+
+static const char copy_body[] =
+    GEOM_DECL
+    "#if GATHER\n"
+    "/* The first bad index of the stream's kernels wins (cuda_lib.h's words). */\n"
+    "__device__ void em_report(unsigned long long *err, long long j, const em_geom &g) {\n"
+    "  if (atomicCAS(err, 0ull, (unsigned long long)EM_KERROR_INDEX) == 0ull) {\n"
+    "    err[1] = (unsigned long long)j;\n"
+    "    err[2] = (unsigned long long)g.bound;\n"
+    "    err[3] = (unsigned long long)g.dim;\n"
+    "  }\n"
+    "}\n"
+    "#endif\n"
+    "extern \"C\" __global__ void __launch_bounds__(EM_THREADS) EM_NAME(const T *__restrict__ src,\n"
+    "    T *__restrict__ dst, const I *__restrict__ idx, unsigned long long *err, em_geom g) {\n"
+    "  const long long step = (long long)gridDim.x * blockDim.x;\n"
+    "  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < g.n; i += step) {\n"
+    "    long long r = i, so = 0, dof = 0;\n"
+    "    bool ok = true;\n"
+    "#pragma unroll\n"
+    "    for (int d = ND - 1; d >= 0; d--) {\n"
+    "      long long c = d ? r % g.size[d] : r;\n"
+    "      r = d ? r / g.size[d] : 0;\n"
+    "      dof += c * g.dst[d];\n"
+    "#if GATHER\n"
+    "      if (d == g.gdim) {\n"
+    "        const long long j = (long long)idx[c * g.ist];\n"
+    "        ok = j >= 0 && j < g.bound; /* else no read: 0 written, the error recorded */\n"
+    "        if (!ok) em_report(err, j, g);\n"
+    "        c = ok ? j : 0;\n"
+    "      }\n"
+    "#endif\n"
+    "      so += c * g.sst[d];\n"
+    "    }\n"
+    "    dst[dof] = ok ? src[so] : (T)0;\n"
+    "  }\n"
+    "}\n";
+
+char *cuda_native_copy_text(size_t esize, int nd, em_dtype idx) {
+    bool gather = idx == EM_I32 || idx == EM_I64;
+    return text_of(textf("/* ember native: copy */\n#define ND %d\n#define GATHER %d\n"
+                        "#define EM_KERROR_INDEX %d\ntypedef %s T;\ntypedef %s I;\n",
+                        nd, (int)gather, CUDA_KERROR_INDEX, bits_type(esize),
+                        idx == EM_I32 ? "int" : "long long"),
+                   copy_body);
+}
+
+/* One launch of the copy kernel (its arguments but the error words). */
+typedef struct copy_launch {
+    cuda_device *d;
+    const cuda_kernel *k;
+    native_geom *g;
+    const void *src;
+    void *dst;
+    const void *idx; /* NULL: no gather */
+} copy_launch;
+
+static em_status launch_copy(void *ctx, CUdeviceptr err) {
+    copy_launch *L = ctx;
+    void *args[] = {&L->src, &L->dst, &L->idx, &err, L->g};
+    return launch(L->d, L->k, L->g->n, BLOCK, args);
+}
+
+/* The copy kernel for g (rank nd) from src to dst, gathering through idx
+ * (then armed for cuda_sync to report bad indices) unless it is NULL. */
+static em_status run_copy(cuda_device *d, cuda_get_stats *stats, size_t esize, int nd,
+                          native_geom *g, const void *src, void *dst, const em_tensor *idx) {
+    if (g->n == 0) return EM_OK;
+    if (!idx && nd == 1 && g->sst[0] == 1 && g->dst[0] == 1) { /* one run: a plain copy */
+        const cu_api *cu = cuda_driver();
+        return cuda_check(cu->MemcpyDtoDAsync((CUdeviceptr)(uintptr_t)dst, (CUdeviceptr)(uintptr_t)src,
+                                              (size_t)g->n * esize, d->stream),
+                          "cuMemcpyDtoDAsync");
+    }
+    copy_launch L = {d, NULL, g, src, dst, idx ? em_data(idx) : NULL};
+    em_status s = get_kernel(d, cuda_native_copy_text(esize, nd, idx ? idx->dtype : EM_DTYPE_COUNT),
+                             stats, &L.k);
+    if (s != EM_OK) return s;
+    return idx ? cuda_kerror_launch(d, launch_copy, &L) : launch_copy(&L, 0);
+}
+
+static em_status cat_input(cuda_device *d, cuda_get_stats *stats, const em_tensor *x,
+                           em_tensor *out, int dim, int64_t off) {
+    size_t es = em_dtype_size(x->dtype);
+    native_geom g;
+    int nd = geom_build(&g, x->ndim, x->sizes, x->strides, out->strides, -1);
+    char *dst = (char *)em_data(out) + (size_t)(off * out->strides[dim]) * es;
+    return run_copy(d, stats, es, nd, &g, em_data(x), dst, NULL);
+}
+
+/* Each input copied into its slab of out (the checks are cpu_cat's). */
+static em_status run_cat(cuda_device *d, const em_op_call *c, em_tensor *out, cuda_get_stats *stats) {
+    int dim = c->attrs->dim;
+    if (out->ndim == 0 || dim < 0 || dim >= out->ndim)
+        return em_error(EM_ERR_DIM, "cat: dim %d is out of range for a %d-d tensor", dim, out->ndim);
+    int64_t off = 0;
+    em_status s = EM_OK;
+    for (int k = 0; k < c->nin && s == EM_OK; k++) {
+        const em_tensor *x = c->in[k];
+        if (x->dtype != out->dtype || x->ndim != out->ndim)
+            return em_error(EM_ERR_SHAPE, "cat: input %d does not match the output", k);
+        if (off + x->sizes[dim] > out->sizes[dim])
+            return em_error(EM_ERR_SHAPE, "cat: inputs exceed the output along dim %d", dim);
+        s = cat_input(d, stats, x, out, dim, off);
+        off += x->sizes[dim];
+    }
+    return s;
+}
+
+/* out[..., j, ...] = x[..., idx[j], ...]; bad indices are found by the
+ * kernel (the file's comment), so nothing here reads idx. */
+static em_status run_index_select(cuda_device *d, const em_op_call *c, em_tensor *out,
+                                  cuda_get_stats *stats) {
+    const em_tensor *x = c->in[0], *idx = c->in[1];
+    int dim = c->attrs->dim;
+    if (x->ndim == 0 || dim < 0 || dim >= x->ndim)
+        return em_error(EM_ERR_DIM, "index_select: dim %d is out of range for a %d-d tensor", dim,
+                        x->ndim);
+    if (idx->dtype != EM_I32 && idx->dtype != EM_I64)
+        return em_error(EM_ERR_DTYPE, "index_select: indices have dtype %s (expects i32 or i64)",
+                        em_dtype_name(idx->dtype));
+    if (idx->ndim > 1)
+        return em_error(EM_ERR_SHAPE, "index_select: indices must be 1-d, not %d-d", idx->ndim);
+    if (out->ndim != x->ndim || out->dtype != x->dtype)
+        return em_error(EM_ERR_SHAPE, "index_select: the output does not match x");
+    native_geom g;
+    int nd = geom_build(&g, out->ndim, out->sizes, x->strides, out->strides, dim);
+    g.ist = idx->ndim ? idx->strides[0] : 0;
+    g.bound = x->sizes[dim];
+    g.dim = dim;
+    return run_copy(d, stats, em_dtype_size(x->dtype), nd, &g, em_data(x), em_data(out), idx);
+}
+
+/* ---- arange ----
+ * cpu_arange's two ways, element for element: integer dtypes with integral
+ * start and step in exact int64 (saturated past int64 from the first i
+ * whose i*step or i*step + start overflows: thr, below, found on the host);
+ * else start + (double)i * step in double, each operation rounded (no FMA),
+ * converted as store_f64 converts (floats rounded, integers truncated and
+ * saturated, NaN to 0, f16/bf16 through float). */
+
+static const char arange_body[] =
+    "__device__ __forceinline__ long long em_to_i64(double v) {\n"
+    "  return v != v ? 0 : v >= 9223372036854775808.0 ? 9223372036854775807ll\n"
+    "       : v <= -9223372036854775808.0 ? (-9223372036854775807ll - 1) : (long long)v;\n"
+    "}\n"
+    "__device__ __forceinline__ int em_sat_i32(long long v) {\n"
+    "  return v > 2147483647ll ? 2147483647 : v < -2147483648ll ? (-2147483647 - 1) : (int)v;\n"
+    "}\n"
+    "__device__ __forceinline__ int em_to_i32(double v) {\n"
+    "  return v != v ? 0 : v >= 2147483648.0 ? 2147483647 : v <= -2147483648.0 ? (-2147483647 - 1) : (int)v;\n"
+    "}\n"
+    "/* em_float_to_half and em_float_to_bf16 (cpu_iter.c), bit for bit */\n"
+    "__device__ __forceinline__ unsigned short em_to_f16(float f) {\n"
+    "  const unsigned x = __float_as_uint(f), ax = x & 0x7fffffffu;\n"
+    "  const unsigned short sign = (unsigned short)((x >> 16) & 0x8000u);\n"
+    "  if (ax > 0x7f800000u) return sign | 0x7e00;\n"
+    "  if (ax >= 0x477ff000u) return sign | 0x7c00;\n"
+    "  if (ax < 0x38800000u) return sign | (unsigned short)__float2int_rn(__uint_as_float(ax) * 16777216.0f);\n"
+    "  return sign | (unsigned short)((ax + 0xc8000fffu + ((ax >> 13) & 1u)) >> 13);\n"
+    "}\n"
+    "__device__ __forceinline__ unsigned short em_to_bf16(float f) {\n"
+    "  unsigned x = __float_as_uint(f);\n"
+    "  if ((x & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((x >> 16) | 0x40u);\n"
+    "  x += 0x7fffu + ((x >> 16) & 1u);\n"
+    "  return (unsigned short)(x >> 16);\n"
+    "}\n"
+    "extern \"C\" __global__ void __launch_bounds__(EM_THREADS) EM_NAME(T *__restrict__ out, long long n,\n"
+    "    double start, double step, long long istart, long long istep, long long thr) {\n"
+    "  const long long stride = (long long)gridDim.x * blockDim.x;\n"
+    "  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {\n"
+    "#if EXACT\n"
+    "    const long long sat = istep > 0 ? 9223372036854775807ll : (-9223372036854775807ll - 1);\n"
+    "    const long long v = i > thr ? sat : (i * istep + istart);\n"
+    "    out[i] = CONVERT_I(v);\n"
+    "#else\n"
+    "    const double v = __dadd_rn(start, __dmul_rn((double)i, step));\n"
+    "    out[i] = CONVERT(v);\n"
+    "#endif\n"
+    "  }\n"
+    "}\n";
+
+/* The element type and conversion from double of each dtype. */
+static const char *arange_convert(em_dtype d, const char **type) {
+    switch (d) {
+    case EM_F32: *type = "float"; return "(float)";
+    case EM_F64: *type = "double"; return "";
+    case EM_I32: *type = "int"; return "em_to_i32";
+    case EM_I64: *type = "long long"; return "em_to_i64";
+    case EM_BOOL: *type = "unsigned char"; return "(unsigned char)0 != ";
+    case EM_F16: *type = "unsigned short"; return "em_to_f16((float)";
+    case EM_BF16: *type = "unsigned short"; return "em_to_bf16((float)";
+    default: *type = NULL; return NULL;
+    }
+}
+
+char *cuda_native_arange_text(em_dtype d, bool exact) {
+    const char *type, *cv = arange_convert(d, &type);
+    if (!cv) {
+        em_error(EM_ERR_DTYPE, "arange: no CUDA kernel for dtype %s", em_dtype_name(d));
+        return NULL;
+    }
+    bool half = d == EM_F16 || d == EM_BF16;
+    /* exact is i32/i64 only: i32 saturates the int64 value */
+    return text_of(textf("/* ember native: arange */\n#define EXACT %d\ntypedef %s T;\n"
+                        "#define CONVERT(v) %s(v)%s\n#define CONVERT_I(v) %s(v)\n",
+                        (int)exact, type, cv, half ? ")" : "", d == EM_I32 ? "em_sat_i32" : ""),
+                   arange_body);
+}
+
+/* Whether v is an integer int64 holds exactly (cpu_arange's test). */
+static bool integral_i64(double v) {
+    return v == floor(v) && v >= -0x1p63 && v < 0x1p63;
+}
+
+/* The last i (< 2^63) for which i*step and i*step + start stay in int64,
+ * as cpu_arange's overflow checks find it (i >= 0: both fail from some i
+ * on, never again succeed). */
+static int64_t arange_threshold(int64_t start, int64_t step) {
+    if (step == 0) return INT64_MAX;
+    __int128 mag = step > 0 ? (__int128)step : -(__int128)step;
+    __int128 lim = step > 0 ? (__int128)INT64_MAX / mag : ((__int128)1 << 63) / mag; /* the product */
+    if (step > 0 && start > 0) { /* start + i*step <= INT64_MAX */
+        __int128 t = ((__int128)INT64_MAX - start) / mag;
+        if (t < lim) lim = t;
+    } else if (step < 0 && start < 0) { /* start + i*step >= INT64_MIN */
+        __int128 t = ((__int128)start - (__int128)INT64_MIN) / mag;
+        if (t < lim) lim = t;
+    }
+    return lim > INT64_MAX ? INT64_MAX : (int64_t)lim;
+}
+
+static em_status run_arange(cuda_device *d, const em_op_call *c, em_tensor *out,
+                            cuda_get_stats *stats) {
+    const em_op_attrs *a = c->attrs;
+    bool exact = (out->dtype == EM_I32 || out->dtype == EM_I64) && integral_i64(a->fstart) &&
+                 integral_i64(a->fstep);
+    long long n = em_numel(out), istart = exact ? (int64_t)a->fstart : 0;
+    long long istep = exact ? (int64_t)a->fstep : 0, thr = exact ? arange_threshold(istart, istep) : 0;
+    double start = a->fstart, step = a->fstep;
+    const cuda_kernel *k = NULL;
+    em_status s = get_kernel(d, cuda_native_arange_text(out->dtype, exact), stats, &k);
+    void *p = em_data(out);
+    void *args[] = {&p, &n, &start, &step, &istart, &istep, &thr};
+    return s == EM_OK ? launch(d, k, n, BLOCK, args) : s;
+}
+
+/* ---- rand, randn ----
+ * cpu_rand/cpu_randn's values: element i from Philox4x32-10 (em_philox,
+ * philox.c) at counter offset + i under seed.  Uniform values are exact
+ * (a power-of-two scaling of the bits); randn's Box-Muller uses CUDA's
+ * logf/cosf (log/cos), a few ulp from the CPU's libm: equal to a
+ * tolerance, not bit for bit (docs/cuda.md).  The angle's product is
+ * __fmul_rn (__dmul_rn), rounded as on the CPU, never fused into cos's
+ * range reduction. */
+
+static const char rand_body[] =
+    "__device__ __forceinline__ void em_philox(unsigned long long seed, unsigned long long ctr,\n"
+    "                                          unsigned o[4]) {\n"
+    "  unsigned c0 = (unsigned)ctr, c1 = (unsigned)(ctr >> 32), c2 = 0, c3 = 0;\n"
+    "  unsigned k0 = (unsigned)seed, k1 = (unsigned)(seed >> 32);\n"
+    "#pragma unroll\n"
+    "  for (int r = 0; r < 10; r++) {\n"
+    "    const unsigned h0 = __umulhi(0xD2511F53u, c0), l0 = 0xD2511F53u * c0;\n"
+    "    const unsigned h1 = __umulhi(0xCD9E8D57u, c2), l1 = 0xCD9E8D57u * c2;\n"
+    "    const unsigned n0 = h1 ^ c1 ^ k0, n2 = h0 ^ c3 ^ k1;\n"
+    "    c1 = l1;\n"
+    "    c3 = l0;\n"
+    "    c0 = n0;\n"
+    "    c2 = n2;\n"
+    "    k0 += 0x9E3779B9u;\n"
+    "    k1 += 0xBB67AE85u;\n"
+    "  }\n"
+    "  o[0] = c0, o[1] = c1, o[2] = c2, o[3] = c3;\n"
+    "}\n"
+    "__device__ __forceinline__ float em_u01f(unsigned r) {\n"
+    "  return (float)(r >> 8) * __int_as_float(0x33800000); /* 2^-24 */\n"
+    "}\n"
+    "__device__ __forceinline__ double em_u01d(unsigned hi, unsigned lo) {\n"
+    "  return (double)(((unsigned long long)hi << 21) ^ (lo >> 11)) * __longlong_as_double(0x3ca0000000000000ll);\n"
+    "}\n"
+    "extern \"C\" __global__ void __launch_bounds__(EM_THREADS) EM_NAME(T *__restrict__ out, long long n,\n"
+    "    unsigned long long seed, unsigned long long offset) {\n"
+    "  const long long stride = (long long)gridDim.x * blockDim.x;\n"
+    "  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {\n"
+    "    unsigned x[4];\n"
+    "    em_philox(seed, offset + (unsigned long long)i, x);\n"
+    "#if F32 && !NORMAL\n"
+    "    out[i] = em_u01f(x[0]);\n"
+    "#elif !NORMAL\n"
+    "    out[i] = em_u01d(x[0], x[1]);\n"
+    "#elif F32 /* u1 in (0, 1]: log never sees 0 */\n"
+    "    const float u1 = 1.0f - em_u01f(x[0]), u2 = em_u01f(x[1]);\n"
+    "    out[i] = sqrtf(-2.0f * logf(u1)) * cosf(__fmul_rn(__int_as_float(0x40c90fdb), u2));\n"
+    "#else\n"
+    "    const double u1 = 1.0 - em_u01d(x[0], x[1]), u2 = em_u01d(x[2], x[3]);\n"
+    "    out[i] = sqrt(-2.0 * log(u1)) * cos(__dmul_rn(__longlong_as_double(0x401921fb54442d18ll), u2));\n"
+    "#endif\n"
+    "  }\n"
+    "}\n";
+
+char *cuda_native_rand_text(em_dtype d, bool normal) {
+    if (d != EM_F32 && d != EM_F64) {
+        em_error(EM_ERR_DTYPE, "%s: dtype %s is not supported (f32 or f64)", normal ? "randn" : "rand",
+                 em_dtype_name(d));
+        return NULL;
+    }
+    return text_of(textf("/* ember native: %s */\n#define F32 %d\n#define NORMAL %d\ntypedef %s T;\n",
+                        normal ? "randn" : "rand", (int)(d == EM_F32), (int)normal,
+                        d == EM_F32 ? "float" : "double"),
+                   rand_body);
+}
+
+static em_status run_rand(cuda_device *d, const em_op_call *c, em_tensor *out, cuda_get_stats *stats) {
+    const cuda_kernel *k = NULL;
+    em_status s = get_kernel(d, cuda_native_rand_text(out->dtype, c->op == EM_OP_RANDN), stats, &k);
+    long long n = em_numel(out);
+    unsigned long long seed = c->attrs->seed, offset = c->attrs->offset;
+    void *p = em_data(out);
+    void *args[] = {&p, &n, &seed, &offset};
+    return s == EM_OK ? launch(d, k, n, BLOCK, args) : s;
+}
+
+/* ---- argmax ----
+ * A warp per output, its lanes striding down the reduced dim, then a warp
+ * reduction of (value, index) pairs; cpu_argmax's answer: the first
+ * maximum, a NaN greater than everything (the first NaN wins). */
+
+static const char argmax_body[] =
+    GEOM_DECL
+    "/* Whether (v, iv) beats (b, ib): greater, or equal and earlier; a NaN\n"
+    "   beats all but an earlier NaN. */\n"
+    "__device__ __forceinline__ bool em_beats(K v, long long iv, K b, long long ib) {\n"
+    "#if ISFLOAT\n"
+    "  if (b != b) return v != v && iv < ib;\n"
+    "  if (v != v) return true;\n"
+    "#endif\n"
+    "  return v > b || (v == b && iv < ib);\n"
+    "}\n"
+    "extern \"C\" __global__ void __launch_bounds__(EM_THREADS) EM_NAME(const T *__restrict__ x,\n"
+    "    long long *__restrict__ out, em_geom g) {\n"
+    "  const int lane = threadIdx.x & 31, wpb = blockDim.x >> 5;\n"
+    "  const long long step = (long long)gridDim.x * wpb;\n"
+    "  /* o is the warp's: its lanes stay together for the shuffles */\n"
+    "  for (long long o = (long long)blockIdx.x * wpb + (threadIdx.x >> 5); o < g.n; o += step) {\n"
+    "    long long r = o, base = 0;\n"
+    "#pragma unroll\n"
+    "    for (int d = ND - 1; d >= 0; d--) {\n"
+    "      const long long c = d ? r % g.size[d] : r;\n"
+    "      r = d ? r / g.size[d] : 0;\n"
+    "      base += c * g.sst[d];\n"
+    "    }\n"
+    "    K b = 0;\n"
+    "    long long bi = -1; /* -1: this lane has seen nothing */\n"
+    "    for (long long j = lane; j < g.bound; j += 32) {\n"
+    "      const K v = (K)LOAD(x[base + j * g.ist]);\n"
+    "      if (bi < 0 || em_beats(v, j, b, bi)) b = v, bi = j;\n"
+    "    }\n"
+    "    for (int m = 16; m > 0; m >>= 1) {\n"
+    "      const K v = __shfl_xor_sync(0xffffffffu, b, m);\n"
+    "      const long long iv = __shfl_xor_sync(0xffffffffu, bi, m);\n"
+    "      if (iv >= 0 && (bi < 0 || em_beats(v, iv, b, bi))) b = v, bi = iv;\n"
+    "    }\n"
+    "    if (lane == 0) out[o] = bi;\n"
+    "  }\n"
+    "}\n";
+
+char *cuda_native_argmax_text(em_dtype d, int nd) {
+    const char *t, *k = NULL;
+    switch (d) {
+    case EM_F32: t = k = "float"; break;
+    case EM_F64: t = k = "double"; break;
+    case EM_I32: t = k = "int"; break;
+    case EM_I64: t = k = "long long"; break;
+    case EM_BOOL: t = "unsigned char", k = "int"; break;
+    default: em_error(EM_ERR_DTYPE, "argmax: dtype %s is not supported", em_dtype_name(d)); return NULL;
+    }
+    return text_of(textf("/* ember native: argmax */\n#define ND %d\n#define ISFLOAT %d\n"
+                        "typedef %s T;\ntypedef %s K;\n#define LOAD(v) %s\n",
+                        nd, (int)(d == EM_F32 || d == EM_F64), t, k,
+                        d == EM_BOOL ? "((v) != 0)" : "(v)"),
+                   argmax_body);
+}
+
+/* The outputs walk x's kept dims (g.size, g.sst); the reduced dim is
+ * g.bound long, g.ist apart (a 0-d x: one element). */
+static em_status run_argmax(cuda_device *d, const em_op_call *c, em_tensor *out,
+                            cuda_get_stats *stats) {
+    const em_tensor *x = c->in[0];
+    int dim = c->attrs->dim, nk = 0;
+    if (x->ndim > 0 && (dim < 0 || dim >= x->ndim))
+        return em_error(EM_ERR_DIM, "argmax: dim %d out of range for a %d-d tensor", dim, x->ndim);
+    if (out->dtype != EM_I64) return em_error(EM_ERR_DTYPE, "argmax: output must be i64");
+    int64_t ks[EM_MAX_DIMS], kst[EM_MAX_DIMS], ost[EM_MAX_DIMS];
+    for (int i = 0; i < x->ndim; i++)
+        if (i != dim) ks[nk] = x->sizes[i], kst[nk++] = x->strides[i];
+    em_contiguous_strides(nk, ks, ost);
+    native_geom g;
+    int nd = geom_build(&g, nk, ks, kst, ost, -1);
+    g.bound = x->ndim ? x->sizes[dim] : 1;
+    g.ist = x->ndim ? x->strides[dim] : 0;
+    if (g.bound == 0) return em_error(EM_ERR_SHAPE, "argmax: reduction over an empty dim");
+    const cuda_kernel *k = NULL;
+    em_status s = get_kernel(d, cuda_native_argmax_text(x->dtype, nd), stats, &k);
+    void *xp = em_data(x), *op = em_data(out);
+    void *args[] = {&xp, &op, &g};
+    return s == EM_OK ? launch(d, k, g.n, BLOCK / 32, args) : s;
+}
+
+/* ---- dispatch ---- */
+
+bool cuda_native_takes(em_op op) {
+    return op == EM_OP_CAT || op == EM_OP_INDEX_SELECT || op == EM_OP_ARANGE || op == EM_OP_RAND ||
+           op == EM_OP_RANDN || op == EM_OP_ARGMAX;
+}
+
+em_status cuda_native_run(cuda_device *d, const em_op_call *c, em_tensor *out,
+                          struct cuda_get_stats *stats) {
+    switch (c->op) {
+    case EM_OP_CAT: return run_cat(d, c, out, stats);
+    case EM_OP_INDEX_SELECT: return run_index_select(d, c, out, stats);
+    case EM_OP_ARANGE: return run_arange(d, c, out, stats);
+    case EM_OP_RAND:
+    case EM_OP_RANDN: return run_rand(d, c, out, stats);
+    case EM_OP_ARGMAX: return run_argmax(d, c, out, stats);
+    default: return em_error(EM_ERR_UNSUPPORTED, "cuda: %s has no native kernel", em_op_table[c->op].name);
+    }
+}
+
+#endif /* EMBER_HAVE_CUDA */
