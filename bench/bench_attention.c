@@ -31,6 +31,7 @@ typedef struct point {
     int64_t B, T, D;
     bool causal;
     em_device dev;
+    double host; /* on a GPU: the last run's host seconds per call, before its wait */
 } point;
 
 static em_status attn_fn(void *ctx, em_tensor *const *in, const double *s, em_tensor **out) {
@@ -60,8 +61,10 @@ static double run_calls(em_compiled *f, point *p, em_tensor *const *in, int n) {
         em_scope_begin();
         em_tensor *out = NULL;
         s = f ? em_call(f, in, NULL, &out) : attn_fn(p, in, NULL, &out);
-        if (s == EM_OK && i == n - 1 && p->dev.type == EM_CUDA)
+        if (s == EM_OK && i == n - 1 && p->dev.type == EM_CUDA) {
+            p->host = (bench_now() - t0) / n;
             s = em_item(em_slice(em_reshape(out, 1, (int64_t[]){em_numel(out)}), 0, 0, 1, 1), &v);
+        }
         em_scope_end();
     }
     if (s != EM_OK) {
@@ -82,13 +85,18 @@ static double time_calls(em_compiled *f, point *p, em_tensor *const *in, int rep
         n = one <= 0 ? 1 : one > 5e-3 ? 1 : (int)(5e-3 / one) + 1;
         if (n > 200) n = 200;
     }
-    double *t = first >= 0 ? malloc(sizeof *t * (size_t)reps) : NULL, med = -1;
-    for (int i = 0; t && i < reps; i++)
+    double *t = first >= 0 ? malloc(sizeof *t * (size_t)reps * 2) : NULL, med = -1;
+    for (int i = 0; t && i < reps; i++) {
         if ((t[i] = run_calls(f, p, in, n)) < 0) {
             free(t);
             return -1;
         }
-    if (t) med = median(t, reps);
+        t[reps + i] = p->host;
+    }
+    if (t) {
+        med = median(t, reps);
+        p->host = median(t + reps, reps);
+    }
     free(t);
     return med;
 }
@@ -122,7 +130,7 @@ static int memory_sweep(int64_t H) {
     em_generator *g = em_generator_new(0);
     printf("peak RSS of compiled (fused) causal attention, B=1 H=%lld D=64\n", (long long)H);
     for (int64_t T = 1024; T <= 8192; T *= 2) {
-        point p = {1, T, 64, true, em_cpu()};
+        point p = {1, T, 64, true, em_cpu(), 0};
         em_scope_begin();
         em_tensor *in[4];
         em_compiled *f = make_inputs(g, &p, H, in) ? compile_point(&p, true) : NULL;
@@ -186,12 +194,13 @@ int main(int argc, char **argv) {
     em_generator *g = em_generator_new(0);
     printf("attention sweep on %s, B=%lld H=%lld, f32, %d threads, median of %d (ms)\n", device,
            (long long)batch, (long long)H, em_num_threads(), reps);
-    printf("%-6s %-4s %-8s %10s %10s %8s\n", "T", "D", "mask", "eager", "compiled", "speedup");
+    printf("%-6s %-4s %-8s %10s %10s %8s%s\n", "T", "D", "mask", "eager", "compiled", "speedup",
+           gpu ? "   host/call (us)" : "");
     int rc = 0, first = 1;
     for (int64_t T = 128; T <= max_t && rc == 0; T = T == 128 ? 512 : T * 2) {
         for (int64_t D = 64; D <= 128 && rc == 0; D *= 2) {
             for (int causal = 1; causal >= 0 && rc == 0; causal--) {
-                point p = {batch, T, D, causal, dev};
+                point p = {batch, T, D, causal, dev, 0};
                 em_scope_begin();
                 em_tensor *in[4];
                 em_compiled *f = make_inputs(g, &p, H, in) ? compile_point(&p, false) : NULL;
@@ -204,8 +213,10 @@ int main(int argc, char **argv) {
                     break;
                 }
                 const char *mask = causal ? "causal" : "padding";
-                printf("%-6lld %-4lld %-8s %10.3f %10.3f %7.2fx\n", (long long)T, (long long)D, mask,
+                printf("%-6lld %-4lld %-8s %10.3f %10.3f %7.2fx", (long long)T, (long long)D, mask,
                        te * 1e3, tc * 1e3, te / tc);
+                if (gpu) printf(" %10.1f", p.host * 1e6); /* compiled's, timed last */
+                printf("\n");
                 char eager[32] = "NaN"; /* Python's json reads NaN */
                 if (!isnan(te)) snprintf(eager, sizeof eager, "%.4f", te * 1e3);
                 if (jf)

@@ -385,13 +385,14 @@ static void check_gather(em_tensor *x, int dim, em_tensor *idx) {
 #ifdef EMBER_HAVE_CUDA
 /* The fused attention kernel's text (cuda_attention.c) compiles for every
  * specialization: head dims 64 and 128, odd ones and the largest taken,
- * causal, masked, 0 to 8 batch dims; the tensor-core kernel for sm_90,
+ * causal, masked (strided or unit-stride columns), 0 to 8 batch dims;
+ * the tensor-core kernel for sm_90,
  * the CUDA-core one for sm_75. */
 START_TEST(attention_kernel_compiles) {
     int64_t dims[][2] = {{64, 64}, {128, 128}, {1, 1}, {17, 100}, {256, 128}, {80, 33}};
     for (size_t i = 0; i < sizeof dims / sizeof *dims; i++) {
         for (int mma = 0; mma < 2; mma++) {
-            char *text = cuda_attention_text(dims[i][0], dims[i][1], i % 2, i % 3 == 0,
+            char *text = cuda_attention_text(dims[i][0], dims[i][1], i % 2, (int)(i % 3),
                                              (int)(i * 3 % 9), mma);
             ck_assert_ptr_nonnull(text);
             char want[32];

@@ -274,6 +274,11 @@ static const char attention_mma[] =
     "  }\n"
     "  load_tile<BQ, D, D8, QP>(Qs, q + qo, i0, a.Tq, a.qr, a.qc, a.scale, a.vec & 1);\n"
     "  const long long iq[2] = {i0 + m0 + g, i0 + m0 + g + 8}; /* this thread's two queries */\n"
+    "  /* their mask rows (row 0 past Tq: never read there); MASK 2: unit\n"
+    "   * column stride */\n"
+    "  const float *mrow[2] = {mask + mo + (iq[0] < a.Tq ? iq[0] : 0) * a.mr,\n"
+    "                          mask + mo + (iq[1] < a.Tq ? iq[1] : 0) * a.mr};\n"
+    "#define MCOL(j) (MASK == 2 ? (j) : (j) * a.mc)\n"
     "  float o[DV8 / 8][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};\n"
     "#pragma unroll\n"
     "  for (int n = 0; n < DV8 / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;\n"
@@ -282,13 +287,19 @@ static const char attention_mma[] =
     "  for (long long j0 = 0; j0 < kend; j0 += BK) {\n"
     "    if (MASK) {\n"
     "      /* a tile the mask drops for every query of the block costs\n"
-    "       * nothing (padding keys, an additive causal mask's upper tiles) */\n"
+    "       * nothing (padding keys, an additive causal mask's upper tiles);\n"
+    "       * each thread looks at its own scores' places */\n"
     "      bool live = false;\n"
-    "      for (int e = threadIdx.x; e < BQ * BK; e += NT) {\n"
-    "        long long i = i0 + e / BK, j = j0 + e % BK;\n"
-    "        if (i < a.Tq && j < a.Tk && !(CAUSAL && j > i))\n"
-    "          live |= mask[mo + i * a.mr + j * a.mc] != -INFINITY;\n"
-    "      }\n"
+    "#pragma unroll\n"
+    "      for (int h = 0; h < 2; h++)\n"
+    "#pragma unroll\n"
+    "        for (int n = 0; n < BK / 8; n++)\n"
+    "#pragma unroll\n"
+    "          for (int e = 0; e < 2; e++) {\n"
+    "            long long j = j0 + 8 * n + 2 * t + e;\n"
+    "            if (iq[h] < a.Tq && j < a.Tk && !(CAUSAL && j > iq[h]))\n"
+    "              live |= mrow[h][MCOL(j)] != -INFINITY;\n"
+    "          }\n"
     "      if (!__syncthreads_or(live)) continue;\n"
     "    } else {\n"
     "      __syncthreads();\n"
@@ -325,7 +336,7 @@ static const char attention_mma[] =
     "          if (edge) {\n"
     "            long long j = j0 + 8 * n + 2 * t + e;\n"
     "            if (j >= a.Tk || (CAUSAL && j > iq[h])) x = -INFINITY;\n"
-    "            else if (MASK && iq[h] < a.Tq) x += mask[mo + iq[h] * a.mr + j * a.mc] * LOG2E;\n"
+    "            else if (MASK && iq[h] < a.Tq) x += mrow[h][MCOL(j)] * LOG2E;\n"
     "          }\n"
     "          mx = fmaxf(mx, x);\n"
     "        }\n"
@@ -453,24 +464,30 @@ static void plan_defines(const attn_plan *p, char *buf, size_t n) {
                  (long long)p->qp);
 }
 
-static char *plan_text(const attn_plan *p, bool causal, bool mask, int nb) {
+/* p's kernel text as parts (the defines into head, the prelude and the
+ * body as they are); mask 0: none, 1: any strides, 2: unit column
+ * stride. */
+static void plan_parts(const attn_plan *p, bool causal, int mask, int nb, char *head, size_t n,
+                       const char *parts[3]) {
     char defs[512];
     plan_defines(p, defs, sizeof defs);
-    const char *fmt = "/* ember fused attention */\n#define D %lld\n#define DV %lld\n#define CAUSAL %d\n"
-                      "#define MASK %d\n#define NB %d\n%s%s%s";
-    const char *body = p->mma ? attention_mma : attention_simt;
-    int n = snprintf(NULL, 0, fmt, (long long)p->D, (long long)p->Dv, causal, mask, nb, defs,
-                     attention_prelude, body);
-    char *text = n > 0 ? em_malloc((size_t)n + 1) : NULL;
-    if (text)
-        snprintf(text, (size_t)n + 1, fmt, (long long)p->D, (long long)p->Dv, causal, mask, nb, defs,
-                 attention_prelude, body);
-    return text;
+    snprintf(head, n, "/* ember fused attention */\n#define D %lld\n#define DV %lld\n#define CAUSAL %d\n"
+             "#define MASK %d\n#define NB %d\n%s", (long long)p->D, (long long)p->Dv, causal, mask, nb,
+             defs);
+    parts[0] = head;
+    parts[1] = attention_prelude;
+    parts[2] = p->mma ? attention_mma : attention_simt;
 }
 
-char *cuda_attention_text(int64_t D, int64_t Dv, bool causal, bool mask, int nb, bool mma) {
+char *cuda_attention_text(int64_t D, int64_t Dv, bool causal, int mask, int nb, bool mma) {
     attn_plan p = plan_for(mma, D, Dv);
-    return plan_text(&p, causal, mask, nb);
+    char head[768];
+    const char *parts[3];
+    plan_parts(&p, causal, mask, nb, head, sizeof head, parts);
+    size_t n = strlen(head) + strlen(parts[1]) + strlen(parts[2]);
+    char *text = em_malloc(n + 1);
+    if (text) snprintf(text, n + 1, "%s%s%s", head, parts[1], parts[2]);
+    return text;
 }
 
 /* t's strides aligned to the result's nb batch dims (0 where t lacks the
@@ -523,11 +540,13 @@ em_status cuda_attention(cuda_device *d, const em_op_call *c, em_tensor *out, cu
     if (mask) strides_of(mask, nb, a.mb, &a.mr, &a.mc);
     a.vec = vector_rows(q, nb, a.qb, a.qr, a.qc, D) | vector_rows(k, nb, a.kb, a.kr, a.kc, D) << 1 |
             vector_rows(v, nb, a.vb, a.vr, a.vc, Dv) << 2;
-    char *text = plan_text(&p, c->attrs->causal, mask != NULL, nb);
-    if (!text) return em_last_status();
+    /* MASK 2: the mask's columns are adjacent, no multiply per score */
+    int mkind = !mask ? 0 : a.mc == 1 ? 2 : 1;
+    char head[768];
+    const char *parts[3];
+    plan_parts(&p, c->attrs->causal, mkind, nb, head, sizeof head, parts);
     const cuda_kernel *ck = NULL;
-    em_status s = cuda_source_get(d, text, cuda_eager_cache(), cuda_eager_log(), stats, &ck);
-    em_free(text);
+    em_status s = cuda_source_get_parts(d, parts, 3, cuda_eager_cache(), cuda_eager_log(), stats, &ck);
     if (s != EM_OK) return s;
     CUdeviceptr pq = (CUdeviceptr)(uintptr_t)em_data(q), pk = (CUdeviceptr)(uintptr_t)em_data(k);
     CUdeviceptr pv = (CUdeviceptr)(uintptr_t)em_data(v), po = (CUdeviceptr)(uintptr_t)em_data(out);

@@ -21,10 +21,10 @@ em_status cuda_matmul(cuda_device *d, const em_op_call *c, em_tensor *out);
  * uses the host). */
 em_status cuda_attention(cuda_device *d, const em_op_call *c, em_tensor *out, cuda_get_stats *stats);
 /* The kernel's CUDA C for head sizes D (q, k) and Dv (v), causal, an
- * additive mask and nb batch dims, for tensor cores (mma: sm_80 on) or
- * CUDA cores (em_malloc'd; exposed for tests, which compile it with NVRTC
- * alone). */
-char *cuda_attention_text(int64_t D, int64_t Dv, bool causal, bool mask, int nb, bool mma);
+ * additive mask (0: none, 1: any strides, 2: unit column stride) and nb
+ * batch dims, for tensor cores (mma: sm_80 on) or CUDA cores (em_malloc'd;
+ * exposed for tests, which compile it with NVRTC alone). */
+char *cuda_attention_text(int64_t D, int64_t Dv, bool causal, int mask, int nb, bool mma);
 
 /* The kernel cache eager CUDA ops use (opened once per process; NULL when
  * it could not be opened), and how many kernels eager ops compiled and

@@ -29,6 +29,8 @@ typedef struct cuda_kernel {
     bool vec4;
     int nbufs, nsizes;
     int device;       /* the index of the device it is loaded on */
+    int smem_optin;   /* dynamic shared memory opted into so far (generated
+                         kernels, cuda_source_launch; set atomically) */
 } cuda_kernel;
 
 struct cuda_kernel_entry {

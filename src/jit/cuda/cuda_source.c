@@ -7,15 +7,30 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* text's key for target (the fields cuda_source.h names). */
-static kc_key source_key(const char *target, const char *text) {
+/* The key of the text parts[0..n) for target (the fields cuda_source.h
+ * names; the text as one "source" field per part). */
+static kc_key source_key(const char *target, const char *const *parts, int n) {
     kc_fields fl;
     kc_fields_begin(&fl, NULL);
     kc_fields_str(&fl, "what", "ember cuda source");
     kc_fields_str(&fl, "device", "cuda");
     kc_fields_str(&fl, "target", target);
-    kc_fields_str(&fl, "source", text);
+    for (int i = 0; i < n; i++) kc_fields_str(&fl, "source", parts[i]);
     return kc_fields_digest(&fl);
+}
+
+/* parts[0..n) as one string (em_malloc'd), or NULL. */
+static char *joined(const char *const *parts, int n) {
+    size_t len = 0;
+    for (int i = 0; i < n; i++) len += strlen(parts[i]);
+    char *t = em_malloc(len + 1), *w = t;
+    for (int i = 0; t && i < n; i++) {
+        size_t k = strlen(parts[i]);
+        memcpy(w, parts[i], k);
+        w += k;
+    }
+    if (t) *w = '\0';
+    return t;
 }
 
 /* NVRTC on text with key embedded (cuda_text_with_key; the launch
@@ -72,11 +87,16 @@ static void count(cuda_device *d, cuda_get_stats *stats, bool compiled) {
 
 em_status cuda_source_get(cuda_device *d, const char *text, kc_cache *cache, const jit_log *log,
                           cuda_get_stats *stats, const cuda_kernel **out) {
+    return cuda_source_get_parts(d, &text, 1, cache, log, stats, out);
+}
+
+em_status cuda_source_get_parts(cuda_device *d, const char *const *parts, int nparts, kc_cache *cache,
+                                const jit_log *log, cuda_get_stats *stats, const cuda_kernel **out) {
     char target[256];
     int arch = d->major * 10 + d->minor;
     if (!cuda_target_string(arch, target, sizeof target))
         return em_error(EM_ERR_ARG, "cuda: target string too long");
-    kc_key key = source_key(target, text);
+    kc_key key = source_key(target, parts, nparts);
     pthread_mutex_lock(&d->lock);
     cuda_kernel *k = cuda_kernel_table_find(d, &key);
     pthread_mutex_unlock(&d->lock);
@@ -91,7 +111,9 @@ em_status cuda_source_get(cuda_device *d, const char *text, kc_cache *cache, con
     }
     void *img = NULL;
     size_t n = 0;
-    em_status s = compile(text, &key, arch, &img, &n); /* outside the lock: NVRTC is slow */
+    char *text = joined(parts, nparts);
+    em_status s = text ? compile(text, &key, arch, &img, &n) : em_last_status(); /* unlocked: slow */
+    em_free(text);
     if (s == EM_OK) s = cuda_kernel_load(d, img, &key, &k);
     if (s == EM_OK && cache && kc_put(cache, &key, "cubin", img, n) != EM_OK) {
         jit_logf(log, JIT_LOG_CACHE, "cache: a generated kernel not stored: %s", em_last_error());
@@ -112,11 +134,15 @@ em_status cuda_source_launch(cuda_device *d, const cuda_kernel *k, unsigned grid
     const cu_api *cu = cuda_driver();
     if (!cu) return em_last_status();
     if (grid == 0) return EM_OK;
-    if (smem > 48 * 1024) {
+    /* past 48 KiB a function must opt in, once per size (a driver call
+     * per launch cost about a microsecond); two threads may both opt in */
+    int *optin = (int *)&k->smem_optin;
+    if (smem > 48 * 1024 && (int)smem > __atomic_load_n(optin, __ATOMIC_RELAXED)) {
         em_status s = cuda_check(cu->FuncSetAttribute(k->fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                                                       (int)smem),
                                  "cuFuncSetAttribute");
         if (s != EM_OK) return s;
+        __atomic_store_n(optin, (int)smem, __ATOMIC_RELAXED);
     }
     return cuda_check(cu->LaunchKernel(k->fn, grid, 1, 1, block, 1, 1, smem, d->stream, args, NULL),
                       "cuLaunchKernel");

@@ -26,6 +26,12 @@
  * does not compile. */
 em_status cuda_source_get(cuda_device *d, const char *text, kc_cache *cache, const jit_log *log,
                           cuda_get_stats *stats, const cuda_kernel **out);
+/* The same for the text that is parts[0..n) concatenated: the key hashes
+ * the parts as they are (no copy), and the text is put together only to
+ * compile it, so a call that finds its kernel loaded (every call but the
+ * first) costs a hash of the parts and a table lookup. */
+em_status cuda_source_get_parts(cuda_device *d, const char *const *parts, int n, kc_cache *cache,
+                                const jit_log *log, cuda_get_stats *stats, const cuda_kernel **out);
 
 /* Launches k on d's stream with grid x block threads and smem bytes of
  * dynamic shared memory (over 48 KiB is opted into per launch); args as
