@@ -259,7 +259,10 @@ EM_API em_tensor *em_contiguous(const em_tensor *x);
 /* ---- Joining and indexing ---- */
 EM_API em_tensor *em_cat(int n, em_tensor *const *xs, int dim);
 /* x's slices at idx (1-D, EM_I32 or EM_I64) along dim.  An index outside
- * [0, size) is an EM_ERR_INDEX error. */
+ * [0, size) is an EM_ERR_INDEX error: on the CPU from this call; on CUDA,
+ * where the indices are checked by the kernel without waiting for it, from
+ * the next call that waits for the device (em_copy_to_host, em_item,
+ * em_print, em_from_data onto it), and nothing outside x is read. */
 EM_API em_tensor *em_index_select(const em_tensor *x, int dim, const em_tensor *idx);
 /* weight[V, D] rows at idx (any shape): shape idx.shape + [D]. */
 EM_API em_tensor *em_embedding(const em_tensor *weight, const em_tensor *idx);

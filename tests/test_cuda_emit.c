@@ -347,47 +347,11 @@ START_TEST(kernel_table) {
 END_TEST
 #endif
 
-/* ---- index_select's gather kernel (cuda_gather_kernel) ----
- * The IR is the CUDA kernel's and runs on the CPU too: run through
- * libgccjit, it must give em_index_select's CPU values exactly; printed,
- * it is a flat kernel NVRTC compiles. */
-
-static void check_gather(em_tensor *x, int dim, em_tensor *idx) {
-    em_tensor *want = em_index_select(x, dim, idx);
-    ck_assert_msg(want != NULL, "%s", em_last_error());
-    em_tensor *out = em_empty(em_ndim(want), em_sizes(want), em_dtype_of(x), em_cpu());
-    k_kernel *k = cuda_gather_kernel(x, dim, idx, out);
-    ck_assert_msg(k != NULL, "%s", em_last_error());
-    ck_assert_int_eq(kir_verify(k), EM_OK);
-    jit_cpu_kernel *jk = NULL;
-    ck_assert_msg(jit_cpu_compile(k, &jk) == EM_OK, "%s", em_last_error());
-    void *bufs[3] = {em_data(x), em_data(idx), em_data(out)};
-    ck_assert_int_eq(jit_cpu_run(jk, bufs, NULL), EM_OK);
-    jit_cpu_free(jk);
-    double *w = tu_values(want);
-    tu_check_close(out, w, em_ndim(want), em_sizes(want), 0, 0);
-    free(w);
-    cuda_src src;
-    ck_assert_msg(cuda_emit(k, &src) == EM_OK, "%s", em_last_error());
-    ck_assert_int_eq(src.shape, CU_FLAT);
-    ck_assert(!src.vec4); /* x is not read at element i */
-#ifdef EMBER_HAVE_CUDA
-    void *bin = NULL;
-    size_t n = 0;
-    ck_assert_msg(cuda_nvrtc_compile(src.text, k->name, 90, false, &bin, &n) == EM_OK, "%s\n%s",
-                  em_last_error(), src.text);
-    em_free(bin);
-#endif
-    cuda_src_free(&src);
-    kir_free(k);
-}
-
 #ifdef EMBER_HAVE_CUDA
 /* The fused attention kernel's text (cuda_attention.c) compiles for every
  * specialization: head dims 64 and 128, odd ones and the largest taken,
  * causal, masked (strided or unit-stride columns), 0 to 8 batch dims;
- * the tensor-core kernel for sm_90,
- * the CUDA-core one for sm_75. */
+ * the tensor-core kernel for sm_90, the CUDA-core one for sm_75. */
 START_TEST(attention_kernel_compiles) {
     int64_t dims[][2] = {{64, 64}, {128, 128}, {1, 1}, {17, 100}, {256, 128}, {80, 33}};
     for (size_t i = 0; i < sizeof dims / sizeof *dims; i++) {
@@ -411,29 +375,6 @@ START_TEST(attention_kernel_compiles) {
 }
 END_TEST
 #endif
-
-START_TEST(gather_kernel) {
-    /* embedding-like: rows of a [50, 16] table, i64 ids */
-    int64_t ids[7] = {3, 0, 49, 3, 17, 1, 48};
-    check_gather(tu_random(40, 2, TU_SIZES(50, 16), EM_F32, 1), 0,
-                 em_from_data(ids, EM_I64, 1, TU_SIZES(7), em_cpu()));
-    /* a permuted (non-contiguous) x, the middle dim, strided i32 indices */
-    int32_t iv[10] = {4, 9, 0, 9, 2, 9, 3, 9, 1, 9};
-    em_tensor *x = em_permute(tu_random(41, 3, TU_SIZES(6, 5, 3), EM_F64, 1), 3, (int[]){2, 1, 0});
-    em_tensor *strided = em_slice(em_from_data(iv, EM_I32, 1, TU_SIZES(10), em_cpu()), 0, 0, 10, 2);
-    check_gather(x, 1, strided);
-    /* the last dim, a 0-d index, integer values */
-    check_gather(tu_random(42, 2, TU_SIZES(4, 9), EM_I64, 100), 1, em_scalar(8, EM_I64, em_cpu()));
-    /* no indices */
-    check_gather(tu_random(43, 2, TU_SIZES(4, 9), EM_F32, 1), 0, em_empty(1, TU_SIZES(0), EM_I64, em_cpu()));
-    /* inconsistent arguments are refused */
-    em_tensor *a = tu_random(44, 2, TU_SIZES(4, 9), EM_F32, 1);
-    em_tensor *bad_out = em_empty(2, TU_SIZES(7, 9), EM_F64, em_cpu());
-    ck_assert_ptr_null(cuda_gather_kernel(a, 0, em_from_data(ids, EM_I64, 1, TU_SIZES(7), em_cpu()), bad_out));
-    ck_assert_int_eq(em_last_status(), EM_ERR_ARG);
-    ck_assert_ptr_null(cuda_gather_kernel(a, 2, em_from_data(ids, EM_I64, 1, TU_SIZES(7), em_cpu()), a));
-}
-END_TEST
 
 /* Without a GPU (CI), asking for one fails with a reason, never aborts. */
 START_TEST(no_gpu_is_an_error) {
@@ -522,7 +463,7 @@ int main(void) {
         {"layernorm_compiles", layernorm_compiles}, {"every_alu_op", every_alu_op},
         {"golden_text", golden_text}, {"errors", errors},
         {"float_to_int_saturates_in_the_ir", float_to_int_saturates_in_the_ir},
-        {"no_gpu_is_an_error", no_gpu_is_an_error}, {"gather_kernel", gather_kernel},
+        {"no_gpu_is_an_error", no_gpu_is_an_error},
         {"warmup_for_a_named_gpu_needs_no_gpu", warmup_for_a_named_gpu_needs_no_gpu},
 #ifdef EMBER_HAVE_CUDA
         {"kernel_table", kernel_table}, {"attention_kernel_compiles", attention_kernel_compiles},

@@ -819,38 +819,3 @@ char *cuda_text_with_key(const cuda_src *src, const char *name, const uint8_t ke
                  (int)src->vec4, src->nbufs, src->nsizes);
     return out;
 }
-
-/* ---- index_select as kernel IR ---- */
-
-static int i64c(k_kernel *k, int64_t v) { return kir_const_i(k, EM_I64, v); }
-
-k_kernel *cuda_gather_kernel(const em_tensor *x, int dim, const em_tensor *idx, const em_tensor *out) {
-    if (x->ndim != out->ndim || dim < 0 || dim >= x->ndim || idx->ndim > 1 ||
-        (idx->dtype != EM_I32 && idx->dtype != EM_I64) || x->dtype != out->dtype) {
-        em_error(EM_ERR_ARG, "cuda_gather_kernel: inconsistent arguments");
-        return NULL;
-    }
-    k_kernel *k = kir_new("index_select");
-    if (!k) return NULL;
-    int bx = kir_buf(k, x->dtype), bi = kir_buf(k, idx->dtype), bo = kir_buf(k, out->dtype);
-    int i = kir_range(k, i64c(k, em_numel(out)), K_PARALLEL);
-    int src = i64c(k, 0);
-    int64_t after = 1; /* elements of out per step of dim d */
-    for (int d = out->ndim - 1; d >= 0; d--) {
-        int q = after > 1 ? kir_alu(k, KA_IDIV, i, i64c(k, after), -1) : i;
-        int at = d > 0 ? kir_alu(k, KA_MOD, q, i64c(k, out->sizes[d]), -1) : q;
-        if (d == dim) {
-            int64_t istride = idx->ndim ? idx->strides[0] : 0;
-            at = kir_load(k, bi, kir_alu(k, KA_MUL, at, i64c(k, istride), -1));
-            if (idx->dtype != EM_I64) at = kir_cast(k, at, EM_I64);
-        }
-        src = kir_alu(k, KA_ADD, src, kir_alu(k, KA_MUL, at, i64c(k, x->strides[d]), -1), -1);
-        after *= out->sizes[d];
-    }
-    /* an instruction given a failed (-1) operand fails too: checking the last suffices */
-    if (kir_store(k, bo, i, kir_load(k, bx, src)) < 0 || kir_end(k) < 0) {
-        kir_free(k);
-        return NULL;
-    }
-    return k;
-}

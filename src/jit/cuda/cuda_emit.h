@@ -75,17 +75,6 @@ char *cuda_text_with_key(const cuda_src *src, const char *name, const uint8_t ke
 #define CUDA_LAUNCH_SUFFIX "__launch"
 #define CUDA_LAUNCH_WORDS 8
 
-/* index_select's kernel for eager CUDA ops (cuda_backend.c), built
- * directly in kernel IR: out (contiguous) = x with dim `dim` indexed by
- * idx (1-d or 0-d, i32 or i64, any stride).  One parallel range over out's
- * elements (CU_FLAT): each splits its flat index into out's coordinates,
- * loads the index at the `dim` coordinate and reads x there through x's
- * strides.  Buffers: x, idx, out (element 0 of each); sizes and strides
- * are constants.  Indices are not checked here: the caller checks them
- * first (a bad one would read outside x).  NULL with the error set on
- * failure. */
-k_kernel *cuda_gather_kernel(const em_tensor *x, int dim, const em_tensor *idx, const em_tensor *out);
-
 /* The version of the generator: part of every cache key. */
 #define CUDA_EMIT_VERSION "cuda-emit-3" /* 3: extents as size parameters, launch descriptor */
 
