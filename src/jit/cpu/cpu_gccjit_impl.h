@@ -33,7 +33,7 @@ em_status cg_emit_kernel(gcc_jit_context *ctx, const k_kernel *k, bool *uses_lib
 /* The scalar types of one context. */
 typedef struct cg_types {
     gcc_jit_type *v, *vptr;
-    gcc_jit_type *f32, *f64, *u8, *i32, *u32, *i64, *u64;
+    gcc_jit_type *f32, *f64, *u8, *u16, *i32, *u32, *i64, *u64;
 } cg_types;
 
 /* An emission cursor: the function and block code goes to. */
@@ -74,7 +74,11 @@ cg_val cg_or(cg *g, cg_val a, cg_val b);
 static inline bool cg_is_float(em_dtype d) { return d == EM_F32 || d == EM_F64; }
 static inline bool cg_is_int(em_dtype d) { return d == EM_I32 || d == EM_I64; }
 
-/* The value type of a dtype: float, double, int32, int64; bool is uint8 0/1. */
+static inline bool cg_is_half(em_dtype d) { return d == EM_F16 || d == EM_BF16; }
+
+/* The value type of a dtype: float, double, int32, int64; bool is uint8
+ * 0/1; f16 and bf16 their bits in a uint16 (only loaded, stored and
+ * converted: the lowering computes them in f32). */
 gcc_jit_type *cg_dtype(const cg_types *t, em_dtype d);
 
 /* ---- cpu_vmath_gccjit.c: the float32 approximations ----
@@ -122,7 +126,9 @@ typedef struct cg_lib {
  * for comparisons.  Semantics are the eager CPU kernels' (see
  * cpu_gccjit.h). */
 cg_val cg_alu(cg *g, cg_lib *lib, k_alu op, em_dtype d, cg_val a, cg_val b, cg_val c);
-/* v converted from dtype from to dtype to. */
+/* v converted from dtype from to dtype to (to and from the half types
+ * through f32, rounding to nearest even, NaN kept quiet, as the eager
+ * conversions: em_float_to_half, em_float_to_bf16). */
 cg_val cg_convert(cg *g, cg_val v, em_dtype from, em_dtype to);
 /* The order-preserving integer key of a float (int32 for float, int64 for
  * double): x < y iff key(x) < key(y), -0 < +0, and NaN maps to the top key

@@ -24,6 +24,7 @@ void cg_types_init(cg_types *t, gcc_jit_context *ctx) {
     t->f32 = gcc_jit_context_get_type(ctx, GCC_JIT_TYPE_FLOAT);
     t->f64 = gcc_jit_context_get_type(ctx, GCC_JIT_TYPE_DOUBLE);
     t->u8 = gcc_jit_context_get_int_type(ctx, 1, 0);
+    t->u16 = gcc_jit_context_get_int_type(ctx, 2, 0);
     t->i32 = gcc_jit_context_get_int_type(ctx, 4, 1);
     t->u32 = gcc_jit_context_get_int_type(ctx, 4, 0);
     t->i64 = gcc_jit_context_get_int_type(ctx, 8, 1);
@@ -353,6 +354,8 @@ gcc_jit_type *cg_dtype(const cg_types *t, em_dtype d) {
     case EM_F64: return t->f64;
     case EM_I32: return t->i32;
     case EM_I64: return t->i64;
+    case EM_F16:
+    case EM_BF16: return t->u16;
     default: return t->u8;
     }
 }
@@ -516,8 +519,60 @@ cg_val cg_alu(cg *g, cg_lib *lib, k_alu op, em_dtype d, cg_val a, cg_val b, cg_v
     }
 }
 
+/* ---- the half types: bits in a uint16, converted through f32 ----
+ * Branch-free (selects), so that loops over them still vectorize. */
+
+/* bf16 bits h -> f32: the top half of the float's bits. */
+static cg_val bf16_to_f32(cg *g, cg_val h) { return flt(g, shl(g, cg_cast(g, h, g->t->u32), U(16))); }
+
+/* f32 -> bf16 bits, to nearest even; a NaN stays a (quiet) NaN. */
+static cg_val f32_to_bf16(cg *g, cg_val x) {
+    cg_val u = LET(bits(g, x));
+    cg_val odd = band(g, shr(g, u, U(16)), U(1));
+    cg_val r = shr(g, add(g, add(g, u, U(0x7fff)), odd), U(16));
+    cg_val nan = gt(g, band(g, u, U(0x7fffffff)), U(0x7f800000));
+    return cg_cast(g, sel(g, nan, bor(g, shr(g, u, U(16)), U(0x40)), r), g->t->u16);
+}
+
+/* f16 bits h -> f32: normal numbers rebiased, subnormals as their integer
+ * times 2^-24 (exact), inf and NaN with the payload kept. */
+static cg_val f16_to_f32(cg *g, cg_val h) {
+    cg_val w = LET(cg_cast(g, h, g->t->u32));
+    cg_val sign = shl(g, band(g, w, U(0x8000)), U(16)), em = LET(band(g, w, U(0x7fff)));
+    cg_val normal = add(g, shl(g, em, U(13)), U(112u << 23));
+    cg_val special = bor(g, U(0x7f800000), shl(g, band(g, em, U(0x3ff)), U(13)));
+    cg_val subn = bits(g, mul(g, cg_cast(g, em, g->t->f32), F(0x1p-24f)));
+    cg_val mag = sel(g, ge(g, em, U(0x7c00)), special, sel(g, ge(g, em, U(0x400)), normal, subn));
+    return flt(g, bor(g, sign, mag));
+}
+
+/* f32 -> f16 bits, to nearest even (F. Giesen's float_to_half_fast3_rtne):
+ * NaN quiet, from 65520 on inf, below 2^-14 through the float add that
+ * rounds to multiples of 2^-24, else the mantissa rounded in the integer. */
+static cg_val f32_to_f16(cg *g, cg_val x) {
+    cg_val u = LET(bits(g, x));
+    cg_val sign = band(g, shr(g, u, U(16)), U(0x8000)), a = LET(band(g, u, U(0x7fffffff)));
+    cg_val nan = bor(g, U(0x7e00), band(g, shr(g, a, U(13)), U(0x3ff)));
+    cg_val small = sub(g, bits(g, add(g, flt(g, a), F(0.5f))), U(0x3f000000));
+    cg_val odd = band(g, shr(g, a, U(13)), U(1));
+    /* rebias the exponent (127 -> 15) and round: 0xc8000000 is -(112 << 23) */
+    cg_val normal = shr(g, add(g, add(g, a, U(0xc8000fffu)), odd), U(13));
+    cg_val mag = sel(g, gt(g, a, U(0x7f800000)), nan,
+                     sel(g, ge(g, a, U(0x477ff000)), U(0x7c00),
+                         sel(g, lt(g, a, U(0x38800000)), small, normal)));
+    return cg_cast(g, bor(g, sign, mag), g->t->u16);
+}
+
 cg_val cg_convert(cg *g, cg_val v, em_dtype from, em_dtype to) {
     if (from == to) return v;
+    if (cg_is_half(from)) { /* up to f32 first, exactly */
+        cg_val f = cg_let(g, from == EM_BF16 ? bf16_to_f32(g, v) : f16_to_f32(g, v));
+        return cg_convert(g, f, EM_F32, to);
+    }
+    if (cg_is_half(to)) { /* through f32, as torch converts (c10::Half(float(x))) */
+        cg_val f = cg_let(g, cg_convert(g, v, from, EM_F32));
+        return to == EM_BF16 ? f32_to_bf16(g, f) : f32_to_f16(g, f);
+    }
     if (to == EM_BOOL)
         return cg_cast(g, cg_cmp(g, GCC_JIT_COMPARISON_NE, v, zero_of(g, cg_dtype(g->t, from))),
                        g->t->u8);

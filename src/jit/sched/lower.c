@@ -186,6 +186,26 @@ static void merge_dims(lower *L, const sc_group *gr, int k, const bool *keep) {
 
 static int ci(lower *L, int64_t v) { return kir_const_i(L->k, EM_I64, v); }
 
+/* The dtype a value of dtype d is computed in: f32 for the half types
+ * (a load converts up, a store rounds once, as torch computes them), d
+ * otherwise. */
+static bool is_half(em_dtype d) { return d == EM_F16 || d == EM_BF16; }
+static em_dtype compute_dtype(em_dtype d) { return is_half(d) ? EM_F32 : d; }
+
+/* Buffer b's element at off, in its compute dtype. */
+static int load(lower *L, int b, int off) {
+    int x = kir_load(L->k, L->param[b], off);
+    em_dtype d = L->g->nodes[L->bufs[b]].meta.dtype;
+    return is_half(d) ? kir_convert(L->k, x, EM_F32) : x;
+}
+
+/* Stores x (in the compute dtype) at off of buffer b, rounded to a half
+ * buffer's dtype. */
+static void store(lower *L, int b, int off, int x) {
+    em_dtype d = L->g->nodes[L->bufs[b]].meta.dtype;
+    kir_store(L->k, L->param[b], off, is_half(d) ? kir_convert(L->k, x, d) : x);
+}
+
 /* Buffer b's element offset at the current position: its row offset
  * (emitted once per row, see emit) plus the inner loop terms. */
 static int offset(lower *L, int b) {
@@ -240,10 +260,16 @@ static int compute(lower *L, int v) {
     /* the fill value converted as the eager kernel does (em_f64_to_int) */
     if (n->op == EM_OP_FULL) {
         em_dtype d = n->meta.dtype;
+        if (is_half(d)) /* the half value, in f32 (rounded as a store would) */
+            return kir_convert(L->k, kir_convert(L->k, kir_const_f(L->k, EM_F32, n->attrs.value), d),
+                               EM_F32);
         return em_dtype_is_float(d) ? kir_const_f(L->k, d, n->attrs.value)
                                     : kir_const_i(L->k, d, em_f64_to_int(n->attrs.value, d));
     }
-    if (n->op == EM_OP_CAST) return kir_convert(L->k, value(L, n->in[0]), n->meta.dtype);
+    if (n->op == EM_OP_CAST) { /* to a half type: rounded, and computed on in f32 */
+        int x = kir_convert(L->k, value(L, n->in[0]), n->meta.dtype);
+        return is_half(n->meta.dtype) ? kir_convert(L->k, x, EM_F32) : x;
+    }
     if (n->op == EM_OP_CONTIGUOUS) return value(L, n->in[0]);
     if (sc_is_reduction(n)) {
         fail(L, "a reduction used before its pass");
@@ -261,7 +287,8 @@ static int compute(lower *L, int v) {
      * ~10x a multiply (results may differ from eager in the last bit) */
     if (a == KA_DIV && L->inner && !varies_inner(L, n->in[1]))
         return kir_alu(L->k, KA_MUL, x,
-                       kir_alu(L->k, KA_DIV, kir_const_f(L->k, n->meta.dtype, 1.0), y, -1), -1);
+                       kir_alu(L->k, KA_DIV, kir_const_f(L->k, compute_dtype(n->meta.dtype), 1.0), y, -1),
+                       -1);
     return kir_alu(L->k, a, x, y, z);
 }
 
@@ -276,7 +303,7 @@ static int value(lower *L, int v) {
     int r;
     if (is_leaf(L, v)) {
         int b = L->t->buf_of[v];
-        r = kir_load(L->k, L->param[b], offset(L, b));
+        r = load(L, b, offset(L, b));
     } else {
         r = compute(L, v);
     }
@@ -319,17 +346,17 @@ static int reduce_pass(lower *L, int input, k_alu combine, em_dtype acc_dtype, i
     int acc = kir_acc(L->k, combine, c);
     open_inner(L);
     if (L->early_state == 2) /* read back what the first pass kept */
-        full_put(L, L->early_node, kir_load(L->k, L->param[L->stash_buf], offset(L, L->stash_buf)));
+        full_put(L, L->early_node, load(L, L->stash_buf, offset(L, L->stash_buf)));
     int x = value(L, input);
     if (L->early_state == 1 && input == L->early_node) {
-        kir_store(L->k, L->param[L->stash_buf], offset(L, L->stash_buf), x);
+        store(L, L->stash_buf, offset(L, L->stash_buf), x);
         L->early_state = 2;
     }
     if (L->stash_pending && input == L->stash_node) {
-        kir_store(L->k, L->param[L->stash_buf], offset(L, L->stash_buf), x);
+        store(L, L->stash_buf, offset(L, L->stash_buf), x);
         L->stash_pending = false;
     }
-    if (L->g->nodes[input].meta.dtype != acc_dtype) x = kir_convert(L->k, x, acc_dtype);
+    if (compute_dtype(L->g->nodes[input].meta.dtype) != acc_dtype) x = kir_convert(L->k, x, acc_dtype);
     if (center >= 0) {
         int d = kir_alu(L->k, KA_SUB, x, center, -1);
         x = kir_alu(L->k, KA_MUL, d, d, -1);
@@ -368,7 +395,7 @@ static int same_mean(const lower *L, int v) {
 
 static void lower_reduction(lower *L, int v) {
     const tr_node *n = &L->g->nodes[v];
-    em_dtype dt = n->meta.dtype;
+    em_dtype dt = compute_dtype(n->meta.dtype); /* half rows accumulate in f32 */
     int r;
     switch (n->op) {
     case EM_OP_AMAX: r = reduce_pass(L, n->in[0], KA_MAX, dt, -1); break;
@@ -447,7 +474,8 @@ static void choose_stash(lower *L, int nin) {
     if (last < 0 || g->nodes[last].op == EM_OP_VAR) return;
     int e = g->nodes[last].in[0];
     em_dtype d = g->nodes[e].meta.dtype;
-    if (is_leaf(L, e) || !varies_inner(L, e) || !em_dtype_is_float(d)) return;
+    /* a half buffer would round what the last pass reads back */
+    if (is_leaf(L, e) || !varies_inner(L, e) || !em_dtype_is_float(d) || is_half(d)) return;
     for (int b = nin; b < L->nbufs; b++) {
         int v = L->bufs[b];
         if (varies_inner(L, v) && g->nodes[v].meta.dtype == d) {
@@ -497,14 +525,14 @@ static void emit(lower *L, int nin) {
             any_full = true;
             continue;
         }
-        kir_store(L->k, L->param[b], offset(L, b), value(L, v));
+        store(L, b, offset(L, b), value(L, v));
     }
     if (any_full) {
         open_inner(L);
         if (L->stash_node >= 0 && !L->stash_pending)
-            full_put(L, L->stash_node, kir_load(L->k, L->param[L->stash_buf], offset(L, L->stash_buf)));
+            full_put(L, L->stash_node, load(L, L->stash_buf, offset(L, L->stash_buf)));
         for (int b = nin; b < L->nbufs; b++)
-            if (varies_inner(L, L->bufs[b])) kir_store(L->k, L->param[b], offset(L, b), value(L, L->bufs[b]));
+            if (varies_inner(L, L->bufs[b])) store(L, b, offset(L, b), value(L, L->bufs[b]));
         close_inner(L);
     }
     kir_end(L->k);
