@@ -9,6 +9,9 @@
 
 #include "eager.h"
 
+#include <math.h>
+#include <string.h>
+
 #define EM_ITER_MAX_OPS 4
 
 typedef struct em_iter {
@@ -45,11 +48,87 @@ double em_load_f64(const void *p, em_dtype d);
 void em_store_f64(void *p, em_dtype d, double v);
 int64_t em_load_i64(const void *p, em_dtype d);
 
-/* IEEE half and bfloat16 conversions (round to nearest even). */
-float em_half_to_float(uint16_t h);
-uint16_t em_float_to_half(float f);
-float em_bf16_to_float(uint16_t h);
-uint16_t em_float_to_bf16(float f);
+/* ---- IEEE half (f16) and bfloat16 conversions ----
+ * The one helper pair per format that every kernel uses.  Round to nearest
+ * even; NaN stays NaN (quiet, sign kept), +-inf stays inf, a finite value
+ * past the format's range rounds to inf as IEEE 754 says (f16: from 65520,
+ * halfway between its max 65504 and 65536), f16 subnormals both ways.
+ * Branch-free (selects, integer and exact float operations only), inline,
+ * so that gcc vectorizes the plain array loops that call them (the bulk
+ * converters below).  They assume the default rounding mode, as all of
+ * Ember does. */
+
+static inline uint32_t em_f32_bits(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+static inline float em_bits_f32(uint32_t u) {
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static inline float em_half_to_float(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+    /* normal: rebias the exponent by 112; inf/NaN: exponent all ones */
+    uint32_t normal = ((e + 112u) << 23) | (m << 13);
+    uint32_t special = 0x7f800000u | (m << 13);
+    /* subnormal or zero: m * 2^-24, exact in float */
+    float sub = (float)m * 0x1p-24f;
+    uint32_t bits = e == 0 ? em_f32_bits(sub) : e == 0x1f ? special : normal;
+    return em_bits_f32(sign | bits);
+}
+
+static inline uint16_t em_float_to_half(float f) {
+    uint32_t x = em_f32_bits(f), ax = x & 0x7fffffffu;
+    uint16_t sign = (uint16_t)((x >> 16) & 0x8000u);
+    /* normal range: rebias by -112 and round to even on the 13 dropped
+     * bits (a carry into the exponent is the right result, up to inf) */
+    uint32_t rounded = (ax + 0xc8000fffu + ((ax >> 13) & 1u)) >> 13;
+    /* below 2^-14: adding 0.5 (2^-1) leaves the value's 2^-24 units in the
+     * low mantissa bits, rounded to even by the float addition itself */
+    uint32_t sub = em_f32_bits(em_bits_f32(ax) + 0.5f) - 0x3f000000u;
+    uint32_t r = ax > 0x7f800000u   ? 0x7e00u         /* NaN: quiet */
+                 : ax >= 0x477ff000u ? 0x7c00u        /* rounds to inf */
+                 : ax < 0x38800000u  ? sub            /* subnormal or zero */
+                                     : rounded;
+    return (uint16_t)(sign | r);
+}
+
+static inline float em_bf16_to_float(uint16_t h) { return em_bits_f32((uint32_t)h << 16); }
+
+static inline uint16_t em_float_to_bf16(float f) {
+    uint32_t x = em_f32_bits(f);
+    uint32_t nan = (x >> 16) | 0x40u; /* quiet NaN, payload's top bits kept */
+    uint32_t rounded = (x + 0x7fffu + ((x >> 16) & 1u)) >> 16;
+    return (uint16_t)((x & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
+}
+
+/* double to float rounded to odd: an inexact result gets its last bit set.
+ * Rounding that float again to a format with at least two fewer mantissa
+ * bits (f16: 13 fewer, bf16: 16) gives the correctly rounded result of the
+ * double, where a plain (float) cast would round twice. */
+static inline float em_f64_to_f32_odd(double d) {
+    float f = (float)d;
+    uint32_t u = em_f32_bits(f);
+    bool inexact = (double)f != d && d == d && !isinf(f);
+    if (inexact && !(u & 1u)) {
+        /* move one ulp toward d: the neighbour on d's side is odd */
+        bool up = ((double)f < d) == !(u >> 31);
+        u = up ? u + 1 : u - 1;
+    }
+    return em_bits_f32(u);
+}
+static inline uint16_t em_double_to_half(double d) { return em_float_to_half(em_f64_to_f32_odd(d)); }
+static inline uint16_t em_double_to_bf16(double d) { return em_float_to_bf16(em_f64_to_f32_odd(d)); }
+
+
+/* Bulk conversions of n elements between half type h (f16 or bf16) and
+ * f32: src / dst strided by sb bytes (2: contiguous), the f32 side
+ * contiguous.  Plain loops gcc vectorizes (cpu_iter.c). */
+void em_half_to_f32_n(em_dtype h, const char *src, int64_t sb, float *dst, int64_t n);
+void em_f32_to_half_n(em_dtype h, const float *src, char *dst, int64_t sb, int64_t n);
 
 /* ---- cpu_matmul.c: the BLAS core OpenBLAS chose ---- */
 
