@@ -223,6 +223,39 @@ START_TEST(every_half_pattern_round_trips) {
 }
 END_TEST
 
+/* f32 -> half at every midpoint between neighbouring positive values of
+ * the format (ties: to even), one f32 ulp either side of it (to the
+ * nearer), and at the values themselves, against rnd(). */
+START_TEST(f32_to_half_at_every_midpoint) {
+    for (int k = 0; k < 2; k++) {
+        em_dtype d = HALVES[k];
+        int top = d == EM_F16 ? 0x7bff : 0x7f7f; /* the largest finite */
+        int64_t n = 4 * (int64_t)(top + 1);
+        float *v = malloc(sizeof(float) * (size_t)n);
+        for (int i = 0; i <= top; i++) {
+            uint16_t lo = (uint16_t)i, up = (uint16_t)(i + 1);
+            double x = tu_decode((const unsigned char *)&lo, d);
+            /* past top: inf, whose "midpoint" is max + ulp/2 */
+            double hi = i == top ? fmt_of(d).max + ulp(fmt_of(d).max, d)
+                                 : tu_decode((const unsigned char *)&up, d);
+            float mid = (float)((x + hi) / 2); /* exact: one bit past the format */
+            v[4 * i] = (float)x;
+            v[4 * i + 1] = mid;
+            v[4 * i + 2] = nextafterf(mid, 0);
+            v[4 * i + 3] = nextafterf(mid, INFINITY);
+        }
+        double *ref = malloc(sizeof(double) * (size_t)n);
+        for (int64_t i = 0; i < n; i++) ref[i] = rnd(v[i], d);
+        em_tensor *f = em_from_data(v, EM_F32, 1, &n, CPU);
+        CHK("f32 -> half midpoints", em_cast(f, d), d, 1, &n, ref, 0, 0);
+        for (int64_t i = 0; i < n; i++) ref[i] = -ref[i];
+        CHK("f32 -> half negative", em_cast(em_neg(f), d), d, 1, &n, ref, 0, 0);
+        free(ref);
+        free(v);
+    }
+}
+END_TEST
+
 /* Integers and bool to and from the halves. */
 START_TEST(casts_with_integers_and_bool) {
     const double iv[] = {0, 1, -3, 2049, 65505, 100000, -70000, 257};
@@ -751,6 +784,7 @@ static Suite *suite(void) {
         {"f32_and_f64_to_half_round_to_nearest_even", f32_and_f64_to_half_round_to_nearest_even},
         {"f64_to_half_rounds_once", f64_to_half_rounds_once},
         {"every_half_pattern_round_trips", every_half_pattern_round_trips},
+        {"f32_to_half_at_every_midpoint", f32_to_half_at_every_midpoint},
         {"casts_with_integers_and_bool", casts_with_integers_and_bool},
         {"promotion_follows_torch", promotion_follows_torch},
         {"unary_ops_in_both_formats", unary_ops_in_both_formats},

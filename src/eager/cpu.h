@@ -69,30 +69,35 @@ static inline float em_bits_f32(uint32_t u) {
     return f;
 }
 
+/* Masks instead of branches or ?: chains (which gcc does not if-convert
+ * in a vector loop): all ones where c holds. */
+static inline uint32_t em_mask32(bool c) { return 0u - (uint32_t)c; }
+static inline uint32_t em_select32(uint32_t m, uint32_t a, uint32_t b) { return (a & m) | (b & ~m); }
+
 static inline float em_half_to_float(uint16_t h) {
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
-    /* normal: rebias the exponent by 112; inf/NaN: exponent all ones */
-    uint32_t normal = ((e + 112u) << 23) | (m << 13);
-    uint32_t special = 0x7f800000u | (m << 13);
-    /* subnormal or zero: m * 2^-24, exact in float */
-    float sub = (float)m * 0x1p-24f;
-    uint32_t bits = e == 0 ? em_f32_bits(sub) : e == 0x1f ? special : normal;
-    return em_bits_f32(sign | bits);
+    uint32_t w = (uint32_t)h << 17; /* exponent and mantissa at the top, no sign */
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    /* normal, inf, NaN: exponent and mantissa moved into place, the
+     * exponent rebiased by a multiplication by 2^-112 (exact; inf and NaN
+     * stay so, a NaN comes out quiet) */
+    uint32_t normal = em_f32_bits(em_bits_f32((w >> 4) + (0xe0u << 23)) * 0x1p-112f);
+    /* subnormal or zero: 0.5 + m 2^-24 made by bits, minus 0.5: m 2^-24 */
+    uint32_t sub = em_f32_bits(em_bits_f32((w >> 17) | (126u << 23)) - 0.5f);
+    return em_bits_f32(sign | em_select32(em_mask32(w < (1u << 27)), sub, normal));
 }
 
 static inline uint16_t em_float_to_half(float f) {
     uint32_t x = em_f32_bits(f), ax = x & 0x7fffffffu;
-    uint16_t sign = (uint16_t)((x >> 16) & 0x8000u);
+    uint32_t sign = (x >> 16) & 0x8000u;
     /* normal range: rebias by -112 and round to even on the 13 dropped
      * bits (a carry into the exponent is the right result, up to inf) */
     uint32_t rounded = (ax + 0xc8000fffu + ((ax >> 13) & 1u)) >> 13;
     /* below 2^-14: adding 0.5 (2^-1) leaves the value's 2^-24 units in the
      * low mantissa bits, rounded to even by the float addition itself */
     uint32_t sub = em_f32_bits(em_bits_f32(ax) + 0.5f) - 0x3f000000u;
-    uint32_t r = ax > 0x7f800000u   ? 0x7e00u         /* NaN: quiet */
-                 : ax >= 0x477ff000u ? 0x7c00u        /* rounds to inf */
-                 : ax < 0x38800000u  ? sub            /* subnormal or zero */
-                                     : rounded;
+    uint32_t r = em_select32(em_mask32(ax < 0x38800000u), sub, rounded);
+    r = em_select32(em_mask32(ax >= 0x477ff000u), 0x7c00u, r); /* rounds to inf */
+    r = em_select32(em_mask32(ax > 0x7f800000u), 0x7e00u, r);  /* NaN: quiet */
     return (uint16_t)(sign | r);
 }
 
@@ -102,7 +107,7 @@ static inline uint16_t em_float_to_bf16(float f) {
     uint32_t x = em_f32_bits(f);
     uint32_t nan = (x >> 16) | 0x40u; /* quiet NaN, payload's top bits kept */
     uint32_t rounded = (x + 0x7fffu + ((x >> 16) & 1u)) >> 16;
-    return (uint16_t)((x & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
+    return (uint16_t)em_select32(em_mask32((x & 0x7fffffffu) > 0x7f800000u), nan, rounded);
 }
 
 /* double to float rounded to odd: an inexact result gets its last bit set.

@@ -113,15 +113,21 @@ void em_dims_push(int64_t *sizes, int64_t *strides, int *n, int64_t s, int64_t t
 /* ---- Scalars ---- */
 
 /* Plain loops over the inline helpers (cpu.h): the contiguous ones
- * vectorize.  The format is chosen once per call, outside the loops. */
+ * vectorize (`omp simd` lifts -O2's cost model, which would leave them
+ * scalar).  The format is chosen once per call, outside the loops. */
+#if defined(_OPENMP) || defined(EM_OPENMP_SIMD)
+#define CVT_SIMD _Pragma("omp simd")
+#else
+#define CVT_SIMD
+#endif
 EM_VMATH_CLONES
 void em_half_to_f32_n(em_dtype h, const char *src, int64_t sb, float *dst, int64_t n) {
     if (sb == 2) {
         const uint16_t *s = (const uint16_t *)src;
         if (h == EM_F16)
-            for (int64_t i = 0; i < n; i++) dst[i] = em_half_to_float(s[i]);
+            CVT_SIMD for (int64_t i = 0; i < n; i++) dst[i] = em_half_to_float(s[i]);
         else
-            for (int64_t i = 0; i < n; i++) dst[i] = em_bf16_to_float(s[i]);
+            CVT_SIMD for (int64_t i = 0; i < n; i++) dst[i] = em_bf16_to_float(s[i]);
         return;
     }
     for (int64_t i = 0; i < n; i++) {
@@ -135,9 +141,9 @@ void em_f32_to_half_n(em_dtype h, const float *src, char *dst, int64_t sb, int64
     if (sb == 2) {
         uint16_t *d = (uint16_t *)dst;
         if (h == EM_F16)
-            for (int64_t i = 0; i < n; i++) d[i] = em_float_to_half(src[i]);
+            CVT_SIMD for (int64_t i = 0; i < n; i++) d[i] = em_float_to_half(src[i]);
         else
-            for (int64_t i = 0; i < n; i++) d[i] = em_float_to_bf16(src[i]);
+            CVT_SIMD for (int64_t i = 0; i < n; i++) d[i] = em_float_to_bf16(src[i]);
         return;
     }
     for (int64_t i = 0; i < n; i++)
