@@ -24,6 +24,7 @@
 #include "testutil.h"
 
 #include <float.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -766,6 +767,45 @@ START_TEST(compile_and_lazy_match_eager) {
 }
 END_TEST
 
+/* EMBER_JIT=1: lazy mode starts at a fresh thread's first op. */
+typedef struct jit_run {
+    em_tensor *in[2], *out[2];
+    bool lazy;
+} jit_run;
+
+static void *jit_body(void *arg) {
+    jit_run *r = arg;
+    em_scope_begin();
+    em_tensor *o[2] = {NULL, NULL};
+    bool ok = half_graph(NULL, r->in, NULL, o) == EM_OK;
+    r->lazy = em_lazy_active();
+    r->out[0] = ok ? em_keep(o[0]) : NULL;
+    r->out[1] = ok ? em_keep(o[1]) : NULL;
+    em_scope_end();
+    em_lazy_end(); /* computes what is pending */
+    return NULL;
+}
+
+START_TEST(ember_jit_lazy_mode_matches_eager) {
+    for (int k = 0; k < 2; k++) {
+        em_dtype d = HALVES[k];
+        jit_run r = {{hrand(82, 2, TU_SIZES(5, 8), d, 1), hrand(83, 2, TU_SIZES(8, 2), d, 1)}, {0}, false};
+        em_tensor *eager[2];
+        ck_assert_int_eq(half_graph(NULL, r.in, NULL, eager), EM_OK);
+        setenv("EMBER_JIT", "1", 1);
+        pthread_t th;
+        ck_assert_int_eq(pthread_create(&th, NULL, jit_body, &r), 0);
+        ck_assert_int_eq(pthread_join(th, NULL), 0);
+        unsetenv("EMBER_JIT");
+        ck_assert_msg(r.lazy, "EMBER_JIT=1 did not start lazy mode");
+        same_within_ulp(r.out[0], eager[0], d);
+        same_within_ulp(r.out[1], eager[1], d);
+        em_release(r.out[0]);
+        em_release(r.out[1]);
+    }
+}
+END_TEST
+
 /* ---- errors that stay ---- */
 
 START_TEST(unsupported_dtypes_still_fail) {
@@ -799,6 +839,7 @@ static Suite *suite(void) {
         {"index_cat_and_views_are_exact", index_cat_and_views_are_exact},
         {"matmul_in_both_formats", matmul_in_both_formats},
         {"compile_and_lazy_match_eager", compile_and_lazy_match_eager},
+        {"ember_jit_lazy_mode_matches_eager", ember_jit_lazy_mode_matches_eager},
         {"unsupported_dtypes_still_fail", unsupported_dtypes_still_fail},
     };
     return tu_suite("half", tests, sizeof tests / sizeof tests[0], 120);

@@ -128,7 +128,6 @@ static inline float em_f64_to_f32_odd(double d) {
 static inline uint16_t em_double_to_half(double d) { return em_float_to_half(em_f64_to_f32_odd(d)); }
 static inline uint16_t em_double_to_bf16(double d) { return em_float_to_bf16(em_f64_to_f32_odd(d)); }
 
-
 /* Bulk conversions of n elements between half type h (f16 or bf16) and
  * f32: src / dst strided by sb bytes (2: contiguous), the f32 side
  * contiguous.  Plain loops gcc vectorizes (cpu_iter.c). */
