@@ -31,8 +31,9 @@ extern "C" {
 
 #define EM_MAX_DIMS 8
 
-/* Element types.  F16 and BF16 are storage types: em_cast converts to and
- * from them; arithmetic on them reports EM_ERR_DTYPE for now. */
+/* Element types.  F16 and BF16 compute wherever F32 does on the CPU, in
+ * f32 internally with one rounding per result (docs/api.md, "Half
+ * precision"); em_rand and em_randn make F32 and F64 only. */
 typedef enum em_dtype {
     EM_F32,
     EM_F64,

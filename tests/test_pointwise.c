@@ -314,13 +314,14 @@ START_TEST(test_unary_errors) {
     em_tensor *b = em_zeros(1, TU_SIZES(3), EM_BF16, em_cpu());
     for (int k = 0; k < N_FLOAT_UNARY; k++) {
         tu_check_fails(float_unary[k].fn(NULL), EM_ERR_NULL);
-        tu_check_fails(float_unary[k].fn(h), EM_ERR_DTYPE);
-        tu_check_fails(float_unary[k].fn(b), EM_ERR_DTYPE);
+        /* half types compute (issue 15: tests/test_half.c checks the values) */
+        ck_assert_ptr_nonnull(float_unary[k].fn(h));
+        ck_assert_ptr_nonnull(float_unary[k].fn(b));
     }
     for (int k = 0; k < N_NUM_UNARY; k++) {
         tu_check_fails(num_unary[k].fn(NULL), EM_ERR_NULL);
-        tu_check_fails(num_unary[k].fn(h), EM_ERR_DTYPE);
-        tu_check_fails(num_unary[k].fn(b), EM_ERR_DTYPE);
+        ck_assert_ptr_nonnull(num_unary[k].fn(h));
+        ck_assert_ptr_nonnull(num_unary[k].fn(b));
     }
     /* A NULL made by a failed op keeps that op's error. */
     em_tensor *a = em_zeros(2, TU_SIZES(2, 3), EM_F32, em_cpu());
@@ -605,11 +606,11 @@ START_TEST(test_binary_errors) {
     tu_check_fails(bc->fn(NULL, a), EM_ERR_NULL);
     tu_check_fails(bc->fn(a, NULL), EM_ERR_NULL);
     tu_check_fails(bc->fn(NULL, NULL), EM_ERR_NULL);
+    /* half types compute (tests/test_half.c checks the values); their
+     * shapes are checked as any dtype's */
     em_tensor *h = em_zeros(2, TU_SIZES(2, 3), EM_F16, em_cpu());
-    tu_check_fails(bc->fn(h, h), EM_ERR_DTYPE);
-    tu_check_fails(bc->fn(em_zeros(1, TU_SIZES(3), EM_BF16, em_cpu()),
-                          em_zeros(1, TU_SIZES(3), EM_BF16, em_cpu())),
-                   EM_ERR_DTYPE);
+    ck_assert_ptr_nonnull(bc->fn(h, h));
+    tu_check_fails(bc->fn(h, em_zeros(1, TU_SIZES(4), EM_BF16, em_cpu())), EM_ERR_SHAPE);
     /* The error that made a NULL input is kept. */
     tu_check_fails(bc->fn(bc->fn(a, b), a), EM_ERR_SHAPE);
 }

@@ -9,6 +9,9 @@
 
 #include "eager.h"
 
+#include <math.h>
+#include <string.h>
+
 #define EM_ITER_MAX_OPS 4
 
 typedef struct em_iter {
@@ -45,11 +48,91 @@ double em_load_f64(const void *p, em_dtype d);
 void em_store_f64(void *p, em_dtype d, double v);
 int64_t em_load_i64(const void *p, em_dtype d);
 
-/* IEEE half and bfloat16 conversions (round to nearest even). */
-float em_half_to_float(uint16_t h);
-uint16_t em_float_to_half(float f);
-float em_bf16_to_float(uint16_t h);
-uint16_t em_float_to_bf16(float f);
+/* ---- IEEE half (f16) and bfloat16 conversions ----
+ * The one helper pair per format that every kernel uses.  Round to nearest
+ * even; NaN stays NaN (quiet, sign kept), +-inf stays inf, a finite value
+ * past the format's range rounds to inf as IEEE 754 says (f16: from 65520,
+ * halfway between its max 65504 and 65536), f16 subnormals both ways.
+ * Branch-free (selects, integer and exact float operations only), inline,
+ * so that gcc vectorizes the plain array loops that call them (the bulk
+ * converters below).  They assume the default rounding mode, as all of
+ * Ember does. */
+
+static inline uint32_t em_f32_bits(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+static inline float em_bits_f32(uint32_t u) {
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* Masks instead of branches or ?: chains (which gcc does not if-convert
+ * in a vector loop): all ones where c holds. */
+static inline uint32_t em_mask32(bool c) { return 0u - (uint32_t)c; }
+static inline uint32_t em_select32(uint32_t m, uint32_t a, uint32_t b) { return (a & m) | (b & ~m); }
+
+static inline float em_half_to_float(uint16_t h) {
+    uint32_t w = (uint32_t)h << 17; /* exponent and mantissa at the top, no sign */
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    /* normal, inf, NaN: exponent and mantissa moved into place, the
+     * exponent rebiased by a multiplication by 2^-112 (exact; inf and NaN
+     * stay so, a NaN comes out quiet) */
+    uint32_t normal = em_f32_bits(em_bits_f32((w >> 4) + (0xe0u << 23)) * 0x1p-112f);
+    /* subnormal or zero: 0.5 + m 2^-24 made by bits, minus 0.5: m 2^-24 */
+    uint32_t sub = em_f32_bits(em_bits_f32((w >> 17) | (126u << 23)) - 0.5f);
+    return em_bits_f32(sign | em_select32(em_mask32(w < (1u << 27)), sub, normal));
+}
+
+static inline uint16_t em_float_to_half(float f) {
+    uint32_t x = em_f32_bits(f), ax = x & 0x7fffffffu;
+    uint32_t sign = (x >> 16) & 0x8000u;
+    /* normal range: rebias by -112 and round to even on the 13 dropped
+     * bits (a carry into the exponent is the right result, up to inf) */
+    uint32_t rounded = (ax + 0xc8000fffu + ((ax >> 13) & 1u)) >> 13;
+    /* below 2^-14: adding 0.5 (2^-1) leaves the value's 2^-24 units in the
+     * low mantissa bits, rounded to even by the float addition itself */
+    uint32_t sub = em_f32_bits(em_bits_f32(ax) + 0.5f) - 0x3f000000u;
+    uint32_t r = em_select32(em_mask32(ax < 0x38800000u), sub, rounded);
+    r = em_select32(em_mask32(ax >= 0x477ff000u), 0x7c00u, r); /* rounds to inf */
+    r = em_select32(em_mask32(ax > 0x7f800000u), 0x7e00u, r);  /* NaN: quiet */
+    return (uint16_t)(sign | r);
+}
+
+static inline float em_bf16_to_float(uint16_t h) { return em_bits_f32((uint32_t)h << 16); }
+
+static inline uint16_t em_float_to_bf16(float f) {
+    uint32_t x = em_f32_bits(f);
+    uint32_t nan = (x >> 16) | 0x40u; /* quiet NaN, payload's top bits kept */
+    uint32_t rounded = (x + 0x7fffu + ((x >> 16) & 1u)) >> 16;
+    return (uint16_t)em_select32(em_mask32((x & 0x7fffffffu) > 0x7f800000u), nan, rounded);
+}
+
+/* double to float rounded to odd: an inexact result gets its last bit set.
+ * Rounding that float again to a format with at least two fewer mantissa
+ * bits (f16: 13 fewer, bf16: 16) gives the correctly rounded result of the
+ * double, where a plain (float) cast would round twice. */
+static inline float em_f64_to_f32_odd(double d) {
+    float f = (float)d;
+    uint32_t u = em_f32_bits(f);
+    bool inexact = (double)f != d && d == d && !isinf(f);
+    if (inexact && !(u & 1u)) {
+        /* move one ulp toward d: the neighbour on d's side is odd */
+        bool up = ((double)f < d) == !(u >> 31);
+        u = up ? u + 1 : u - 1;
+    }
+    return em_bits_f32(u);
+}
+static inline uint16_t em_double_to_half(double d) { return em_float_to_half(em_f64_to_f32_odd(d)); }
+static inline uint16_t em_double_to_bf16(double d) { return em_float_to_bf16(em_f64_to_f32_odd(d)); }
+
+/* Bulk conversions of n elements between half type h (f16 or bf16) and
+ * f32: src / dst strided by sb bytes (2: contiguous), the f32 side
+ * contiguous.  Plain loops gcc vectorizes (cpu_iter.c). */
+void em_half_to_f32_n(em_dtype h, const char *src, int64_t sb, float *dst, int64_t n);
+void em_f32_to_half_n(em_dtype h, const float *src, char *dst, int64_t sb, int64_t n);
 
 /* ---- cpu_matmul.c: the BLAS core OpenBLAS chose ---- */
 

@@ -26,7 +26,7 @@ static bool dtype_ok(em_dtype d) { return (unsigned)d < EM_DTYPE_COUNT; }
 /* ---- Conversions from double to each dtype's bits ----
  * Integers by Ember's rule (em_f64_to_int, eager.h: truncated, saturated,
  * NaN -> 0); bool is v != 0 (NaN -> true); f16/bf16 round to nearest even
- * through float. */
+ * once (em_double_to_half, cpu.h). */
 
 /* Writes v converted to d into p (em_dtype_size(d) bytes). */
 static void store_f64(void *p, em_dtype d, double v) {
@@ -36,8 +36,8 @@ static void store_f64(void *p, em_dtype d, double v) {
     case EM_I32: { int32_t x = em_f64_to_i32(v); memcpy(p, &x, 4); break; }
     case EM_I64: { int64_t x = em_f64_to_i64(v); memcpy(p, &x, 8); break; }
     case EM_BOOL: { uint8_t x = v != 0; memcpy(p, &x, 1); break; }
-    case EM_F16: { uint16_t x = em_float_to_half((float)v); memcpy(p, &x, 2); break; }
-    case EM_BF16: { uint16_t x = em_float_to_bf16((float)v); memcpy(p, &x, 2); break; }
+    case EM_F16: { uint16_t x = em_double_to_half(v); memcpy(p, &x, 2); break; }
+    case EM_BF16: { uint16_t x = em_double_to_bf16(v); memcpy(p, &x, 2); break; }
     default: break;
     }
 }

@@ -112,51 +112,42 @@ void em_dims_push(int64_t *sizes, int64_t *strides, int *n, int64_t s, int64_t t
 
 /* ---- Scalars ---- */
 
-float em_half_to_float(uint16_t h) {
-    uint32_t sign = (uint32_t)(h >> 15) << 31, exp = (h >> 10) & 0x1f, man = h & 0x3ff;
-    uint32_t bits;
-    if (exp == 0x1f) {
-        bits = sign | 0x7f800000u | (man << 13); /* inf, NaN */
-    } else if (exp == 0) {
-        float f = ldexpf((float)man, -24); /* zero, subnormal */
-        return sign ? -f : f;
-    } else {
-        bits = sign | ((exp + 112) << 23) | (man << 13);
+/* Plain loops over the inline helpers (cpu.h): the contiguous ones
+ * vectorize (`omp simd` lifts -O2's cost model, which would leave them
+ * scalar).  The format is chosen once per call, outside the loops. */
+#if defined(_OPENMP) || defined(EM_OPENMP_SIMD)
+#define CVT_SIMD _Pragma("omp simd")
+#else
+#define CVT_SIMD
+#endif
+EM_VMATH_CLONES
+void em_half_to_f32_n(em_dtype h, const char *src, int64_t sb, float *dst, int64_t n) {
+    if (sb == 2) {
+        const uint16_t *s = (const uint16_t *)src;
+        if (h == EM_F16)
+            CVT_SIMD for (int64_t i = 0; i < n; i++) dst[i] = em_half_to_float(s[i]);
+        else
+            CVT_SIMD for (int64_t i = 0; i < n; i++) dst[i] = em_bf16_to_float(s[i]);
+        return;
     }
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
-}
-
-uint16_t em_float_to_half(float f) {
-    uint32_t x;
-    memcpy(&x, &f, 4);
-    uint16_t sign = (uint16_t)((x >> 16) & 0x8000);
-    uint32_t ax = x & 0x7fffffffu;
-    if (ax > 0x7f800000u) return sign | 0x7e00;      /* NaN */
-    if (ax >= 0x477ff000u) return sign | 0x7c00;     /* rounds to inf */
-    if (ax < 0x38800000u) {                         /* subnormal or zero */
-        float a;
-        memcpy(&a, &ax, 4);
-        return sign | (uint16_t)lrintf(a * 0x1p24f); /* round to nearest even */
+    for (int64_t i = 0; i < n; i++) {
+        uint16_t v = *(const uint16_t *)(src + i * sb);
+        dst[i] = h == EM_F16 ? em_half_to_float(v) : em_bf16_to_float(v);
     }
-    uint32_t m = ax + 0xc8000fffu + ((ax >> 13) & 1); /* rebias by -112, round to even */
-    return sign | (uint16_t)(m >> 13);
 }
 
-float em_bf16_to_float(uint16_t h) {
-    uint32_t bits = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
-}
-
-uint16_t em_float_to_bf16(float f) {
-    uint32_t x;
-    memcpy(&x, &f, 4);
-    if ((x & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((x >> 16) | 0x40); /* quiet NaN */
-    x += 0x7fffu + ((x >> 16) & 1);
-    return (uint16_t)(x >> 16);
+EM_VMATH_CLONES
+void em_f32_to_half_n(em_dtype h, const float *src, char *dst, int64_t sb, int64_t n) {
+    if (sb == 2) {
+        uint16_t *d = (uint16_t *)dst;
+        if (h == EM_F16)
+            CVT_SIMD for (int64_t i = 0; i < n; i++) d[i] = em_float_to_half(src[i]);
+        else
+            CVT_SIMD for (int64_t i = 0; i < n; i++) d[i] = em_float_to_bf16(src[i]);
+        return;
+    }
+    for (int64_t i = 0; i < n; i++)
+        *(uint16_t *)(dst + i * sb) = h == EM_F16 ? em_float_to_half(src[i]) : em_float_to_bf16(src[i]);
 }
 
 double em_load_f64(const void *p, em_dtype d) {
@@ -186,8 +177,8 @@ void em_store_f64(void *p, em_dtype d, double v) {
     case EM_I32: *(int32_t *)p = em_f64_to_i32(v); break;
     case EM_I64: *(int64_t *)p = em_f64_to_i64(v); break;
     case EM_BOOL: *(uint8_t *)p = v != 0; break;
-    case EM_F16: *(uint16_t *)p = em_float_to_half((float)v); break;
-    case EM_BF16: *(uint16_t *)p = em_float_to_bf16((float)v); break;
+    case EM_F16: *(uint16_t *)p = em_double_to_half(v); break;
+    case EM_BF16: *(uint16_t *)p = em_double_to_bf16(v); break;
     default: break;
     }
 }

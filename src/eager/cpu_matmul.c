@@ -298,10 +298,12 @@ static bool blas_layout(operand *op) {
 }
 
 /* Copies t's distinct data (broadcast batch dims taken once) into a
- * contiguous buffer and points op at it. */
+ * contiguous buffer and points op at it; a half t (f16, bf16) is converted
+ * to f32 on the way, a row at a time (em_half_to_f32_n). */
 static em_status operand_copy(operand *op, const em_tensor *t, int nb, const int64_t *bsz) {
     int nd = t->ndim, tb = nd - 2;
-    int64_t esz = (int64_t)em_dtype_size(t->dtype);
+    bool half = em_is_half(t->dtype);
+    int64_t tsz = (int64_t)em_dtype_size(t->dtype), esz = half ? 4 : tsz;
     int64_t sz[EM_MAX_DIMS], st[EM_MAX_DIMS];
     for (int d = 0; d < nd; d++) {
         bool bcast = d < tb && (t->sizes[d] == 1 || t->strides[d] == 0);
@@ -316,7 +318,9 @@ static em_status operand_copy(operand *op, const em_tensor *t, int nb, const int
     int64_t idx[EM_MAX_DIMS] = {0}, off = 0, last = sz[nd - 1], lst = st[nd - 1];
     char *dst = buf;
     for (int64_t r = 0, nrun = last ? n / last : 0; r < nrun; r++) {
-        if (esz == 4)
+        if (half)
+            em_half_to_f32_n(t->dtype, src + off * tsz, lst * tsz, (float *)dst, last);
+        else if (esz == 4)
             for (int64_t i = 0; i < last; i++)
                 ((uint32_t *)dst)[i] = ((const uint32_t *)src)[off + i * lst];
         else
@@ -333,6 +337,7 @@ static em_status operand_copy(operand *op, const em_tensor *t, int nb, const int
     /* the copy's strides */
     int64_t cst[EM_MAX_DIMS];
     em_contiguous_strides(nd, sz, cst);
+    em_free(op->tmp); /* a second copy (never needed in practice) replaces the first */
     op->tmp = buf;
     op->data = buf;
     op->rs = cst[nd - 2];
@@ -346,6 +351,7 @@ static em_status operand_copy(operand *op, const em_tensor *t, int nb, const int
 
 typedef struct mmctx {
     operand a, b;
+    const em_tensor *a_t, *b_t; /* the operands' tensors */
     char *c;
     em_dtype dt;
     int64_t esz, M, N, K;
@@ -444,11 +450,78 @@ LOOP_ROWS(rows_i64, int64_t, uint64_t)
 LOOP_ROWS(rows_f32, float, float)
 LOOP_ROWS(rows_f64, double, double)
 
+/* The multiplication X describes (operands set up, X->c the output),
+ * copying an operand BLAS cannot read in place (a, b: the tensors). */
+static em_status run_gemm(mmctx *X, const em_tensor *a, const em_tensor *b) {
+    em_status st = EM_OK;
+    em_range_fn rows = NULL;
+    if (X->dt == EM_I32) rows = rows_i32;
+    if (X->dt == EM_I64) rows = rows_i64;
+    bool blas = rows == NULL && X->M <= INT_MAX && X->N <= INT_MAX && X->K <= INT_MAX;
+    if (rows == NULL) pthread_once(&blas_once, blas_load);
+    blas = blas && blas_ok;
+    if (rows == NULL && !blas) rows = X->dt == EM_F32 ? rows_f32 : rows_f64;
+
+    if (blas) {
+        if (!blas_layout(&X->a)) {
+            st = operand_copy(&X->a, a, X->nb, X->bsz);
+            if (st == EM_OK && !blas_layout(&X->a)) blas = false;
+        }
+        if (st == EM_OK && !blas_layout(&X->b)) {
+            st = operand_copy(&X->b, b, X->nb, X->bsz);
+            if (st == EM_OK && !blas_layout(&X->b)) blas = false;
+        }
+        if (st == EM_OK && !blas) rows = X->dt == EM_F32 ? rows_f32 : rows_f64;
+    }
+    if (st == EM_OK) {
+        if (blas) {
+            int64_t mnk = X->M * X->N * X->K;
+            if (X->nbatch > 1) {
+                int64_t grain = mnk < MM_SMALL ? MM_SMALL / mnk : 1;
+                em_parallel_for(X->nbatch, grain > 0 ? grain : 1, gemm_batches, X);
+            } else if (X->M >= X->N) { /* pieces of at least 16 rows and ~64K multiply-adds */
+                int64_t grain = MM_SMALL / (X->N * X->K > 0 ? X->N * X->K : 1);
+                em_parallel_for(X->M, grain > 16 ? grain : 16, gemm_rows, X);
+            } else {
+                int64_t grain = MM_SMALL / (X->M * X->K > 0 ? X->M * X->K : 1);
+                em_parallel_for(X->N, grain > 16 ? grain : 16, gemm_cols, X);
+            }
+        } else {
+            int64_t work = X->N * X->K;
+            int64_t grain = work > 0 ? EM_PARALLEL_GRAIN / work : 1;
+            em_parallel_for(X->nbatch * X->M, grain > 0 ? grain : 1, rows, X);
+        }
+    }
+    return st;
+}
+
+/* f16 and bf16: both operands converted to f32 once (operand_copy: whole
+ * rows through em_half_to_f32_n, never element by element calls), one f32
+ * product (BLAS sgemm, f32 accumulation) into an f32 buffer, each element
+ * of it rounded into out once. */
+static em_status matmul_half(mmctx *X, em_tensor *out) {
+    const em_tensor *a = X->a_t, *b = X->b_t;
+    int64_t numel = X->nbatch * X->M * X->N;
+    float *c32 = em_malloc((size_t)numel * sizeof(float));
+    if (!c32) return em_error(EM_ERR_NOMEM, "matmul: out of memory (%lld elements)", (long long)numel);
+    X->dt = EM_F32;
+    X->esz = 4;
+    X->c = (char *)c32;
+    em_status st = operand_copy(&X->a, a, X->nb, X->bsz);
+    if (st == EM_OK) st = operand_copy(&X->b, b, X->nb, X->bsz);
+    if (st == EM_OK) st = run_gemm(X, a, b);
+    if (st == EM_OK) em_f32_to_half_n(out->dtype, c32, em_data(out), 2, numel);
+    em_free(c32);
+    return st;
+}
+
 em_status cpu_matmul(const em_op_call *c, em_tensor *out) {
     const em_tensor *a = c->in[0], *b = c->in[1];
     if (a->ndim < 2 || b->ndim < 2 || out->ndim < 2)
         return em_error(EM_ERR_SHAPE, "matmul: operands must have at least 2 dims");
     mmctx X;
+    X.a_t = a;
+    X.b_t = b;
     X.nb = out->ndim - 2;
     X.M = out->sizes[X.nb];
     X.N = out->sizes[X.nb + 1];
@@ -474,51 +547,16 @@ em_status cpu_matmul(const em_op_call *c, em_tensor *out) {
     }
     operand_init(&X.a, a, X.nb, X.bsz);
     operand_init(&X.b, b, X.nb, X.bsz);
-
-    em_range_fn rows = NULL;
+    em_status st;
     switch (X.dt) {
-    case EM_I32: rows = rows_i32; break;
-    case EM_I64: rows = rows_i64; break;
+    case EM_I32:
+    case EM_I64:
     case EM_F32:
-    case EM_F64: break;
+    case EM_F64: st = run_gemm(&X, a, b); break;
+    case EM_F16:
+    case EM_BF16: st = matmul_half(&X, out); break;
     default:
         return em_error(EM_ERR_DTYPE, "matmul: dtype %s is not supported", em_dtype_name(X.dt));
-    }
-    bool blas = rows == NULL && X.M <= INT_MAX && X.N <= INT_MAX && X.K <= INT_MAX;
-    if (rows == NULL) pthread_once(&blas_once, blas_load);
-    blas = blas && blas_ok;
-    if (rows == NULL && !blas) rows = X.dt == EM_F32 ? rows_f32 : rows_f64;
-
-    em_status st = EM_OK;
-    if (blas) {
-        if (!blas_layout(&X.a)) {
-            st = operand_copy(&X.a, a, X.nb, X.bsz);
-            if (st == EM_OK && !blas_layout(&X.a)) blas = false;
-        }
-        if (st == EM_OK && !blas_layout(&X.b)) {
-            st = operand_copy(&X.b, b, X.nb, X.bsz);
-            if (st == EM_OK && !blas_layout(&X.b)) blas = false;
-        }
-        if (st == EM_OK && !blas) rows = X.dt == EM_F32 ? rows_f32 : rows_f64;
-    }
-    if (st == EM_OK) {
-        if (blas) {
-            int64_t mnk = X.M * X.N * X.K;
-            if (X.nbatch > 1) {
-                int64_t grain = mnk < MM_SMALL ? MM_SMALL / mnk : 1;
-                em_parallel_for(X.nbatch, grain > 0 ? grain : 1, gemm_batches, &X);
-            } else if (X.M >= X.N) { /* pieces of at least 16 rows and ~64K multiply-adds */
-                int64_t grain = MM_SMALL / (X.N * X.K > 0 ? X.N * X.K : 1);
-                em_parallel_for(X.M, grain > 16 ? grain : 16, gemm_rows, &X);
-            } else {
-                int64_t grain = MM_SMALL / (X.M * X.K > 0 ? X.M * X.K : 1);
-                em_parallel_for(X.N, grain > 16 ? grain : 16, gemm_cols, &X);
-            }
-        } else {
-            int64_t work = X.N * X.K;
-            int64_t grain = work > 0 ? EM_PARALLEL_GRAIN / work : 1;
-            em_parallel_for(X.nbatch * X.M, grain > 0 ? grain : 1, rows, &X);
-        }
     }
     em_free(X.a.tmp);
     em_free(X.b.tmp);

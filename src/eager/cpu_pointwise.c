@@ -135,6 +135,45 @@ static inline double sc_gelu_tanh_f64(double x) {
         }                                                                              \
     }
 
+/* ---- Half types: f16 and bf16 run the f32 loops ----
+ * A half loop upcasts each block of inputs into f32 scratch on the stack
+ * (a broadcast input, stride 0, once), runs the op's own f32 loop over the
+ * scratch with unit strides, and rounds the f32 results into the output
+ * once; a bool result (comparisons) the f32 loop writes in place.  So a
+ * half op computes exactly what the f32 op computes on the upcast values,
+ * then rounds: torch's "opmath" for half types on CPU. */
+#define HALF_BLOCK 512
+
+static void half_loop(em_dtype h, bool half_out, em_loop_fn f32, int nin, char **p,
+                      const int64_t *s, int64_t n, const em_op_attrs *a) {
+    float buf[3][HALF_BLOCK]; /* output, then at most two inputs */
+    for (int64_t i0 = 0; i0 < n; i0 += HALF_BLOCK) {
+        int64_t m = n - i0 < HALF_BLOCK ? n - i0 : HALF_BLOCK;
+        char *q[3];
+        int64_t qs[3];
+        for (int k = 1; k <= nin; k++) {
+            em_half_to_f32_n(h, p[k] + i0 * s[k], s[k], buf[k], s[k] ? m : 1);
+            q[k] = (char *)buf[k];
+            qs[k] = s[k] ? (int64_t)sizeof(float) : 0;
+        }
+        q[0] = half_out ? (char *)buf[0] : p[0] + i0 * s[0];
+        qs[0] = half_out ? (int64_t)sizeof(float) : s[0];
+        f32(q, qs, m, a);
+        if (half_out) em_f32_to_half_n(h, buf[0], p[0] + i0 * s[0], s[0], m);
+    }
+}
+
+/* name_f16 and name_bf16 from name_f32 (nin inputs; half_out: the result
+ * has the inputs' half type, else it is bool). */
+#define HALF_LOOPS(name, nin, half_out)                                                \
+    static void name##_f16(char **p, const int64_t *s, int64_t n, const em_op_attrs *a) { \
+        half_loop(EM_F16, half_out, name##_f32, nin, p, s, n, a);                      \
+    }                                                                                  \
+    static void name##_bf16(char **p, const int64_t *s, int64_t n, const em_op_attrs *a) { \
+        half_loop(EM_BF16, half_out, name##_f32, nin, p, s, n, a);                     \
+    }
+#define HALF_ENTRIES(name) [EM_F16] = name##_f16, [EM_BF16] = name##_bf16
+
 /* ---- Running a kernel ---- */
 
 static int64_t out_numel(const em_tensor *out) {
@@ -188,8 +227,9 @@ static em_status pick(const em_op_call *c, const em_loop_fn *table, em_dtype d,
 #define UNARY_FLOAT_ATTR(name, ff, fd, ATTR)                                           \
     UNARY_LOOP_ATTR(name##_f32, float, float, ff(v), ATTR)                             \
     UNARY_LOOP(name##_f64, double, double, fd(v))                                      \
+    HALF_LOOPS(name, 1, true)                                                          \
     static const em_loop_fn name##_loops[EM_DTYPE_COUNT] = {                           \
-        [EM_F32] = name##_f32, [EM_F64] = name##_f64};                                 \
+        [EM_F32] = name##_f32, [EM_F64] = name##_f64, HALF_ENTRIES(name)};             \
     SAME_KERNEL(name, 1)
 
 #define UNARY_VMATH(name, ff, fd) UNARY_FLOAT_ATTR(name, ff, fd, EM_VMATH_CLONES)
@@ -200,9 +240,10 @@ static em_status pick(const em_op_call *c, const em_loop_fn *table, em_dtype d,
     UNARY_LOOP(name##_f64, double, double, ef64)                                       \
     UNARY_LOOP(name##_i32, int32_t, int32_t, ei32)                                     \
     UNARY_LOOP(name##_i64, int64_t, int64_t, ei64)                                     \
+    HALF_LOOPS(name, 1, true)                                                          \
     static const em_loop_fn name##_loops[EM_DTYPE_COUNT] = {                           \
         [EM_F32] = name##_f32, [EM_F64] = name##_f64,                                  \
-        [EM_I32] = name##_i32, [EM_I64] = name##_i64};                                 \
+        [EM_I32] = name##_i32, [EM_I64] = name##_i64, HALF_ENTRIES(name)};             \
     SAME_KERNEL(name, 1)
 
 UNARY_NUM(neg, NEG_F(v), NEG_F(v), NEG_I(int32_t, uint32_t, v), NEG_I(int64_t, uint64_t, v))
@@ -228,17 +269,19 @@ UNARY_VMATH(erf, em_verff, erf)
     BINARY_LOOP(name##_f64, double, double, ef)                                        \
     BINARY_LOOP(name##_i32, int32_t, int32_t, ei32)                                    \
     BINARY_LOOP(name##_i64, int64_t, int64_t, ei64)                                    \
+    HALF_LOOPS(name, 2, true)                                                          \
     static const em_loop_fn name##_loops[EM_DTYPE_COUNT] = {                           \
         [EM_F32] = name##_f32, [EM_F64] = name##_f64,                                  \
-        [EM_I32] = name##_i32, [EM_I64] = name##_i64};                                 \
+        [EM_I32] = name##_i32, [EM_I64] = name##_i64, HALF_ENTRIES(name)};             \
     SAME_KERNEL(name, 2)
 
 /* Float-only binary. */
 #define BINARY_FLOAT(name, ef32, ef64)                                                 \
     BINARY_LOOP(name##_f32, float, float, ef32)                                        \
     BINARY_LOOP(name##_f64, double, double, ef64)                                      \
+    HALF_LOOPS(name, 2, true)                                                          \
     static const em_loop_fn name##_loops[EM_DTYPE_COUNT] = {                           \
-        [EM_F32] = name##_f32, [EM_F64] = name##_f64};                                 \
+        [EM_F32] = name##_f32, [EM_F64] = name##_f64, HALF_ENTRIES(name)};             \
     SAME_KERNEL(name, 2)
 
 BINARY_NUM(add, ADD_F(x, y), ADD_I(int32_t, uint32_t, x, y), ADD_I(int64_t, uint64_t, x, y))
@@ -256,9 +299,10 @@ BINARY_FLOAT(pow, powf(x, y), pow(x, y))
     BINARY_LOOP(name##_i32, em_bool_t, int32_t, (x OP y))                              \
     BINARY_LOOP(name##_i64, em_bool_t, int64_t, (x OP y))                              \
     BINARY_LOOP(name##_bool, em_bool_t, em_bool_t, ((x != 0) OP (y != 0)))             \
+    HALF_LOOPS(name, 2, false)                                                         \
     static const em_loop_fn name##_loops[EM_DTYPE_COUNT] = {                           \
         [EM_F32] = name##_f32, [EM_F64] = name##_f64, [EM_I32] = name##_i32,           \
-        [EM_I64] = name##_i64, [EM_BOOL] = name##_bool};                               \
+        [EM_I64] = name##_i64, [EM_BOOL] = name##_bool, HALF_ENTRIES(name)};           \
     em_status cpu_##name(const em_op_call *c, em_tensor *out) {                        \
         if (c->nin != 2)                                                               \
             return em_error(EM_ERR_ARG, #name ": CPU kernel takes 2 inputs, got %d",   \
@@ -506,36 +550,45 @@ em_status cpu_contiguous(const em_op_call *c, em_tensor *out) {
 }
 
 /* ---- cast: a loop for every (source, destination) pair ----
- * Integer sources (I32, I64, BOOL) go through int64_t, exactly; float
- * sources (F32, F64, F16, BF16) through double.  Float to integer by
+ * Integer sources (I32, I64, BOOL) go through int64_t, exactly; F64
+ * through double; F32, F16 and BF16 through float (exact for the halves).
+ * Each conversion rounds once: double to a half type by em_double_to_half
+ * (cpu.h), never through a float rounded first.  Float to integer by
  * Ember's one rule (em_f64_to_int, eager.h: truncated toward zero,
  * saturated, NaN -> 0).  Anything to BOOL is x != 0 (NaN -> true). */
 
-/* Stores to each destination from int64_t (_i) and from double (_f). */
+/* Stores to each destination from int64_t (_i), double (_f), float (_h). */
 static inline float st_f32_i(int64_t v) { return (float)v; }
 static inline double st_f64_i(int64_t v) { return (double)v; }
 static inline int32_t st_i32_i(int64_t v) { return (int32_t)(uint32_t)(uint64_t)v; }
 static inline int64_t st_i64_i(int64_t v) { return v; }
 static inline em_bool_t st_b8_i(int64_t v) { return v != 0; }
-static inline uint16_t st_f16_i(int64_t v) { return em_float_to_half((float)v); }
-static inline uint16_t st_bf16_i(int64_t v) { return em_float_to_bf16((float)v); }
+static inline uint16_t st_f16_i(int64_t v) { return em_double_to_half((double)v); }
+static inline uint16_t st_bf16_i(int64_t v) { return em_double_to_bf16((double)v); }
 static inline float st_f32_f(double v) { return (float)v; }
 static inline double st_f64_f(double v) { return v; }
 static inline int32_t st_i32_f(double v) { return em_f64_to_i32(v); }
 static inline int64_t st_i64_f(double v) { return em_f64_to_i64(v); }
 static inline em_bool_t st_b8_f(double v) { return v != 0; }
-static inline uint16_t st_f16_f(double v) { return em_float_to_half((float)v); }
-static inline uint16_t st_bf16_f(double v) { return em_float_to_bf16((float)v); }
+static inline uint16_t st_f16_f(double v) { return em_double_to_half(v); }
+static inline uint16_t st_bf16_f(double v) { return em_double_to_bf16(v); }
+static inline float st_f32_h(float v) { return v; }
+static inline double st_f64_h(float v) { return (double)v; }
+static inline int32_t st_i32_h(float v) { return em_f64_to_i32((double)v); }
+static inline int64_t st_i64_h(float v) { return em_f64_to_i64((double)v); }
+static inline em_bool_t st_b8_h(float v) { return v != 0; }
+static inline uint16_t st_f16_h(float v) { return em_float_to_half(v); }
+static inline uint16_t st_bf16_h(float v) { return em_float_to_bf16(v); }
 
-/* Loads from each source: ld_X(v) gives int64_t for integer sources, double
- * for float ones; K_X names which store (_i or _f) that calls for. */
-#define ld_f32(v) ((double)(v))
+/* Loads from each source: ld_X(v) gives int64_t, double or float; the
+ * CAST_FROM's kind (_i, _f, _h) names the store that calls for. */
+#define ld_f32(v) (v)
 #define ld_f64(v) (v)
 #define ld_i32(v) ((int64_t)(v))
 #define ld_i64(v) (v)
 #define ld_b8(v) ((int64_t)((v) != 0))
-#define ld_f16(v) ((double)em_half_to_float(v))
-#define ld_bf16(v) ((double)em_bf16_to_float(v))
+#define ld_f16(v) em_half_to_float(v)
+#define ld_bf16(v) em_bf16_to_float(v)
 
 #define CAST_ONE(SN, ST, SK, DN, DT) UNARY_LOOP(cast_##SN##_##DN, DT, ST, st_##DN##_##SK(ld_##SN(v)))
 
@@ -545,17 +598,17 @@ static inline uint16_t st_bf16_f(double v) { return em_float_to_bf16((float)v); 
     CAST_ONE(SN, ST, SK, f64, double)                                                  \
     CAST_ONE(SN, ST, SK, i32, int32_t)                                                 \
     CAST_ONE(SN, ST, SK, i64, int64_t)                                                 \
-    CAST_ONE(SN, ST, SK, b8, em_bool_t)                                              \
+    CAST_ONE(SN, ST, SK, b8, em_bool_t)                                                \
     CAST_ONE(SN, ST, SK, f16, uint16_t)                                                \
     CAST_ONE(SN, ST, SK, bf16, uint16_t)
 
-CAST_FROM(f32, float, f)
+CAST_FROM(f32, float, h)
 CAST_FROM(f64, double, f)
 CAST_FROM(i32, int32_t, i)
 CAST_FROM(i64, int64_t, i)
 CAST_FROM(b8, em_bool_t, i)
-CAST_FROM(f16, uint16_t, f)
-CAST_FROM(bf16, uint16_t, f)
+CAST_FROM(f16, uint16_t, h)
+CAST_FROM(bf16, uint16_t, h)
 
 #define CAST_ROW(SN)                                                                   \
     {[EM_F32] = cast_##SN##_f32, [EM_F64] = cast_##SN##_f64, [EM_I32] = cast_##SN##_i32, \

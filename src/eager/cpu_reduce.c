@@ -14,7 +14,8 @@
  * reduces tiles of adjacent outputs together, reading the input row by row
  * (four rows per pass over the tile's accumulators).
  *
- * Floats accumulate in double (sum, mean, var), integers in int64 with
+ * Floats accumulate in double (sum, mean, var; f16 and bf16 elements load
+ * through f32, exactly, and the result rounds once), integers in int64 with
  * wrapping; max/min propagate NaN; var is two-pass (mean, then the sum of
  * squared deviations) in double.
  *
@@ -75,7 +76,7 @@ typedef struct rfuns {
 
 /* Vertical loops: STEP(c, v, t) folds element v of output t into c (of type
  * ACC, kept in a[t].FIELD).  Four rows per pass over the accumulators. */
-#define VRUN(NAME, S, T, ACC, FIELD, STEP)                                                 \
+#define VRUN(NAME, S, T, ACC, FIELD, STEP, LD)                                             \
     static void vrun_##NAME##_##S(const char *p_, int64_t nr, int64_t rs, int64_t w,       \
                                   acc_t *a, const double *m) {                             \
         (void)m;                                                                           \
@@ -86,10 +87,10 @@ typedef struct rfuns {
             RED_SIMD                                                                       \
             for (int64_t t = 0; t < w; t++) {                                              \
                 ACC c = a[t].FIELD;                                                        \
-                STEP(c, q0[t], t);                                                         \
-                STEP(c, q1[t], t);                                                         \
-                STEP(c, q2[t], t);                                                         \
-                STEP(c, q3[t], t);                                                         \
+                STEP(c, LD(q0[t]), t);                                                     \
+                STEP(c, LD(q1[t]), t);                                                     \
+                STEP(c, LD(q2[t]), t);                                                     \
+                STEP(c, LD(q3[t]), t);                                                     \
                 a[t].FIELD = c;                                                            \
             }                                                                              \
         }                                                                                  \
@@ -98,47 +99,47 @@ typedef struct rfuns {
             RED_SIMD                                                                       \
             for (int64_t t = 0; t < w; t++) {                                              \
                 ACC c = a[t].FIELD;                                                        \
-                STEP(c, q[t], t);                                                          \
+                STEP(c, LD(q[t]), t);                                                      \
                 a[t].FIELD = c;                                                            \
             }                                                                              \
         }                                                                                  \
     }
 
 #define STEP_FSUM(c, v, t) (c += (double)(v))
-#define STEP_FSQDEV(c, v, t)               \
-    do {                                   \
-        double d_ = (double)(v) - m[t];    \
-        c += d_ * d_;                      \
+#define STEP_FSQDEV(c, v, t)                                                               \
+    do {                                                                                   \
+        double d_ = (double)(v) - m[t];                                                    \
+        c += d_ * d_;                                                                      \
     } while (0)
-#define STEP_FMAX(c, v, t)                             \
-    do {                                               \
-        double v_ = (v);                               \
-        c = (v_ > c || v_ != v_) ? v_ : c;             \
+#define STEP_FMAX(c, v, t)                                                                 \
+    do {                                                                                   \
+        double v_ = (v);                                                                   \
+        c = (v_ > c || v_ != v_) ? v_ : c;                                                 \
     } while (0)
-#define STEP_FMIN(c, v, t)                             \
-    do {                                               \
-        double v_ = (v);                               \
-        c = (v_ < c || v_ != v_) ? v_ : c;             \
+#define STEP_FMIN(c, v, t)                                                                 \
+    do {                                                                                   \
+        double v_ = (v);                                                                   \
+        c = (v_ < c || v_ != v_) ? v_ : c;                                                 \
     } while (0)
 
 /* max/min of a run: a NaN flag plus a plain max, so the loop vectorizes. */
-#define FLOAT_EXT_RUN(T, S, NAME, INIT, CMP, RED, PICK)                                    \
+#define FLOAT_EXT_RUN(T, VT, S, NAME, INIT, CMP, RED, PICK, LD)                            \
     static void run_##NAME##_##S(const char *p_, int64_t n, int64_t st, acc_t *a,          \
                                  double m_) {                                              \
         const T *p = (const T *)p_;                                                        \
         (void)m_;                                                                          \
-        T m = INIT;                                                                        \
+        VT m = INIT;                                                                       \
         int nan = 0;                                                                       \
         if (st == 1) {                                                                     \
             RED_SIMD_RED(reduction(RED : m) reduction(| : nan))                            \
             for (int64_t i = 0; i < n; i++) {                                              \
-                T v = p[i];                                                                \
+                VT v = LD(p[i]);                                                           \
                 m = v CMP m ? v : m;                                                       \
                 nan |= v != v;                                                             \
             }                                                                              \
         } else {                                                                           \
             for (int64_t i = 0; i < n; i++) {                                              \
-                T v = p[i * st];                                                           \
+                VT v = LD(p[i * st]);                                                      \
                 m = v CMP m ? v : m;                                                       \
                 nan |= v != v;                                                             \
             }                                                                              \
@@ -146,7 +147,7 @@ typedef struct rfuns {
         a->f = nan ? (double)NAN : PICK(a->f, (double)m);                                  \
     }
 
-#define FLOAT_RUNS(T, S)                                                                   \
+#define FLOAT_RUNS(T, VT, S, LD)                                                           \
     static void run_sum_##S(const char *p_, int64_t n, int64_t st, acc_t *a, double m) {   \
         const T *p = (const T *)p_;                                                        \
         (void)m;                                                                           \
@@ -154,24 +155,24 @@ typedef struct rfuns {
         int64_t i = 0;                                                                     \
         if (st == 1) {                                                                     \
             for (; i + 8 <= n; i += 8) {                                                   \
-                s0 += p[i];                                                                \
-                s1 += p[i + 1];                                                            \
-                s2 += p[i + 2];                                                            \
-                s3 += p[i + 3];                                                            \
-                s4 += p[i + 4];                                                            \
-                s5 += p[i + 5];                                                            \
-                s6 += p[i + 6];                                                            \
-                s7 += p[i + 7];                                                            \
+                s0 += LD(p[i]);                                                            \
+                s1 += LD(p[i + 1]);                                                        \
+                s2 += LD(p[i + 2]);                                                        \
+                s3 += LD(p[i + 3]);                                                        \
+                s4 += LD(p[i + 4]);                                                        \
+                s5 += LD(p[i + 5]);                                                        \
+                s6 += LD(p[i + 6]);                                                        \
+                s7 += LD(p[i + 7]);                                                        \
             }                                                                              \
-            for (; i < n; i++) s0 += p[i];                                                 \
+            for (; i < n; i++) s0 += LD(p[i]);                                             \
         } else {                                                                           \
             for (; i + 4 <= n; i += 4) {                                                   \
-                s0 += p[i * st];                                                           \
-                s1 += p[(i + 1) * st];                                                     \
-                s2 += p[(i + 2) * st];                                                     \
-                s3 += p[(i + 3) * st];                                                     \
+                s0 += LD(p[i * st]);                                                       \
+                s1 += LD(p[(i + 1) * st]);                                                 \
+                s2 += LD(p[(i + 2) * st]);                                                 \
+                s3 += LD(p[(i + 3) * st]);                                                 \
             }                                                                              \
-            for (; i < n; i++) s0 += p[i * st];                                            \
+            for (; i < n; i++) s0 += LD(p[i * st]);                                        \
         }                                                                                  \
         a->f += ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7));                         \
     }                                                                                      \
@@ -181,8 +182,8 @@ typedef struct rfuns {
         int64_t i = 0;                                                                     \
         if (st == 1) {                                                                     \
             for (; i + 4 <= n; i += 4) {                                                   \
-                double d0 = p[i] - m, d1 = p[i + 1] - m, d2 = p[i + 2] - m,                \
-                       d3 = p[i + 3] - m;                                                  \
+                double d0 = LD(p[i]) - m, d1 = LD(p[i + 1]) - m, d2 = LD(p[i + 2]) - m,    \
+                       d3 = LD(p[i + 3]) - m;                                              \
                 s0 += d0 * d0;                                                             \
                 s1 += d1 * d1;                                                             \
                 s2 += d2 * d2;                                                             \
@@ -190,17 +191,17 @@ typedef struct rfuns {
             }                                                                              \
         }                                                                                  \
         for (; i < n; i++) {                                                               \
-            double d = p[i * st] - m;                                                      \
+            double d = LD(p[i * st]) - m;                                                  \
             s0 += d * d;                                                                   \
         }                                                                                  \
         a->f += (s0 + s1) + (s2 + s3);                                                     \
     }                                                                                      \
-    FLOAT_EXT_RUN(T, S, max, -INFINITY, >, max, MAXN)                                      \
-    FLOAT_EXT_RUN(T, S, min, INFINITY, <, min, MINN)                                       \
-    VRUN(sum, S, T, double, f, STEP_FSUM)                                                  \
-    VRUN(sqdev, S, T, double, f, STEP_FSQDEV)                                              \
-    VRUN(max, S, T, double, f, STEP_FMAX)                                                  \
-    VRUN(min, S, T, double, f, STEP_FMIN)                                                  \
+    FLOAT_EXT_RUN(T, VT, S, max, -INFINITY, >, max, MAXN, LD)                              \
+    FLOAT_EXT_RUN(T, VT, S, min, INFINITY, <, min, MINN, LD)                               \
+    VRUN(sum, S, T, double, f, STEP_FSUM, LD)                                              \
+    VRUN(sqdev, S, T, double, f, STEP_FSQDEV, LD)                                          \
+    VRUN(max, S, T, double, f, STEP_FMAX, LD)                                              \
+    VRUN(min, S, T, double, f, STEP_FMIN, LD)                                              \
     static const rfuns funs_##S = {true,                                                   \
                                    {run_sum_##S, run_max_##S, run_min_##S, run_sqdev_##S}, \
                                    {vrun_sum_##S, vrun_max_##S, vrun_min_##S, vrun_sqdev_##S}};
@@ -243,9 +244,9 @@ typedef struct rfuns {
     }                                                                                      \
     INT_EXT_RUN(T, S, CV, max, >, max)                                                     \
     INT_EXT_RUN(T, S, CV, min, <, min)                                                     \
-    VRUN(sum, S, T, int64_t, i, STEP_ISUM_##S)                                             \
-    VRUN(max, S, T, int64_t, i, STEP_IMAX_##S)                                             \
-    VRUN(min, S, T, int64_t, i, STEP_IMIN_##S)                                             \
+    VRUN(sum, S, T, int64_t, i, STEP_ISUM_##S, ID)                                         \
+    VRUN(max, S, T, int64_t, i, STEP_IMAX_##S, ID)                                         \
+    VRUN(min, S, T, int64_t, i, STEP_IMIN_##S, ID)                                         \
     static const rfuns funs_##S = {false,                                                  \
                                    {run_sum_##S, run_max_##S, run_min_##S, NULL},          \
                                    {vrun_sum_##S, vrun_max_##S, vrun_min_##S, NULL}};
@@ -263,8 +264,12 @@ typedef struct rfuns {
 #define STEP_IMIN_i64(c, v, t) (c = CV_INT(v) < c ? CV_INT(v) : c)
 #define STEP_IMIN_b8(c, v, t) (c = CV_BOOL(v) < c ? CV_BOOL(v) : c)
 
-FLOAT_RUNS(float, f32)
-FLOAT_RUNS(double, f64)
+/* identity load; half types load through f32 (cpu.h) */
+#define ID(x) (x)
+FLOAT_RUNS(float, float, f32, ID)
+FLOAT_RUNS(double, double, f64, ID)
+FLOAT_RUNS(uint16_t, float, f16, em_half_to_float)
+FLOAT_RUNS(uint16_t, float, bf16, em_bf16_to_float)
 INT_RUNS(int32_t, i32, CV_INT)
 INT_RUNS(int64_t, i64, CV_INT)
 INT_RUNS(uint8_t, b8, CV_BOOL)
@@ -273,6 +278,8 @@ static const rfuns *funs_for(em_dtype d) {
     switch (d) {
     case EM_F32: return &funs_f32;
     case EM_F64: return &funs_f64;
+    case EM_F16: return &funs_f16;
+    case EM_BF16: return &funs_bf16;
     case EM_I32: return &funs_i32;
     case EM_I64: return &funs_i64;
     case EM_BOOL: return &funs_b8;
@@ -448,10 +455,12 @@ static void finish(const rctx *R, int64_t o, acc_t a) {
     case K_MEAN: v = a.f / R->N; break;
     case K_VAR: v = var_of(R, a.f); break;
     }
-    if (R->odt == EM_F32)
-        ((float *)R->out)[o] = (float)v;
-    else
-        ((double *)R->out)[o] = v;
+    switch (R->odt) {
+    case EM_F32: ((float *)R->out)[o] = (float)v; break;
+    case EM_F16: ((uint16_t *)R->out)[o] = em_double_to_half(v); break; /* one rounding */
+    case EM_BF16: ((uint16_t *)R->out)[o] = em_double_to_bf16(v); break;
+    default: ((double *)R->out)[o] = v; break;
+    }
 }
 
 static void emit(const rctx *R, int64_t o, int64_t c, acc_t a) {
@@ -717,20 +726,20 @@ typedef void (*argvrun_fn)(const char *p, int64_t n, int64_t rs, int64_t w, int6
 /* Vertical argmax: b[t] / bi[t] the best so far of output t; four rows per
  * pass.  ARGSTEP(c, k, v, r) takes v (row r) over c when it is greater or a
  * NaN, unless c is already a NaN. */
-#define ARGSTEP_F(c, k, v, r)                          \
-    do {                                               \
-        int take_ = ((v) > c || (v) != (v)) && c == c; \
-        c = take_ ? (v) : c;                           \
-        k = take_ ? (r) : k;                           \
+#define ARGSTEP_F(c, k, v, r)                                                              \
+    do {                                                                                   \
+        int take_ = ((v) > c || (v) != (v)) && c == c;                                     \
+        c = take_ ? (v) : c;                                                               \
+        k = take_ ? (r) : k;                                                               \
     } while (0)
-#define ARGSTEP_I(c, k, v, r)          \
-    do {                               \
-        int take_ = (v) > c;           \
-        c = take_ ? (v) : c;           \
-        k = take_ ? (r) : k;           \
+#define ARGSTEP_I(c, k, v, r)                                                              \
+    do {                                                                                   \
+        int take_ = (v) > c;                                                               \
+        c = take_ ? (v) : c;                                                               \
+        k = take_ ? (r) : k;                                                               \
     } while (0)
 #define ARGVRUN(S, T, B, CV, STEP)                                                         \
-    static void argvrun_##S(const char *p_, int64_t n, int64_t rs, int64_t w, int64_t *bi) {\
+    static void argvrun_##S(const char *p_, int64_t n, int64_t rs, int64_t w, int64_t *bi) {   \
         const T *p = (const T *)p_;                                                        \
         B b[RED_VTILE];                                                                    \
         for (int64_t t = 0; t < w; t++) {                                                  \
@@ -765,34 +774,34 @@ typedef void (*argvrun_fn)(const char *p, int64_t n, int64_t rs, int64_t w, int6
         }                                                                                  \
     }
 
-#define ARGMAX_FLOAT(T, S)                                                                 \
-    static void argrun_##S(const char *p_, int64_t lo, int64_t hi, int64_t st, acc_t *best,\
+#define ARGMAX_FLOAT(T, VT, S, LD)                                                         \
+    static void argrun_##S(const char *p_, int64_t lo, int64_t hi, int64_t st, acc_t *best,    \
                            int64_t *bi) {                                                  \
         const T *p = (const T *)p_;                                                        \
         if (st == 1) {                                                                     \
             /* max and NaN flag in one vectorized pass, then the first match */            \
-            T m = -INFINITY;                                                               \
+            VT m = -INFINITY;                                                              \
             int nan = 0;                                                                   \
             RED_SIMD_RED(reduction(max : m) reduction(| : nan))                            \
             for (int64_t i = lo; i < hi; i++) {                                            \
-                T v = p[i];                                                                \
+                VT v = LD(p[i]);                                                           \
                 m = v > m ? v : m;                                                         \
                 nan |= v != v;                                                             \
             }                                                                              \
             int64_t i = lo;                                                                \
             if (nan)                                                                       \
-                while (i < hi - 1 && p[i] == p[i]) i++;                                    \
+                while (i < hi - 1 && LD(p[i]) == LD(p[i])) i++;                            \
             else                                                                           \
-                while (i < hi - 1 && p[i] != m) i++;                                       \
-            best->f = p[i];                                                                \
+                while (i < hi - 1 && LD(p[i]) != m) i++;                                   \
+            best->f = LD(p[i]);                                                            \
             *bi = i;                                                                       \
             return;                                                                        \
         }                                                                                  \
-        T b = p[lo * st];                                                                  \
+        VT b = LD(p[lo * st]);                                                             \
         int64_t k = lo;                                                                    \
         if (b == b)                                                                        \
             for (int64_t i = lo + 1; i < hi; i++) {                                        \
-                T v = p[i * st];                                                           \
+                VT v = LD(p[i * st]);                                                      \
                 if (v > b) {                                                               \
                     b = v;                                                                 \
                     k = i;                                                                 \
@@ -805,10 +814,10 @@ typedef void (*argvrun_fn)(const char *p, int64_t n, int64_t rs, int64_t w, int6
         best->f = b;                                                                       \
         *bi = k;                                                                           \
     }                                                                                      \
-    ARGVRUN(S, T, T, (T), ARGSTEP_F)
+    ARGVRUN(S, T, VT, LD, ARGSTEP_F)
 
 #define ARGMAX_INT(T, S, CV)                                                               \
-    static void argrun_##S(const char *p_, int64_t lo, int64_t hi, int64_t st, acc_t *best,\
+    static void argrun_##S(const char *p_, int64_t lo, int64_t hi, int64_t st, acc_t *best,    \
                            int64_t *bi) {                                                  \
         const T *p = (const T *)p_;                                                        \
         if (st == 1) {                                                                     \
@@ -837,8 +846,10 @@ typedef void (*argvrun_fn)(const char *p, int64_t n, int64_t rs, int64_t w, int6
     }                                                                                      \
     ARGVRUN(S, T, int64_t, CV, ARGSTEP_I)
 
-ARGMAX_FLOAT(float, f32)
-ARGMAX_FLOAT(double, f64)
+ARGMAX_FLOAT(float, float, f32, ID)
+ARGMAX_FLOAT(double, double, f64, ID)
+ARGMAX_FLOAT(uint16_t, float, f16, em_half_to_float)
+ARGMAX_FLOAT(uint16_t, float, bf16, em_bf16_to_float)
 ARGMAX_INT(int32_t, i32, CV_INT)
 ARGMAX_INT(int64_t, i64, CV_INT)
 ARGMAX_INT(uint8_t, b8, CV_BOOL)
@@ -911,6 +922,8 @@ em_status cpu_argmax(const em_op_call *c, em_tensor *out) {
     switch (x->dtype) {
     case EM_F32: A.run = argrun_f32; A.vrun = argvrun_f32; A.is_float = true; break;
     case EM_F64: A.run = argrun_f64; A.vrun = argvrun_f64; A.is_float = true; break;
+    case EM_F16: A.run = argrun_f16; A.vrun = argvrun_f16; A.is_float = true; break;
+    case EM_BF16: A.run = argrun_bf16; A.vrun = argvrun_bf16; A.is_float = true; break;
     case EM_I32: A.run = argrun_i32; A.vrun = argvrun_i32; break;
     case EM_I64: A.run = argrun_i64; A.vrun = argvrun_i64; break;
     case EM_BOOL: A.run = argrun_b8; A.vrun = argvrun_b8; break;

@@ -26,6 +26,19 @@ static em_tensor *kept(em_tensor *r) {
     return r;
 }
 
+/* The dtype these compute in: x's when it is f32 or f64; f32 for integers
+ * and bool, and for f16 and bf16, whose statistics (max, sums, mean,
+ * variance) torch computes in f32 too. */
+static em_tensor *compute_in(const em_tensor *x) {
+    bool wide = em_dtype_is_float(x->dtype) && !em_is_half(x->dtype);
+    return wide ? (em_tensor *)x : em_cast(x, EM_F32);
+}
+
+/* The result r (computed in f32 for a half x) rounded to x's half type once. */
+static em_tensor *as_input_type(em_tensor *r, const em_tensor *x) {
+    return r && em_is_half(x->dtype) ? em_cast(r, x->dtype) : r;
+}
+
 /* x - max(x) along dim.  Over a dim of size 0 there is no max (amax has no
  * identity to return) and no element to shift: x itself, so that softmax
  * of an empty dim is an empty tensor, as in torch. */
@@ -40,18 +53,18 @@ static em_tensor *shift_by_max(em_tensor *xf, int dim) {
 em_tensor *em_softmax(const em_tensor *x, int dim) {
     if (!softmax_args("em_softmax", x, dim)) return NULL;
     em_scope_begin();
-    em_tensor *xf = em_dtype_is_float(x->dtype) ? (em_tensor *)x : em_cast(x, EM_F32);
+    em_tensor *xf = compute_in(x);
     em_tensor *e = em_exp(shift_by_max(xf, dim));
-    return kept(em_div(e, em_sum(e, 1, &dim, true)));
+    return kept(as_input_type(em_div(e, em_sum(e, 1, &dim, true)), x));
 }
 
 /* log_softmax(x) = (x - max) - log(sum(exp(x - max))). */
 em_tensor *em_log_softmax(const em_tensor *x, int dim) {
     if (!softmax_args("em_log_softmax", x, dim)) return NULL;
     em_scope_begin();
-    em_tensor *xf = em_dtype_is_float(x->dtype) ? (em_tensor *)x : em_cast(x, EM_F32);
+    em_tensor *xf = compute_in(x);
     em_tensor *shifted = shift_by_max(xf, dim);
-    return kept(em_sub(shifted, em_log(em_sum(em_exp(shifted), 1, &dim, true))));
+    return kept(as_input_type(em_sub(shifted, em_log(em_sum(em_exp(shifted), 1, &dim, true))), x));
 }
 
 /* (x - mean) / sqrt(var + eps) * weight + bias over the last nnorm dims,
@@ -89,13 +102,13 @@ em_tensor *em_layer_norm(const em_tensor *x, int nnorm, const em_tensor *weight,
     int dims[EM_MAX_DIMS];
     for (int i = 0; i < nnorm; i++) dims[i] = x->ndim - nnorm + i;
     em_scope_begin();
-    em_tensor *xf = em_dtype_is_float(x->dtype) ? (em_tensor *)x : em_cast(x, EM_F32);
+    em_tensor *xf = compute_in(x);
     em_tensor *centered = em_sub(xf, em_mean(xf, nnorm, dims, true));
     em_tensor *var = em_var(xf, nnorm, dims, 0, true);
     em_tensor *y = em_mul(centered, em_rsqrt(em_add_scalar(var, eps)));
-    if (weight) y = em_mul(y, weight);
+    if (weight) y = em_mul(y, weight); /* a half weight promotes to f32 here */
     if (bias) y = em_add(y, bias);
-    return kept(y);
+    return kept(as_input_type(y, x));
 }
 
 /* Checks attention's arguments and resolves its scale into *scale. */

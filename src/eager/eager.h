@@ -324,6 +324,10 @@ static inline bool em_same_bytes(const void *a, const void *b, size_t n) {
     return n == 0 || __builtin_memcmp(a, b, n) == 0;
 }
 
+/* Whether d is f16 or bf16: formats that compute through f32 (the CPU
+ * kernels upcast, compute in f32 and round once: docs/api.md). */
+static inline bool em_is_half(em_dtype d) { return d == EM_F16 || d == EM_BF16; }
+
 /* ---- Conversion of values to integer dtypes: Ember's one rule ----
  * A float becomes an integer by truncation toward zero, saturated to the
  * integer's range, with NaN -> 0 (em_cast's documented rule; C leaves an

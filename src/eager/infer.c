@@ -17,10 +17,12 @@ static em_status dtype_error(const em_op_call *c, em_dtype d, const char *accept
                     em_dtype_name(d), accepted);
 }
 
-static bool is_numeric(em_dtype d) {
-    return d == EM_F32 || d == EM_F64 || d == EM_I32 || d == EM_I64;
-}
+/* f16 and bf16 compute wherever f32 does (their kernels compute in f32,
+ * docs/api.md "Half precision"); rand and randn make f32 and f64 only. */
+static bool is_numeric(em_dtype d) { return em_dtype_is_float(d) || d == EM_I32 || d == EM_I64; }
 static bool is_f32_f64(em_dtype d) { return d == EM_F32 || d == EM_F64; }
+#define NUMERIC "f32, f64, f16, bf16, i32, i64"
+#define FLOATS "f32, f64, f16, bf16"
 
 static void meta_like(em_meta *m, const em_tensor *t, em_dtype dtype) {
     m->ndim = t->ndim;
@@ -96,12 +98,12 @@ em_status infer_same(const em_op_call *c, em_meta *m) {
 }
 
 em_status infer_unary(const em_op_call *c, em_meta *m) {
-    if (!is_numeric(c->in[0]->dtype)) return dtype_error(c, c->in[0]->dtype, "f32, f64, i32, i64");
+    if (!is_numeric(c->in[0]->dtype)) return dtype_error(c, c->in[0]->dtype, NUMERIC);
     return infer_same(c, m);
 }
 
 em_status infer_float_unary(const em_op_call *c, em_meta *m) {
-    if (!is_f32_f64(c->in[0]->dtype)) return dtype_error(c, c->in[0]->dtype, "f32, f64");
+    if (!em_dtype_is_float(c->in[0]->dtype)) return dtype_error(c, c->in[0]->dtype, FLOATS);
     return infer_same(c, m);
 }
 
@@ -115,7 +117,7 @@ em_status infer_cast(const em_op_call *c, em_meta *m) {
 em_status infer_binary(const em_op_call *c, em_meta *m) {
     em_status s = same_dtypes(c, 0, 2);
     if (s != EM_OK) return s;
-    if (!is_numeric(c->in[0]->dtype)) return dtype_error(c, c->in[0]->dtype, "f32, f64, i32, i64");
+    if (!is_numeric(c->in[0]->dtype)) return dtype_error(c, c->in[0]->dtype, NUMERIC);
     m->dtype = c->in[0]->dtype;
     return broadcast(c, 2, m);
 }
@@ -123,7 +125,7 @@ em_status infer_binary(const em_op_call *c, em_meta *m) {
 em_status infer_float_binary(const em_op_call *c, em_meta *m) {
     em_status s = same_dtypes(c, 0, 2);
     if (s != EM_OK) return s;
-    if (!is_f32_f64(c->in[0]->dtype)) return dtype_error(c, c->in[0]->dtype, "f32, f64");
+    if (!em_dtype_is_float(c->in[0]->dtype)) return dtype_error(c, c->in[0]->dtype, FLOATS);
     m->dtype = c->in[0]->dtype;
     return broadcast(c, 2, m);
 }
@@ -132,7 +134,7 @@ em_status infer_compare(const em_op_call *c, em_meta *m) {
     em_status s = same_dtypes(c, 0, 2);
     if (s != EM_OK) return s;
     em_dtype d = c->in[0]->dtype;
-    if (!is_numeric(d) && d != EM_BOOL) return dtype_error(c, d, "f32, f64, i32, i64, bool");
+    if (!is_numeric(d) && d != EM_BOOL) return dtype_error(c, d, NUMERIC ", bool");
     m->dtype = EM_BOOL;
     return broadcast(c, 2, m);
 }
@@ -182,7 +184,7 @@ em_status infer_reduce(const em_op_call *c, em_meta *m) {
     if (s != EM_OK) return s;
     const em_tensor *x = c->in[0];
     if (!is_numeric(x->dtype) && x->dtype != EM_BOOL)
-        return dtype_error(c, x->dtype, "f32, f64, i32, i64, bool");
+        return dtype_error(c, x->dtype, NUMERIC ", bool");
     if (c->op == EM_OP_AMAX || c->op == EM_OP_AMIN) {
         for (int d = 0; d < x->ndim; d++)
             if (reduced[d] && x->sizes[d] == 0)
@@ -190,7 +192,7 @@ em_status infer_reduce(const em_op_call *c, em_meta *m) {
                                 OPNAME(c), d);
         m->dtype = x->dtype;
     } else {
-        m->dtype = is_f32_f64(x->dtype) ? x->dtype : EM_I64; /* sum of integers */
+        m->dtype = em_dtype_is_float(x->dtype) ? x->dtype : EM_I64; /* sum of integers */
     }
     reduce_meta(c, reduced, m);
     return EM_OK;
@@ -200,7 +202,7 @@ em_status infer_reduce_float(const em_op_call *c, em_meta *m) {
     bool reduced[EM_MAX_DIMS];
     em_status s = reduce_dims(c, reduced);
     if (s != EM_OK) return s;
-    if (!is_f32_f64(c->in[0]->dtype)) return dtype_error(c, c->in[0]->dtype, "f32, f64");
+    if (!em_dtype_is_float(c->in[0]->dtype)) return dtype_error(c, c->in[0]->dtype, FLOATS);
     m->dtype = c->in[0]->dtype;
     reduce_meta(c, reduced, m);
     return EM_OK;
@@ -210,7 +212,7 @@ em_status infer_argmax(const em_op_call *c, em_meta *m) {
     const em_tensor *x = c->in[0];
     int d = c->attrs->dim;
     if (!is_numeric(x->dtype) && x->dtype != EM_BOOL)
-        return dtype_error(c, x->dtype, "f32, f64, i32, i64, bool");
+        return dtype_error(c, x->dtype, NUMERIC ", bool");
     if (x->ndim == 0) {
         if (d != 0) return em_error(EM_ERR_DIM, "argmax: dim %d is out of range for a 0-d tensor", d);
         m->ndim = 0;
@@ -462,7 +464,7 @@ em_status infer_matmul(const em_op_call *c, em_meta *m) {
     char s1[160], s2[160];
     em_status s = same_dtypes(c, 0, 2);
     if (s != EM_OK) return s;
-    if (!is_numeric(a->dtype)) return dtype_error(c, a->dtype, "f32, f64, i32, i64");
+    if (!is_numeric(a->dtype)) return dtype_error(c, a->dtype, NUMERIC);
     if (a->ndim < 2 || b->ndim < 2)
         return em_error(EM_ERR_SHAPE, "matmul: operands must have at least 2 dims here (%d, %d)",
                         a->ndim, b->ndim);

@@ -177,8 +177,26 @@ typedef enum promote_rule {
     PROMOTE_ANY      /* comparisons: any common dtype */
 } promote_rule;
 
-static em_dtype promoted(em_dtype a, em_dtype b, promote_rule r) {
-    em_dtype d = em_promote_types(a, b);
+/* Dtype categories, lowest first: bool, integers, floats. */
+static int category(em_dtype d) { return d == EM_BOOL ? 0 : em_dtype_is_float(d) ? 2 : 1; }
+
+/* The dtype a and b compute in: Ember's one promotion rule, torch's
+ * result_type.  Tensors of at least one dim promote by em_promote_types
+ * (f16 with bf16 -> f32, a half type with an integer -> the half type,
+ * with f32 -> f32).  A 0-d tensor beside one that has dims (an em_scalar,
+ * or the scalar an em_*_scalar call makes) counts only when its category
+ * is above the other's: a half tensor with a 0-d f32 stays half, an i32
+ * tensor with a 0-d f64 becomes f64. */
+static em_dtype result_type(const em_tensor *a, const em_tensor *b) {
+    if ((a->ndim == 0) != (b->ndim == 0)) {
+        const em_tensor *t = a->ndim ? a : b, *z = a->ndim ? b : a;
+        if (category(z->dtype) <= category(t->dtype)) return t->dtype;
+    }
+    return em_promote_types(a->dtype, b->dtype);
+}
+
+static em_dtype promoted(const em_tensor *a, const em_tensor *b, promote_rule r) {
+    em_dtype d = result_type(a, b);
     if (r == PROMOTE_FLOAT && !em_dtype_is_float(d)) return EM_F32;
     if (r == PROMOTE_ARITH && d == EM_BOOL) return EM_I32;
     return d;
@@ -188,7 +206,7 @@ static em_tensor *binary(em_op op, const char *fn, const em_tensor *a, const em_
                          promote_rule r) {
     if (!a) return null_arg(fn, "a");
     if (!b) return null_arg(fn, "b");
-    em_dtype d = promoted(a->dtype, b->dtype, r);
+    em_dtype d = promoted(a, b, r);
     if (a->dtype == d && b->dtype == d) return dispatch2(op, a, b, NULL);
     em_scope_begin();
     return scope_return(dispatch2(op, as_dtype(a, d), as_dtype(b, d), NULL));
@@ -213,7 +231,8 @@ BINARY(em_gt, GT, PROMOTE_ANY)
 BINARY(em_ge, GE, PROMOTE_ANY)
 
 /* x OP s: the scalar becomes a 0-d tensor of x's dtype (a "wrapped number"
- * in PyTorch's terms, which does not widen x); bool x computes in i64.  A
+ * in PyTorch's terms, which does not widen x: a half x stays half, the
+ * scalar rounded to it); bool x computes in i64.  A
  * scalar that the integer dtype does not hold exactly (fractional, NaN,
  * +-inf, or out of its range: 3e9 for i32) computes in f32, as torch
  * computes an integer tensor with a float scalar: converting it to the
@@ -243,7 +262,7 @@ em_tensor *em_where(const em_tensor *cond, const em_tensor *a, const em_tensor *
     if (!cond) return null_arg("em_where", "cond");
     if (!a) return null_arg("em_where", "a");
     if (!b) return null_arg("em_where", "b");
-    em_dtype d = em_promote_types(a->dtype, b->dtype);
+    em_dtype d = result_type(a, b);
     em_scope_begin();
     em_tensor *in[3] = {(em_tensor *)cond, (em_tensor *)as_dtype(a, d),
                         (em_tensor *)as_dtype(b, d)};
