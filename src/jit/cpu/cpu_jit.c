@@ -120,4 +120,5 @@ const jit_device jit_cpu_device = {
     .launch = cpu_launch,
     .unload = cpu_unload,
     .fused_attention = true, /* src/eager/cpu_attention.c */
+    .half_kernels = true,    /* computed in f32; cpu_vmath_gccjit.c converts */
 };

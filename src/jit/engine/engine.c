@@ -190,7 +190,7 @@ static em_status get_kernels(jit_compiled *st, const tr_graph *g, jit_env *env, 
 
 /* Schedules, lowers and compiles g into st's plan and kernels. */
 static em_status build(jit_compiled *st, const tr_graph *g, jit_env *env, const char *target) {
-    sc_schedule *sched = sc_build(g);
+    sc_schedule *sched = sc_build_for(g, st->dev->half_kernels);
     if (!sched) return em_last_status();
     env->lowered++;
     em_status s = plan_init(st, sched);
@@ -490,7 +490,9 @@ static em_status build_dynamic(jit_compiled *st, const tr_graph *g, const jit_dy
         s = em_last_status() == EM_ERR_NOMEM ? EM_ERR_NOMEM : EM_ERR_UNSUPPORTED;
     }
     if (s == EM_OK && !(st->vary = varying_dims(g, metas))) s = em_last_status();
-    if (s == EM_OK && (!(sa = sc_build(g)) || !(sp = sc_build(&gp)))) s = em_last_status();
+    bool half = st->dev->half_kernels;
+    if (s == EM_OK && (!(sa = sc_build_for(g, half)) || !(sp = sc_build_for(&gp, half))))
+        s = em_last_status();
     if (s == EM_OK) sa->vary = sp->vary = st->vary;
     if (s == EM_OK) env->lowered++;
     if (s == EM_OK) s = dynamic_init(st, sa, &ks, &keys);
@@ -582,7 +584,7 @@ static jit_spec *make_spec(jit_compiled *st, const tr_graph *g, em_tensor *const
     ok = ok && at_sizes(g, &st->follow, sp->in, sp->metas, &gx, st->declined, sizeof st->declined);
     if (sp) sp->nodes = gx.nodes; /* the spec owns them from here */
     bool shaped = ok;
-    ok = ok && (sx = sc_build(&gx));
+    ok = ok && (sx = sc_build_for(&gx, st->dev->half_kernels));
     if (ok) sx->vary = st->vary;
     ok = ok && same_steps(st, sx);
     for (int gi = 0; ok && gi < st->plan.nkernels; gi++)

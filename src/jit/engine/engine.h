@@ -144,6 +144,10 @@ typedef struct jit_device {
      * rewrites attention into it (tr_fuse_attention) before scheduling,
      * static and dynamic compiles alike. */
     bool fused_attention;
+    /* Optional (false): its generator takes f16/bf16 buffers, loads, stores
+     * and conversions, so the scheduler fuses half values (computed in
+     * f32: sched/lower.c); otherwise they run as eager steps. */
+    bool half_kernels;
 } jit_device;
 
 /* A key for devices to use as their key function: the hash of "ember

@@ -65,8 +65,9 @@
 
 /* ---- helpers on shapes and nodes ---- */
 
-static bool dtype_ok(em_dtype d) {
-    return d == EM_F32 || d == EM_F64 || d == EM_I32 || d == EM_I64 || d == EM_BOOL;
+static bool dtype_ok(em_dtype d, bool half) {
+    return d == EM_F32 || d == EM_F64 || d == EM_I32 || d == EM_I64 || d == EM_BOOL ||
+           (half && (d == EM_F16 || d == EM_BF16));
 }
 
 static bool same_shape(int na, const int64_t *a, int nb, const int64_t *b) {
@@ -104,10 +105,10 @@ bool sc_is_reduction(const tr_node *n) {
 #define SC_MIN_ROWS 64
 #define SC_SMALL_REDUCE 65536
 
-static bool fusible(const tr_graph *g, const tr_node *n) {
-    if (n->kind != TR_CALL || !dtype_ok(n->meta.dtype)) return false;
+static bool fusible(const tr_graph *g, const tr_node *n, bool half) {
+    if (n->kind != TR_CALL || !dtype_ok(n->meta.dtype, half)) return false;
     for (int i = 0; i < n->nin; i++)
-        if (!dtype_ok(g->nodes[n->in[i]].meta.dtype)) return false;
+        if (!dtype_ok(g->nodes[n->in[i]].meta.dtype, half)) return false;
     switch (em_op_table[n->op].kind) {
     case EM_KIND_UNARY:
     case EM_KIND_BINARY:
@@ -567,7 +568,9 @@ static em_status list_members(sc_schedule *s) {
     return EM_OK;
 }
 
-sc_schedule *sc_build(const tr_graph *g) {
+sc_schedule *sc_build(const tr_graph *g) { return sc_build_for(g, false); }
+
+sc_schedule *sc_build_for(const tr_graph *g, bool half) {
     sc_schedule *s = em_calloc(1, sizeof *s);
     if (!s) return NULL;
     int n = g->nnodes;
@@ -580,7 +583,7 @@ sc_schedule *sc_build(const tr_graph *g) {
     bool ok = builder_init(&b, s) && s->fusible && s->materialized && s->group && s->groups;
     for (int i = 0; ok && i < n; i++) {
         s->group[i] = -1;
-        s->fusible[i] = fusible(g, &g->nodes[i]);
+        s->fusible[i] = fusible(g, &g->nodes[i], half);
     }
     /* what must be in memory: outputs, and inputs of ops that are not fused */
     for (int i = 0; ok && i < g->noutputs; i++) s->materialized[g->outputs[i]] = true;

@@ -47,6 +47,10 @@ typedef struct sc_schedule {
 } sc_schedule;
 
 sc_schedule *sc_build(const tr_graph *g);
+/* The same, fusing f16 and bf16 values too when half is set: for a device
+ * whose generator takes them (the lowering computes them in f32); with
+ * sc_build they run as eager steps. */
+sc_schedule *sc_build_for(const tr_graph *g, bool half);
 void sc_free(sc_schedule *s);
 bool sc_is_reduction(const tr_node *n);
 
@@ -54,7 +58,7 @@ bool sc_is_reduction(const tr_node *n);
  * graph-level plan's key (plan.c), so that a plan written by an older
  * scheduler is not reused after a change (it would still be correct, but
  * not the new schedule).  Bump it with any change to either file's output. */
-#define SC_VERSION 4 /* 4: the recompute cost model and the kernel bound (issue 22) */
+#define SC_VERSION 5 /* 5: f16/bf16 fused on devices that take them (issue 15) */
 
 /* The symbol of every kernel lower.c makes (see there). */
 #define JIT_KERNEL_NAME "k"
