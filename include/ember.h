@@ -354,6 +354,10 @@ typedef struct em_compile_options {
      * an input is on a CUDA device, where an eager run compiles a kernel
      * for each distinct op, else -1.  With async_compile, always -1. */
     int lazy_trace;
+    /* EM_F16 or EM_BF16: every call runs fn inside em_autocast_begin(it)
+     * (below); EM_F32 (default, 0): calls run under the calling thread's
+     * autocast state, which each entry is guarded on. */
+    em_dtype autocast;
 } em_compile_options;
 
 typedef struct em_compile_stats {
@@ -396,6 +400,21 @@ EM_API em_status em_compiled_print(const em_compiled *f, int entry, bool dot, FI
 EM_API em_status em_compiled_save(const em_compiled *f, const char *path);
 /* Frees f, its entries and their references to captured tensors. */
 EM_API void em_compiled_free(em_compiled *f);
+
+/* ---- Autocast (docs/api.md#autocast) ----
+ * As torch.autocast: between em_autocast_begin(dtype) and em_autocast_end()
+ * on this thread, em_matmul takes its float operands in dtype (EM_F16 or
+ * EM_BF16: products accumulate in f32, the result has dtype), and the ops
+ * torch keeps in f32 under autocast (em_exp, em_log, em_rsqrt, em_pow,
+ * em_pow_scalar, em_sum, em_mean, em_var, em_softmax, em_log_softmax,
+ * em_layer_norm) take a half input in f32 and return f32; every other op
+ * follows the usual promotion.  Scopes nest (at most 16); EM_F32 turns
+ * autocast off inside its scope.  EM_ERR_DTYPE for another dtype,
+ * EM_ERR_STATE for an end without a begin or past the depth. */
+EM_API em_status em_autocast_begin(em_dtype dtype);
+EM_API em_status em_autocast_end(void);
+/* The innermost scope's dtype on this thread, EM_F32 outside any. */
+EM_API em_dtype em_autocast_dtype(void);
 
 /* ---- Lazy mode (docs/lazy.md) ----
  * In lazy mode, ops on CPU tensors are recorded instead of run; a tensor

@@ -869,6 +869,145 @@ START_TEST(unsupported_dtypes_still_fail) {
 }
 END_TEST
 
+/* ---- autocast ---- */
+
+/* Under a half scope a matmul of f32 operands computes in the half type:
+ * the operands rounded, products summed in f32, the result rounded once;
+ * f64 operands stay f64. */
+START_TEST(autocast_matmul_runs_in_the_half_type) {
+    for (int k = 0; k < 2; k++) {
+        em_dtype d = HALVES[k];
+        em_tensor *a = tu_random(90, 2, TU_SIZES(5, 33), EM_F32, 1);
+        em_tensor *b = tu_random(91, 2, TU_SIZES(33, 4), EM_F32, 1);
+        ck_assert_int_eq(em_autocast_begin(d), EM_OK);
+        ck_assert_int_eq(em_autocast_dtype(), d);
+        em_tensor *r = em_matmul(a, b);
+        em_tensor *r64 = em_matmul(em_cast(a, EM_F64), em_cast(b, EM_F64));
+        ck_assert_int_eq(em_autocast_end(), EM_OK);
+        double *av = tu_raw_values(a), *bv = tu_raw_values(b), ref[20], mag = 0;
+        for (int i = 0; i < 5; i++)
+            for (int j = 0; j < 4; j++) {
+                double acc = 0;
+                for (int c = 0; c < 33; c++) {
+                    double p = rnd(av[i * 33 + c], d) * rnd(bv[c * 4 + j], d);
+                    acc += p;
+                    mag = fmax(mag, fabs(p) * 33);
+                }
+                ref[i * 4 + j] = acc;
+            }
+        /* the f32 sum of 33 exact half products: 33 f32 roundings at most */
+        CHK("autocast matmul", r, d, 2, TU_SIZES(5, 4), ref, 1, 33 * 0x1p-24 * mag);
+        ck_assert_int_eq(em_dtype_of(r64), EM_F64);
+        free(av), free(bv);
+    }
+}
+END_TEST
+
+/* The ops torch keeps in f32 under autocast take half inputs in f32 and
+ * return f32, with the values of the same ops on the input cast to f32;
+ * the others keep the half type. */
+START_TEST(autocast_keeps_f32_ops_in_f32) {
+    em_tensor *x = hrand(92, 2, TU_SIZES(3, 17), EM_BF16, 1);
+    em_tensor *w = hrand(93, 1, TU_SIZES(17), EM_BF16, 1);
+    em_tensor *xf = em_cast(x, EM_F32), *wf = em_cast(w, EM_F32);
+    em_tensor *want[] = {em_softmax(xf, -1), em_log_softmax(xf, -1), em_layer_norm(xf, 1, wf, NULL, 1e-5),
+                         em_exp(xf), em_log(em_abs(xf)), em_rsqrt(em_abs(xf)), em_pow_scalar(xf, 2),
+                         em_sum(xf, 1, (int[]){1}, false), em_mean(xf, 0, NULL, false),
+                         em_var(xf, 1, (int[]){0}, 1, false)};
+    ck_assert_int_eq(em_autocast_begin(EM_BF16), EM_OK);
+    em_tensor *got[] = {em_softmax(x, -1), em_log_softmax(x, -1), em_layer_norm(x, 1, w, NULL, 1e-5),
+                        em_exp(x), em_log(em_abs(x)), em_rsqrt(em_abs(x)), em_pow_scalar(x, 2),
+                        em_sum(x, 1, (int[]){1}, false), em_mean(x, 0, NULL, false),
+                        em_var(x, 1, (int[]){0}, 1, false)};
+    em_tensor *relu = em_relu(x), *amax = em_amax(x, 0, NULL, false), *sum_i = em_sum(em_cast(x, EM_I32), 0, NULL, false);
+    ck_assert_int_eq(em_autocast_end(), EM_OK);
+    for (size_t i = 0; i < sizeof got / sizeof *got; i++) {
+        ck_assert_msg(got[i] && em_dtype_of(got[i]) == EM_F32, "op %zu: %s", i,
+                      got[i] ? em_dtype_name(em_dtype_of(got[i])) : em_last_error());
+        double *wv = tu_raw_values(want[i]);
+        tu_check_close(got[i], wv, em_ndim(want[i]), em_sizes(want[i]), 0, 0);
+        free(wv);
+    }
+    ck_assert_int_eq(em_dtype_of(relu), EM_BF16);
+    ck_assert_int_eq(em_dtype_of(amax), EM_BF16);
+    ck_assert_int_eq(em_dtype_of(sum_i), EM_I64);
+}
+END_TEST
+
+START_TEST(autocast_scopes_nest_and_errors) {
+    ck_assert_int_eq(em_autocast_dtype(), EM_F32);
+    ck_assert_int_eq(em_autocast_end(), EM_ERR_STATE);
+    ck_assert_int_eq(em_autocast_begin(EM_I32), EM_ERR_DTYPE);
+    ck_assert_int_eq(em_autocast_begin((em_dtype)99), EM_ERR_DTYPE);
+    em_tensor *a = tu_random(94, 2, TU_SIZES(2, 3), EM_F32, 1);
+    ck_assert_int_eq(em_autocast_begin(EM_F16), EM_OK);
+    ck_assert_int_eq(em_autocast_begin(EM_F32), EM_OK); /* off inside */
+    ck_assert_int_eq(em_dtype_of(em_matmul(a, em_transpose(a, 0, 1))), EM_F32);
+    ck_assert_int_eq(em_autocast_end(), EM_OK);
+    ck_assert_int_eq(em_dtype_of(em_matmul(a, em_transpose(a, 0, 1))), EM_F16);
+    ck_assert_int_eq(em_autocast_end(), EM_OK);
+    int depth = 0;
+    while (em_autocast_begin(EM_BF16) == EM_OK) depth++;
+    ck_assert_int_eq(em_last_status(), EM_ERR_STATE);
+    ck_assert_int_eq(depth, 16);
+    while (depth--) ck_assert_int_eq(em_autocast_end(), EM_OK);
+    ck_assert_int_eq(em_autocast_dtype(), EM_F32);
+}
+END_TEST
+
+/* softmax(x @ w) */
+static em_status ac_fn(void *ctx, em_tensor *const *in, const double *s, em_tensor **out) {
+    (void)ctx, (void)s;
+    out[0] = em_softmax(em_matmul(in[0], in[1]), -1);
+    return out[0] ? EM_OK : em_last_status();
+}
+
+/* em_compile's autocast option runs every call under the scope; without
+ * it, an entry is guarded on the caller's autocast state. */
+START_TEST(autocast_in_compiled_functions) {
+    em_tensor *in[2] = {tu_random(95, 2, TU_SIZES(6, 40), EM_F32, 1), tu_random(96, 2, TU_SIZES(40, 9), EM_F32, 1)};
+    ck_assert_int_eq(em_autocast_begin(EM_BF16), EM_OK);
+    em_tensor *want = NULL;
+    ck_assert_int_eq(ac_fn(NULL, in, NULL, &want), EM_OK); /* eager under the scope */
+    ck_assert_int_eq(em_autocast_end(), EM_OK);
+    double *wv = tu_raw_values(want);
+    em_compile_options o = {.ninputs = 2, .noutputs = 1, .name = "ac", .autocast = EM_BF16};
+    em_compiled *f = em_compile(ac_fn, NULL, &o);
+    ck_assert_ptr_nonnull(f);
+    for (int rep = 0; rep < 2; rep++) {
+        em_tensor *y = NULL;
+        ck_assert_int_eq(em_call(f, in, NULL, &y), EM_OK);
+        ck_assert_int_eq(em_dtype_of(y), EM_F32);
+        /* the same bf16 product, then softmax in f32 (fused or not) */
+        tu_check_close(y, wv, 2, TU_SIZES(6, 9), 1e-6, 1e-7);
+    }
+    ck_assert_int_eq(em_autocast_dtype(), EM_F32); /* the call's scope ended */
+    em_compiled_free(f);
+    /* no option: the caller's state picks the entry */
+    o.autocast = EM_F32;
+    f = em_compile(ac_fn, NULL, &o);
+    em_tensor *plain = NULL, *cast = NULL;
+    ck_assert_int_eq(em_call(f, in, NULL, &plain), EM_OK);
+    ck_assert_int_eq(em_autocast_begin(EM_BF16), EM_OK);
+    ck_assert_int_eq(em_call(f, in, NULL, &cast), EM_OK);
+    ck_assert_int_eq(em_autocast_end(), EM_OK);
+    em_compile_stats st;
+    ck_assert_int_eq(em_compiled_stats(f, &st), EM_OK);
+    ck_assert_int_eq(st.traces, 2);
+    ck_assert_msg(strstr(st.last_failure, "autocast"), "%s", st.last_failure);
+    tu_check_close(cast, wv, 2, TU_SIZES(6, 9), 1e-6, 1e-7);
+    em_tensor *pw = NULL;
+    ck_assert_int_eq(ac_fn(NULL, in, NULL, &pw), EM_OK);
+    double *pv = tu_raw_values(pw);
+    tu_check_close(plain, pv, 2, TU_SIZES(6, 9), 1e-5, 1e-7); /* f32 throughout */
+    em_compiled_free(f);
+    o.autocast = EM_I32;
+    ck_assert_ptr_null(em_compile(ac_fn, NULL, &o));
+    ck_assert_int_eq(em_last_status(), EM_ERR_ARG);
+    free(wv), free(pv);
+}
+END_TEST
+
 static Suite *suite(void) {
     const tu_test tests[] = {
         {"f32_and_f64_to_half_round_to_nearest_even", f32_and_f64_to_half_round_to_nearest_even},
@@ -890,6 +1029,10 @@ static Suite *suite(void) {
         {"matmul_in_both_formats", matmul_in_both_formats},
         {"compile_and_lazy_match_eager", compile_and_lazy_match_eager},
         {"ember_jit_lazy_mode_matches_eager", ember_jit_lazy_mode_matches_eager},
+        {"autocast_matmul_runs_in_the_half_type", autocast_matmul_runs_in_the_half_type},
+        {"autocast_keeps_f32_ops_in_f32", autocast_keeps_f32_ops_in_f32},
+        {"autocast_scopes_nest_and_errors", autocast_scopes_nest_and_errors},
+        {"autocast_in_compiled_functions", autocast_in_compiled_functions},
         {"unsupported_dtypes_still_fail", unsupported_dtypes_still_fail},
     };
     return tu_suite("half", tests, sizeof tests / sizeof tests[0], 120);

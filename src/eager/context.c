@@ -54,6 +54,31 @@ em_status em_error_null(const char *fn, const char *arg) {
     return em_error(EM_ERR_NULL, "%s: %s is NULL", fn, arg);
 }
 
+/* ---- Autocast: a stack of dtypes per thread ---- */
+
+em_status em_autocast_begin(em_dtype dtype) {
+    em_context *c = em_ctx();
+    if (dtype != EM_F16 && dtype != EM_BF16 && dtype != EM_F32)
+        return em_error(EM_ERR_DTYPE, "em_autocast_begin: autocast is to f16 or bf16 (f32: off), not %s",
+                        (unsigned)dtype < EM_DTYPE_COUNT ? em_dtype_name(dtype) : "an unknown dtype");
+    if (c->nautocast == EM_AUTOCAST_DEPTH)
+        return em_error(EM_ERR_STATE, "em_autocast_begin: more than %d nested scopes", EM_AUTOCAST_DEPTH);
+    c->autocast[c->nautocast++] = dtype;
+    return EM_OK;
+}
+
+em_status em_autocast_end(void) {
+    em_context *c = em_ctx();
+    if (c->nautocast == 0) return em_error(EM_ERR_STATE, "em_autocast_end: no autocast scope is open");
+    c->nautocast--;
+    return EM_OK;
+}
+
+em_dtype em_autocast_dtype(void) {
+    const em_context *c = em_ctx();
+    return c->nautocast ? c->autocast[c->nautocast - 1] : EM_F32;
+}
+
 const char *em_last_error(void) { return em_ctx()->message; }
 em_status em_last_status(void) { return em_ctx()->status; }
 

@@ -34,9 +34,12 @@ static em_tensor *compute_in(const em_tensor *x) {
     return wide ? (em_tensor *)x : em_cast(x, EM_F32);
 }
 
-/* The result r (computed in f32 for a half x) rounded to x's half type once. */
+/* The result r (computed in f32 for a half x) rounded to x's half type
+ * once; under autocast (which keeps softmax, log_softmax and layer_norm in
+ * f32) r stays f32. */
 static em_tensor *as_input_type(em_tensor *r, const em_tensor *x) {
-    return r && em_is_half(x->dtype) ? em_cast(r, x->dtype) : r;
+    bool half = em_is_half(x->dtype) && em_autocast_for_f32(x->dtype) == x->dtype;
+    return r && half ? em_cast(r, x->dtype) : r;
 }
 
 /* x - max(x) along dim.  Over a dim of size 0 there is no max (amax has no

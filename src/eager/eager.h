@@ -234,6 +234,8 @@ typedef struct em_scope_frame {
     int n, cap;
 } em_scope_frame;
 
+enum { EM_AUTOCAST_DEPTH = 16 };
+
 typedef struct em_context {
     em_status status;
     char message[512];
@@ -242,6 +244,8 @@ typedef struct em_context {
     int nscopes, capscopes;
     em_dispatch_hook hook;
     bool mode_started;     /* the registered mode start ran on this thread */
+    em_dtype autocast[EM_AUTOCAST_DEPTH]; /* em_autocast_begin's stack */
+    int nautocast;
 } em_context;
 
 em_context *em_ctx(void);
@@ -327,6 +331,12 @@ static inline bool em_same_bytes(const void *a, const void *b, size_t n) {
 /* Whether d is f16 or bf16: formats that compute through f32 (the CPU
  * kernels upcast, compute in f32 and round once: docs/api.md). */
 static inline bool em_is_half(em_dtype d) { return d == EM_F16 || d == EM_BF16; }
+
+/* Autocast's dtypes (em_autocast_begin): under a half scope, a half
+ * operand of the ops torch keeps in f32 is computed in f32 (for), and a
+ * float operand of em_matmul in the scope's dtype (low); otherwise d. */
+em_dtype em_autocast_for_f32(em_dtype d);
+em_dtype em_autocast_low(em_dtype d);
 
 /* ---- Conversion of values to integer dtypes: Ember's one rule ----
  * A float becomes an integer by truncation toward zero, saturated to the

@@ -47,6 +47,17 @@ static em_tensor *scope_return(em_tensor *r) {
     return r;
 }
 
+/* ---- autocast's casts ---- */
+
+em_dtype em_autocast_for_f32(em_dtype d) {
+    return em_is_half(d) && em_is_half(em_autocast_dtype()) ? EM_F32 : d;
+}
+
+em_dtype em_autocast_low(em_dtype d) {
+    em_dtype a = em_autocast_dtype();
+    return em_is_half(a) && (d == EM_F32 || em_is_half(d)) ? a : d; /* f64 stays f64, as torch keeps it */
+}
+
 /* ---- creation ---- */
 
 static em_tensor *create(em_op op, const char *fn, int ndim, const int64_t *sizes,
@@ -140,20 +151,24 @@ em_tensor *em_randn(em_generator *g, int ndim, const int64_t *sizes, em_dtype dt
 
 /* ---- pointwise ---- */
 
-/* Ops defined on floats compute integer and bool inputs in f32. */
-static em_tensor *float_unary(em_op op, const char *fn, const em_tensor *x) {
+/* Ops defined on floats compute integer and bool inputs in f32; those
+ * autocast keeps in f32 (f32 set) compute half inputs in f32 under it. */
+static em_tensor *float_unary(em_op op, const char *fn, const em_tensor *x, bool f32) {
     if (!x) return null_arg(fn, "x");
-    if (em_dtype_is_float(x->dtype)) return dispatch1(op, x, NULL);
+    bool cast = !em_dtype_is_float(x->dtype) || (f32 && em_autocast_for_f32(x->dtype) != x->dtype);
+    if (!cast) return dispatch1(op, x, NULL);
     em_scope_begin();
     return scope_return(dispatch1(op, em_cast(x, EM_F32), NULL));
 }
 
 #define FLOAT_UNARY(fn, OP) \
-    em_tensor *fn(const em_tensor *x) { return float_unary(EM_OP_##OP, #fn, x); }
-FLOAT_UNARY(em_exp, EXP)
-FLOAT_UNARY(em_log, LOG)
+    em_tensor *fn(const em_tensor *x) { return float_unary(EM_OP_##OP, #fn, x, false); }
+#define F32_UNARY(fn, OP) \
+    em_tensor *fn(const em_tensor *x) { return float_unary(EM_OP_##OP, #fn, x, true); }
+F32_UNARY(em_exp, EXP)
+F32_UNARY(em_log, LOG)
 FLOAT_UNARY(em_sqrt, SQRT)
-FLOAT_UNARY(em_rsqrt, RSQRT)
+F32_UNARY(em_rsqrt, RSQRT)
 FLOAT_UNARY(em_sin, SIN)
 FLOAT_UNARY(em_cos, COS)
 FLOAT_UNARY(em_tanh, TANH)
@@ -207,6 +222,7 @@ static em_tensor *binary(em_op op, const char *fn, const em_tensor *a, const em_
     if (!a) return null_arg(fn, "a");
     if (!b) return null_arg(fn, "b");
     em_dtype d = promoted(a, b, r);
+    if (op == EM_OP_POW) d = em_autocast_for_f32(d); /* autocast keeps pow in f32 */
     if (a->dtype == d && b->dtype == d) return dispatch2(op, a, b, NULL);
     em_scope_begin();
     return scope_return(dispatch2(op, as_dtype(a, d), as_dtype(b, d), NULL));
@@ -313,7 +329,9 @@ static em_tensor *reduce(em_op op, const char *fn, const em_tensor *x, int ndims
     if (!x) return null_arg(fn, "x");
     em_op_attrs a = {.keepdim = keepdim, .correction = correction};
     if (reduce_attrs(fn, x, ndims, dims, &a) != EM_OK) return NULL;
-    if (!float_only || em_dtype_is_float(x->dtype)) return dispatch1(op, x, &a);
+    /* autocast keeps sum, mean and var in f32 */
+    bool f32 = op != EM_OP_AMAX && op != EM_OP_AMIN && em_autocast_for_f32(x->dtype) != x->dtype;
+    if (!f32 && (!float_only || em_dtype_is_float(x->dtype))) return dispatch1(op, x, &a);
     em_scope_begin();
     return scope_return(dispatch1(op, em_cast(x, EM_F32), &a));
 }
@@ -559,7 +577,7 @@ em_tensor *em_matmul(const em_tensor *a, const em_tensor *b) {
                  b->ndim);
         return NULL;
     }
-    em_dtype d = em_promote_types(a->dtype, b->dtype);
+    em_dtype d = em_autocast_low(em_promote_types(a->dtype, b->dtype)); /* autocast: its dtype */
     em_scope_begin();
     /* torch.matmul: a 1-d operand gains a dim that the result then loses */
     const em_tensor *a2 = a->ndim == 1 ? em_unsqueeze(a, 0) : a;

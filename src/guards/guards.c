@@ -58,6 +58,7 @@ gd_guards *gd_build(const tr_graph *g, em_tensor *const *in, const double *scala
             }
         }
     }
+    gs->autocast = em_autocast_dtype();
     return gs;
 fail:
     gd_free(gs);
@@ -211,7 +212,7 @@ bool gd_check(const gd_guards *gs, em_tensor *const *in, const double *scalars) 
         return false;
     for (int w = 0; w < gs->nwatch; w++)
         if (*gs->watch[w].slot != gs->watch[w].expect) return false;
-    return true;
+    return em_autocast_dtype() == gs->autocast;
 }
 
 /* The strides g accepts for t's sizes (dims of size > 1): the traced
@@ -223,6 +224,11 @@ static void expected_strides(const gd_tensor *g, const em_tensor *t, int64_t *wa
         want[g->order[i]] = st;
         st *= t->sizes[g->order[i]];
     }
+}
+
+/* "autocast to bf16", or "no autocast". */
+static const char *autocast_name(em_dtype d) {
+    return d == EM_BF16 ? "autocast to bf16" : d == EM_F16 ? "autocast to f16" : "no autocast";
 }
 
 int gd_explain(const gd_guards *gs, em_tensor *const *in, const double *scalars, char *buf,
@@ -303,10 +309,16 @@ int gd_explain(const gd_guards *gs, em_tensor *const *in, const double *scalars,
             return passed;
         }
     }
+    if (em_autocast_dtype() != gs->autocast) {
+        snprintf(buf, n, "autocast: traced under %s, called under %s", autocast_name(gs->autocast),
+                 autocast_name(em_autocast_dtype()));
+        return passed;
+    }
     return passed;
 }
 
 em_status gd_print(const gd_guards *gs, FILE *f) {
+    if (gs->autocast != EM_F32) fprintf(f, "guard autocast == %s\n", em_dtype_name(gs->autocast));
     char shape[160], strides[160], dev[32];
     for (int i = 0; i < gs->ntensors; i++) {
         const gd_tensor *g = &gs->tensors[i];

@@ -59,6 +59,8 @@ typedef struct gd_guards {
     double *scalars;
     int nwatch;
     gd_watch *watch;
+    em_dtype autocast;       /* the thread's autocast dtype at the trace (EM_F32: none):
+                                the graph holds its casts */
 } gd_guards;
 
 /* Guards for a graph traced with inputs in and scalars: constants of g

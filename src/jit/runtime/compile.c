@@ -35,6 +35,7 @@ struct em_compiled {
     int dynamic;          /* -1 off, 0 automatic, 1 forced (em_compile_options.dynamic) */
     bool async;           /* compile new entries in background threads */
     int lazy_trace;       /* em_compile_options.lazy_trace */
+    em_dtype autocast;    /* em_compile_options.autocast: EM_F32 (none), f16, bf16 */
 };
 
 /* ---- creation ---- */
@@ -75,6 +76,9 @@ static em_status check_options(em_fn fn, const em_compile_options *o) {
                 return em_error(EM_ERR_ARG, "em_compile: input name '%s' is repeated",
                                 o->input_names[i]);
     }
+    if (o->autocast != EM_F32 && o->autocast != EM_F16 && o->autocast != EM_BF16)
+        return em_error(EM_ERR_ARG, "em_compile: autocast is EM_F16, EM_BF16 or EM_F32 (none), not %d",
+                        (int)o->autocast);
     if (o->dynamic < -1 || o->dynamic > 1 || o->async_compile < -1 || o->async_compile > 1 ||
         o->lazy_trace < -1 || o->lazy_trace > 1)
         return em_error(EM_ERR_ARG, "em_compile: dynamic (%d), async_compile (%d) and lazy_trace (%d) "
@@ -152,6 +156,7 @@ em_compiled *em_compile(em_fn fn, void *ctx, const em_compile_options *opts) {
     f->dynamic = opts->dynamic ? opts->dynamic : jit_env_dynamic(&f->log);
     f->async = opts->async_compile ? opts->async_compile > 0 : jit_env_flag("EMBER_ASYNC_COMPILE");
     f->lazy_trace = opts->lazy_trace;
+    f->autocast = opts->autocast;
     f->env.log = &f->log;
     f->verify = jit_env_flag("EMBER_VERIFY");
     if (f->backend != &jit_replay_backend) f->env.cache = jit_cache_open(&f->log);
@@ -587,7 +592,23 @@ static em_status call_status(const em_compiled *f, em_status s) {
                     f ? f->name : "?", em_status_name(s));
 }
 
+static em_status call_under_hook(em_compiled *f, em_tensor *const *in, const double *scalars,
+                                 em_tensor **out);
+
+/* With em_compile_options.autocast, the whole call (trace, entries, an
+ * eager run) is inside that autocast scope, which the entries' guards
+ * then hold. */
 em_status em_call(em_compiled *f, em_tensor *const *in, const double *scalars, em_tensor **out) {
+    if (!f || f->autocast == EM_F32) return call_under_hook(f, in, scalars, out);
+    em_status s = em_autocast_begin(f->autocast);
+    if (s != EM_OK) return s;
+    s = call_under_hook(f, in, scalars, out);
+    em_autocast_end();
+    return s;
+}
+
+static em_status call_under_hook(em_compiled *f, em_tensor *const *in, const double *scalars,
+                                 em_tensor **out) {
     /* The hook is taken through em_set_dispatch_hook, which starts the
      * thread's mode first (EMBER_JIT=1): a mode started later, inside the
      * call, would take over the trace's ops. */
