@@ -1354,6 +1354,107 @@ START_TEST(garbage_max_size_is_reported) {
 }
 END_TEST
 
+/* Claims (claim.c): one holder at a time across threads and processes,
+ * a wait that ends when the holder releases or dies, BUSY when it
+ * outlasts the wait, and none without a disk tier. */
+static double mono(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+typedef struct claim_arg {
+    kc_cache *c;
+    kc_key k;
+    int fd;
+} claim_arg;
+
+static void *release_later(void *p) {
+    claim_arg *a = p;
+    usleep(100 * 1000);
+    kc_release(a->fd);
+    return NULL;
+}
+
+START_TEST(claims_are_exclusive_and_end_with_their_holder) {
+    kc_cache *c = kc_open(cachedir, 0);
+    ck_assert(kc_on_disk(c));
+    kc_key k = key_of("claimed"), other = key_of("other");
+    int fd = -1, fd2 = -1;
+    ck_assert_int_eq(kc_claim(c, &k, "so", 0, &fd), KC_CLAIM_OURS);
+    ck_assert_int_ge(fd, 0);
+    /* the same thread asking again is another holder: busy */
+    ck_assert_int_eq(kc_claim(c, &k, "so", 0, &fd2), KC_CLAIM_BUSY);
+    ck_assert_int_eq(fd2, -1);
+    double t0 = mono();
+    ck_assert_int_eq(kc_claim(c, &k, "so", 0.15, &fd2), KC_CLAIM_BUSY);
+    ck_assert(mono() - t0 >= 0.14);
+    /* other keys and other kinds are free */
+    ck_assert_int_eq(kc_claim(c, &other, "so", 0, &fd2), KC_CLAIM_OURS);
+    kc_release(fd2);
+    ck_assert_int_eq(kc_claim(c, &k, "cubin", 0, &fd2), KC_CLAIM_OURS);
+    kc_release(fd2);
+    /* a wait ends when the holder releases */
+    claim_arg a = {c, k, fd};
+    pthread_t th;
+    ck_assert_int_eq(pthread_create(&th, NULL, release_later, &a), 0);
+    t0 = mono();
+    ck_assert_int_eq(kc_claim(c, &k, "so", 10, &fd2), KC_CLAIM_OURS);
+    ck_assert(mono() - t0 < 5);
+    pthread_join(th, NULL);
+    /* another process sees the claim; it ends when that process dies */
+    int ready[2];
+    ck_assert_int_eq(pipe(ready), 0);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        int cfd = -1;
+        kc_cache *cc = kc_open(cachedir, 0);
+        bool busy = kc_claim(cc, &k, "so", 0, &cfd) == KC_CLAIM_BUSY;
+        bool ours = kc_claim(cc, &other, "so", 0, &cfd) == KC_CLAIM_OURS;
+        char b = busy && ours ? 'y' : 'n';
+        if (write(ready[1], &b, 1) != 1) _exit(2);
+        pause(); /* holds `other` until killed */
+        _exit(0);
+    }
+    char b = 0;
+    ck_assert_int_eq(read(ready[0], &b, 1), 1);
+    ck_assert_int_eq(b, 'y');
+    kc_release(fd2);
+    ck_assert_int_eq(kc_claim(c, &other, "so", 0, &fd), KC_CLAIM_BUSY);
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    ck_assert_int_eq(kc_claim(c, &other, "so", 5, &fd), KC_CLAIM_OURS);
+    kc_release(fd);
+    close(ready[0]);
+    close(ready[1]);
+    /* lock files are not entries */
+    kc_entry_info *list = NULL;
+    size_t n = 99;
+    ck_assert_int_eq(kc_list(c, &list, &n), EM_OK);
+    ck_assert_uint_eq(n, 0);
+    em_free(list);
+    /* clear removes the lock files no claim holds */
+    char locks[256];
+    snprintf(locks, sizeof locks, "%s/v1/locks", cachedir);
+    ck_assert_int_eq(count_files(locks), 3);
+    ck_assert_int_eq(kc_claim(c, &k, "so", 0, &fd), KC_CLAIM_OURS);
+    ck_assert_int_eq(kc_clear(c, NULL), EM_OK);
+    ck_assert_int_eq(count_files(locks), 1);
+    kc_release(fd);
+    ck_assert_int_eq(kc_clear(c, NULL), EM_OK);
+    ck_assert_int_eq(count_files(locks), 0);
+    kc_close(c);
+    /* memory only: no claims, and no error */
+    c = kc_open(cachedir, KC_MEMORY_ONLY);
+    ck_assert_int_eq(kc_claim(c, &k, "so", 1, &fd), KC_CLAIM_NONE);
+    ck_assert_int_eq(fd, -1);
+    kc_close(c);
+    ck_assert_int_eq(kc_claim(NULL, &k, "so", 0, &fd), KC_CLAIM_NONE);
+    kc_release(-1);
+}
+END_TEST
+
 static Suite *suite(void) {
     Suite *s = suite_create("cache");
     TCase *keys = tcase_create("keys");
@@ -1395,6 +1496,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, unusable_cache_dir_variable_is_reported_not_replaced);
     tcase_add_test(tc, out_of_memory_locating_the_dir_is_reported_and_retried);
     tcase_add_test(tc, garbage_max_size_is_reported);
+    tcase_add_test(tc, claims_are_exclusive_and_end_with_their_holder);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -381,6 +381,34 @@ START_TEST(idle_workers_end_after_their_keep_time) {
 }
 END_TEST
 
+/* Two processes compiling the same graph at the same moment on one cache
+ * directory: each kernel is compiled once between them (the second waits
+ * for the first's claim and loads its kernels), and both get the values. */
+START_TEST(two_processes_compile_each_kernel_once) {
+    NEED_WORKER();
+    int go[2], res[2];
+    ck_assert_int_eq(pipe(go), 0);
+    ck_assert_int_eq(pipe(res), 0);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        char b;
+        if (read(go[0], &b, 1) != 1) _exit(2);
+        int64_t n = compile_and_check(3.5).kernels_compiled;
+        _exit(write(res[1], &n, sizeof n) == (ssize_t)sizeof n ? 0 : 2);
+    }
+    ck_assert_int_eq(write(go[1], "x", 1), 1);
+    int64_t here = compile_and_check(3.5).kernels_compiled, there = -1;
+    ck_assert_int_eq(read(res[0], &there, sizeof there), (ssize_t)sizeof there);
+    int status = 0;
+    ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+    ck_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    ck_assert_msg(here + there == 2, "compiled %lld here and %lld in the other process",
+                  (long long)here, (long long)there);
+    for (int i = 0; i < 2; i++) close(go[i]), close(res[i]);
+}
+END_TEST
+
 int main(void) {
     const tu_test tests[] = {
         {"a_second_compile_reuses_the_workers", a_second_compile_reuses_the_workers},
@@ -390,6 +418,7 @@ int main(void) {
         {"workers_end_when_their_process_exits", workers_end_when_their_process_exits},
         {"workers_end_when_their_process_is_killed", workers_end_when_their_process_is_killed},
         {"idle_workers_end_after_their_keep_time", idle_workers_end_after_their_keep_time},
+        {"two_processes_compile_each_kernel_once", two_processes_compile_each_kernel_once},
     };
     /* tu_suite's cases, each with a fresh kernel cache around testutil's scope */
     Suite *s = suite_create("worker");

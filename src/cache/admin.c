@@ -141,7 +141,9 @@ em_status kc_prune_older(kc_cache *c, int64_t max_age, uint64_t *removed) {
 }
 
 em_status kc_clear(kc_cache *c, uint64_t *removed) {
-    return remove_before(c, "kc_clear", INT64_MAX, removed);
+    em_status s = remove_before(c, "kc_clear", INT64_MAX, removed);
+    if (s == EM_OK) kc_store_clear_locks(kc_dir(c));
+    return s;
 }
 
 /* ---- bundles ----

@@ -153,6 +153,27 @@ const char *kc_dir(const kc_cache *c);
 /* Kinds are 1 to 15 characters of [a-z0-9_]. */
 #define KC_KIND_MAX 15
 
+/* ---- claim.c: compiles in flight ----
+ * A claim on (key, kind) says that its holder is producing that entry now:
+ * another thread or process that wants the same entry waits for the claim
+ * and then reads the entry, instead of producing it a second time.  A
+ * claim is an exclusive flock on <dir>/v1/locks/<32 hex key>.<kind>.lock, so it
+ * ends with kc_release or with its holder (a crash, a kill).  Claims only
+ * ever save work: without a disk tier, on a file system without flock, or
+ * when the wait runs out, the caller produces the entry itself, and the
+ * last complete write wins as for any two writers. */
+typedef enum kc_claim_result {
+    KC_CLAIM_OURS, /* *fd holds the claim: produce the entry, then kc_release */
+    KC_CLAIM_BUSY, /* someone else held it for the whole wait */
+    KC_CLAIM_NONE  /* claims are not available here: produce it unclaimed */
+} kc_claim_result;
+
+/* Claims (key, kind), waiting up to wait_s seconds (0: only tries) for a
+ * holder to release it.  *fd is -1 unless KC_CLAIM_OURS. */
+kc_claim_result kc_claim(kc_cache *c, const kc_key *key, const char *kind, double wait_s, int *fd);
+/* Ends a claim (fd from kc_claim; -1 is a no-op). */
+void kc_release(int fd);
+
 /* Looks up (key, kind).  Hit: EM_OK, *data a copy of the payload (from
  * em_malloc, the caller em_free's it; never NULL, even for 0 bytes) and *n
  * its length.  Miss: EM_OK, *data NULL, *n 0.  Any other status is an error
@@ -483,6 +504,13 @@ bool kc_store_move(const char *root, const kc_meta *m, int fd, const char *src, 
 /* Moves fd (at src) to dir/name, or copies it there and removes src. */
 bool kc_move_file(int fd, const char *src, const char *dir, const char *name, char *why,
                   size_t nwhy);
+/* Opens (creating it, 0600) the lock file of (k, kind) under root's
+ * v1/locks (created 0700 and checked like the entry directories); -1
+ * with why set. */
+int kc_store_lock_file(const char *root, const kc_key *k, const char *kind, char *why,
+                       size_t nwhy);
+/* Removes root's lock files that no claim holds (kc_clear). */
+void kc_store_clear_locks(const char *root);
 /* Writes data to dir/name atomically (mkstemp, fsync, rename). */
 bool kc_write_file(const char *dir, const char *name, const void *data, size_t n, char *why,
                    size_t nwhy);

@@ -494,6 +494,32 @@ static bool commit_tmp(int fd, char *tmp, const char *dir, const char *name, boo
     return ok;
 }
 
+int kc_store_lock_file(const char *root, const kc_key *k, const char *kind, char *why,
+                       size_t nwhy) {
+    char hex[KC_KEY_HEX_SIZE];
+    kc_key_hex(k, hex);
+    char *v1 = kc_strfmt("%s/v1", root);
+    char *dir = kc_strfmt("%s/v1/locks", root);
+    char *path = kc_strfmt("%s/v1/locks/%s.%s.lock", root, hex, kind);
+    int fd = -1;
+    if (!v1 || !dir || !path) set_why(why, nwhy, "out of memory");
+    else if (make_dir(v1, why, nwhy) && make_dir(dir, why, nwhy) && trusted_dir(root, why, nwhy) &&
+             trusted_dir(v1, why, nwhy) && trusted_dir(dir, why, nwhy))
+        fd = open(path, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+    struct stat st;
+    if (fd < 0 && path && (!nwhy || !why[0]))
+        set_why(why, nwhy, "cannot open %s: %s", path, strerror(errno));
+    if (fd >= 0 && (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) ||
+                    !trusted(&st, "lock file", path, why, nwhy))) {
+        close(fd);
+        fd = -1;
+    }
+    em_free(v1);
+    em_free(dir);
+    em_free(path);
+    return fd;
+}
+
 bool kc_write_file(const char *dir, const char *name, const void *data, size_t n, char *why,
                    size_t nwhy) {
     char *tmp;

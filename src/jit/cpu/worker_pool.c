@@ -62,7 +62,6 @@
 extern char **environ;
 
 #define MAGIC "EMKIR01"
-#define DEFAULT_TIMEOUT 120.0 /* seconds: a kernel compiles in 20-40 ms */
 #define MAX_LIVE 256          /* workers tracked for the exit cleanup */
 #define DEFAULT_KEEP 30.0     /* seconds an idle worker is kept: a program's
                                  compiles come in bursts (its first calls, a
@@ -396,21 +395,6 @@ bool jit_worker_temp_path(char *buf, size_t n) {
 }
 
 /* ---- settings ---- */
-
-/* EMBER_COMPILE_TIMEOUT: the seconds a worker may take for its kernels. */
-static double worker_timeout(const jit_log *log) {
-    char buf[64];
-    const char *e = em_getenv("EMBER_COMPILE_TIMEOUT", buf, sizeof buf);
-    if (!e || !*e) return DEFAULT_TIMEOUT;
-    char *end;
-    double v = strtod(e, &end);
-    if (*end || !(v > 0) || v > 1e6) {
-        if (log) jit_logf(log, 0, "EMBER_COMPILE_TIMEOUT=%s is not a number of seconds: using %g", e,
-                          DEFAULT_TIMEOUT);
-        return DEFAULT_TIMEOUT;
-    }
-    return v;
-}
 
 /* EMBER_JIT_WORKER, else the installed worker, else the one in the build
  * tree (programs run uninstalled, such as the demo, compile in workers
@@ -941,7 +925,7 @@ jit_workers *jit_workers_start(k_kernel *const *kernels, const char *const *path
         return NULL;
     }
     ws->ks = kernels, ws->paths = paths, ws->n = n, ws->log = log;
-    ws->timeout = worker_timeout(log);
+    ws->timeout = jit_compile_timeout(log);
     snprintf(ws->prog, sizeof ws->prog, "%s", prog);
     ws->kind = proc_kind(prog);
     slots_fill(ws);

@@ -150,6 +150,13 @@ typedef struct jit_device {
     bool half_kernels;
 } jit_device;
 
+/* EMBER_COMPILE_TIMEOUT (seconds, default JIT_COMPILE_TIMEOUT): the
+ * longest a kernel's compile may take, and the longest a compile waits
+ * for another thread or process compiling the same kernel; a bad value
+ * is logged (when log) and the default used. */
+#define JIT_COMPILE_TIMEOUT 120.0 /* a kernel compiles in 20-500 ms */
+double jit_compile_timeout(const jit_log *log);
+
 /* A key for devices to use as their key function: the hash of "ember
  * kernel", name, target and k's printed IR (fields what, device, target,
  * kernel_ir of the manifest m, when not NULL). */
@@ -170,7 +177,9 @@ void jit_store_manifest(const jit_env *env, const kc_manifest *m, const char *ki
 /* The one kernel cache sequence, for every device: for each ks[i]
  * (NULL: skip), its key keys[i] -> the device's loaded table -> the disk
  * cache -> compiled (all misses in one device compile; kernels of one key
- * compiled once) -> stored -> loaded back from the verified store; out[i]
+ * compiled once; a miss that another thread or process is compiling now
+ * (a claim, cache.h) is waited for, not compiled again) -> stored ->
+ * loaded back from the verified store; out[i]
  * gets the kernel (NULL when it could
  * not be compiled: the caller runs the graph op by op).  With
  * env->target, nothing is loaded: the misses are compiled and stored.

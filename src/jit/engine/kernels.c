@@ -22,6 +22,20 @@ void jit_set_background_thread(void) { background_thread = true; }
 
 bool jit_on_background_thread(void) { return background_thread; }
 
+double jit_compile_timeout(const jit_log *log) {
+    char buf[64];
+    const char *e = em_getenv("EMBER_COMPILE_TIMEOUT", buf, sizeof buf);
+    if (!e || !*e) return JIT_COMPILE_TIMEOUT;
+    char *end;
+    double v = strtod(e, &end);
+    if (*end || !(v > 0) || v > 1e6) {
+        if (log) jit_logf(log, 0, "EMBER_COMPILE_TIMEOUT=%s is not a number of seconds: using %g", e,
+                          (double)JIT_COMPILE_TIMEOUT);
+        return JIT_COMPILE_TIMEOUT;
+    }
+    return v;
+}
+
 bool jit_kernel_key(const char *name, const char *target, const k_kernel *k, kc_key *key,
                     kc_manifest *m) {
     char *text = kir_to_text(k);
@@ -195,6 +209,85 @@ static void count_missing(jit_env *env, const int *dup, int n, int m) {
     for (int i = 0; i < n; i++) env->missing += dup[i] >= 0;
 }
 
+/* The misses miss[0..m) compiled together (each artifact then stored and
+ * loaded into out[at[t]]); the ones not compiled are logged by the device
+ * and checked by the caller. */
+static em_status compile_misses(const jit_device *d, int index, jit_env *env, const char *target,
+                                k_kernel **miss, const kc_key *mkeys, const int *at,
+                                const kc_manifest *mans, jit_artifact *arts, int m,
+                                jit_kernel **out) {
+    if (m == 0) return EM_OK;
+    em_status s = d->compile(index, target, miss, mkeys, m, env, arts);
+    for (int t = 0; s == EM_OK && t < m; t++) {
+        if (!arts[t].path && !arts[t].bytes && !arts[t].loaded) continue; /* not compiled: logged */
+        env->compiled++;
+        s = store_and_load(d, index, env, miss[t], &mkeys[t], &mans[t], &arts[t], &out[at[t]]);
+        if (s == EM_OK && out[at[t]] && d->add) d->add(index, &mkeys[t], out[at[t]]);
+    }
+    return s;
+}
+
+/* Swaps misses t and u (every per-miss array). */
+static void swap_miss(k_kernel **miss, kc_key *mkeys, int *at, kc_manifest *mans, int *claim, int t,
+                      int u) {
+    k_kernel *k = miss[t];
+    kc_key key = mkeys[t];
+    int a = at[t], c = claim[t];
+    kc_manifest man = mans[t];
+    miss[t] = miss[u], mkeys[t] = mkeys[u], at[t] = at[u], claim[t] = claim[u], mans[t] = mans[u];
+    miss[u] = k, mkeys[u] = key, at[u] = a, claim[u] = c, mans[u] = man;
+}
+
+/* Claims each of the *m misses (cache.h), so that a kernel another
+ * thread or process is compiling now is not compiled twice: the misses it
+ * holds move to the end, and their count is returned; claim[t] is the
+ * claim's lock (-1: none).  A miss stored by another compile between its
+ * lookup and its claim is loaded now and dropped from the misses (*m). */
+static int claim_misses(const jit_device *d, int index, jit_env *env, k_kernel **miss, kc_key *mkeys,
+                        int *at, kc_manifest *mans, int *claim, int *m, jit_kernel **out) {
+    int busy = 0;
+    for (int t = 0; t < *m; t++) claim[t] = -1;
+    for (int t = *m - 1; env->cache && t >= 0; t--) {
+        kc_claim_result r = kc_claim(env->cache, &mkeys[t], d->kind, 0, &claim[t]);
+        if (r == KC_CLAIM_BUSY) {
+            swap_miss(miss, mkeys, at, mans, claim, t, *m - 1 - busy++);
+        } else if (r == KC_CLAIM_OURS && lookup(d, index, env, miss[t], &mkeys[t], &out[at[t]])) {
+            kc_release(claim[t]);
+            claim[t] = -1;
+            kc_manifest_clear(&mans[t]);
+            swap_miss(miss, mkeys, at, mans, claim, t, *m - 1 - busy); /* the last one claimed */
+            if (busy) swap_miss(miss, mkeys, at, mans, claim, *m - 1 - busy, *m - 1);
+            (*m)--;
+        }
+    }
+    return busy;
+}
+
+/* The misses another compile held (claim_misses): each waited for (at
+ * most a compile's timeout), then looked up again; one still missing (that
+ * compile failed, or outlasted the wait) is compiled here.  One at a time,
+ * each claim released before the next wait, so that no claim is held
+ * while waiting for another. */
+static em_status await_misses(const jit_device *d, int index, jit_env *env, const char *target,
+                              k_kernel **miss, const kc_key *mkeys, const int *at,
+                              const kc_manifest *mans, jit_artifact *arts, int busy,
+                              jit_kernel **out) {
+    em_status s = EM_OK;
+    double wait = jit_compile_timeout(env->log);
+    for (int t = 0; s == EM_OK && t < busy; t++) {
+        int fd = -1;
+        (void)kc_claim(env->cache, &mkeys[t], d->kind, wait, &fd);
+        if (lookup(d, index, env, miss[t], &mkeys[t], &out[at[t]]))
+            jit_logf(env->log, JIT_LOG_CACHE, "kernel %s: compiled by another thread or process",
+                     miss[t]->name);
+        else
+            s = compile_misses(d, index, env, target, &miss[t], &mkeys[t], &at[t], &mans[t], &arts[t],
+                               1, out);
+        kc_release(fd);
+    }
+    return s;
+}
+
 em_status jit_get_kernels(const jit_device *d, int index, jit_env *env, k_kernel *const *ks,
                           const kc_key *keys, int n, jit_kernel **out) {
     char target[256];
@@ -202,16 +295,17 @@ em_status jit_get_kernels(const jit_device *d, int index, jit_env *env, k_kernel
     k_kernel **miss = em_calloc((size_t)n + 1, sizeof *miss);
     kc_key *mkeys = em_calloc((size_t)n + 1, sizeof *mkeys);
     int *at = em_calloc((size_t)n + 1, sizeof *at);
+    int *claim = em_calloc((size_t)n + 1, sizeof *claim);
     jit_artifact *arts = em_calloc((size_t)n + 1, sizeof *arts);
     kc_manifest *mans = em_calloc((size_t)n + 1, sizeof *mans); /* per miss: stored beside it */
-    em_status s = miss && mkeys && at && arts && mans ? EM_OK : em_last_status();
+    em_status s = miss && mkeys && at && claim && arts && mans ? EM_OK : em_last_status();
     /* identical kernels of one graph (a model's repeated layers) compile
      * once: the others are looked up again once it is stored (or, for a
      * named target, are present then) */
     int *dup = em_malloc(sizeof(int) * ((size_t)n + 1));
     bool dedupe = env->cache || d->find || env->target;
     if (s == EM_OK && !dup) s = em_last_status();
-    int m = 0;
+    int m = 0, busy = 0;
     for (int i = 0; s == EM_OK && i < n; i++) {
         out[i] = NULL;
         dup[i] = -1;
@@ -223,15 +317,16 @@ em_status jit_get_kernels(const jit_device *d, int index, jit_env *env, k_kernel
         m++;
     }
     if (s == EM_OK && env->dry_run) count_missing(env, dup, n, m);
-    if (s == EM_OK && m > 0 && !env->dry_run) s = d->compile(index, target, miss, mkeys, m, env, arts);
-    for (int t = 0; s == EM_OK && !env->dry_run && t < m; t++) {
-        if (!arts[t].path && !arts[t].bytes && !arts[t].loaded) continue; /* not compiled: logged */
-        env->compiled++;
-        s = store_and_load(d, index, env, miss[t], &mkeys[t], &mans[t], &arts[t], &out[at[t]]);
-        if (s == EM_OK && out[at[t]] && d->add) d->add(index, &mkeys[t], out[at[t]]);
+    if (s == EM_OK && m > 0 && !env->dry_run) {
+        busy = claim_misses(d, index, env, miss, mkeys, at, mans, claim, &m, out);
+        s = compile_misses(d, index, env, target, miss, mkeys, at, mans, arts, m - busy, out);
+        for (int t = 0; t < m - busy; t++) kc_release(claim[t]);
+        if (s == EM_OK)
+            s = await_misses(d, index, env, target, miss + m - busy, mkeys + m - busy, at + m - busy,
+                             mans + m - busy, arts + m - busy, busy, out);
     }
     for (int t = 0; s == EM_OK && !env->dry_run && t < m; t++) /* not compiled (logged): the graph runs op by op */
-        if (env->target ? !arts[t].path && !arts[t].bytes : !out[at[t]])
+        if (env->target ? !arts[t].path && !arts[t].bytes && !present(d, env, &mkeys[t]) : !out[at[t]])
             s = em_error(EM_ERR_UNSUPPORTED, "%s: kernel %s was not compiled", d->name, miss[t]->name);
     for (int i = 0; s == EM_OK && !env->target && !env->dry_run && i < n; i++)
         if (dup[i] >= 0 && !lookup(d, index, env, ks[i], &keys[i], &out[i]))
@@ -244,6 +339,7 @@ em_status jit_get_kernels(const jit_device *d, int index, jit_env *env, k_kernel
     em_free(miss);
     em_free(mkeys);
     em_free(at);
+    em_free(claim);
     em_free(arts);
     em_free(mans);
     em_free(dup);
