@@ -13,6 +13,7 @@
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 /* Per thread by nature: which thread runs a compile. */
@@ -217,7 +218,12 @@ static em_status compile_misses(const jit_device *d, int index, jit_env *env, co
                                 const kc_manifest *mans, jit_artifact *arts, int m,
                                 jit_kernel **out) {
     if (m == 0) return EM_OK;
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
     em_status s = d->compile(index, target, miss, mkeys, m, env, arts);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    jit_logf(env->log, JIT_LOG_CACHE, "%s: %d kernel%s compiled in %.1f ms", d->name, m, m == 1 ? "" : "s",
+             1e3 * (double)(t1.tv_sec - t0.tv_sec) + 1e-6 * (double)(t1.tv_nsec - t0.tv_nsec));
     for (int t = 0; s == EM_OK && t < m; t++) {
         if (!arts[t].path && !arts[t].bytes && !arts[t].loaded) continue; /* not compiled: logged */
         env->compiled++;
