@@ -585,16 +585,14 @@ static void rejected(kc_cache *c, const kc_key *k, const char *kind, kc_read r, 
 }
 
 static em_status put_locked(kc_cache *c, const kc_key *k, const char *kind, const void *data,
-                            size_t n, bool sync);
+                            size_t n);
 
 /* Stores a checked remote payload in the local tiers (not published
  * again: it came from there). */
 static kc_read keep_fetched(kc_cache *c, const kc_key *k, const char *kind, const void *p,
                             size_t n) {
     pthread_mutex_lock(&c->lock);
-    /* unsynced: a torn entry after a crash is a miss, fetched again; an
-     * fsync per entry would cost more than the fetch (ms on ext4) */
-    em_status s = put_locked(c, k, kind, p, n, false);
+    em_status s = put_locked(c, k, kind, p, n);
     if (s == EM_OK) c->st.remote_hits++;
     pthread_mutex_unlock(&c->lock);
     em_clear_error();
@@ -935,7 +933,7 @@ static kc_meta meta_of(const kc_key *k, const char *kind, uint64_t size, const k
 }
 
 static em_status put_locked(kc_cache *c, const kc_key *k, const char *kind, const void *data,
-                            size_t n, bool sync) {
+                            size_t n) {
     retry_disk(c);
     kc_sum sum = kc_checksum(data, n);
     kc_entry *e = table_add(c, k, kind);
@@ -951,7 +949,7 @@ static em_status put_locked(kc_cache *c, const kc_key *k, const char *kind, cons
     if (!c->disk) return EM_OK;
     kc_meta m = meta_of(k, kind, n, &sum);
     char why[1024] = "";
-    if (!kc_store_write(c->dir, &m, data, sync, why, sizeof why)) {
+    if (!kc_store_write(c->dir, &m, data, why, sizeof why)) {
         disk_failed(c, why);
         return EM_OK;
     }
@@ -965,26 +963,16 @@ static em_status put_locked(kc_cache *c, const kc_key *k, const char *kind, cons
     return EM_OK;
 }
 
-static em_status put_bytes(kc_cache *c, const kc_key *key, const char *kind, const void *data,
-                           size_t n, bool sync) {
+em_status kc_put(kc_cache *c, const kc_key *key, const char *kind, const void *data,
+                 size_t n) {
     em_status s = check_args("kc_put", c, key, kind);
     if (s != EM_OK) return s;
     if (!data && n) return em_error(EM_ERR_NULL, "kc_put: data is NULL");
     pthread_mutex_lock(&c->lock);
-    s = put_locked(c, key, kind, data, n, sync);
+    s = put_locked(c, key, kind, data, n);
     pthread_mutex_unlock(&c->lock);
     if (s == EM_OK && c->remote) (void)kc_publish(c, key, kind, data, n, false);
     return s;
-}
-
-em_status kc_put(kc_cache *c, const kc_key *key, const char *kind, const void *data,
-                 size_t n) {
-    return put_bytes(c, key, kind, data, n, true);
-}
-
-em_status kc_put_unsynced(kc_cache *c, const kc_key *key, const char *kind, const void *data,
-                          size_t n) {
-    return put_bytes(c, key, kind, data, n, false);
 }
 
 static em_status put_file_locked(kc_cache *c, const kc_key *k, const char *kind, int fd,

@@ -31,8 +31,8 @@
  * A read verifies the header (exact text, version, key, kind), the payload's
  * length and its checksum; anything else (unreadable, truncated, foreign,
  * another kind) is a miss counted as corrupt, never wrong bytes.  Writes go
- * to mkstemp files in the entry's directory, both written and fsync'ed
- * before either is renamed over its final name, payload first then header:
+ * to mkstemp files in the entry's directory, both written (not fsync'ed:
+ * a torn entry after a crash is a checked miss) before either is renamed over its final name, payload first then header:
  * a failed write (full disk) leaves no part of the entry, concurrent
  * writers of one key each leave complete files and the last rename wins;
  * a directory planted at an entry's name is removed by the next put.  The header's mtime is
@@ -194,14 +194,12 @@ em_status kc_get_file(kc_cache *c, const kc_key *key, const char *kind, char **p
  * with a warning).  Errors as kc_get. */
 em_status kc_get_fd(kc_cache *c, const kc_key *key, const char *kind, int *fd);
 /* Stores n bytes under (key, kind), replacing any entry (a corrupt one
- * too).  When the disk fails the bytes still go to memory (EM_OK). */
+ * too).  When the disk fails the bytes still go to memory (EM_OK).  Not
+ * fsync'ed (no entry is): after a crash a torn entry fails its read's size
+ * and checksum check and is a miss, compiled again; a flush would cost
+ * milliseconds per file on the cold-start path of every compile. */
 em_status kc_put(kc_cache *c, const kc_key *key, const char *kind, const void *data,
                  size_t n);
-/* kc_put without fsync: for an entry whose loss costs little (a key's
- * manifest: only a later explanation), so that it costs no disk flush (ms
- * each on some disks).  A torn entry after a crash is a checked miss. */
-em_status kc_put_unsynced(kc_cache *c, const kc_key *key, const char *kind, const void *data,
-                          size_t n);
 /* Stores the file at path (a regular file the caller made, e.g. a compiler's
  * output) under (key, kind), moving it into the cache (renamed, or copied
  * then removed when it is on another file system or has other links); it
@@ -490,13 +488,9 @@ kc_read kc_file_read_to(const char *path, uint64_t size, const kc_sum *sum, int 
 int kc_memfd_new(const char *name, char *why, size_t nwhy);
 /* Seals a memory file against any change and rewinds it. */
 bool kc_memfd_seal(int fd, char *why, size_t nwhy);
-/* Writes an entry atomically from bytes.  false with the reason in why.
- * Without sync the files are not fsync'ed: after a crash the entry may be
- * torn, which every read's size and checksum check turns into a miss; for
- * entries that are cheap to get again (fetched from the remote tier), not
- * for compiled ones. */
-bool kc_store_write(const char *root, const kc_meta *m, const void *data, bool sync, char *why,
-                    size_t nwhy);
+/* Writes an entry atomically from bytes (not fsync'ed: see kc_put).
+ * false with the reason in why. */
+bool kc_store_write(const char *root, const kc_meta *m, const void *data, char *why, size_t nwhy);
 /* Moves the open regular file fd (at src, of header m) into place as an
  * entry's payload under root, then writes the header. */
 bool kc_store_move(const char *root, const kc_meta *m, int fd, const char *src, char *why,

@@ -265,7 +265,7 @@ em_status kc_put_manifest(kc_cache *c, const kc_manifest *m, const char *kind) {
     size_t n;
     char *text = kc_manifest_format(m, &n);
     if (!text) return em_last_status();
-    em_status s = kc_put_unsynced(c, &m->key, wk, text, n); /* a lost one costs an explanation */
+    em_status s = kc_put(c, &m->key, wk, text, n); /* a lost one costs an explanation */
     em_free(text);
     return s;
 }

@@ -552,15 +552,14 @@ static bool tmp_from_file(int fd, const char *src, const char *dir, char **tmp, 
     struct stat st;
     /* Entries are 0600 whatever the producer's umask made; a file with other
      * links could still be changed through them, so it is copied. */
-    bool can_rename = fstat(fd, &st) == 0 && st.st_nlink == 1 && fchmod(fd, 0600) == 0 &&
-                      fsync(fd) == 0;
+    bool can_rename = fstat(fd, &st) == 0 && st.st_nlink == 1 && fchmod(fd, 0600) == 0;
     if (can_rename && rename(src, *tmp) == 0) {
         close(out);
         return true;
     }
     /* Another file system (EXDEV), or src gone already (a failed earlier
      * move): copy from the open descriptor. */
-    if (!finish_tmp(out, *tmp, copy_fd(fd, out), true, why, nwhy)) {
+    if (!finish_tmp(out, *tmp, copy_fd(fd, out), false, why, nwhy)) {
         em_free(*tmp);
         *tmp = NULL;
         return false;
@@ -579,25 +578,25 @@ bool kc_move_file(int fd, const char *src, const char *dir, const char *name, ch
     return ok;
 }
 
-/* Writes n bytes to a new temporary file in dir, synced when sync: its
+/* Writes n bytes to a new temporary file in dir (not synced: kc_put): its
  * path in *tmp. */
-static bool tmp_from_bytes(const char *dir, const void *data, size_t n, bool sync, char **tmp,
-                           char *why, size_t nwhy) {
+static bool tmp_from_bytes(const char *dir, const void *data, size_t n, char **tmp, char *why,
+                           size_t nwhy) {
     int fd = make_tmp(dir, tmp, why, nwhy);
     if (fd < 0) return false;
-    if (finish_tmp(fd, *tmp, kc_write_all(fd, data, n), sync, why, nwhy)) return true;
+    if (finish_tmp(fd, *tmp, kc_write_all(fd, data, n), false, why, nwhy)) return true;
     em_free(*tmp);
     *tmp = NULL;
     return false;
 }
 
-/* Both files are written to temporaries and synced before either is
- * renamed into place, payload first, then header: a full disk (ENOSPC,
+/* Both files are written to temporaries before either is renamed into
+ * place, payload first, then header: a full disk (ENOSPC,
  * EFBIG) fails while writing a temporary, which is removed, and leaves
  * the entry as it was; it never leaves a new payload without its header.
  * A reader that sees the new header sees the new payload. */
 static bool store_entry(const char *root, const kc_meta *m, const void *data, int fd,
-                        const char *src, bool sync, char *why, size_t nwhy) {
+                        const char *src, char *why, size_t nwhy) {
     char *dir = fan_dir(root, &m->key, why, nwhy);
     if (!dir) return false;
     char hex[KC_KEY_HEX_SIZE], text[KC_META_MAX];
@@ -609,8 +608,8 @@ static bool store_entry(const char *root, const kc_meta *m, const void *data, in
     bool ok = name && mname;
     if (!ok) set_why(why, nwhy, "out of memory");
     if (ok) ok = src ? tmp_from_file(fd, src, dir, &ptmp, why, nwhy)
-                     : tmp_from_bytes(dir, data, (size_t)m->size, sync, &ptmp, why, nwhy);
-    if (ok) ok = tmp_from_bytes(dir, text, tn, sync, &mtmp, why, nwhy);
+                     : tmp_from_bytes(dir, data, (size_t)m->size, &ptmp, why, nwhy);
+    if (ok) ok = tmp_from_bytes(dir, text, tn, &mtmp, why, nwhy);
     bool placed = ok && rename_over(ptmp, dir, name, why, nwhy);
     if (placed) {
         em_free(ptmp); /* renamed: the name may be another writer's by now */
@@ -635,12 +634,11 @@ static bool store_entry(const char *root, const kc_meta *m, const void *data, in
     return placed;
 }
 
-bool kc_store_write(const char *root, const kc_meta *m, const void *data, bool sync, char *why,
-                    size_t nwhy) {
-    return store_entry(root, m, data, -1, NULL, sync, why, nwhy);
+bool kc_store_write(const char *root, const kc_meta *m, const void *data, char *why, size_t nwhy) {
+    return store_entry(root, m, data, -1, NULL, why, nwhy);
 }
 
 bool kc_store_move(const char *root, const kc_meta *m, int fd, const char *src, char *why,
                    size_t nwhy) {
-    return store_entry(root, m, NULL, fd, src, true, why, nwhy);
+    return store_entry(root, m, NULL, fd, src, why, nwhy);
 }

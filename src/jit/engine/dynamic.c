@@ -530,7 +530,7 @@ void jit_dyn_hint_put(kc_cache *c, const char *backend, const tr_graph *g, const
         mask[i] |= old[i];
     }
     kc_key k = hint_key(backend, g);
-    if (!same) (void)kc_put_unsynced(c, &k, HINT_KIND, mask, sizeof(uint32_t) * (size_t)g->ninputs);
+    if (!same) (void)kc_put(c, &k, HINT_KIND, mask, sizeof(uint32_t) * (size_t)g->ninputs);
     em_clear_error(); /* a hint that cannot be written only costs a static entry */
 }
 
