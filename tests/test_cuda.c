@@ -885,6 +885,73 @@ static void same_bits_at(const char *file, int line, const em_tensor *g, const e
     free(a), free(b);
 }
 
+/* ---- f16 and bf16 on the GPU (issue 15): computed in f32, rounded to
+ * nearest even on store as on the CPU; results within a rounding of the
+ * CPU's (the two libm's transcendentals differ by a few f32 ulp, which a
+ * half rounding hides but at a tie), conversions bit for bit ---- */
+
+/* f32 values every conversion corner needs: NaN, infinities, the half
+ * types' max and overflow, their subnormals and below, ties to even. */
+static em_tensor *conversion_corners(void) {
+    const float v[] = {NAN, -NAN, INFINITY, -INFINITY, 65504.0f, 65520.0f, 65519.0f, -70000.0f,
+                       0x1p-24f, 0x1p-25f, 0x1.8p-25f, 0x1p-14f, 0x1.ffcp-15f, 3e-39f, -0.0f,
+                       1.0f + 0x1p-11f, 1.0f + 0x3p-11f, 1.0f + 0x1p-8f, 1.0f + 0x3p-8f,
+                       3.4028235e38f, 1.17549435e-38f, 0.1f, -2.5f, 1e-3f};
+    return em_from_data(v, EM_F32, 1, TU_SIZES((int64_t)(sizeof v / sizeof v[0])), CPU);
+}
+
+START_TEST(half_ops_on_the_gpu) {
+    em_dtype hs[] = {EM_F16, EM_BF16};
+    unary_fn fs[] = {em_neg, em_abs, em_exp, em_log, em_sqrt, em_tanh, em_sigmoid, em_relu, em_gelu};
+    for (int h = 0; h < 2; h++) {
+        double rt = hs[h] == EM_F16 ? 2e-3 : 1.6e-2; /* two ulp of the format */
+        em_tensor *corner = conversion_corners();
+        same_bits_at(__FILE__, __LINE__, em_cast(to_gpu(corner), hs[h]), em_cast(corner, hs[h]));
+        em_tensor *ch = em_cast(corner, hs[h]);
+        same_bits_at(__FILE__, __LINE__, em_cast(to_gpu(ch), EM_F32), em_cast(ch, EM_F32));
+        em_tensor *f64 = em_mul_scalar(tu_random(40, 1, TU_SIZES(301), EM_F64, 1), 3e4);
+        same_bits_at(__FILE__, __LINE__, em_cast(to_gpu(f64), hs[h]), em_cast(f64, hs[h]));
+        em_tensor *x = em_cast(em_add_scalar(tu_random(41, 2, TU_SIZES(7, 129), EM_F32, 2), 2.5), hs[h]);
+        em_tensor *y = em_cast(tu_random(42, 1, TU_SIZES(129), EM_F32, 2), hs[h]);
+        em_tensor *gx = to_gpu(x), *gy = to_gpu(y);
+        for (size_t i = 0; i < sizeof fs / sizeof fs[0]; i++) same(fs[i](gx), fs[i](x), rt, 1e-3);
+        same(em_add(gx, gy), em_add(x, y), 0, 0); /* one rounding of an exact f32 sum */
+        same(em_mul(gx, gy), em_mul(x, y), 0, 0);
+        same(em_div(gx, gy), em_div(x, y), 0, 0);
+        same(em_maximum(em_transpose(gx, 0, 1), em_slice(em_transpose(gx, 0, 1), 1, 0, 1, 1)),
+             em_maximum(em_transpose(x, 0, 1), em_slice(em_transpose(x, 0, 1), 1, 0, 1, 1)), 0, 0);
+        same(em_sum(gx, 1, (int[]){-1}, false), em_sum(x, 1, (int[]){-1}, false), rt, 1e-2);
+        same(em_mean(gx, 1, (int[]){0}, true), em_mean(x, 1, (int[]){0}, true), rt, 1e-3);
+        same(em_amax(gx, 1, (int[]){-1}, false), em_amax(x, 1, (int[]){-1}, false), 0, 0);
+        same(em_softmax(gx, -1), em_softmax(x, -1), rt, 1e-4);
+        em_tensor *w = em_cast(tu_random(43, 1, TU_SIZES(129), EM_F32, 1), hs[h]);
+        same(em_layer_norm(gx, 1, to_gpu(w), to_gpu(w), 1e-5), em_layer_norm(x, 1, w, w, 1e-5), 2 * rt, 2e-2);
+        /* matmul on tensor cores, f32 accumulation: within K roundings of
+         * the inputs' products, like the CPU's f32 path */
+        em_tensor *a = em_cast(tu_random(44, 3, TU_SIZES(2, 33, 70), EM_F32, 1), hs[h]);
+        em_tensor *b = em_cast(tu_random(45, 2, TU_SIZES(70, 45), EM_F32, 1), hs[h]);
+        same(em_matmul(to_gpu(a), to_gpu(b)), em_matmul(a, b), rt, 2e-2);
+        same(em_matmul(to_gpu(a), em_transpose(to_gpu(em_contiguous(em_transpose(b, 0, 1))), 0, 1)),
+             em_matmul(a, b), rt, 2e-2);
+        em_tensor *z = em_cast(em_full(1, TU_SIZES(0), 1.0, EM_F32, CPU), hs[h]);
+        same(em_exp(to_gpu(z)), em_exp(z), 0, 0); /* size 0 */
+    }
+}
+END_TEST
+
+/* A compiled bf16 block on the GPU: fused half kernels and bf16 matmuls,
+ * against the CPU's eager bf16 run. */
+START_TEST(compiled_half_graphs) {
+    em_dtype hs[] = {EM_F16, EM_BF16};
+    for (int h = 0; h < 2; h++) {
+        em_tensor *bin[3] = {em_cast(tu_random(30, 2, TU_SIZES(24, 48), EM_F32, 1), hs[h]),
+                             em_cast(tu_random(31, 1, TU_SIZES(48), EM_F32, 1), hs[h]),
+                             em_cast(tu_random(32, 1, TU_SIZES(48), EM_F32, 1), hs[h])};
+        check_compiled(block_fn, 3, bin, 2, NULL, hs[h] == EM_F16 ? 1e-2 : 5e-2);
+    }
+}
+END_TEST
+
 /* x on the GPU and on the CPU, permuted by perm (non-contiguous on both). */
 static void permuted_pair(em_tensor *x, int nd, const int *perm, em_tensor **g, em_tensor **c) {
     *g = em_permute(to_gpu(x), nd, perm);
@@ -1152,6 +1219,8 @@ int main(int argc, char **argv) {
         {"native_arange", native_arange},
         {"native_rand", native_rand},
         {"native_argmax", native_argmax},
+        {"half_ops_on_the_gpu", half_ops_on_the_gpu},
+        {"compiled_half_graphs", compiled_half_graphs},
 #ifdef EMBER_HAVE_CUDA
         {"native_texts_compile", native_texts_compile},
 #endif

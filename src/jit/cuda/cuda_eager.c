@@ -28,6 +28,7 @@
 
 #include <string.h>
 
+#include "cuda_jit.h" /* jit_cuda_device.half_kernels */
 #include "cuda_kernel.h"
 #include "schedule.h"
 #include "trace.h"
@@ -178,7 +179,7 @@ static bool has_kernel(const em_op_call *c) {
 static em_status run_kernel(cuda_device *d, const em_op_call *c, em_tensor *out) {
     tr_graph *g = graph_of(c, out);
     if (!g) return em_last_status();
-    sc_schedule *sc = sc_build(g);
+    sc_schedule *sc = sc_build_for(g, jit_cuda_device.half_kernels);
     int *bufs = em_malloc(sizeof(int) * ((size_t)g->nnodes + 1));
     k_kernel *k = NULL;
     int nbufs = 0, nouts = 0;

@@ -53,6 +53,39 @@ static const char prelude[] =
     "  return (x >= 0.0 ? 1.0 : e) / (1.0 + e);\n"
     "}\n";
 
+/* Half conversions, in kernels that have half buffers: from half exact
+ * (cvt.f32.f16; bf16 is f32's top half); to half rounded to nearest even,
+ * NaN kept quiet, overflow to inf, subnormals exact: the CPU's
+ * em_float_to_half and em_float_to_bf16 (cpu_iter.c) bit for bit. */
+const char cuda_half_helpers[] =
+    "__device__ __forceinline__ float em_from_f16(unsigned short h) {\n"
+    "  float f;\n"
+    "  asm(\"cvt.f32.f16 %0, %1;\" : \"=f\"(f) : \"h\"(h));\n"
+    "  return f;\n"
+    "}\n"
+    "__device__ __forceinline__ float em_from_bf16(unsigned short h) {\n"
+    "  return __uint_as_float((unsigned)h << 16);\n"
+    "}\n"
+    "__device__ __forceinline__ unsigned short em_to_f16(float f) {\n"
+    "  const unsigned x = __float_as_uint(f), ax = x & 0x7fffffffu;\n"
+    "  const unsigned short sign = (unsigned short)((x >> 16) & 0x8000u);\n"
+    "  if (ax > 0x7f800000u) return sign | 0x7e00;\n"
+    "  if (ax >= 0x477ff000u) return sign | 0x7c00;\n"
+    "  if (ax < 0x38800000u) return sign | (unsigned short)__float2int_rn(__uint_as_float(ax) * 16777216.0f);\n"
+    "  return sign | (unsigned short)((ax + 0xc8000fffu + ((ax >> 13) & 1u)) >> 13);\n"
+    "}\n"
+    "/* rounded to odd: f64 -> f32 -> half then rounds once (cpu.h) */\n"
+    "__device__ __forceinline__ float em_f64_to_f32_odd(double d) {\n"
+    "  const float f = __double2float_rz(d);\n"
+    "  return (double)f == d || d != d ? f : __uint_as_float(__float_as_uint(f) | 1u);\n"
+    "}\n"
+    "__device__ __forceinline__ unsigned short em_to_bf16(float f) {\n"
+    "  unsigned x = __float_as_uint(f);\n"
+    "  if ((x & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((x >> 16) | 0x40u);\n"
+    "  x += 0x7fffu + ((x >> 16) & 1u);\n"
+    "  return (unsigned short)(x >> 16);\n"
+    "}\n";
+
 /* Split loops with at most this many iterations per thread are fully
  * unrolled, and their values may stay in registers across passes. */
 enum { MAX_CACHED_NIT = 32 };
@@ -91,6 +124,8 @@ static const char *ctype(em_dtype d) {
     case EM_I32: return "int";
     case EM_I64: return "long long";
     case EM_BOOL: return "bool";
+    case EM_F16:
+    case EM_BF16: return "unsigned short"; /* the bits: only loaded, stored, converted */
     default: return NULL;
     }
 }
@@ -243,7 +278,17 @@ static void binary(egen *G, k_alu op, em_dtype d, const char *a, const char *b) 
  * kir_convert has already saturated the value into the integer's range. */
 static void cast(egen *G, em_dtype from, em_dtype to, const char *x) {
     FILE *f = G->f;
-    if (to == EM_BOOL) fprintf(f, "(%s != 0)", x);
+    const char *h = to == EM_F16 || from == EM_F16 ? "f16" : "bf16";
+    if (from == to) fputs(x, f);
+    else if ((to == EM_F16 || to == EM_BF16) && from == EM_BOOL)
+        fprintf(f, "em_to_%s(%s ? 1.0f : 0.0f)", h, x);
+    else if (to == EM_F16 || to == EM_BF16) /* through f32, as the CPU converts */
+        fprintf(f, from == EM_F64 ? "em_to_%s(em_f64_to_f32_odd(%s))" : "em_to_%s((float)%s)", h, x);
+    else if ((from == EM_F16 || from == EM_BF16) && to == EM_BOOL)
+        fprintf(f, "(em_from_%s(%s) != 0)", h, x);
+    else if (from == EM_F16 || from == EM_BF16)
+        fprintf(f, "(%s)em_from_%s(%s)", ctype(to), h, x);
+    else if (to == EM_BOOL) fprintf(f, "(%s != 0)", x);
     else if (from == EM_BOOL) fprintf(f, "(%s)(%s ? 1 : 0)", ctype(to), x);
     else if (to == EM_I32 && from == EM_I64) fprintf(f, "(int)(unsigned)(unsigned long long)%s", x);
     else fprintf(f, "(%s)%s", ctype(to), x);
@@ -704,10 +749,17 @@ static void emit_rows(egen *G) {
     fputs("  }\n", f);
 }
 
+static bool has_half(const k_kernel *k) {
+    for (int i = 0; i < k->n; i++)
+        if (k->insts[i].dtype == EM_F16 || k->insts[i].dtype == EM_BF16) return true;
+    return false;
+}
+
 static void emit_kernel(egen *G, cuda_src *out) {
     FILE *f = G->f;
     const k_kernel *k = G->k;
     fputs(prelude, f);
+    if (has_half(k)) fputs(cuda_half_helpers, f);
     if (out->vec4) {
         fprintf(f, "extern \"C\" __global__ void __launch_bounds__(%d) %s_v4(", G->threads, k->name);
         emit_params(G);
@@ -733,15 +785,17 @@ static void emit_kernel(egen *G, cuda_src *out) {
     fputs("}\n", f);
 }
 
-/* The dtypes this generator prints (ctype's; f16, bf16: not yet). */
+/* The dtypes this generator prints (ctype's); f16 and bf16 only moved
+ * and converted (kir_check_half_moved). */
 #define CUDA_DTYPES                                                                                \
     (KIR_DTYPE(EM_F32) | KIR_DTYPE(EM_F64) | KIR_DTYPE(EM_I32) | KIR_DTYPE(EM_I64) |               \
-     KIR_DTYPE(EM_BOOL))
+     KIR_DTYPE(EM_BOOL) | KIR_DTYPE(EM_F16) | KIR_DTYPE(EM_BF16))
 
 em_status cuda_emit(const k_kernel *k, cuda_src *out) {
     memset(out, 0, sizeof *out);
     if (kir_verify(k) != EM_OK) return em_error_context("cuda_emit");
     em_status s = kir_check_dtypes(k, CUDA_DTYPES, "cuda_emit");
+    if (s == EM_OK) s = kir_check_half_moved(k, "cuda_emit");
     if (s != EM_OK) return s;
     size_t nn = (size_t)k->n + 1;
     egen G = {.k = k};

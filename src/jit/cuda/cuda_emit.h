@@ -59,6 +59,11 @@ typedef struct cuda_src {
  * EM_ERR_ARG for IR that fails kir_verify.  A parallel extent that is
  * neither a constant nor a size parameter gives a CU_SERIAL kernel. */
 em_status cuda_emit(const k_kernel *k, cuda_src *out);
+
+/* CUDA C device functions em_from_f16, em_from_bf16 (exact), em_to_f16 and
+ * em_to_bf16 (round to nearest even, as the CPU's conversions): printed
+ * into every kernel that has half buffers, and into cuda_native's. */
+extern const char cuda_half_helpers[];
 void cuda_src_free(cuda_src *s);
 /* src's text followed by the definitions of
  *   extern "C" __constant__ unsigned char NAME__key[16] = {key's bytes};

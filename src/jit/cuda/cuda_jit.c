@@ -261,4 +261,5 @@ const jit_device jit_cuda_device = {
     .add = cuda_add,
     .prefer_eager = cuda_prefer_eager,
     .fused_attention = true, /* cuda_attention.c */
+    .half_kernels = true,    /* computed in f32; cuda_emit.c converts */
 };

@@ -134,7 +134,8 @@ static void load_cublas(void) {
              L(SetStream, cublasSetStream) && L(SetMathMode, cublasSetMathMode) &&
              L(Sgemm, cublasSgemm) && L(Dgemm, cublasDgemm) &&
              L(SgemmStridedBatched, cublasSgemmStridedBatched) &&
-             L(DgemmStridedBatched, cublasDgemmStridedBatched);
+             L(DgemmStridedBatched, cublasDgemmStridedBatched) && L(GemmEx, cublasGemmEx) &&
+             L(GemmStridedBatchedEx, cublasGemmStridedBatchedEx);
 #undef L
 }
 

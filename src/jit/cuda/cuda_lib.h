@@ -86,6 +86,8 @@ typedef struct cublas_api {
     __typeof__(&cublasDgemm) Dgemm;
     __typeof__(&cublasSgemmStridedBatched) SgemmStridedBatched;
     __typeof__(&cublasDgemmStridedBatched) DgemmStridedBatched;
+    __typeof__(&cublasGemmEx) GemmEx;                             /* f16, bf16 */
+    __typeof__(&cublasGemmStridedBatchedEx) GemmStridedBatchedEx;
 } cublas_api;
 
 /* Each returns the loaded table, or NULL with an EM_ERR_DEVICE error that

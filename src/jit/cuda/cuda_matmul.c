@@ -6,8 +6,10 @@
  * becomes op T); batch dims must collapse to one stride (or be broadcast,
  * stride 0): strided-batched GEMM covers attention's q @ k^T on views.
  * Anything else is made contiguous first with the CUDA contiguous kernel.
- * f32 uses no TF32 unless EMBER_CUDA_TF32=1; integer dtypes are
- * EM_ERR_UNSUPPORTED (the backend then computes them on the host). */
+ * f32 uses no TF32 unless EMBER_CUDA_TF32=1; f16 and bf16 run on tensor
+ * cores with f32 accumulation and a result in the half type (cublasGemmEx,
+ * as torch's half matmul); integer dtypes are EM_ERR_UNSUPPORTED (the
+ * backend then computes them on the host). */
 #include "cuda_eager.h"
 
 #ifdef EMBER_HAVE_CUDA
@@ -99,7 +101,17 @@ static em_status gemm(cuda_device *d, const cublas_api *bl, em_dtype dt, const m
         return em_error(EM_ERR_UNSUPPORTED, "matmul: sizes past cuBLAS's int range");
     int m = (int)N, n = (int)M, k = (int)K; /* C^T[N, M] = B^T[N, K] A^T[K, M] */
     cublasStatus_t r;
-    if (dt == EM_F32) {
+    if (dt == EM_F16 || dt == EM_BF16) {
+        const float one = 1.0f, zero = 0.0f;
+        cudaDataType_t t = dt == EM_F16 ? CUDA_R_16F : CUDA_R_16BF;
+        r = batch == 1 ? bl->GemmEx(d->blas, B->op, A->op, m, n, k, &one, B->data, t, (int)B->ld,
+                                    A->data, t, (int)A->ld, &zero, C, t, m, CUBLAS_COMPUTE_32F,
+                                    CUBLAS_GEMM_DEFAULT)
+                       : bl->GemmStridedBatchedEx(d->blas, B->op, A->op, m, n, k, &one, B->data, t,
+                                                  (int)B->ld, B->batch_stride, A->data, t, (int)A->ld,
+                                                  A->batch_stride, &zero, C, t, m, M * N, (int)batch,
+                                                  CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    } else if (dt == EM_F32) {
         const float one = 1.0f, zero = 0.0f;
         r = batch == 1 ? bl->Sgemm(d->blas, B->op, A->op, m, n, k, &one, B->data, (int)B->ld, A->data,
                                    (int)A->ld, &zero, C, m)
@@ -138,7 +150,7 @@ static em_tensor *contiguous_copy(const em_tensor *t) {
 
 em_status cuda_matmul(cuda_device *d, const em_op_call *c, em_tensor *out) {
     const em_tensor *a = c->in[0], *b = c->in[1];
-    if (out->dtype != EM_F32 && out->dtype != EM_F64)
+    if (out->dtype != EM_F32 && out->dtype != EM_F64 && out->dtype != EM_F16 && out->dtype != EM_BF16)
         return em_error(EM_ERR_UNSUPPORTED, "matmul on CUDA: %s", em_dtype_name(out->dtype));
     int nb = out->ndim - 2;
     int64_t M = out->sizes[nb], N = out->sizes[nb + 1], K = a->sizes[a->ndim - 1];

@@ -15,7 +15,7 @@
  *    (an IR kernel bakes its sizes in: arange(T) for each T, or a cat for
  *    each shape, would compile anew);
  *  - cat and index_select copy bytes, so one kernel per element size takes
- *    every dtype, f16 and bf16 included, which the CUDA printer lacks.
+ *    every dtype, f16 and bf16 included.
  *
  * One generator per kernel kind (cuda_native_copy_text, _arange_text,
  * _rand_text, _argmax_text); each text is a few #defines over one fixed
@@ -38,6 +38,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "cuda_emit.h" /* cuda_half_helpers */
 #include "cuda_source.h"
 #include "schedule.h" /* JIT_KERNEL_NAME */
 
@@ -305,21 +306,6 @@ static const char arange_body[] =
     "__device__ __forceinline__ int em_to_i32(double v) {\n"
     "  return v != v ? 0 : v >= 2147483648.0 ? 2147483647 : v <= -2147483648.0 ? (-2147483647 - 1) : (int)v;\n"
     "}\n"
-    "/* em_float_to_half and em_float_to_bf16 (cpu_iter.c), bit for bit */\n"
-    "__device__ __forceinline__ unsigned short em_to_f16(float f) {\n"
-    "  const unsigned x = __float_as_uint(f), ax = x & 0x7fffffffu;\n"
-    "  const unsigned short sign = (unsigned short)((x >> 16) & 0x8000u);\n"
-    "  if (ax > 0x7f800000u) return sign | 0x7e00;\n"
-    "  if (ax >= 0x477ff000u) return sign | 0x7c00;\n"
-    "  if (ax < 0x38800000u) return sign | (unsigned short)__float2int_rn(__uint_as_float(ax) * 16777216.0f);\n"
-    "  return sign | (unsigned short)((ax + 0xc8000fffu + ((ax >> 13) & 1u)) >> 13);\n"
-    "}\n"
-    "__device__ __forceinline__ unsigned short em_to_bf16(float f) {\n"
-    "  unsigned x = __float_as_uint(f);\n"
-    "  if ((x & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((x >> 16) | 0x40u);\n"
-    "  x += 0x7fffu + ((x >> 16) & 1u);\n"
-    "  return (unsigned short)(x >> 16);\n"
-    "}\n"
     "extern \"C\" __global__ void __launch_bounds__(EM_THREADS) EM_NAME(T *__restrict__ out, long long n,\n"
     "    double start, double step, long long istart, long long istep, long long thr) {\n"
     "  const long long stride = (long long)gridDim.x * blockDim.x;\n"
@@ -358,8 +344,9 @@ char *cuda_native_arange_text(em_dtype d, bool exact) {
     bool half = d == EM_F16 || d == EM_BF16;
     /* exact is i32/i64 only: i32 saturates the int64 value */
     return text_of(textf("/* ember native: arange */\n#define EXACT %d\ntypedef %s T;\n"
-                        "#define CONVERT(v) %s(v)%s\n#define CONVERT_I(v) %s(v)\n",
-                        (int)exact, type, cv, half ? ")" : "", d == EM_I32 ? "em_sat_i32" : ""),
+                        "#define CONVERT(v) %s(v)%s\n#define CONVERT_I(v) %s(v)\n%s",
+                        (int)exact, type, cv, half ? ")" : "", d == EM_I32 ? "em_sat_i32" : "",
+                        half ? cuda_half_helpers : ""),
                    arange_body);
 }
 

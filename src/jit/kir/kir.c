@@ -528,6 +528,19 @@ em_status kir_check_dtypes(const k_kernel *k, unsigned dtypes, const char *gener
     return EM_OK;
 }
 
+em_status kir_check_half_moved(const k_kernel *k, const char *generator) {
+    for (int i = 0; i < k->n; i++) {
+        const k_inst *in = &k->insts[i];
+        bool half = in->dtype == EM_F16 || in->dtype == EM_BF16;
+        bool moved = in->op == K_BUF || in->op == K_LOAD || in->op == K_STORE || in->op == K_CAST;
+        if (half && !moved)
+            return em_error(EM_ERR_UNSUPPORTED, "%s: %s: instruction %%%d computes in %s "
+                            "(half values are computed in f32)", generator, k->name, i,
+                            em_dtype_name(in->dtype));
+    }
+    return EM_OK;
+}
+
 /* ---- kernels with size parameters (dynamic shapes) ---- */
 
 static bool same_inst(const k_inst *a, const k_inst *b) {

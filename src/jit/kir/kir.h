@@ -182,6 +182,11 @@ em_status kir_verify(const k_kernel *k);
  * instruction whose value has another dtype; EM_OK otherwise.  Run after
  * kir_verify. */
 em_status kir_check_dtypes(const k_kernel *k, unsigned dtypes, const char *generator);
+/* For a generator that takes f16/bf16 only as buffers, loads, stores and
+ * conversions (the lowering computes half values in f32: sched/lower.c;
+ * arithmetic in the half type would round after every op):
+ * EM_ERR_UNSUPPORTED naming the first instruction that computes in one. */
+em_status kir_check_half_moved(const k_kernel *k, const char *generator);
 
 /* ---- size parameters (dynamic shapes): a kernel lowered for two sets of
  * sizes, compared instruction by instruction ----
