@@ -96,6 +96,12 @@ static void mm_body(void *ud) {
     em_scope_end();
 }
 
+/* --dtype: the workloads' inputs (and so their math) in f32, f16 or bf16 */
+static em_dtype bench_dtype = EM_F32;
+
+/* Bytes of n elements of the benchmark's dtype. */
+static double nbytes(double n) { return n * (double)em_dtype_size(bench_dtype); }
+
 static em_tensor *randn(em_generator *g, int nd, const int64_t *sz, double scale) {
     em_tensor *t = em_randn(g, nd, sz, EM_F32, GPU);
     if (!t) die("randn");
@@ -103,6 +109,11 @@ static em_tensor *randn(em_generator *g, int nd, const int64_t *sz, double scale
         em_tensor *s = em_mul_scalar(t, scale);
         em_release(t);
         t = s;
+    }
+    if (bench_dtype != EM_F32) {
+        em_tensor *h = em_cast(t, bench_dtype);
+        em_release(t);
+        if (!(t = h)) die("cast");
     }
     return t;
 }
@@ -190,7 +201,7 @@ static bool sweep_setup(workload *w, em_generator *g) {
         if (c->extra == 1 || c->extra == 2) w->in[1] = randn(g, 1, &sz[1], 1);
         if (c->extra == 2) w->in[2] = randn(g, 1, &sz[1], 1);
         if (c->extra == 3) w->in[1] = randn(g, 2, sz, 1);
-        w->bytes = c->passes * 4.0 * (double)c->rows * (double)c->cols;
+        w->bytes = c->passes * nbytes((double)c->rows * (double)c->cols);
         return true;
     }
     return false;
@@ -216,7 +227,7 @@ static void setup(workload *w, em_generator *g) {
         w->fn = wl_pointwise_fn;
         w->nin = 3;
         for (int i = 0; i < 3; i++) w->in[i] = randn(g, 1, &N, 1);
-        w->bytes = 4.0 * 4 * N;
+        w->bytes = 4 * nbytes((double)N);
     } else if (!strcmp(n, "softmax") || !strcmp(n, "layernorm")) {
         int64_t sz[2] = {32768, 4096};
         bool ln = n[0] == 'l';
@@ -224,7 +235,7 @@ static void setup(workload *w, em_generator *g) {
         w->nin = ln ? 3 : 1;
         w->in[0] = randn(g, 2, sz, 1);
         if (ln) w->in[1] = randn(g, 1, sz + 1, 1), w->in[2] = randn(g, 1, sz + 1, 1);
-        w->bytes = 2.0 * 4 * sz[0] * sz[1];
+        w->bytes = 2 * nbytes((double)sz[0] * (double)sz[1]);
     } else if (!strcmp(n, "mlp")) {
         int64_t M = 8192, K = 2048, H = 8192;
         w->fn = wl_mlp_fn;
@@ -254,6 +265,7 @@ static void setup(workload *w, em_generator *g) {
             for (int64_t j = 0; j < T_; j++) m[i * T_ + j] = j > i ? -INFINITY : 0.0f;
         in[13] = em_from_data(m, EM_F32, 2, (int64_t[]){T_, T_}, GPU);
         free(m);
+        if (bench_dtype != EM_F32 && !(in[13] = em_cast(in[13], bench_dtype))) die("cast");
         double hd = (double)E_ / NH_;
         w->flops = 2.0 * B_ * T_ * (E * 3 * E + E * E + 8.0 * E * E) + 2.0 * 2 * B_ * NH_ * T_ * T_ * hd;
     } else if (sweep_setup(w, g)) {
@@ -262,7 +274,7 @@ static void setup(workload *w, em_generator *g) {
         w->fn = sum_all;
         w->nin = 1;
         w->in[0] = randn(g, 1, &N, 1);
-        w->bytes = 4.0 * N;
+        w->bytes = nbytes((double)N);
     } else {
         int64_t n16 = 16;
         w->fn = wl_tiny_chain_fn;
@@ -323,7 +335,7 @@ static double first_call(workload *w, em_compiled **fp) {
  * the kernel cache this one filled; -1 when it fails. */
 static double warm_first_call(const char *self, const char *name) {
     char cmd[1024];
-    snprintf(cmd, sizeof cmd, "'%s' --first-call %s", self, name);
+    snprintf(cmd, sizeof cmd, "'%s' --dtype %s --first-call %s", self, em_dtype_name(bench_dtype), name);
     FILE *p = popen(cmd, "r");
     double t = -1, v;
     char line[256];
@@ -351,7 +363,7 @@ static result run(workload *w, int reps, double copy_bw, double mm_rate, const c
     if (w->bytes > 0)
         printf("  %6.2f TB/s %5.1f%% of copy", w->bytes / t / 1e12, 100 * w->bytes / t / copy_bw);
     if (w->flops > 0)
-        printf("  %6.2f TFLOP/s %5.1f%% of sgemm", w->flops / t / 1e12, 100 * w->flops / t / mm_rate);
+        printf("  %6.2f TFLOP/s %5.1f%% of gemm", w->flops / t / 1e12, 100 * w->flops / t / mm_rate);
     r.floor = w->bytes > 0 ? w->bytes / copy_bw : w->flops > 0 ? w->flops / mm_rate : 0;
     bool tiny = !strcmp(w->name, "tiny_chain");
     if (tiny) {
@@ -428,7 +440,14 @@ int main(int argc, char **argv) {
         if (!strcmp(argv[i], "--only")) only = argv[i + 1];
         else if (!strcmp(argv[i], "--reps")) reps = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--json")) json = argv[i + 1];
-        else if (!strcmp(argv[i], "--first-call")) return first_call_child(argv[i + 1]);
+        else if (!strcmp(argv[i], "--dtype")) {
+            const char *d = argv[i + 1];
+            bench_dtype = !strcmp(d, "bf16") ? EM_BF16 : !strcmp(d, "f16") ? EM_F16 : EM_F32;
+            if (bench_dtype == EM_F32 && strcmp(d, "f32")) {
+                fprintf(stderr, "bench_cuda: --dtype is f32, f16 or bf16, not '%s'\n", d);
+                return 2;
+            }
+        } else if (!strcmp(argv[i], "--first-call")) return first_call_child(argv[i + 1]);
     }
     if (reps < 1 || reps > 10000) reps = 20;
     if (!em_device_available(GPU)) {
@@ -452,8 +471,8 @@ int main(int argc, char **argv) {
     char *name = info.name;
     for (char *c = name; *c; c++)
         if (*c == '"' || *c == '\\') *c = ' ';
-    printf("device %s, sm_%d%d, %d SMs, tf32 %s\n", name, info.major, info.minor, info.sm_count,
-           info.tf32 ? "on" : "off");
+    printf("device %s, sm_%d%d, %d SMs, tf32 %s, dtype %s\n", name, info.major, info.minor,
+           info.sm_count, info.tf32 ? "on" : "off", em_dtype_name(bench_dtype));
     /* floors: 1 GiB device copy (read + write), f32 GEMM 8192^3 */
     int64_t n = (int64_t)1 << 28;
     em_tensor *a = em_empty(1, &n, EM_F32, GPU), *b = em_empty(1, &n, EM_F32, GPU);

@@ -33,6 +33,7 @@ N, R, C, M, K, H = 1 << 22, 8192, 1024, 256, 512, 2048
 B, T, E, NH = 1, 128, 256, 4
 HD = E // NH
 DEV = "cpu"
+DTYPE = torch.float32
 
 
 def set_sizes(dev):
@@ -82,9 +83,9 @@ def workloads():
     g = torch.Generator().manual_seed(0)
 
     def rnd(*shape, scale=1.0):
-        return (torch.randn(*shape, generator=g) * scale).to(DEV)
+        return (torch.randn(*shape, generator=g) * scale).to(DEV, DTYPE)
 
-    mask = torch.triu(torch.full((T, T), float("-inf")), 1).to(DEV)
+    mask = torch.triu(torch.full((T, T), float("-inf")), 1).to(DEV, DTYPE)
     return {
         "pointwise": (pointwise, (rnd(N), rnd(N), rnd(N))),
         "softmax": (softmax, (rnd(R, C),)),
@@ -153,7 +154,7 @@ def first_call(fn, args):
 def warm_first_call(name, threads):
     """The first call in a new process that finds the inductor cache filled."""
     cmd = [sys.executable, os.path.abspath(__file__), "--first-call", name, "--threads", str(threads),
-           "--device", DEV]
+           "--device", DEV, "--dtype", str(DTYPE).replace("torch.", "")]
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=600)
         return float(out.stdout.strip().splitlines()[-1])
@@ -169,8 +170,11 @@ def main():
     ap.add_argument("--only", default="")
     ap.add_argument("--json", default="")
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     ap.add_argument("--first-call", default="", help=argparse.SUPPRESS)
     a = ap.parse_args()
+    global DTYPE
+    DTYPE = getattr(torch, a.dtype)
     torch.set_num_threads(a.threads)
     if a.device == "cuda":
         if not torch.cuda.is_available():
@@ -188,7 +192,7 @@ def main():
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="torch-bench-inductor-")
     only = set(filter(None, a.only.split(",")))
     where = torch.cuda.get_device_name(0) if DEV == "cuda" else "the CPU"
-    print(f"PyTorch {torch.__version__} on {where}, {torch.get_num_threads()} threads")
+    print(f"PyTorch {torch.__version__} on {where}, {torch.get_num_threads()} threads, {a.dtype}")
     print(f"{'workload':16s} {'eager':>10s} {'compiled':>10s} {'cold first':>11s} {'warm first':>11s}  rel err")
     rows = []
     for name, (fn, args) in W.items():
