@@ -53,15 +53,18 @@ static const char prelude[] =
     "  return (x >= 0.0 ? 1.0 : e) / (1.0 + e);\n"
     "}\n";
 
-/* Half conversions, in kernels that have half buffers: from half exact
- * (cvt.f32.f16; bf16 is f32's top half); to half rounded to nearest even,
+/* Half conversions, in kernels that have half buffers: from half exact,
+ * by bits (the GPU's arithmetic would drop a NaN's sign and payload, which
+ * the CPU's keeps, quieted; bf16 is f32's top half); to half rounded to
+ * nearest even,
  * NaN kept quiet, overflow to inf, subnormals exact: the CPU's
  * em_float_to_half and em_float_to_bf16 (cpu_iter.c) bit for bit. */
 const char cuda_half_helpers[] =
     "__device__ __forceinline__ float em_from_f16(unsigned short h) {\n"
-    "  float f;\n"
-    "  asm(\"cvt.f32.f16 %0, %1;\" : \"=f\"(f) : \"h\"(h));\n"
-    "  return f;\n"
+    "  const unsigned sign = (h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;\n"
+    "  if (e == 0x1fu) return __uint_as_float(sign | 0x7f800000u | (m ? 0x400000u | (m << 13) : 0u));\n"
+    "  if (e == 0u) return __uint_as_float(sign | __float_as_uint((float)m * 0x1p-24f));\n"
+    "  return __uint_as_float(sign | ((e + 112u) << 23) | (m << 13));\n"
     "}\n"
     "__device__ __forceinline__ float em_from_bf16(unsigned short h) {\n"
     "  return __uint_as_float((unsigned)h << 16);\n"
