@@ -163,6 +163,12 @@ START_TEST(half_kernels_compile) {
                             tu_random(2, 2, TU_SIZES(3, 7), dts[i], 1)};
         ck_assert(compile_all(everything, 2, in, 1, to[i]) & (1u << CU_FLAT));
         ck_assert(compile_all(half_casts, 2, in, 2, "em_f64_to_f32_odd(") != 0);
+        /* a flat kernel of half buffers steps by 4 halves (8 bytes) */
+        int64_t n = 1000;
+        em_tensor *p[3] = {tu_random(1, 1, &n, dts[i], 1), tu_random(2, 1, &n, dts[i], 1),
+                           tu_random(3, 1, &n, dts[i], 1)};
+        ck_assert_uint_eq(compile_all(wl_pointwise_fn, 3, p, 1, "const uint2 L"), 1u << CU_FLAT);
+        ck_assert_uint_eq(compile_all(wl_pointwise_fn, 3, p, 1, "|= (unsigned)v"), 1u << CU_FLAT);
         em_tensor *rows[1] = {tu_random(1, 2, TU_SIZES(8, 300), dts[i], 1)};
         ck_assert_uint_eq(compile_all(wl_softmax_fn, 1, rows, 1, to[i]), 1u << CU_ROWS);
     }

@@ -343,7 +343,10 @@ static void emit_inst(egen *G, int i) {
         return;
     case K_LOAD:
         indent(G);
-        if (G->lane >= 0) /* from the vector loaded before the lanes */
+        if (G->lane >= 0 && em_dtype_size(in->dtype) == 2) /* 4 halves in a uint2 */
+            fprintf(f, "const unsigned short %s = (unsigned short)(L%d.%c >> %d);\n", NM(i), i,
+                    "xy"[G->lane / 2], 16 * (G->lane % 2));
+        else if (G->lane >= 0) /* from the vector loaded before the lanes */
             fprintf(f, "const %s %s = L%d.%c;\n", ctype(in->dtype), NM(i), i, "xyzw"[G->lane]);
         else if (G->key_of && G->key_of[i] >= 0 && G->key_filled[G->key_of[i]])
             fprintf(f, "const %s %s = rc%d[%s];\n", ctype(in->dtype), NM(i), G->key_of[i], itname(G, i));
@@ -354,6 +357,12 @@ static void emit_inst(egen *G, int i) {
             fprintf(f, "const %s %s = %s[%s];\n", ctype(in->dtype), NM(i), NM(in->src[0]), NM(in->src[1]));
         return;
     case K_STORE:
+        if (G->lane >= 0 && em_dtype_size(G->k->insts[in->src[0]].dtype) == 2) {
+            indent(G); /* lanes 0 and 2 start their word, 1 and 3 complete it */
+            fprintf(f, G->lane % 2 ? "S%d.%c |= (unsigned)%s << 16;\n" : "S%d.%c = %s;\n", i,
+                    "xy"[G->lane / 2], NM(in->src[2]));
+            return;
+        }
         if (G->lane >= 0) {
             indent(G);
             fprintf(f, "S%d.%c = %s;\n", i, "xyzw"[G->lane], NM(in->src[2]));
@@ -585,9 +594,10 @@ static void emit_flat(egen *G, int U) {
     fputs("  }\n", f);
 }
 
-/* Whether the CU_FLAT kernel can step by 16-byte vectors: every load and
- * store inside the parallel range reads or writes element v (the range
- * variable itself) of a 4-byte buffer. */
+/* Whether the CU_FLAT kernel can step by vectors of 4 elements: every load
+ * and store inside the parallel range reads or writes element v (the
+ * range variable itself) of a 4-byte buffer (16-byte vectors) or a half
+ * one (8 bytes: a uint2 of 4 halves). */
 static bool vectorizable(const egen *G) {
     const k_kernel *k = G->k;
     int P = G->par;
@@ -595,12 +605,15 @@ static bool vectorizable(const egen *G) {
         const k_inst *in = &k->insts[i];
         if (in->op != K_LOAD && in->op != K_STORE) continue;
         em_dtype d = k->insts[in->src[0]].dtype;
-        if (in->src[1] != P || (d != EM_F32 && d != EM_I32)) return false;
+        if (in->src[1] != P || (d != EM_F32 && d != EM_I32 && d != EM_F16 && d != EM_BF16))
+            return false;
     }
     return true;
 }
 
-static const char *vtype(em_dtype d) { return d == EM_F32 ? "float4" : "int4"; }
+static const char *vtype(em_dtype d) {
+    return d == EM_F32 ? "float4" : d == EM_I32 ? "int4" : "uint2"; /* half: 4 in a uint2 */
+}
 
 /* NAME_v4: four consecutive elements per thread and step, loaded and
  * stored as one 16-byte vector each (the launch picks it when every
