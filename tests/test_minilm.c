@@ -127,9 +127,22 @@ END_TEST
 
 #define MAX_COMPONENT_DIFF 1e-5
 
+/* How close an embedding must be to sentence-transformers' (f32) one. */
+typedef struct tolerance {
+    double dist, component, norm; /* cosine distance; |difference| of a component; |norm - 1| */
+} tolerance;
+
+/* The f32 model: 1e-4 and MAX_COMPONENT_DIFF (below), the norm to 1e-5. */
+static const tolerance F32_TOL = {1e-4, 1e-5, 1e-5};
+/* A bf16 model (issue 15: within 1e-2 cosine distance of f32): each
+ * weight and each stored activation rounded to 8 bits (relative 2^-9),
+ * the unit-norm output too; measured 3e-5 cosine distance, components
+ * within 2e-3 (of about 0.05). */
+static const tolerance BF16_TOL = {1e-3, 1e-2, 1e-2};
+
 /* Embeds the reference sentences (eagerly, or through f) and asserts each
- * is within 1e-4 cosine distance of sentence-transformers'. */
-static void check_embeddings(const bert_model *m, bert_compiled *f, const ref *r) {
+ * is within t of sentence-transformers'. */
+static void check_embeddings_within(const bert_model *m, bert_compiled *f, const ref *r, tolerance t) {
     const js_doc *d = r->doc;
     int n = count(d, r->sentences), h = m->cfg.hidden, i = 0;
     const char *texts[16];
@@ -160,16 +173,21 @@ static void check_embeddings(const bert_model *m, bert_compiled *f, const ref *r
             maxdiff = fmax(maxdiff, fabs(g - w));
         }
         double dist = 1 - dot / sqrt(ng * nw);
-        ck_assert_msg(dist <= 1e-4, "%s on %s: sentence %d (\"%.30s\"): cosine distance %.3g",
+        ck_assert_msg(dist <= t.dist, "%s on %s: sentence %d (\"%.30s\"): cosine distance %.3g",
                       f ? "compiled" : "eager", m->device.type == EM_CUDA ? "cuda" : "cpu", i, texts[i], dist);
-        ck_assert_msg(fabs(sqrt(ng) - 1) < 1e-5, "sentence %d: norm %g, not 1", i, sqrt(ng));
+        ck_assert_msg(fabs(sqrt(ng) - 1) < t.norm, "sentence %d: norm %g, not 1", i, sqrt(ng));
         /* cosine distance is second order in the error (1 - cos ~ |e|^2 / 2):
          * a per-component bound catches what it would let through, such as
          * gelu's tanh approximation in place of erf */
-        ck_assert_msg(maxdiff <= MAX_COMPONENT_DIFF, "%s: sentence %d: a component differs by %.3g",
+        ck_assert_msg(maxdiff <= t.component, "%s: sentence %d: a component differs by %.3g",
                       f ? "compiled" : "eager", i, maxdiff);
     }
     free(got);
+    ck_assert_int_eq(em_dtype_of(out), m->dtype);
+}
+
+static void check_embeddings(const bert_model *m, bert_compiled *f, const ref *r) {
+    check_embeddings_within(m, f, r, m->dtype == EM_F32 ? F32_TOL : BF16_TOL);
 }
 
 START_TEST(test_eager_matches_reference) {
@@ -247,6 +265,34 @@ START_TEST(test_cuda_matches_reference) {
     check_embeddings(&m, NULL, &r);
     check_compiled_and_lazy(&m, &r, false);
 }
+END_TEST
+
+/* The model converted to bf16 (bert_to_dtype): eager and compiled, within
+ * BF16_TOL of the f32 reference, on the CPU and, with a GPU, on cuda:0. */
+static void check_bf16_on(em_device dev) {
+    ref r = load_ref();
+    bert_model m;
+    ml_error e = {""};
+    ck_assert_msg(bert_load_on(&m, model_dir(), dev, &e) == ML_OK, "%s", e.msg);
+    ck_assert_msg(bert_to_dtype(&m, EM_BF16, &e) == ML_OK, "%s", e.msg);
+    ck_assert_int_eq(em_dtype_of(m.layer[3].wqkv), EM_BF16);
+    ck_assert_int_eq(bert_to_dtype(&m, EM_I32, &e), ML_ERR_ARG);
+    check_embeddings(&m, NULL, &r);
+    bert_compiled f;
+    ck_assert_msg(bert_compile(&m, &f, &e) == ML_OK, "%s", e.msg);
+    check_embeddings(&m, &f, &r);
+    check_embeddings(&m, &f, &r);
+    em_scope_end();
+    em_scope_begin();
+    bert_compiled_free(&f);
+    bert_free(&m);
+    js_free(r.doc);
+}
+
+START_TEST(test_bf16_matches_reference) { check_bf16_on(em_cpu()); }
+END_TEST
+
+START_TEST(test_cuda_bf16_matches_reference) { check_bf16_on(em_cuda(0)); }
 END_TEST
 
 /* ---- devices ---- */
@@ -514,10 +560,12 @@ static Suite *model_suite(bool gpu) {
         {"tokenizer_matches_reference", test_tokenizer_matches_reference},
         {"eager_matches_reference", test_eager_matches_reference},
         {"compiled_matches_reference", test_compiled_matches_reference},
-        {"cuda_matches_reference", test_cuda_matches_reference}, /* last: GPU only */
+        {"bf16_matches_reference", test_bf16_matches_reference},
+        {"cuda_matches_reference", test_cuda_matches_reference}, /* last two: GPU only */
+        {"cuda_bf16_matches_reference", test_cuda_bf16_matches_reference},
     };
     size_t n = sizeof tests / sizeof tests[0];
-    return tu_suite("minilm_model", tests, gpu ? n : n - 1, 600);
+    return tu_suite("minilm_model", tests, gpu ? n : n - 2, 600);
 }
 
 int main(void) {

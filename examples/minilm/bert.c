@@ -230,6 +230,27 @@ ml_status bert_load_on(bert_model *m, const char *dir, em_device dev, ml_error *
     return s;
 }
 
+ml_status bert_to_dtype(bert_model *m, em_dtype dtype, ml_error *e) {
+    if (dtype != EM_F32 && dtype != EM_F16 && dtype != EM_BF16)
+        return ml_fail(e, ML_ERR_ARG, "bert_to_dtype: f32, f16 or bf16, not %s", em_dtype_name(dtype));
+    em_tensor **slots[5 + 12 * 1024];
+    int n = weight_slots(m, slots, (int)(sizeof slots / sizeof slots[0]));
+    em_scope_begin();
+    for (int i = 0; i < n; i++) {
+        em_tensor *t = em_cast(*slots[i], dtype); /* owned by the scope until retained */
+        if (!t) {
+            em_scope_end();
+            return ml_fail(e, ML_ERR_EMBER, "converting the weights: %s", em_last_error());
+        }
+        em_retain(t);
+        em_release(*slots[i]);
+        *slots[i] = t;
+    }
+    em_scope_end();
+    m->dtype = dtype;
+    return ML_OK;
+}
+
 void bert_free(bert_model *m) {
     em_tensor **slots[5 + 12 * 1024];
     int n = weight_slots(m, slots, (int)(sizeof slots / sizeof slots[0]));
@@ -266,6 +287,7 @@ ml_status bert_tokenize(const bert_model *m, int n, const char *const *texts, in
     if (s == ML_OK) {
         *ids = em_from_data(iv, EM_I64, 2, (int64_t[]){n, T}, m->device);
         *mask = em_from_data(mv, EM_F32, 2, (int64_t[]){n, T}, m->device);
+        if (*mask && m->dtype != EM_F32) *mask = em_cast(*mask, m->dtype); /* 0 and 1: exact */
         if (!*ids || !*mask) s = ml_fail(e, ML_ERR_EMBER, "%s", em_last_error());
     }
     free(tok), free(len), free(iv), free(mv);

@@ -1,13 +1,17 @@
 /* main.c - sentence embeddings with all-MiniLM-L6-v2 on Ember.
  *
- *   minilm [--model DIR] [--device cpu|cuda[:N]] [--reps N] [--file FILE] [--json OUT] [SENTENCE...]
+ *   minilm [--model DIR] [--device cpu|cuda[:N]] [--dtype f32|bf16|f16] [--reps N] [--file FILE]
+ *          [--json OUT] [SENTENCE...]
  *
  * Embeds the sentences (from the command line, then one a line from FILE)
  * as one padded batch, prints their cosine-similarity matrix, and times
  * the encoder run eagerly and through em_compile (OUT gets the timings as
  * JSON, for bench/report.py).  With --device cuda the weights are copied
  * to the GPU once at load, the ids and mask are made there, both modes run
- * there, and only the embeddings come back to the host.
+ * there, and only the embeddings come back to the host.  With --dtype bf16
+ * or f16 the weights are converted once and the encoder computes in that
+ * type; the demo then also prints how far its embeddings are from the f32
+ * model's (cosine distance, per sentence, the largest).
  *
  * The encoder is compiled as eight functions (bert_compile): the
  * embeddings, one per layer, and the pooling.  The kernel cache is keyed by
@@ -94,8 +98,9 @@ static bool read_lines(sentences *s, const char *path) {
 }
 
 typedef struct args {
-    const char *model, *file, *json, *device_name;
+    const char *model, *file, *json, *device_name, *dtype_name;
     em_device device;
+    em_dtype dtype;
     int reps;
 } args;
 
@@ -105,6 +110,7 @@ static int usage(const char *argv0) {
             "  --model DIR  the model files (default: $EMBER_MODEL_DIR, else %s;\n"
             "               tools/fetch-minilm puts them there)\n"
             "  --device DEV cpu (default), cuda or cuda:N\n"
+            "  --dtype T    f32 (default), bf16 or f16: the weights' and the computation's\n"
             "  --reps N     timed runs of each mode (default 5)\n"
             "  --file FILE  more sentences, one a line\n"
             "  --json OUT   write the timings to OUT as JSON\n",
@@ -122,7 +128,15 @@ static int parse_args(int argc, char **argv, args *a, sentences *s) {
         else if (!strcmp(argv[i], "--file") && i + 1 < argc) a->file = argv[++i];
         else if (!strcmp(argv[i], "--reps") && i + 1 < argc) a->reps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--json") && i + 1 < argc) a->json = argv[++i];
-        else if (!strcmp(argv[i], "--device") && i + 1 < argc) {
+        else if (!strcmp(argv[i], "--dtype") && i + 1 < argc) {
+            const char *d = argv[++i];
+            a->dtype_name = d;
+            a->dtype = !strcmp(d, "bf16") ? EM_BF16 : !strcmp(d, "f16") ? EM_F16 : EM_F32;
+            if (a->dtype == EM_F32 && strcmp(d, "f32")) {
+                fprintf(stderr, "minilm: --dtype is f32, bf16 or f16, not '%s'\n", d);
+                return usage(argv[0]);
+            }
+        } else if (!strcmp(argv[i], "--device") && i + 1 < argc) {
             a->device_name = argv[++i];
             if (!bert_parse_device(a->device_name, &a->device)) {
                 fprintf(stderr, "minilm: unknown device '%s' (cpu, cuda or cuda:N)\n", a->device_name);
@@ -156,6 +170,7 @@ static bool embed(const bert_model *m, bert_compiled *f, em_tensor *ids, em_tens
     em_scope_begin();
     em_tensor *in[2] = {ids, mask}, *out = NULL;
     em_status s = f ? bert_compiled_call(f, m, in, &out) : bert_forward((void *)m, in, NULL, &out);
+    if (s == EM_OK && out && em_dtype_of(out) != EM_F32) out = em_cast(out, EM_F32);
     bool ok = s == EM_OK && out && em_copy_to_host(out, emb, nbytes) == EM_OK;
     em_scope_end();
     if (!ok) fprintf(stderr, "minilm: the encoder failed: %s\n", em_last_error());
@@ -228,7 +243,26 @@ static void write_json(const char *path, const args *a, const sentences *s, int6
 }
 
 /* Times eager and compiled runs of the batch and prints the comparison. */
-static int run(const bert_model *m, const sentences *s, const args *a, em_tensor *ids, em_tensor *mask) {
+/* The largest cosine distance 1 - a.b / (|a| |b|) between rows of a and b
+ * ([n, h] each). */
+static double max_cosine_distance(const float *a, const float *b, int n, int h) {
+    double worst = 0;
+    for (int i = 0; i < n; i++) {
+        double ab = 0, aa = 0, bb = 0;
+        for (int k = 0; k < h; k++) {
+            double x = a[(size_t)i * h + k], y = b[(size_t)i * h + k];
+            ab += x * y, aa += x * x, bb += y * y;
+        }
+        double d = aa > 0 && bb > 0 ? 1 - ab / sqrt(aa * bb) : 1;
+        worst = fmax(worst, d);
+    }
+    return worst;
+}
+
+/* Times eager and compiled runs of the batch and prints the comparison;
+ * ref: the f32 model's embeddings when the model runs in a half type. */
+static int run(const bert_model *m, const sentences *s, const args *a, em_tensor *ids, em_tensor *mask,
+               const float *ref) {
     int reps = a->reps;
     int h = m->cfg.hidden;
     size_t nbytes = sizeof(float) * (size_t)s->n * h;
@@ -262,6 +296,10 @@ static int run(const bert_model *m, const sentences *s, const args *a, em_tensor
            "%d kernels in their graphs\n",
            (long long)st.calls, f->count + 2, (long long)st.hits, (long long)st.traces, (long long)st.eager, st.kernels);
     printf("eager vs compiled: max abs difference %.2e\n", max_abs_diff(eager, comp, (size_t)s->n * h));
+    if (ref)
+        printf("%s vs f32: largest cosine distance %.2e eager, %.2e compiled (of %d sentences)\n",
+               a->dtype_name, max_cosine_distance(eager, ref, s->n, h),
+               max_cosine_distance(comp, ref, s->n, h), s->n);
     timings t = {te, tc, tfirst, st0.kernels_compiled, st0.kernels_loaded};
     if (a->json) write_json(a->json, a, s, em_size(ids, 1), &t);
     rc = 0;
@@ -273,7 +311,7 @@ done:
 }
 
 int main(int argc, char **argv) {
-    args a = {0};
+    args a = {.dtype_name = "f32"};
     sentences s = {0};
     int rc = parse_args(argc, argv, &a, &s);
     bert_model m;
@@ -299,13 +337,23 @@ int main(int argc, char **argv) {
         } else {
             int most = 0;
             for (int i = 0; i < s.n; i++) most = ntok[i] > most ? ntok[i] : most;
-            printf("all-MiniLM-L6-v2 (%s): %d layers, hidden %d, loaded in %.2f s; on %s", a.model,
-                   m.cfg.layers, m.cfg.hidden, tload, a.device_name);
+            printf("all-MiniLM-L6-v2 (%s): %d layers, hidden %d, loaded in %.2f s; on %s, %s", a.model,
+                   m.cfg.layers, m.cfg.hidden, tload, a.device_name, a.dtype_name);
             if (a.device.type == EM_CPU) printf(", %d threads", em_num_threads());
             printf("\n");
             printf("%d sentences, up to %d tokens each (batch padded to %lld), tokenized in %.2f ms\n", s.n,
                    most, (long long)em_size(ids, 1), (now() - t1) * 1e3);
-            rc = run(&m, &s, &a, ids, mask);
+            float *ref = NULL;
+            if (a.dtype != EM_F32) { /* the f32 model's embeddings, then the model converted */
+                size_t nb = sizeof(float) * (size_t)s.n * m.cfg.hidden;
+                ref = malloc(nb);
+                bool ok = ref && embed(&m, NULL, ids, mask, ref, nb) && bert_to_dtype(&m, a.dtype, &e) == ML_OK;
+                if (ok && !(mask = em_cast(mask, a.dtype))) e = (ml_error){""}, ok = false;
+                if (!ok) fprintf(stderr, "minilm: --dtype %s: %s\n", a.dtype_name, e.msg[0] ? e.msg : em_last_error());
+                rc = ok ? 0 : 1;
+            }
+            if (rc == 0) rc = run(&m, &s, &a, ids, mask, ref);
+            free(ref);
         }
         em_scope_end();
         free(ntok);

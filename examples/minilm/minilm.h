@@ -164,6 +164,8 @@ typedef struct bert_model {
     bert_layer *layer;             /* cfg.layers of them */
     wp_vocab *vocab;
     em_device device;              /* where the weights live; inputs go there too */
+    em_dtype dtype;                /* of the weights and the mask (EM_F32 unless
+                                      bert_to_dtype changed it) */
 } bert_model;
 
 /* Reads config.json, sentence_bert_config.json (optional: max_seq 256),
@@ -176,6 +178,11 @@ ml_status bert_load(bert_model *m, const char *dir, ml_error *e);
 ml_status bert_load_on(bert_model *m, const char *dir, em_device dev, ml_error *e);
 /* Parses "cpu", "cuda" or "cuda:N" into *dev; false if it is none of them. */
 bool bert_parse_device(const char *s, em_device *dev);
+/* Converts every weight to dtype (EM_F32, EM_F16 or EM_BF16, rounded to
+ * nearest even); later masks are made in it, so the encoder computes in
+ * that dtype (its reductions and normalizations in f32, as Ember's half
+ * ops do) and returns embeddings in it. */
+ml_status bert_to_dtype(bert_model *m, em_dtype dtype, ml_error *e);
 void bert_free(bert_model *m);
 /* Tokenizes n texts and pads them to one length, a multiple of pad_to
  * (>= 1; rounding lengths up lets batches of nearby lengths share a
