@@ -240,6 +240,31 @@ START_TEST(reductions) {
         if (em_dtype_is_float(sdt[d]))
             same(em_mean(g3, 0, NULL, false), em_mean(s3, 0, NULL, false), rt, rt);
     }
+    /* over leading and middle dims of contiguous tensors: the column
+     * kernel, its rows split in chunks when the columns are few (two
+     * passes), NaN winning max and min; halves accumulate in double */
+    em_dtype cdt[] = {EM_F32, EM_F64, EM_I32, EM_I64, EM_BF16, EM_F16};
+    for (int d = 0; d < 6; d++) {
+        bool fl = cdt[d] != EM_I32 && cdt[d] != EM_I64, half = cdt[d] == EM_BF16 || cdt[d] == EM_F16;
+        double rt = cdt[d] == EM_F64 ? 1e-11 : half ? 1e-2 : fl ? 1e-5 : 0, at = half ? 1e-2 : rt;
+        em_tensor *c1 = tu_random(70 + d, 2, TU_SIZES(5000, 37), cdt[d], 3);  /* S > 1 */
+        em_tensor *c2 = tu_random(80 + d, 3, TU_SIZES(3, 301, 70), cdt[d], 3); /* middle dim */
+        em_tensor *g1 = to_gpu(c1), *g2 = to_gpu(c2);
+        for (int keep = 0; keep < 2; keep++) {
+            same(em_sum(g1, 1, (int[]){0}, keep), em_sum(c1, 1, (int[]){0}, keep), rt, at * 30);
+            same(em_amax(g1, 1, (int[]){0}, keep), em_amax(c1, 1, (int[]){0}, keep), 0, 0);
+            same(em_amin(g2, 1, (int[]){1}, keep), em_amin(c2, 1, (int[]){1}, keep), 0, 0);
+            same(em_sum(g2, 1, (int[]){1}, keep), em_sum(c2, 1, (int[]){1}, keep), rt, at * 10);
+            same(em_sum(g2, 2, (int[]){0, 1}, keep), em_sum(c2, 2, (int[]){0, 1}, keep), rt, at * 30);
+            if (!fl) continue;
+            same(em_mean(g1, 1, (int[]){0}, keep), em_mean(c1, 1, (int[]){0}, keep), rt, at);
+            same(em_mean(g2, 1, (int[]){1}, keep), em_mean(c2, 1, (int[]){1}, keep), rt, at);
+        }
+        if (!fl || half) continue;
+        em_tensor *n = em_where(em_gt(c1, em_scalar(2.9, cdt[d], CPU)), em_full(0, NULL, NAN, cdt[d], CPU), c1);
+        same(em_amax(to_gpu(n), 1, (int[]){0}, false), em_amax(n, 1, (int[]){0}, false), 0, 0);
+        same(em_amin(to_gpu(n), 1, (int[]){0}, false), em_amin(n, 1, (int[]){0}, false), 0, 0);
+    }
     /* bool: any/all-like max and min, integer sum */
     em_tensor *b = em_gt(tu_random(12, 2, TU_SIZES(9, 40), EM_F32, 1), em_scalar(0.5, EM_F32, CPU));
     em_tensor *gb = to_gpu(b);
@@ -1161,6 +1186,19 @@ START_TEST(native_texts_compile) {
         for (int normal = 0; normal < 2; normal++)
             compiles(cuda_native_rand_text(d ? EM_F64 : EM_F32, normal), normal ? "randn" : "rand");
     for (int t = 0; t < 5; t++) compiles(cuda_native_argmax_text(all_dtypes[t], t), "argmax");
+    /* column reductions: each op, each accumulator, both passes */
+    const em_op ops[] = {EM_OP_SUM, EM_OP_MEAN, EM_OP_AMAX, EM_OP_AMIN};
+    const em_dtype in[] = {EM_F32, EM_F64, EM_F16, EM_BF16, EM_I32, EM_I64};
+    for (int o = 0; o < 4; o++)
+        for (int i = 0; i < 6; i++) {
+            bool sum = ops[o] == EM_OP_SUM || ops[o] == EM_OP_MEAN, fl = i < 4;
+            if (ops[o] == EM_OP_MEAN && !fl) continue;
+            em_dtype acc = sum ? (fl ? EM_F64 : EM_I64) : i == 2 || i == 3 ? EM_F32 : in[i];
+            em_dtype out = ops[o] == EM_OP_SUM && !fl ? EM_I64 : in[i];
+            compiles(cuda_native_colreduce_text(ops[o], in[i], acc, acc, false), "column partials");
+            compiles(cuda_native_colreduce_text(ops[o], acc, acc, out, true), "column result");
+            compiles(cuda_native_colreduce_text(ops[o], in[i], acc, out, true), "column reduction");
+        }
     /* dtypes the ops refuse, with the CPU's errors */
     ck_assert_ptr_null(cuda_native_rand_text(EM_I32, false));
     ck_assert_int_eq(em_last_status(), EM_ERR_DTYPE);

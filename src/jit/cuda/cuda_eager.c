@@ -359,6 +359,8 @@ static em_status cuda_run(const em_op_call *c, em_tensor *out) {
         em_clear_error();
     } else if (cuda_native_takes(c->op)) { /* cat, index_select, arange, rand(n), argmax */
         return cuda_native_run(d, c, out, &eager_stats);
+    } else if (cuda_native_column_reduction(c, &(int64_t){0}, &(int64_t){0}, &(int64_t){0})) {
+        return cuda_native_reduce_columns(d, c, out, &eager_stats);
     } else if (has_kernel(c)) {
         bool red = em_op_table[c->op].kind == EM_KIND_REDUCE; /* creation ops have no input */
         int64_t rows = em_numel(out), len = red && rows ? em_numel(c->in[0]) / rows : 0;

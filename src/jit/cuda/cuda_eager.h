@@ -57,6 +57,14 @@ char *cuda_native_copy_text(size_t esize, int nd, em_dtype idx);
 char *cuda_native_arange_text(em_dtype d, bool exact);
 char *cuda_native_rand_text(em_dtype d, bool normal);
 char *cuda_native_argmax_text(em_dtype d, int nd);
+/* Column reductions: sum, mean, amax, amin over one block of leading or
+ * middle dims of a contiguous input, as [A, R, C] -> [A, C] (whether c is
+ * one: cuda_native_column_reduction); the kernel reading in, accumulating
+ * in acc, writing o (final: mean's division and the result's rounding). */
+bool cuda_native_column_reduction(const em_op_call *c, int64_t *A, int64_t *R, int64_t *C);
+em_status cuda_native_reduce_columns(cuda_device *d, const em_op_call *c, em_tensor *out,
+                                     struct cuda_get_stats *stats);
+char *cuda_native_colreduce_text(em_op op, em_dtype in, em_dtype acc, em_dtype o, bool final);
 
 #endif
 #endif
