@@ -637,10 +637,10 @@ char *cuda_native_colreduce_text(em_op op, em_dtype in, em_dtype acc, em_dtype o
 /* Whether c reduces one block of dims [lo, hi) of a contiguous input that
  * is not its trailing dims (the rows kernel's case), into *A, *R, *C. */
 bool cuda_native_column_reduction(const em_op_call *c, int64_t *A, int64_t *R, int64_t *C) {
-    const em_tensor *x = c->in[0];
     em_op op = c->op;
     if (op != EM_OP_SUM && op != EM_OP_MEAN && op != EM_OP_AMAX && op != EM_OP_AMIN) return false;
-    if (c->attrs->ndims == 0 || !em_is_contiguous(x) || colred_acc(op, x->dtype) < 0) return false;
+    const em_tensor *x = c->nin == 1 ? c->in[0] : NULL; /* (creation ops have no input) */
+    if (!x || c->attrs->ndims == 0 || !em_is_contiguous(x) || colred_acc(op, x->dtype) < 0) return false;
     bool red[EM_MAX_DIMS] = {false};
     for (int i = 0; i < c->attrs->ndims; i++) red[c->attrs->dims[i]] = true;
     int lo = 0, hi;
