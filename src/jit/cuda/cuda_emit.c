@@ -35,6 +35,11 @@ static const char prelude[] =
     "/* v combined over the block; every thread gets the result.  sh holds\n"
     "   one value per warp; the first barrier keeps a previous call's\n"
     "   readers from seeing this call's writes. */\n"
+    "/* v combined over the warp; every lane gets the result. */\n"
+    "template <class T, class F> __device__ __forceinline__ T em_warp_reduce(T v, F f) {\n"
+    "  for (int o = 16; o > 0; o >>= 1) v = f(v, em_shfl(v, o));\n"
+    "  return v;\n"
+    "}\n"
     "template <class T, class F> __device__ __forceinline__ T em_block_reduce(T v, F f, T *sh) {\n"
     "  for (int o = 16; o > 0; o >>= 1) v = f(v, em_shfl(v, o));\n"
     "  __syncthreads();\n"
@@ -114,6 +119,8 @@ typedef struct egen {
     int depth;         /* indentation */
     int inner;         /* loops open inside the parallel range */
     bool failed;
+    int tpr;           /* CU_ROWS: threads per row (threads / rpb) */
+    int rpb;           /* CU_ROWS: rows per block (8: a warp a row), else 1 */
     int lane;          /* >= 0: emitting lane `lane` of a 16-byte vector step */
     int cur_split;     /* the counted split loop being emitted, or -1 */
     char ring[8][32];  /* names handed out by nm(), reused round-robin */
@@ -308,11 +315,11 @@ static const char *itname(egen *G, int i) {
     return b;
 }
 
-/* A store: at row scope in a CU_ROWS kernel only thread 0 writes. */
+/* A store: at row scope in a CU_ROWS kernel only the row's thread 0 writes. */
 static void emit_store(egen *G, int i, bool row_scope) {
     const k_inst *in = &G->k->insts[i];
     indent(G);
-    if (row_scope) fputs("if (threadIdx.x == 0) ", G->f);
+    if (row_scope) fputs("if (em_t == 0) ", G->f);
     fprintf(G->f, "%s[%s] = %s;\n", NM(in->src[0]), NM(in->src[1]), NM(in->src[2]));
 }
 
@@ -422,8 +429,11 @@ static void emit_block_reductions(egen *G, int r) {
         const char *fn = acc->alu == KA_ADD ? (acc->dtype == EM_BOOL ? "em_addb" : "em_add")
                                             : acc->alu == KA_MAX ? "em_max" : "em_min";
         indent(G);
-        fprintf(G->f, "%s = em_block_reduce(%s, %s(), (%s *)em_sh);\n", NM(a), NM(a), fn,
-                ctype(acc->dtype));
+        if (G->rpb > 1) /* a warp a row: shuffles only, no barrier */
+            fprintf(G->f, "%s = em_warp_reduce(%s, %s());\n", NM(a), NM(a), fn);
+        else
+            fprintf(G->f, "%s = em_block_reduce(%s, %s(), (%s *)em_sh);\n", NM(a), NM(a), fn,
+                    ctype(acc->dtype));
     }
 }
 
@@ -431,7 +441,7 @@ static void emit_range(egen *G, int r) {
     const k_inst *in = &G->k->insts[r];
     const char *v = NM(r), *ext = NM(in->src[0]);
     const k_inst *e = &G->k->insts[in->src[0]];
-    int T = G->threads;
+    int T = G->tpr;
     bool counted = G->split[r] && e->op == K_CONST; /* a trip count the compiler sees */
     bool guard = false;
     indent(G);
@@ -445,13 +455,13 @@ static void emit_range(egen *G, int r) {
         fprintf(G->f, "for (int it%d = 0; it%d < %" PRId64 "; it%d++) {\n", r, r, nit, r);
         G->depth++;
         indent(G);
-        fprintf(G->f, "const long long %s = threadIdx.x + (long long)it%d * %d;\n", v, r, T);
+        fprintf(G->f, "const long long %s = em_t + (long long)it%d * %d;\n", v, r, T);
         if (guard) {
             indent(G);
             fprintf(G->f, "if (%s < %s) {\n", v, ext);
         }
     } else if (G->split[r]) {
-        fprintf(G->f, "for (long long %s = threadIdx.x; %s < %s; %s += %d) {\n", v, v, ext, v, T);
+        fprintf(G->f, "for (long long %s = em_t; %s < %s; %s += %d) {\n", v, v, ext, v, T);
     } else {
         fprintf(G->f, "for (long long %s = 0; %s < %s; %s++) {\n", v, v, ext, v);
     }
@@ -506,6 +516,7 @@ static int row_elems(void) {
 
 static void choose_shape(egen *G, cuda_src *out) {
     const k_kernel *k = G->k;
+    G->tpr = G->rpb = 1;
     G->par = -1;
     bool outside = false; /* loops or stores outside the parallel range */
     for (int i = 0; i < k->n; i++) {
@@ -546,9 +557,14 @@ static void choose_shape(egen *G, cuda_src *out) {
     /* rows: row_elems() elements per thread, from a warp up to 1024
      * threads.  Few elements per thread (4: 1024 threads, 2 rows in flight
      * per SM) left the kernels latency-bound on their passes and barriers. */
+    G->tpr = G->threads, G->rpb = 1;
     if (G->shape == CU_ROWS) {
         int per = row_elems();
-        G->threads = pow2_at_least((widest + per - 1) / per);
+        G->threads = G->tpr = pow2_at_least((widest + per - 1) / per);
+        /* rows a warp covers: a warp each, 8 to a block, which lifts the
+         * one-warp blocks' occupancy (at most 32 blocks an SM: half its
+         * warps) and drops the block reductions' barriers */
+        if (G->tpr == 32) G->rpb = 8, G->threads = 256;
     }
 }
 
@@ -732,7 +748,7 @@ static em_status plan_rows(egen *G, int *stack, int *kbuf, int *kbase, int64_t *
     size_t nn = (size_t)k->n + 1;
     for (int i = 0; i < k->n; i++) {
         const k_inst *e = G->split[i] ? &k->insts[k->insts[i].src[0]] : NULL;
-        int64_t nit = e && e->op == K_CONST ? (e->ival + G->threads - 1) / G->threads : 0;
+        int64_t nit = e && e->op == K_CONST ? (e->ival + G->tpr - 1) / G->tpr : 0;
         G->nit_of[i] = nit <= MAX_CACHED_NIT ? (int)nit : 0;
     }
     G->key_of = em_calloc(nn, sizeof(int));
@@ -754,9 +770,15 @@ static void mark_filled(egen *G, int r) {
 static void emit_rows(egen *G) {
     FILE *f = G->f;
     int P = G->par;
-    fputs("  __shared__ double em_sh[32];\n", f);
-    fprintf(f, "  for (long long v%d = blockIdx.x; v%d < %s; v%d += gridDim.x) {\n", P, P,
-            G->extent, P);
+    if (G->rpb > 1) { /* warp w of the block takes rows blockIdx.x * rpb + w, ... */
+        fprintf(f, "  const int em_t = threadIdx.x & 31;\n");
+        fprintf(f, "  for (long long v%d = (long long)blockIdx.x * %d + (threadIdx.x >> 5); v%d < %s; "
+                "v%d += (long long)gridDim.x * %d) {\n", P, G->rpb, P, G->extent, P, G->rpb);
+    } else {
+        fputs("  __shared__ double em_sh[32];\n  const int em_t = threadIdx.x;\n", f);
+        fprintf(f, "  for (long long v%d = blockIdx.x; v%d < %s; v%d += gridDim.x) {\n", P, P,
+                G->extent, P);
+    }
     for (int q = 0; q < G->nkeys; q++)
         fprintf(f, "    %s rc%d[%d];\n", ctype(G->key_dtype[q]), q, G->key_nit[q]);
     G->depth = 1;
@@ -838,7 +860,7 @@ em_status cuda_emit(const k_kernel *k, cuda_src *out) {
     choose_shape(&G, out);
     out->shape = G.shape;
     out->threads = G.threads;
-    out->unroll = G.shape == CU_FLAT ? 4 : 1;
+    out->unroll = G.shape == CU_FLAT ? 4 : G.shape == CU_ROWS ? G.rpb : 1; /* rows: per block */
     out->vec4 = G.shape == CU_FLAT && vectorizable(&G);
     out->nbufs = k->nbufs;
     out->nsizes = k->nsizes;

@@ -44,7 +44,7 @@ typedef struct cuda_src {
     char *text;       /* the CUDA C translation unit (em_malloc; cuda_src_free) */
     cuda_shape shape;
     int threads;      /* block size */
-    int unroll;       /* CU_FLAT: elements per thread per step */
+    int unroll;       /* CU_FLAT: elements per thread per step; CU_ROWS: rows per block */
     int64_t extent;   /* iterations of the parallel range (rows, or elements) */
     int extent_size;  /* or, >= 0, the size parameter that holds it (dynamic shapes) */
     int nbufs, nsizes; /* the kernel's parameters */

@@ -252,7 +252,7 @@ static unsigned grid_of(const cuda_device *d, const cuda_kernel *ck, int64_t ext
     int64_t want, per_block = (int64_t)ck->threads * (v4 ? 4 : ck->unroll);
     switch (ck->shape) {
     case CU_FLAT: want = (extent + per_block - 1) / per_block; break;
-    case CU_ROWS: want = extent; break;
+    case CU_ROWS: want = (extent + ck->unroll - 1) / (ck->unroll > 0 ? ck->unroll : 1); break; /* unroll: rows a block */
     default: return 1;
     }
     if (want > cap) want = cap;
