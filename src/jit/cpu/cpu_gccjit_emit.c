@@ -50,6 +50,8 @@ typedef struct kgen {
     int *seg;            /* scratch: blocked loops' segment of each instruction */
     gcc_jit_lvalue **arr; /* blocked loops: a value's array of CG_BLOCK elements */
     unsigned char *cross; /* scratch: blocked loops' values that need an array */
+    unsigned char *remat; /* scratch: blocked loops' values recomputed where used */
+    int *stamp;           /* scratch: 1 + the segment whose code holds val[i] */
     gcc_jit_function *blk[CGM_COUNT]; /* void f_blk(float *p, int64_t m) */
     cg_val bufs, sizes, begin, end;
 } kgen;
@@ -377,24 +379,40 @@ static gcc_jit_function *blk_fn(kgen *G, int f) {
     return G->blk[f] = fn;
 }
 
-/* The same value for every element: emitted again where a segment uses it. */
-static bool uniform(const k_inst *in) {
-    return in->op == K_CONST || in->op == K_BUF || in->op == K_SIZE;
+/* Values that a level recomputes where it uses them instead of reading
+ * them from an array (G->remat): the invariants (constants, buffers,
+ * sizes) and what is computed from them and the loop index alone (index
+ * arithmetic: read back from an array, an index would make every access
+ * through it a gather or scatter, and the loop scalar). */
+static void blk_remat(kgen *G, int r, int end) {
+    const k_kernel *k = G->k;
+    for (int i = r + 1; i < end; i++) {
+        const k_inst *in = &k->insts[i];
+        bool re = in->op == K_CONST || in->op == K_BUF || in->op == K_SIZE;
+        if ((in->op == K_ALU || in->op == K_CAST) && blk_math(k, i) < 0) {
+            re = true;
+            for (int s = 0; s < in->nsrc; s++) re &= in->src[s] <= r || G->remat[in->src[s]];
+        }
+        G->remat[i] = re;
+    }
 }
 
 static gcc_jit_lvalue *arr_at(kgen *G, int v, cg_val u) {
     return gcc_jit_context_new_array_access(G->g.ctx, NULL, gcc_jit_lvalue_as_rvalue(G->arr[v]), u);
 }
 
-/* Sets val[v] for a use in segment S of blocked loop r (body up to end). */
+/* Sets val[v] for a use in segment S of blocked loop r (body up to end):
+ * already there (G->stamp), read from v's array, or recomputed. */
 static void blk_fetch(kgen *G, int r, int end, int v, int S, cg_val u) {
-    if (v <= r || v >= end) return;
-    bool call = blk_math(G->k, v) >= 0;
-    if (!call && G->seg[v] == S) return; /* computed in this segment */
-    if (uniform(&G->k->insts[v]))
+    if (v <= r || v >= end || G->stamp[v] == S + 1) return;
+    if (G->remat[v]) {
+        const k_inst *in = &G->k->insts[v];
+        for (int s = 0; s < in->nsrc; s++) blk_fetch(G, r, end, in->src[s], S, u);
         emit_inst(G, v);
-    else
+    } else {
         G->val[v] = gcc_jit_lvalue_as_rvalue(arr_at(G, v, u));
+    }
+    G->stamp[v] = S + 1;
 }
 
 /* Level of each instruction (G->seg): segment L's loop computes the
@@ -406,6 +424,7 @@ static void blk_fetch(kgen *G, int r, int end, int v, int S, cg_val u) {
 static int blk_levels(kgen *G, int r, int end) {
     const k_kernel *k = G->k;
     int top = 0, last_store = 0, last_mem = 0;
+    blk_remat(G, r, end);
     for (int i = r + 1; i < end; i++) {
         const k_inst *in = &k->insts[i];
         int L = 0;
@@ -420,6 +439,7 @@ static int blk_levels(kgen *G, int r, int end) {
         if (in->op == K_LOAD || in->op == K_STORE) last_mem = L;
         if (in->op == K_STORE) last_store = L;
         G->seg[i] = L;
+        G->stamp[i] = 0;
         if (L > top) top = L;
     }
     return top;
@@ -435,7 +455,7 @@ static size_t blk_arrays(kgen *G, int r, int end, bool alloc) {
     for (int j = r + 1; j < end; j++)
         for (int s = 0; s < k->insts[j].nsrc; s++) {
             int v = k->insts[j].src[s];
-            if (v > r && !uniform(&k->insts[v]) && G->seg[j] != G->seg[v]) G->cross[v] = 1;
+            if (v > r && !G->remat[v] && G->seg[j] != G->seg[v]) G->cross[v] = 1;
         }
     size_t bytes = 0;
     for (int v = r + 1; v < end; v++) {
@@ -483,8 +503,9 @@ static void emit_segment(kgen *G, int r, int L, cg_val uv) {
     int end = G->match[r];
     for (int i = r + 1; i < end; i++) {
         const k_inst *in = &k->insts[i];
-        if (G->seg[i] != L || in->op == K_END) continue;
+        if (G->seg[i] != L || in->op == K_END || G->remat[i]) continue; /* remat: on use */
         for (int s = 0; s < in->nsrc; s++) blk_fetch(G, r, end, in->src[s], L, uv);
+        G->stamp[i] = L + 1;
         if (blk_math(k, i) >= 0) {
             gcc_jit_block_add_assignment(g->b, NULL, arr_at(G, i, uv), G->val[in->src[0]]);
             continue;
@@ -693,9 +714,12 @@ em_status cg_emit_kernel(gcc_jit_context *ctx, const k_kernel *k, bool *uses_lib
     G.seg = em_calloc(nn, sizeof(int));
     G.arr = em_calloc(nn, sizeof(gcc_jit_lvalue *));
     G.cross = em_calloc(nn, 1);
+    G.remat = em_calloc(nn, 1);
+    G.stamp = em_calloc(nn, sizeof(int));
     em_status s = EM_OK;
     if (!G.match || !G.val || !G.acc || !G.part || !G.key || !G.mode || !G.accbuf || !G.mult ||
-        !need || !G.seg || !G.arr || !G.cross) {
+        !need || !G.seg || !G.arr || !G.cross || !G.remat ||
+        !G.stamp) {
         s = em_last_status();
         goto done;
     }
@@ -741,5 +765,6 @@ done:
     em_free(G.match), em_free(G.val), em_free(G.acc), em_free(G.part), em_free(G.key);
     em_free(G.mode), em_free(G.accbuf), em_free(G.mult), em_free(need);
     em_free(G.seg), em_free(G.arr), em_free(G.cross);
+    em_free(G.remat), em_free(G.stamp);
     return s;
 }
