@@ -297,13 +297,16 @@ static void emit_reduction_loop(kgen *G, int r, cg_val lo, cg_val hi, const int 
  *     }
  *
  * Values used at a later level live in local arrays (at most
- * CG_BLOCK_STACK bytes, else the loop stays plain).  Each vmath function
+ * CG_BLOCK_STACK bytes, else the loop stays plain), except index
+ * arithmetic and invariants, which each level recomputes (blk_remat).
+ * Each vmath function
  * is built once per kernel as em_jit_blkN(float *p, int64_t m), not
  * inlined (CODE_OPTIONS): its loop, in place over one pointer, vectorizes
  * with no alias check, so a kernel holds one vectorized and one scalar
  * copy of each function it uses instead of two per use.  Measured
- * (docs/benchmarks.md, issue 22): a kernel of 13 tanh compiles in 0.20 s
- * instead of 0.53 s; wide 10k's cold call 10.5 s instead of 54.6 s.  Per
+ * (docs/benchmarks.md, issue 22): a graph of one kernel of 13 tanh makes
+ * its first call in 0.13 s instead of 0.26 s; wide 10k's cold call
+ * 16.7 s instead of 58.4 s (medians, loaded machine).  Per
  * element the operations and their order are those of the plain loop
  * (bitwise the same results); only their order across the elements of a
  * block changes, as vectorization changes it. */
@@ -528,6 +531,12 @@ static void emit_calls(kgen *G, int r, int L, cg_val m) {
     }
 }
 
+/* Whether blocked loop r's arrays fit in CG_BLOCK_STACK (else it stays plain). */
+static bool blk_fits(kgen *G, int r, int end) {
+    blk_levels(G, r, end);
+    return blk_arrays(G, r, end, false) <= CG_BLOCK_STACK;
+}
+
 static void emit_blocked_loop(kgen *G, int r, cg_val lo, cg_val hi) {
     cg *g = &G->g;
     int top = blk_levels(G, r, G->match[r]);
@@ -584,8 +593,7 @@ static void emit_range(kgen *G, int r) {
         }
     if (na > 0)
         emit_reduction_loop(G, r, lo, hi, accs, na);
-    else if (innermost && blockable(k, r, end) && blk_levels(G, r, end) >= 0 &&
-             blk_arrays(G, r, end, false) <= CG_BLOCK_STACK)
+    else if (innermost && blockable(k, r, end) && blk_fits(G, r, end))
         emit_blocked_loop(G, r, lo, hi);
     else
         emit_loop(G, r, lo, hi);
