@@ -47,6 +47,12 @@ typedef struct kgen {
     int *accbuf;         /* scratch: accumulators of one loop */
     cg_val *mult;        /* scratch: the plan's extent products */
     cg_val u;            /* partial-sum index inside a split loop */
+    int *seg;            /* scratch: blocked loops' segment of each instruction */
+    gcc_jit_lvalue **arr; /* blocked loops: a value's array of CG_BLOCK elements */
+    unsigned char *cross; /* scratch: blocked loops' values that need an array */
+    unsigned char *remat; /* scratch: blocked loops' values recomputed where used */
+    int *stamp;           /* scratch: 1 + the segment whose code holds val[i] */
+    gcc_jit_function *blk[CGM_COUNT]; /* void f_blk(float *p, int64_t m) */
     cg_val bufs, sizes, begin, end;
 } kgen;
 
@@ -274,6 +280,290 @@ static void emit_reduction_loop(kgen *G, int r, cg_val lo, cg_val hi, const int 
     }
 }
 
+/* ---- blocked loops ----
+ * An innermost loop that calls two or more of vmath's functions (each
+ * inlined, at -O3, into both the vectorized loop and gcc's scalar copy of
+ * it: the alias-check fallback and epilogue) runs over blocks of CG_BLOCK
+ * elements instead, as a sequence of loops over the block split at the
+ * calls (their "levels": a call's input computed in one loop, its result
+ * used in a later one; independent calls share levels):
+ *
+ *     for (jb = lo; jb < hi; jb += CG_BLOCK) {
+ *         m = min(CG_BLOCK, hi - jb);
+ *         for (u = 0; u < m; u++) { level 0 (i = jb + u); a[u] = tanh's input; b[u] = ... }
+ *         em_jit_blk3(a, m);        a[u] = tanh(a[u]) for u < m
+ *         em_jit_blk3(b, m);
+ *         for (u = 0; u < m; u++) { level 1, reading a[u], b[u]; ... }
+ *     }
+ *
+ * Values used at a later level live in local arrays (at most
+ * CG_BLOCK_STACK bytes, else the loop stays plain), except index
+ * arithmetic and invariants, which each level recomputes (blk_remat).
+ * Each vmath function
+ * is built once per kernel as em_jit_blkN(float *p, int64_t m), not
+ * inlined (CODE_OPTIONS): its loop, in place over one pointer, vectorizes
+ * with no alias check, so a kernel holds one vectorized and one scalar
+ * copy of each function it uses instead of two per use.  Measured
+ * (docs/benchmarks.md, issue 22): a graph of one kernel of 13 tanh makes
+ * its first call in 0.13 s instead of 0.26 s; wide 10k's cold call
+ * 16.7 s instead of 58.4 s (medians, loaded machine).  Per
+ * element the operations and their order are those of the plain loop
+ * (bitwise the same results); only their order across the elements of a
+ * block changes, as vectorization changes it. */
+
+#define CG_BLOCK 128
+/* The most stack a blocked loop's arrays may take (else the loop stays
+ * plain): far below a thread's stack, within L2. */
+#define CG_BLOCK_STACK (64 * 1024)
+/* Calls to vmath functions from which an innermost loop is blocked. */
+#define CG_BLOCK_MIN_CALLS 2
+
+/* The vmath function instruction i calls (f32 transcendentals), or -1. */
+static int blk_math(const k_kernel *k, int i) {
+    const k_inst *in = &k->insts[i];
+    if (in->op != K_ALU || in->nsrc != 1 || k->insts[in->src[0]].dtype != EM_F32) return -1;
+    switch (in->alu) {
+    case KA_EXP: return CGM_EXP;
+    case KA_LOG: return CGM_LOG;
+    case KA_TANH: return CGM_TANH;
+    case KA_ERF: return CGM_ERF;
+    case KA_SIGMOID: return CGM_SIGMOID;
+    case KA_GELU: return CGM_GELU;
+    case KA_GELU_TANH: return CGM_GELU_TANH;
+    default: return -1;
+    }
+}
+
+/* Whether innermost loop r is emitted blocked: no accumulators inside, and
+ * enough calls to vmath functions. */
+static bool blockable(const k_kernel *k, int r, int end) {
+    int calls = 0;
+    for (int i = r + 1; i < end; i++) {
+        if (k->insts[i].op == K_ACC || k->insts[i].op == K_ACC_UPDATE) return false;
+        calls += blk_math(k, i) >= 0;
+    }
+    return calls >= CG_BLOCK_MIN_CALLS;
+}
+
+/* void NAME_blk(float *p, int64_t m): p[u] = NAME(p[u]) for u < m. */
+static gcc_jit_function *blk_fn(kgen *G, int f) {
+    if (G->blk[f]) return G->blk[f];
+    gcc_jit_context *ctx = G->g.ctx;
+    gcc_jit_function *mf = cg_math_get(&G->lib.math, ctx, &G->T, (cg_mathfn)f);
+    if (!mf) return NULL;
+    gcc_jit_type *fp = gcc_jit_type_get_pointer(G->T.f32);
+    gcc_jit_param *prm[2] = {gcc_jit_context_new_param(ctx, NULL, fp, "p"),
+                             gcc_jit_context_new_param(ctx, NULL, G->T.i64, "m")};
+    char name[32];
+    snprintf(name, sizeof name, "em_jit_blk%d", f);
+    gcc_jit_function *fn =
+        gcc_jit_context_new_function(ctx, NULL, GCC_JIT_FUNCTION_INTERNAL, G->T.v, name, 2, prm, 0);
+    if (!fn) return NULL;
+    gcc_jit_lvalue *u = gcc_jit_function_new_local(fn, NULL, G->T.i64, "u");
+    gcc_jit_block *entry = gcc_jit_function_new_block(fn, "entry"),
+                  *cond = gcc_jit_function_new_block(fn, "cond"),
+                  *body = gcc_jit_function_new_block(fn, "body"),
+                  *done = gcc_jit_function_new_block(fn, "done");
+    cg_val uv = gcc_jit_lvalue_as_rvalue(u);
+    gcc_jit_block_add_assignment(entry, NULL, u, gcc_jit_context_zero(ctx, G->T.i64));
+    gcc_jit_block_end_with_jump(entry, NULL, cond);
+    gcc_jit_block_end_with_conditional(
+        cond, NULL,
+        gcc_jit_context_new_comparison(ctx, NULL, GCC_JIT_COMPARISON_LT, uv,
+                                       gcc_jit_param_as_rvalue(prm[1])),
+        body, done);
+    gcc_jit_lvalue *pu = gcc_jit_context_new_array_access(ctx, NULL, gcc_jit_param_as_rvalue(prm[0]), uv);
+    cg_val x = gcc_jit_lvalue_as_rvalue(pu);
+    gcc_jit_block_add_assignment(body, NULL, pu, gcc_jit_context_new_call(ctx, NULL, mf, 1, &x));
+    gcc_jit_block_add_assignment_op(body, NULL, u, GCC_JIT_BINARY_OP_PLUS,
+                                    gcc_jit_context_one(ctx, G->T.i64));
+    gcc_jit_block_end_with_jump(body, NULL, cond);
+    gcc_jit_block_end_with_void_return(done, NULL);
+    return G->blk[f] = fn;
+}
+
+/* Values that a level recomputes where it uses them instead of reading
+ * them from an array (G->remat): the invariants (constants, buffers,
+ * sizes) and what is computed from them and the loop index alone (index
+ * arithmetic: read back from an array, an index would make every access
+ * through it a gather or scatter, and the loop scalar). */
+static void blk_remat(kgen *G, int r, int end) {
+    const k_kernel *k = G->k;
+    for (int i = r + 1; i < end; i++) {
+        const k_inst *in = &k->insts[i];
+        bool re = in->op == K_CONST || in->op == K_BUF || in->op == K_SIZE;
+        if ((in->op == K_ALU || in->op == K_CAST) && blk_math(k, i) < 0) {
+            re = true;
+            for (int s = 0; s < in->nsrc; s++) re &= in->src[s] <= r || G->remat[in->src[s]];
+        }
+        G->remat[i] = re;
+    }
+}
+
+static gcc_jit_lvalue *arr_at(kgen *G, int v, cg_val u) {
+    return gcc_jit_context_new_array_access(G->g.ctx, NULL, gcc_jit_lvalue_as_rvalue(G->arr[v]), u);
+}
+
+/* Sets val[v] for a use in segment S of blocked loop r (body up to end):
+ * already there (G->stamp), read from v's array, or recomputed. */
+static void blk_fetch(kgen *G, int r, int end, int v, int S, cg_val u) {
+    if (v <= r || v >= end || G->stamp[v] == S + 1) return;
+    if (G->remat[v]) {
+        const k_inst *in = &G->k->insts[v];
+        for (int s = 0; s < in->nsrc; s++) blk_fetch(G, r, end, in->src[s], S, u);
+        emit_inst(G, v);
+    } else {
+        G->val[v] = gcc_jit_lvalue_as_rvalue(arr_at(G, v, u));
+    }
+    G->stamp[v] = S + 1;
+}
+
+/* Level of each instruction (G->seg): segment L's loop computes the
+ * values of level L; the calls of level L run after it, on inputs it
+ * stored, and their values are of level L + 1 to their users.  Memory
+ * operations keep their order per element (a load not before an earlier
+ * store, a store not before an earlier load or store).  Returns the
+ * highest level. */
+static int blk_levels(kgen *G, int r, int end) {
+    const k_kernel *k = G->k;
+    int top = 0, last_store = 0, last_mem = 0;
+    blk_remat(G, r, end);
+    for (int i = r + 1; i < end; i++) {
+        const k_inst *in = &k->insts[i];
+        int L = 0;
+        for (int s = 0; s < in->nsrc; s++) {
+            int v = in->src[s];
+            if (v <= r) continue;
+            int lv = G->seg[v] + (blk_math(k, v) >= 0);
+            if (lv > L) L = lv;
+        }
+        if (in->op == K_LOAD && last_store > L) L = last_store;
+        if (in->op == K_STORE && last_mem > L) L = last_mem;
+        if (in->op == K_LOAD || in->op == K_STORE) last_mem = L;
+        if (in->op == K_STORE) last_store = L;
+        G->seg[i] = L;
+        G->stamp[i] = 0;
+        if (L > top) top = L;
+    }
+    return top;
+}
+
+/* Bytes of the arrays blocked loop r needs; with alloc, creates them.  A
+ * value lives in an array when it is a call's, or used at another level
+ * than its own. */
+static size_t blk_arrays(kgen *G, int r, int end, bool alloc) {
+    cg *g = &G->g;
+    const k_kernel *k = G->k;
+    for (int v = r + 1; v < end; v++) G->cross[v] = blk_math(k, v) >= 0;
+    for (int j = r + 1; j < end; j++)
+        for (int s = 0; s < k->insts[j].nsrc; s++) {
+            int v = k->insts[j].src[s];
+            if (v > r && !G->remat[v] && G->seg[j] != G->seg[v]) G->cross[v] = 1;
+        }
+    size_t bytes = 0;
+    for (int v = r + 1; v < end; v++) {
+        G->arr[v] = NULL;
+        if (!G->cross[v]) continue;
+        em_dtype d = k->insts[v].dtype;
+        bytes += (size_t)CG_BLOCK * em_dtype_size(d);
+        if (alloc)
+            G->arr[v] = cg_local(
+                g, gcc_jit_context_new_array_type(g->ctx, NULL, ty_of(G, d), CG_BLOCK), "blk");
+    }
+    return bytes;
+}
+
+/* u = 0; scond: if (u < m) goto sbody; else goto *after;  sbody: (g->b) */
+static gcc_jit_block *seg_open(kgen *G, int r, gcc_jit_lvalue *u, cg_val jb, cg_val m,
+                               gcc_jit_block **after) {
+    cg *g = &G->g;
+    cg_val uv = gcc_jit_lvalue_as_rvalue(u);
+    gcc_jit_block *cond = cg_block(g, "scond"), *body = cg_block(g, "sbody");
+    *after = cg_block(g, "safter");
+    gcc_jit_block_add_assignment(g->b, NULL, u, gcc_jit_context_zero(g->ctx, G->T.i64));
+    gcc_jit_block_end_with_jump(g->b, NULL, cond);
+    gcc_jit_block_end_with_conditional(cond, NULL, cg_cmp(g, GCC_JIT_COMPARISON_LT, uv, m), body,
+                                       *after);
+    g->b = body;
+    G->val[r] = cg_let(g, cg_bin(g, GCC_JIT_BINARY_OP_PLUS, jb, uv));
+    return cond;
+}
+
+/* u += 1; goto cond;  then continues at after. */
+static void seg_close(kgen *G, gcc_jit_lvalue *u, gcc_jit_block *cond, gcc_jit_block *after) {
+    cg *g = &G->g;
+    gcc_jit_block_add_assignment_op(g->b, NULL, u, GCC_JIT_BINARY_OP_PLUS,
+                                    gcc_jit_context_one(g->ctx, G->T.i64));
+    gcc_jit_block_end_with_jump(g->b, NULL, cond);
+    g->b = after;
+}
+
+/* Segment L of blocked loop r: its instructions, the stores of values used
+ * at other levels, and the inputs of its calls. */
+static void emit_segment(kgen *G, int r, int L, cg_val uv) {
+    cg *g = &G->g;
+    const k_kernel *k = G->k;
+    int end = G->match[r];
+    for (int i = r + 1; i < end; i++) {
+        const k_inst *in = &k->insts[i];
+        if (G->seg[i] != L || in->op == K_END || G->remat[i]) continue; /* remat: on use */
+        for (int s = 0; s < in->nsrc; s++) blk_fetch(G, r, end, in->src[s], L, uv);
+        G->stamp[i] = L + 1;
+        if (blk_math(k, i) >= 0) {
+            gcc_jit_block_add_assignment(g->b, NULL, arr_at(G, i, uv), G->val[in->src[0]]);
+            continue;
+        }
+        emit_inst(G, i);
+        if (G->arr[i]) gcc_jit_block_add_assignment(g->b, NULL, arr_at(G, i, uv), G->val[i]);
+    }
+}
+
+/* The calls after segment L: NAME_blk(&a[0], m). */
+static void emit_calls(kgen *G, int r, int L, cg_val m) {
+    cg *g = &G->g;
+    for (int i = r + 1; i < G->match[r]; i++) {
+        int f = blk_math(G->k, i);
+        gcc_jit_function *fn = G->seg[i] == L && f >= 0 ? blk_fn(G, f) : NULL;
+        if (!fn) continue;
+        cg_val args[2] = {gcc_jit_lvalue_get_address(arr_at(G, i, cg_int(g, G->T.i64, 0)), NULL),
+                          m};
+        gcc_jit_block_add_eval(g->b, NULL, gcc_jit_context_new_call(g->ctx, NULL, fn, 2, args));
+    }
+}
+
+/* Whether blocked loop r's arrays fit in CG_BLOCK_STACK (else it stays plain). */
+static bool blk_fits(kgen *G, int r, int end) {
+    blk_levels(G, r, end);
+    return blk_arrays(G, r, end, false) <= CG_BLOCK_STACK;
+}
+
+static void emit_blocked_loop(kgen *G, int r, cg_val lo, cg_val hi) {
+    cg *g = &G->g;
+    int top = blk_levels(G, r, G->match[r]);
+    blk_arrays(G, r, G->match[r], true);
+    gcc_jit_lvalue *jb = cg_local(g, G->T.i64, "jb"), *u = cg_local(g, G->T.i64, "u");
+    cg_val jbv = gcc_jit_lvalue_as_rvalue(jb), uv = gcc_jit_lvalue_as_rvalue(u);
+    cg_val B = cg_int(g, G->T.i64, CG_BLOCK);
+    gcc_jit_block *c1 = cg_block(g, "bcond"), *pre = cg_block(g, "bpre"),
+                  *after = cg_block(g, "bafter");
+    gcc_jit_block_add_assignment(g->b, NULL, jb, lo);
+    gcc_jit_block_end_with_jump(g->b, NULL, c1);
+    gcc_jit_block_end_with_conditional(c1, NULL, cg_cmp(g, GCC_JIT_COMPARISON_LT, jbv, hi), pre,
+                                       after);
+    g->b = pre;
+    cg_val left = cg_let(g, cg_bin(g, GCC_JIT_BINARY_OP_MINUS, hi, jbv));
+    cg_val m = cg_let(g, cg_select(g, cg_cmp(g, GCC_JIT_COMPARISON_LT, left, B), left, B));
+    for (int L = 0; L <= top; L++) {
+        gcc_jit_block *sa, *sc = seg_open(G, r, u, jbv, m, &sa);
+        emit_segment(G, r, L, uv);
+        seg_close(G, u, sc, sa);
+        emit_calls(G, r, L, m);
+    }
+    gcc_jit_block_add_assignment_op(g->b, NULL, jb, GCC_JIT_BINARY_OP_PLUS, B);
+    gcc_jit_block_end_with_jump(g->b, NULL, c1);
+    g->b = after;
+}
+
 static void emit_range(kgen *G, int r) {
     cg *g = &G->g;
     const k_kernel *k = G->k;
@@ -303,6 +593,8 @@ static void emit_range(kgen *G, int r) {
         }
     if (na > 0)
         emit_reduction_loop(G, r, lo, hi, accs, na);
+    else if (innermost && blockable(k, r, end) && blk_fits(G, r, end))
+        emit_blocked_loop(G, r, lo, hi);
     else
         emit_loop(G, r, lo, hi);
 }
@@ -427,9 +719,15 @@ em_status cg_emit_kernel(gcc_jit_context *ctx, const k_kernel *k, bool *uses_lib
     G.accbuf = em_calloc(nn, sizeof(int));
     G.mult = em_calloc(nn, sizeof(cg_val));
     bool *need = em_calloc(nn, sizeof(bool));
+    G.seg = em_calloc(nn, sizeof(int));
+    G.arr = em_calloc(nn, sizeof(gcc_jit_lvalue *));
+    G.cross = em_calloc(nn, 1);
+    G.remat = em_calloc(nn, 1);
+    G.stamp = em_calloc(nn, sizeof(int));
     em_status s = EM_OK;
     if (!G.match || !G.val || !G.acc || !G.part || !G.key || !G.mode || !G.accbuf || !G.mult ||
-        !need) {
+        !need || !G.seg || !G.arr || !G.cross || !G.remat ||
+        !G.stamp) {
         s = em_last_status();
         goto done;
     }
@@ -474,5 +772,7 @@ em_status cg_emit_kernel(gcc_jit_context *ctx, const k_kernel *k, bool *uses_lib
 done:
     em_free(G.match), em_free(G.val), em_free(G.acc), em_free(G.part), em_free(G.key);
     em_free(G.mode), em_free(G.accbuf), em_free(G.mult), em_free(need);
+    em_free(G.seg), em_free(G.arr), em_free(G.cross);
+    em_free(G.remat), em_free(G.stamp);
     return s;
 }
