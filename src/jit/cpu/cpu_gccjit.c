@@ -31,25 +31,10 @@ struct jit_cpu_kernel {
 /* ---- checks ---- */
 
 /* The dtypes this generator implements; f16 and bf16 only as buffers, loads,
- * stores and conversions (half_only_moved). */
+ * stores and conversions (kir_check_half_moved). */
 #define CPU_DTYPES                                                                                 \
     (KIR_DTYPE(EM_F32) | KIR_DTYPE(EM_F64) | KIR_DTYPE(EM_I32) | KIR_DTYPE(EM_I64) |               \
      KIR_DTYPE(EM_BOOL) | KIR_DTYPE(EM_F16) | KIR_DTYPE(EM_BF16))
-
-/* Half values may only be loaded, stored and converted: the lowering
- * computes them in f32 (sched/lower.c), and the generator has no half
- * arithmetic (it would round after every op). */
-static em_status half_only_moved(const k_kernel *k) {
-    for (int i = 0; i < k->n; i++) {
-        const k_inst *in = &k->insts[i];
-        bool half = in->dtype == EM_F16 || in->dtype == EM_BF16;
-        bool moved = in->op == K_BUF || in->op == K_LOAD || in->op == K_STORE || in->op == K_CAST;
-        if (half && !moved)
-            return em_error(EM_ERR_UNSUPPORTED, "jit_cpu: %s: instruction %%%d computes in %s "
-                            "(half values are computed in f32)", k->name, i, em_dtype_name(in->dtype));
-    }
-    return EM_OK;
-}
 
 /* The IR's rules (kir_verify), then what this generator adds: a name that
  * fits its buffers, and its dtypes. */
@@ -59,7 +44,7 @@ static em_status check_kernel(const k_kernel *k) {
     if (strlen(k->name) > CG_MAX_NAME)
         return em_error(EM_ERR_ARG, "jit_cpu: kernel name longer than %d characters", CG_MAX_NAME);
     em_status s = kir_check_dtypes(k, CPU_DTYPES, "jit_cpu");
-    return s == EM_OK ? half_only_moved(k) : s;
+    return s == EM_OK ? kir_check_half_moved(k, "jit_cpu") : s;
 }
 
 /* ---- contexts ---- */
