@@ -149,6 +149,42 @@ static void free_used(const jit_compiled *st, const tr_graph *g, const jit_spec 
     free_if_done(vals, last, step->node, i, depth);
 }
 
+void jit_exec_prepare(jit_compiled *st, const tr_graph *g) {
+    jit_exec_unprepare(st);
+    int n = 0;
+    for (int i = 0; i < g->nnodes; i++) n += g->nodes[i].kind != TR_CALL;
+    st->leaves = em_malloc(sizeof(int) * ((size_t)n + 1));
+    st->last = em_malloc(sizeof(int) * ((size_t)g->nnodes + 1));
+    if (!st->leaves || !st->last) {
+        jit_exec_unprepare(st);
+        em_clear_error(); /* each run makes them */
+        return;
+    }
+    for (int i = 0; i < g->nnodes; i++)
+        if (g->nodes[i].kind != TR_CALL) st->leaves[st->nleaves++] = i;
+    /* a spec's nodes read the same inputs (their in arrays are g's) */
+    last_steps(st, g, NULL, st->last);
+}
+
+void jit_exec_unprepare(jit_compiled *st) {
+    em_free(st->leaves);
+    em_free(st->last);
+    st->leaves = st->last = NULL;
+    st->nleaves = 0;
+}
+
+/* The values of the inputs and constants: node i's, for each of st's
+ * leaves (else every node is looked at). */
+static void set_leaves(const jit_compiled *st, const tr_graph *g, em_tensor *const *in, em_tensor **vals) {
+    int n = st->leaves ? st->nleaves : g->nnodes;
+    for (int k = 0; k < n; k++) {
+        int i = st->leaves ? st->leaves[k] : k;
+        const tr_node *nd = &g->nodes[i];
+        if (nd->kind == TR_INPUT) vals[i] = in[nd->index];
+        else if (nd->kind == TR_CONST) vals[i] = g->consts[nd->index];
+    }
+}
+
 /* Runs the plan, for the sizes of sp (NULL: static, the graph as
  * recorded): its nodes' metas and attributes, its kernels' size
  * arguments. */
@@ -163,20 +199,17 @@ em_status jit_exec(const jit_compiled *st, const tr_graph *g, const jit_spec *sp
     int lstack[STACK];
     bool small = g->nnodes <= STACK;
     em_tensor **vals = small ? vstack : em_malloc(sizeof *vals * ((size_t)g->nnodes + 1));
-    int *last = small ? lstack : vals ? em_malloc(sizeof(int) * ((size_t)g->nnodes + 1)) : NULL;
-    if (!last) {
-        if (!small) em_free(vals);
+    if (!vals) return em_last_status();
+    int *own = st->last || small ? lstack : em_malloc(sizeof(int) * ((size_t)g->nnodes + 1));
+    if (!own) {
+        em_free(vals);
         return em_last_status();
     }
     memset(vals, 0, sizeof *vals * (size_t)g->nnodes);
-    last_steps(st, g, sp, last);
+    const int *last = st->last ? st->last : last_steps(st, g, sp, own);
     em_status s = EM_OK;
     int depth = em_scope_begin();
-    for (int i = 0; i < g->nnodes; i++) {
-        const tr_node *n = &g->nodes[i];
-        if (n->kind == TR_INPUT) vals[i] = in[n->index];
-        else if (n->kind == TR_CONST) vals[i] = g->consts[n->index];
-    }
+    set_leaves(st, g, in, vals);
     for (int i = 0; i < st->plan.nsteps && s == EM_OK; i++) {
         const sc_step *step = &st->plan.steps[i];
         if (step->kind == SC_KERNEL) {
@@ -199,10 +232,8 @@ em_status jit_exec(const jit_compiled *st, const tr_graph *g, const jit_spec *sp
         out[i] = s == EM_OK ? em_keep(v) : NULL;
     }
     em_scope_end();
-    if (!small) {
-        em_free(last);
-        em_free(vals);
-    }
+    if (own != lstack) em_free(own);
+    if (!small) em_free(vals);
     return s;
 }
 
