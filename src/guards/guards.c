@@ -73,9 +73,12 @@ gd_guards *gd_build(const tr_graph *g, em_tensor *const *in, const double *scala
     gs->scalars = dup_array(scalars, sizeof(double) * (size_t)nscalars);
     gs->watch = em_calloc((size_t)(nwatch ? nwatch : 1), sizeof *gs->watch);
     if (!gs->tensors || !gs->names || !gs->scalars || !gs->watch) goto fail;
-    for (int i = 0; i < g->nnodes; i++) {
+    /* the inputs come first in a graph em_compile makes (tr_inputs_first):
+     * the search ends at the last one, not at the graph's end */
+    for (int i = 0, found = 0; i < g->nnodes && found < g->ninputs; i++) {
         const tr_node *n = &g->nodes[i];
         if (n->kind != TR_INPUT) continue;
+        found++;
         guard_of(&gs->tensors[n->index], in[n->index]);
         gs->names[n->index] = dup_array(n->name, strlen(n->name) + 1);
         if (!gs->names[n->index]) goto fail;
