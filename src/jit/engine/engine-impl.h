@@ -45,6 +45,11 @@ struct jit_compiled {
      * also evicted what the steps read next. */
     int *leaves, nleaves;
     int *last;
+    /* The metas of each plan kernel's results, side by side (kernel k's
+     * from out_at[k]): a static run allocates them from here, not from
+     * their nodes spread over the graph (a cache miss each). */
+    em_meta *out_metas;
+    int *out_at;
     bool dynamic;
     k_kernel **model;         /* per plan kernel (NULL: dead) */
     int **size_of;            /* per plan kernel: instruction -> size argument or -1 */
