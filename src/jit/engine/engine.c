@@ -191,11 +191,10 @@ static k_kernel *lower_into(const sc_schedule *s, int gi, jit_plan_kernel *pk, i
  * A periodic graph (a model's repeated layers, a long chain) has many
  * kernels with the same key.  The kernel cache sequence compiles such a
  * kernel once, but loaded each occurrence again: one shared object per
- * plan kernel, 2,001 copies of a few kernels' code for the mixed chain of
- * 100k nodes, whose calls then ran out of the instruction cache and the
- * TLB (a call's time grew ~4x faster than its kernels) and whose copies
- * held their own mappings.  Loaded once and shared, a call runs the same
- * code (a kernel has no state: the device launches it with the buffers). */
+ * plan kernel, 2,001 copies of 4 kernels' code for the mixed chain of
+ * 100k nodes, each with its own mappings, and a call ran through all the
+ * copies.  Loaded once and shared, a call runs the same code (a kernel has
+ * no state: the device launches it with the buffers). */
 
 /* For each of the n plan kernels used (use[i]), the first used one with
  * its key (itself when none before it has that key); NULL when out of
@@ -275,7 +274,7 @@ static em_status get_kernels(jit_compiled *st, const tr_graph *g, jit_env *env, 
     }
     int *first = may_share(st, env) ? first_of_keys(keys, use, n) : NULL;
     k_kernel **once = first ? em_calloc((size_t)n + 1, sizeof *once) : NULL;
-    em_clear_error(); /* out of memory for them: each kernel on its own, as before */
+    if (first && !once) em_clear_error(); /* out of memory: each kernel on its own, as before */
     for (int gi = 0; once && gi < n; gi++) once[gi] = first[gi] == gi ? ks[gi] : NULL;
     em_status s = jit_get_kernels(st->dev, st->index, env, once ? once : ks, keys, n, st->kernels);
     if (s == EM_OK && once && !share_kernels(st, first, use)) s = em_last_status();
