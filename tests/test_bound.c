@@ -3,12 +3,23 @@
  * to recompute itself before each mean), graphs of 10,000 nodes trace,
  * schedule and lower in bounded time with the expected counts, and the
  * splits compute what eager mode computes (odd sizes, size-1 dims,
- * broadcast inputs), checked against a float64 reference. */
+ * broadcast inputs), checked against a float64 reference; and graphs of
+ * 10,000 nodes of each kind compile and run with the counts their
+ * structure implies (nodes after CSE and DCE, kernels, guards) and the
+ * float64 reference's values. */
 #include "testutil.h"
 #include "../bench/synth.h"
 
+#include "guards.h"
 #include "schedule.h"
 #include "trace.h"
+
+#if __has_include(<valgrind/valgrind.h>)
+#include <valgrind/valgrind.h>
+#endif
+#ifndef RUNNING_ON_VALGRIND
+#define RUNNING_ON_VALGRIND 0
+#endif
 
 #include <stdlib.h>
 #include <string.h>
@@ -235,6 +246,67 @@ START_TEST(ten_thousand_nodes_schedule_in_bounded_time) {
 }
 END_TEST
 
+/* What a 10,000-node graph of each kind (relu for tanh) gives, as counted
+ * on this scheduler: nodes after CSE and DCE (the inputs, one full() per
+ * distinct scalar, the calls), plan kernels, distinct kernels (identical
+ * ones compile once and are loaded once, shared). */
+typedef struct scale_case {
+    sy_kind kind;
+    int nodes, kernels, distinct;
+} scale_case;
+
+/* The graph's counts at capture (nodes, guards), then em_compile's
+ * (kernels: each compiled or found once, the rest shared) and values. */
+static void check_scale(const scale_case *c) {
+    sy_graph gr = {c->kind, 10000, true};
+    em_tensor *x = tu_random(21, 2, TU_SIZES(2, 3), EM_F32, 1.0);
+    em_tensor *y = tu_random(22, 1, TU_SIZES(3), EM_F32, 0.5);
+    em_tensor *in[2] = {x, y}, *out = NULL;
+    tr_graph *g = capture(&gr, x, y);
+    ck_assert_msg(g->nnodes == c->nodes, "%s: %d nodes after CSE and DCE", sy_name(c->kind), g->nnodes);
+    gd_guards *gs = gd_build(g, in, NULL, 0, NULL, 0);
+    ck_assert_ptr_nonnull(gs);
+    ck_assert_int_eq(gs->ntensors, 2);
+    ck_assert_int_eq(gs->nwatch, 0);
+    ck_assert(gd_check(gs, in, NULL));
+    gd_free(gs);
+    tr_graph_free(g);
+    em_compile_options o = {.ninputs = 2, .noutputs = 1, .name = "scale", .backend = "cpu"};
+    em_compiled *f = em_compile(sy_fn, &gr, &o);
+    ck_assert_ptr_nonnull(f);
+    for (int r = 0; r < 2; r++) ck_assert_msg(em_call(f, in, NULL, &out) == EM_OK, "%s", em_last_error());
+    em_compile_stats st;
+    em_compiled_stats(f, &st);
+    ck_assert_msg(st.kernels == c->kernels, "%s: %d kernels", sy_name(c->kind), st.kernels);
+    ck_assert_int_eq(st.hits, 1);
+    /* every plan kernel compiled or found, the duplicates found loaded */
+    ck_assert_int_eq(st.kernels_compiled + st.kernels_loaded, c->kernels);
+    ck_assert_msg(st.kernels_compiled <= c->distinct, "%s: %lld kernels compiled", sy_name(c->kind),
+                  (long long)st.kernels_compiled);
+    double *xv = tu_values(x), *yv = tu_values(y), ref[6];
+    sy_ref(&gr, 2, 3, xv, yv, ref);
+    tu_check_close(out, ref, 2, TU_SIZES(2, 3), 1e-4, 1e-4);
+    free(xv), free(yv);
+    em_compiled_free(f);
+}
+
+START_TEST(ten_thousand_node_graphs_count_and_compute) {
+    const scale_case cases[] = {
+        /* 2 inputs, the scalars 0.9 and 0.1 once each (CSE), 10,000 calls;
+         * the bound (384 units, a relu link 1) cuts 27 kernels, the
+         * periodic ones identical */
+        {SY_CHAIN, 10004, 27, 3},
+        /* a kernel per mean (every 50 nodes), nearly all identical */
+        {SY_MIXED, 10004, 201, 4},
+        /* each branch's scalar differs: every kernel is distinct */
+        {SY_WIDE, 10006, 27, 27},
+    };
+    /* under valgrind (50x slower) the mixed chain alone: the most kernels */
+    int n = RUNNING_ON_VALGRIND ? 1 : 3;
+    for (int i = 0; i < n; i++) check_scale(&cases[RUNNING_ON_VALGRIND ? 1 : i]);
+}
+END_TEST
+
 int main(void) {
     const tu_test tests[] = {
         {"mixed_chain_code_grows_linearly", mixed_chain_code_grows_linearly},
@@ -243,6 +315,7 @@ int main(void) {
         {"splits_agree_with_eager_on_odd_shapes", splits_agree_with_eager_on_odd_shapes},
         {"cuts_move_eager_steps_in_order", cuts_move_eager_steps_in_order},
         {"ten_thousand_nodes_schedule_in_bounded_time", ten_thousand_nodes_schedule_in_bounded_time},
+        {"ten_thousand_node_graphs_count_and_compute", ten_thousand_node_graphs_count_and_compute},
     };
     return tu_run(tu_suite("bound", tests, sizeof tests / sizeof tests[0], 600));
 }

@@ -31,6 +31,37 @@ static void *dup_array(const void *p, size_t n) {
     return q;
 }
 
+static size_t ptr_slot(const void *p, size_t cap) {
+    return (size_t)(((uint64_t)(uintptr_t)p * 0x9E3779B97F4A7C15ull) >> 32) & (cap - 1);
+}
+
+/* Each constant of g that a watched slot holds, guarded on that slot (the
+ * first slot that holds it), in constant order.  The slots' tensors are
+ * hashed: comparing every constant with every slot was O(constants x
+ * slots), a graph of many constants against a model's weight list. */
+static em_status watch_consts(gd_guards *gs, const tr_graph *g, em_tensor *const *const *watch,
+                              int nwatch) {
+    if (nwatch == 0 || g->nconsts == 0) return EM_OK;
+    size_t cap = 16;
+    while (cap < 2 * (size_t)nwatch) cap *= 2;
+    int *table = em_malloc(sizeof(int) * cap); /* slot index, -1 empty */
+    if (!table) return em_last_status();
+    memset(table, -1, sizeof(int) * cap);
+    for (int w = 0; w < nwatch; w++) {
+        if (!*watch[w]) continue;
+        size_t h = ptr_slot(*watch[w], cap);
+        while (table[h] >= 0 && *watch[table[h]] != *watch[w]) h = (h + 1) & (cap - 1);
+        if (table[h] < 0) table[h] = w; /* the first slot holding it */
+    }
+    for (int c = 0; c < g->nconsts; c++) {
+        size_t h = ptr_slot(g->consts[c], cap);
+        while (table[h] >= 0 && *watch[table[h]] != g->consts[c]) h = (h + 1) & (cap - 1);
+        if (table[h] >= 0) gs->watch[gs->nwatch++] = (gd_watch){watch[table[h]], g->consts[c]};
+    }
+    em_free(table);
+    return EM_OK;
+}
+
 gd_guards *gd_build(const tr_graph *g, em_tensor *const *in, const double *scalars,
                     int nscalars, em_tensor *const *const *watch, int nwatch) {
     gd_guards *gs = em_calloc(1, sizeof *gs);
@@ -42,22 +73,18 @@ gd_guards *gd_build(const tr_graph *g, em_tensor *const *in, const double *scala
     gs->scalars = dup_array(scalars, sizeof(double) * (size_t)nscalars);
     gs->watch = em_calloc((size_t)(nwatch ? nwatch : 1), sizeof *gs->watch);
     if (!gs->tensors || !gs->names || !gs->scalars || !gs->watch) goto fail;
-    for (int i = 0; i < g->nnodes; i++) {
+    /* the inputs come first in a graph em_compile makes (tr_inputs_first):
+     * the search ends at the last one, not at the graph's end */
+    for (int i = 0, found = 0; i < g->nnodes && found < g->ninputs; i++) {
         const tr_node *n = &g->nodes[i];
         if (n->kind != TR_INPUT) continue;
+        found++;
         guard_of(&gs->tensors[n->index], in[n->index]);
         gs->names[n->index] = dup_array(n->name, strlen(n->name) + 1);
         if (!gs->names[n->index]) goto fail;
     }
     /* a constant is guarded on identity when the user told us where it lives */
-    for (int c = 0; c < g->nconsts; c++) {
-        for (int w = 0; w < nwatch; w++) {
-            if (*watch[w] == g->consts[c]) {
-                gs->watch[gs->nwatch++] = (gd_watch){watch[w], g->consts[c]};
-                break;
-            }
-        }
-    }
+    if (watch_consts(gs, g, watch, nwatch) != EM_OK) goto fail;
     gs->autocast = em_autocast_dtype();
     return gs;
 fail:

@@ -277,7 +277,12 @@ tr_graph *tr_fuse_attention_map(const tr_graph *g, int *nfused, int *map) {
     bool *hit = ms ? em_calloc((size_t)g->nnodes + 1, sizeof *hit) : NULL;
     tr_graph *c = NULL;
     int n = 0;
-    for (int i = 0; hit && i < g->nnodes; i++) n += hit[i] = match_at(&a, i, &ms[i]);
+    for (int i = 0; hit && i < g->nnodes; i++) {
+        attn_match m; /* kept only on a match: ms is touched per match, not per node */
+        if (!(hit[i] = match_at(&a, i, &m))) continue;
+        ms[i] = m;
+        n++;
+    }
     if (hit) *nfused = n;
     if (n > 0 && (c = tr_graph_copy(g))) {
         for (int i = 0; c && i < g->nnodes; i++) {

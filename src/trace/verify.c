@@ -109,19 +109,41 @@ em_status tr_infer_metas(const tr_graph *g, const em_meta *inputs, em_meta *out)
     return EM_OK;
 }
 
+/* Input node i (the k-th input) against the inputs before it (names[0..k),
+ * their names). */
+static em_status verify_input(const tr_node *n, int i, int k, const char **names) {
+    if (n->index != k) return bad(i, "inputs are not numbered in order");
+    if (!n->name || !n->name[0]) return bad(i, "input without a name");
+    /* against the earlier inputs only: a scan of every earlier node cost
+     * O(nodes) per input, where lazy mode puts inputs among the calls */
+    for (int j = 0; j < k; j++)
+        if (!strcmp(names[j], n->name)) return bad(i, "two inputs share a name");
+    names[k] = n->name;
+    return EM_OK;
+}
+
+/* Doubles the names array (*names: stack or em_malloc'd). */
+static em_status grow_names(const char ***names, const char **stack, int *cap) {
+    const char **p = em_malloc(sizeof *p * 2 * (size_t)*cap);
+    if (!p) return em_last_status();
+    memcpy(p, *names, sizeof *p * (size_t)*cap);
+    if (*names != stack) em_free(*names);
+    *names = p;
+    *cap *= 2;
+    return EM_OK;
+}
+
 em_status tr_verify(const tr_graph *g) {
     if (!g) return em_error(EM_ERR_NULL, "graph verifier: NULL graph");
-    int ninputs = 0;
-    for (int i = 0; i < g->nnodes; i++) {
+    int ninputs = 0, cap = 16;
+    const char *stack[16], **names = stack; /* the inputs' names, in order */
+    em_status s = EM_OK;
+    for (int i = 0; i < g->nnodes && s == EM_OK; i++) {
         const tr_node *n = &g->nodes[i];
-        em_status s = EM_OK;
         switch (n->kind) {
         case TR_INPUT:
-            if (n->index != ninputs++) s = bad(i, "inputs are not numbered in order");
-            else if (!n->name || !n->name[0]) s = bad(i, "input without a name");
-            for (int j = 0; s == EM_OK && j < i; j++)
-                if (g->nodes[j].kind == TR_INPUT && !strcmp(g->nodes[j].name, n->name))
-                    s = bad(i, "two inputs share a name");
+            if (ninputs == cap && (s = grow_names(&names, stack, &cap)) != EM_OK) break;
+            s = verify_input(n, i, ninputs++, names);
             break;
         case TR_CONST:
             if (n->index < 0 || n->index >= g->nconsts || !g->consts[n->index])
@@ -130,8 +152,9 @@ em_status tr_verify(const tr_graph *g) {
         case TR_CALL: s = verify_call(g, i); break;
         default: s = bad(i, "unknown node kind");
         }
-        if (s != EM_OK) return s;
     }
+    if (names != stack) em_free(names);
+    if (s != EM_OK) return s;
     if (ninputs != g->ninputs) return em_error(EM_ERR_STATE, "graph verifier: input count");
     if (g->noutputs < 1) return em_error(EM_ERR_STATE, "graph verifier: no outputs");
     for (int i = 0; i < g->noutputs; i++)

@@ -36,6 +36,20 @@ struct jit_compiled {
     int index;                /* the device's index */
     jit_plan plan;
     jit_kernel **kernels;     /* by plan kernel; NULL: run op by op */
+    bool *alias;              /* by plan kernel: shares an earlier kernel of the same key
+                                 (engine.c), which alone is unloaded; NULL: none */
+    /* What every run of the plan needs, made once (jit_exec_prepare; NULL:
+     * each run makes them): the input and constant nodes, and each node's
+     * last step.  A run that scanned the whole graph's nodes for them read
+     * ~400 bytes a node (40 MB at 100k nodes): a cache miss a node, which
+     * also evicted what the steps read next. */
+    int *leaves, nleaves;
+    int *last;
+    /* The metas of each plan kernel's results, side by side (kernel k's
+     * from out_at[k]): a static run allocates them from here, not from
+     * their nodes spread over the graph (a cache miss each). */
+    em_meta *out_metas;
+    int *out_at;
     bool dynamic;
     k_kernel **model;         /* per plan kernel (NULL: dead) */
     int **size_of;            /* per plan kernel: instruction -> size argument or -1 */
@@ -51,5 +65,9 @@ struct jit_compiled {
 em_status jit_exec(const jit_compiled *st, const tr_graph *g, const jit_spec *sp,
                    em_tensor *const *in, em_tensor **out);
 void jit_spec_free(const jit_compiled *st, jit_spec *sp);
+/* Makes st's per-run tables above for g, the graph its plan runs (out of
+ * memory: none, and each run makes them). */
+void jit_exec_prepare(jit_compiled *st, const tr_graph *g);
+void jit_exec_unprepare(jit_compiled *st);
 
 #endif

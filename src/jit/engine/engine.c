@@ -42,9 +42,12 @@ static void drop_dynamic(jit_compiled *st) {
 static void drop_kernels(jit_compiled *st) {
     drop_dynamic(st);
     for (int i = 0; st->dev->unload && st->kernels && i < st->plan.nkernels; i++)
-        if (st->kernels[i]) st->dev->unload(st->kernels[i]);
+        if (st->kernels[i] && !(st->alias && st->alias[i])) st->dev->unload(st->kernels[i]);
     em_free(st->kernels);
+    em_free(st->alias);
     st->kernels = NULL;
+    st->alias = NULL;
+    jit_exec_unprepare(st);
     jit_plan_clear(&st->plan);
 }
 
@@ -118,10 +121,15 @@ static void device_steps(const jit_compiled *st, const sc_schedule *s, sc_step *
     }
 }
 
-static bool group_has_step(const jit_plan *p, int gi) {
-    for (int i = 0; i < p->nsteps; i++)
-        if (p->steps[i].kind == SC_KERNEL && p->steps[i].group == gi) return true;
-    return false;
+/* Per plan kernel, whether a step runs it (the others are dead or run
+ * eagerly: nothing to compile); NULL when out of memory.  One pass over
+ * the steps: asking each kernel's question of every step was O(kernels x
+ * steps), 4 million step reads for the 2,001 kernels of a 100k-node graph. */
+static bool *groups_with_steps(const jit_plan *p) {
+    bool *has = em_calloc((size_t)p->nkernels + 1, sizeof *has);
+    for (int i = 0; has && i < p->nsteps; i++)
+        if (p->steps[i].kind == SC_KERNEL) has[p->steps[i].group] = true;
+    return has;
 }
 
 /* Whether s, run on st's device, has the steps of st's plan. */
@@ -179,13 +187,103 @@ static k_kernel *lower_into(const sc_schedule *s, int gi, jit_plan_kernel *pk, i
     return k;
 }
 
+/* ---- identical kernels share one loaded kernel ----
+ * A periodic graph (a model's repeated layers, a long chain) has many
+ * kernels with the same key.  The kernel cache sequence compiles such a
+ * kernel once, but loaded each occurrence again: one shared object per
+ * plan kernel, 2,001 copies of 4 kernels' code for the mixed chain of
+ * 100k nodes, each with its own mappings, and a call ran through all the
+ * copies.  Loaded once and shared, a call runs the same code (a kernel has
+ * no state: the device launches it with the buffers). */
+
+/* For each of the n plan kernels used (use[i]), the first used one with
+ * its key (itself when none before it has that key); NULL when out of
+ * memory.  A hash table on the key: linear in n. */
+static int *first_of_keys(const kc_key *keys, const bool *use, int n) {
+    int cap = 16;
+    while (cap < 2 * n) cap *= 2;
+    int *table = em_malloc(sizeof(int) * (size_t)cap), *first = em_malloc(sizeof(int) * ((size_t)n + 1));
+    if (!table || !first) {
+        em_free(table), em_free(first);
+        em_clear_error(); /* not shared: each loaded, as before */
+        return NULL;
+    }
+    memset(table, -1, sizeof(int) * (size_t)cap);
+    for (int i = 0; i < n; i++) {
+        first[i] = i;
+        if (!use[i]) continue;
+        uint64_t h;
+        memcpy(&h, keys[i].bytes, sizeof h);
+        for (size_t t = (size_t)(h & (uint64_t)(cap - 1));; t = (t + 1) & (size_t)(cap - 1)) {
+            if (table[t] < 0) {
+                table[t] = i;
+                break;
+            }
+            if (kc_key_equal(&keys[table[t]], &keys[i])) {
+                first[i] = table[t];
+                break;
+            }
+        }
+    }
+    em_free(table);
+    return first;
+}
+
+/* Whether st's kernels may be shared: they are loaded in this process
+ * (not a named target's or a dry run's lookups), and the cache sequence
+ * compiles identical kernels once (with a cache or a device table). */
+static bool may_share(const jit_compiled *st, const jit_env *env) {
+    return (env->cache || st->dev->find) && !env->target && !env->dry_run;
+}
+
+/* Gives each later used plan kernel with an earlier one's key (first)
+ * that kernel; false when out of memory (nothing shared). */
+static bool share_kernels(jit_compiled *st, const int *first, const bool *use) {
+    int n = st->plan.nkernels;
+    if (!(st->alias = em_calloc((size_t)n + 1, sizeof *st->alias))) return false;
+    for (int i = 0; i < n; i++) {
+        if (!use[i] || first[i] == i) continue;
+        st->kernels[i] = st->kernels[first[i]];
+        st->alias[i] = true;
+    }
+    return true;
+}
+
+/* The shared kernels counted and logged as the lookups that found them
+ * loaded again were (the cache sequence's second lookup of a duplicate). */
+static void note_shared(const jit_compiled *st, jit_env *env, const kc_key *keys) {
+    for (int i = 0; i < st->plan.nkernels; i++) {
+        if (!st->alias[i]) continue;
+        env->loaded++;
+        char hex[KC_KEY_HEX_SIZE];
+        kc_key_hex(&keys[i], hex);
+        jit_logf(env->log, JIT_LOG_CACHE, "cache hit: kernel %s (%s)", JIT_KERNEL_NAME, hex);
+    }
+}
+
 /* Compiles the kernels ks (by plan kernel) into st, after the plan's abi
- * of each is set. */
+ * of each is set; identical ones once, shared (above). */
 static em_status get_kernels(jit_compiled *st, const tr_graph *g, jit_env *env, k_kernel **ks,
                              const kc_key *keys) {
-    for (int gi = 0; gi < st->plan.nkernels; gi++)
+    int n = st->plan.nkernels;
+    bool *use = em_calloc((size_t)n + 1, sizeof *use);
+    if (!use) return em_last_status();
+    for (int gi = 0; gi < n; gi++) {
+        use[gi] = ks[gi] != NULL;
         if (ks[gi]) jit_plan_abi(g, &st->plan.kernels[gi], &st->plan.kernels[gi].abi);
-    return jit_get_kernels(st->dev, st->index, env, ks, keys, st->plan.nkernels, st->kernels);
+    }
+    int *first = may_share(st, env) ? first_of_keys(keys, use, n) : NULL;
+    k_kernel **once = first ? em_calloc((size_t)n + 1, sizeof *once) : NULL;
+    if (first && !once) em_clear_error(); /* out of memory: each kernel on its own, as before */
+    for (int gi = 0; once && gi < n; gi++) once[gi] = first[gi] == gi ? ks[gi] : NULL;
+    em_status s = jit_get_kernels(st->dev, st->index, env, once ? once : ks, keys, n, st->kernels);
+    if (s == EM_OK && once && !share_kernels(st, first, use)) s = em_last_status();
+    if (s == EM_OK && once) note_shared(st, env, keys);
+    if (s == EM_OK) jit_exec_prepare(st, g);
+    em_free(once);
+    em_free(first);
+    em_free(use);
+    return s;
 }
 
 /* Schedules, lowers and compiles g into st's plan and kernels. */
@@ -198,10 +296,11 @@ static em_status build(jit_compiled *st, const tr_graph *g, jit_env *env, const 
     k_kernel **ks = em_calloc((size_t)n + 1, sizeof *ks);
     kc_key *keys = em_calloc((size_t)n + 1, sizeof *keys);
     int *scratch = em_malloc(sizeof(int) * ((size_t)g->nnodes + 1));
-    if (s == EM_OK && (!ks || !keys || !scratch)) s = em_last_status();
+    bool *has = s == EM_OK ? groups_with_steps(&st->plan) : NULL;
+    if (s == EM_OK && (!ks || !keys || !scratch || !has)) s = em_last_status();
     for (int gi = 0; gi < n && s == EM_OK; gi++) {
         jit_plan_kernel *pk = &st->plan.kernels[gi];
-        if (!group_has_step(&st->plan, gi)) continue; /* dead, or run eagerly: nothing to compile */
+        if (!has[gi]) continue; /* dead, or run eagerly: nothing to compile */
         ks[gi] = lower_into(sched, gi, pk, scratch);
         if (!ks[gi] || !st->dev->key(ks[gi], target, &pk->key, NULL))
             s = em_last_status() ? em_last_status() : EM_ERR_UNSUPPORTED;
@@ -214,6 +313,7 @@ static em_status build(jit_compiled *st, const tr_graph *g, jit_env *env, const 
     em_free(ks);
     em_free(keys);
     em_free(scratch);
+    em_free(has);
     sc_free(sched);
     return s;
 }
@@ -237,16 +337,24 @@ static bool load_plan(jit_compiled *st, const tr_graph *g, jit_env *env, const k
     }
     bool ok = jit_plan_parse(text, n, g, gkey, &st->plan) && jit_plan_check(g, &st->plan);
     em_free(text);
-    kc_key *keys = ok ? em_calloc((size_t)st->plan.nkernels + 1, sizeof *keys) : NULL;
-    bool *live = ok ? em_calloc((size_t)st->plan.nkernels + 1, sizeof *live) : NULL;
-    ok = ok && keys && live && (st->kernels = em_calloc((size_t)st->plan.nkernels + 1, sizeof *st->kernels));
-    for (int i = 0; ok && i < st->plan.nkernels; i++) {
+    int nk_plan = st->plan.nkernels;
+    kc_key *keys = ok ? em_calloc((size_t)nk_plan + 1, sizeof *keys) : NULL;
+    bool *live = ok ? em_calloc((size_t)nk_plan + 1, sizeof *live) : NULL;
+    bool *once = ok ? em_calloc((size_t)nk_plan + 1, sizeof *once) : NULL;
+    ok = ok && keys && live && once && (st->kernels = em_calloc((size_t)nk_plan + 1, sizeof *st->kernels));
+    for (int i = 0; ok && i < nk_plan; i++) {
         keys[i] = st->plan.kernels[i].key;
         live[i] = st->plan.kernels[i].nbufs > 0;
     }
-    ok = ok && jit_load_kernels(st->dev, st->index, env, keys, live, st->plan.nkernels, st->kernels);
+    /* identical kernels loaded once and shared (get_kernels says why) */
+    int *first = ok && may_share(st, env) ? first_of_keys(keys, live, nk_plan) : NULL;
+    for (int i = 0; ok && i < nk_plan; i++) once[i] = live[i] && (!first || first[i] == i);
+    ok = ok && jit_load_kernels(st->dev, st->index, env, keys, once, nk_plan, st->kernels);
+    if (ok && first) ok = share_kernels(st, first, live);
     int nk = 0;
-    for (int i = 0; ok && i < st->plan.nkernels; i++) nk += live[i];
+    for (int i = 0; ok && i < nk_plan; i++) nk += live[i];
+    em_free(first);
+    em_free(once);
     em_free(keys);
     em_free(live);
     if (!ok) {
@@ -259,6 +367,7 @@ static bool load_plan(jit_compiled *st, const tr_graph *g, jit_env *env, const k
         em_clear_error();
         return false;
     }
+    jit_exec_prepare(st, g);
     env->loaded += nk;
     env->plans_loaded++;
     jit_logf(env->log, JIT_LOG_CACHE, "cache hit: graph plan (%s), %d kernels", hex, nk);
@@ -500,8 +609,10 @@ static em_status build_dynamic(jit_compiled *st, const tr_graph *g, const jit_dy
         snprintf(why, nwhy, "fusion differs at other sizes");
         s = EM_ERR_UNSUPPORTED;
     }
+    bool *has = s == EM_OK ? groups_with_steps(&st->plan) : NULL;
+    if (s == EM_OK && !has) s = em_last_status();
     for (int gi = 0; s == EM_OK && gi < sa->ngroups; gi++) {
-        if (!group_has_step(&st->plan, gi)) continue;
+        if (!has[gi]) continue;
         if (dynamic_kernel(st, sa, sp, gi, scratch, target, ks, keys)) {
             log_kernel(env, st->dev, ks[gi]);
             continue;
@@ -511,6 +622,7 @@ static em_status build_dynamic(jit_compiled *st, const tr_graph *g, const jit_dy
     }
     if (s == EM_OK) s = get_kernels(st, g, env, ks, keys);
     for (int gi = 0; ks && gi < st->plan.nkernels; gi++) kir_free(ks[gi]);
+    em_free(has);
     em_free(ks);
     em_free(keys);
     sc_free(sa);

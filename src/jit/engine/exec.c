@@ -76,16 +76,25 @@ em_status jit_exec_op_by_op(const tr_graph *g, em_tensor *const *in, em_tensor *
     return s;
 }
 
+/* The meta of result r (of the nouts) of plan kernel k, buffer node v:
+ * the spec's (metas), the prepared copy, or the node's. */
+static const em_meta *result_meta(const jit_compiled *st, const tr_graph *g, const em_meta *metas,
+                                  int k, int r, int v) {
+    if (metas) return &metas[v];
+    return st->out_metas ? &st->out_metas[st->out_at[k] + r] : &g->nodes[v].meta;
+}
+
 static em_status run_kernel(const jit_compiled *st, const tr_graph *g, const em_meta *metas,
-                            const jit_plan_kernel *pk, const jit_kernel *kernel,
-                            const int64_t *sizes, em_tensor **vals) {
+                            int k, const jit_kernel *kernel, const int64_t *sizes, em_tensor **vals) {
+    const jit_plan_kernel *pk = &st->plan.kernels[k];
     void *stack[16], **ptrs = pk->nbufs <= 16 ? stack : em_malloc(sizeof(void *) * (size_t)pk->nbufs);
     if (!ptrs) return em_last_status();
     em_status s = EM_OK;
+    int first = pk->nbufs - pk->nouts;
     for (int b = 0; b < pk->nbufs && s == EM_OK; b++) {
         int v = pk->bufs[b];
-        if (b >= pk->nbufs - pk->nouts) {
-            vals[v] = em_tensor_alloc(metas ? &metas[v] : &g->nodes[v].meta);
+        if (b >= first) {
+            vals[v] = em_tensor_alloc(result_meta(st, g, metas, k, b - first, v));
             if (!vals[v]) s = em_last_status();
         } else if (!vals[v]) {
             s = em_error(EM_ERR_STATE, "%s: kernel input %%%d is not computed yet", st->dev->name, v);
@@ -149,6 +158,63 @@ static void free_used(const jit_compiled *st, const tr_graph *g, const jit_spec 
     free_if_done(vals, last, step->node, i, depth);
 }
 
+/* The results' metas of every plan kernel, side by side (out_metas). */
+static bool copy_result_metas(jit_compiled *st, const tr_graph *g) {
+    const jit_plan *p = &st->plan;
+    size_t n = 0;
+    for (int k = 0; k < p->nkernels; k++) n += (size_t)p->kernels[k].nouts;
+    st->out_at = em_malloc(sizeof(int) * ((size_t)p->nkernels + 1));
+    st->out_metas = em_malloc(sizeof(em_meta) * (n + 1));
+    if (!st->out_at || !st->out_metas) return false;
+    int at = 0;
+    for (int k = 0; k < p->nkernels; k++) {
+        const jit_plan_kernel *pk = &p->kernels[k];
+        st->out_at[k] = at;
+        for (int b = pk->nbufs - pk->nouts; b < pk->nbufs; b++)
+            st->out_metas[at++] = g->nodes[pk->bufs[b]].meta;
+    }
+    return true;
+}
+
+void jit_exec_prepare(jit_compiled *st, const tr_graph *g) {
+    jit_exec_unprepare(st);
+    int n = 0;
+    for (int i = 0; i < g->nnodes; i++) n += g->nodes[i].kind != TR_CALL;
+    st->leaves = em_malloc(sizeof(int) * ((size_t)n + 1));
+    st->last = em_malloc(sizeof(int) * ((size_t)g->nnodes + 1));
+    if (!st->leaves || !st->last || !copy_result_metas(st, g)) {
+        jit_exec_unprepare(st);
+        em_clear_error(); /* each run makes them */
+        return;
+    }
+    for (int i = 0; i < g->nnodes; i++)
+        if (g->nodes[i].kind != TR_CALL) st->leaves[st->nleaves++] = i;
+    /* a spec's nodes read the same inputs (their in arrays are g's) */
+    last_steps(st, g, NULL, st->last);
+}
+
+void jit_exec_unprepare(jit_compiled *st) {
+    em_free(st->leaves);
+    em_free(st->last);
+    em_free(st->out_metas);
+    em_free(st->out_at);
+    st->leaves = st->last = st->out_at = NULL;
+    st->out_metas = NULL;
+    st->nleaves = 0;
+}
+
+/* The values of the inputs and constants: node i's, for each of st's
+ * leaves (else every node is looked at). */
+static void set_leaves(const jit_compiled *st, const tr_graph *g, em_tensor *const *in, em_tensor **vals) {
+    int n = st->leaves ? st->nleaves : g->nnodes;
+    for (int k = 0; k < n; k++) {
+        int i = st->leaves ? st->leaves[k] : k;
+        const tr_node *nd = &g->nodes[i];
+        if (nd->kind == TR_INPUT) vals[i] = in[nd->index];
+        else if (nd->kind == TR_CONST) vals[i] = g->consts[nd->index];
+    }
+}
+
 /* Runs the plan, for the sizes of sp (NULL: static, the graph as
  * recorded): its nodes' metas and attributes, its kernels' size
  * arguments. */
@@ -163,24 +229,21 @@ em_status jit_exec(const jit_compiled *st, const tr_graph *g, const jit_spec *sp
     int lstack[STACK];
     bool small = g->nnodes <= STACK;
     em_tensor **vals = small ? vstack : em_malloc(sizeof *vals * ((size_t)g->nnodes + 1));
-    int *last = small ? lstack : vals ? em_malloc(sizeof(int) * ((size_t)g->nnodes + 1)) : NULL;
-    if (!last) {
-        if (!small) em_free(vals);
+    if (!vals) return em_last_status();
+    int *own = st->last || small ? lstack : em_malloc(sizeof(int) * ((size_t)g->nnodes + 1));
+    if (!own) {
+        em_free(vals);
         return em_last_status();
     }
     memset(vals, 0, sizeof *vals * (size_t)g->nnodes);
-    last_steps(st, g, sp, last);
+    const int *last = st->last ? st->last : last_steps(st, g, sp, own);
     em_status s = EM_OK;
     int depth = em_scope_begin();
-    for (int i = 0; i < g->nnodes; i++) {
-        const tr_node *n = &g->nodes[i];
-        if (n->kind == TR_INPUT) vals[i] = in[n->index];
-        else if (n->kind == TR_CONST) vals[i] = g->consts[n->index];
-    }
+    set_leaves(st, g, in, vals);
     for (int i = 0; i < st->plan.nsteps && s == EM_OK; i++) {
         const sc_step *step = &st->plan.steps[i];
         if (step->kind == SC_KERNEL) {
-            s = run_kernel(st, g, metas, &st->plan.kernels[step->group], st->kernels[step->group],
+            s = run_kernel(st, g, metas, step->group, st->kernels[step->group],
                            sizes ? sizes[step->group] : NULL, vals);
         } else {
             const tr_node *n = step_node(g, sp, step);
@@ -199,10 +262,8 @@ em_status jit_exec(const jit_compiled *st, const tr_graph *g, const jit_spec *sp
         out[i] = s == EM_OK ? em_keep(v) : NULL;
     }
     em_scope_end();
-    if (!small) {
-        em_free(last);
-        em_free(vals);
-    }
+    if (own != lstack) em_free(own);
+    if (!small) em_free(vals);
     return s;
 }
 

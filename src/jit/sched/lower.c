@@ -416,17 +416,23 @@ static void lower_reduction(lower *L, int v) {
     row_put(L, v, r);
 }
 
-/* The per-buffer tables (a group has at most a buffer per node; each
- * entry is written before it is read, so none is initialised here); the
- * per-node ones are the schedule's. */
-static bool alloc_tables(lower *L, int *bufs) {
-    int n = L->g->nnodes + 1;
+/* Starts a call on the schedule's per-node tables; bufs (room for a
+ * buffer per node) gets the buffer list. */
+static void begin_tables(lower *L, int *bufs) {
     L->bufs = bufs;
     L->t->call++;
     L->t->nrow = 0;
-    L->strides = em_malloc(sizeof *L->strides * (size_t)n);
-    L->param = em_malloc(sizeof(int) * (size_t)n);
-    L->row_base = em_malloc(sizeof(int) * (size_t)n);
+}
+
+/* The per-buffer tables, once the buffers are known (each entry is
+ * written before it is read, so none is initialised here).  Sized by the
+ * group's buffers, not the graph's nodes: a table per kernel of the
+ * graph's size was O(nodes) per kernel (6.4 MB each at 100k nodes). */
+static bool alloc_tables(lower *L) {
+    size_t n = (size_t)L->nbufs + 1;
+    L->strides = em_malloc(sizeof *L->strides * n);
+    L->param = em_malloc(sizeof(int) * n);
+    L->row_base = em_malloc(sizeof(int) * n);
     return L->strides && L->param && L->row_base;
 }
 
@@ -544,7 +550,7 @@ k_kernel *sc_lower(const sc_schedule *s, int gi, int *bufs, int *nbufs, int *nou
     const sc_group *gr = &s->groups[gi];
     const tr_graph *g = s->g;
     k_kernel *k = NULL;
-    if (!alloc_tables(&L, bufs)) goto done;
+    begin_tables(&L, bufs);
     /* inputs: every leaf the stored values and the reductions read */
     for (int m = 0; m < L.nmembers; m++) {
         int v = L.members[m];
@@ -556,6 +562,7 @@ k_kernel *sc_lower(const sc_schedule *s, int gi, int *bufs, int *nbufs, int *nou
     int nin = L.nbufs;
     for (int m = 0; m < L.nmembers; m++)
         if (s->materialized[L.members[m]]) add_buf(&L, L.members[m]);
+    if (!alloc_tables(&L)) goto done;
     bool keep[EM_MAX_DIMS] = {0};
     for (int b = 0; b < L.nbufs; b++) buf_strides(&L, b, gr, L.strides[b], keep);
     /* a pointwise kernel merges across all its dims: when they all merge it
