@@ -162,7 +162,8 @@ typedef struct sweep_case {
     const char *name;
     em_fn fn;
     int64_t rows, cols;  /* the input x [rows, cols] (scores: [rows / 1024, 1024, cols]) */
-    int extra;           /* 0: x only; 1: a [cols] weight; 2: weight and bias; 3: y like x */
+    int extra;           /* 0: x only; 1: a [cols] weight; 2: weight and bias; 3: y like x;
+                            4: y like x's transpose */
     double passes;       /* bytes moved, in units of x's size (read x once = 1) */
 } sweep_case;
 
@@ -176,6 +177,7 @@ static const sweep_case sweep[] = {
     {"sw_layernorm_1000", sw_layernorm, 16384, 1000, 2, 2},
     {"sw_colsum", sw_colsum, 16384, 4096, 0, 1},
     {"sw_transpose_add", sw_transpose_add, 8192, 8192, 3, 3},
+    {"sw_transpose_add_odd", sw_transpose_add, 4099, 3001, 4, 3},
     {"sw_bias_gelu", sw_bias_gelu, 8192, 3072, 1, 2},
 };
 enum { NSWEEP = sizeof sweep / sizeof sweep[0] };
@@ -201,6 +203,7 @@ static bool sweep_setup(workload *w, em_generator *g) {
         if (c->extra == 1 || c->extra == 2) w->in[1] = randn(g, 1, &sz[1], 1);
         if (c->extra == 2) w->in[2] = randn(g, 1, &sz[1], 1);
         if (c->extra == 3) w->in[1] = randn(g, 2, sz, 1);
+        if (c->extra == 4) w->in[1] = randn(g, 2, (int64_t[]){c->cols, c->rows}, 1);
         w->bytes = c->passes * nbytes((double)c->rows * (double)c->cols);
         return true;
     }

@@ -21,7 +21,8 @@ def rmsnorm(x, w):
     return x * torch.rsqrt((x * x).mean(-1, keepdim=True) + 1e-6) * w
 
 
-# name: (fn, x shape, extra inputs (0 x only, 1 weight, 2 weight+bias, 3 y like x), passes)
+# name: (fn, x shape, extra inputs (0 x only, 1 weight, 2 weight+bias, 3 y like x,
+# 4 y like x's transpose), passes)
 CASES = {
     "sw_softmax_vocab": (lambda x: torch.softmax(x, -1), (256, 50257), 0, 2),
     "sw_softmax_37": (lambda x: torch.softmax(x, -1), (1 << 20, 37), 0, 2),
@@ -32,6 +33,7 @@ CASES = {
     "sw_layernorm_1000": (lambda x, w, b: F.layer_norm(x, (x.shape[-1],), w, b, 1e-5), (16384, 1000), 2, 2),
     "sw_colsum": (lambda x: x.sum(0), (16384, 4096), 0, 1),
     "sw_transpose_add": (lambda x, y: x.t() + y, (8192, 8192), 3, 3),
+    "sw_transpose_add_odd": (lambda x, y: x.t() + y, (4099, 3001), 4, 3),
     "sw_bias_gelu": (lambda x, b: F.gelu(x + b, approximate="tanh"), (8192, 3072), 1, 2),
 }
 
@@ -63,6 +65,8 @@ def main():
             args.append(torch.randn(cols, device="cuda", generator=g))
         if extra == 3:
             args.append(torch.randn(shape, device="cuda", generator=g))
+        if extra == 4:
+            args.append(torch.randn(shape[::-1], device="cuda", generator=g))
         te = timed(fn, args, a.reps)
         tc = timed(torch.compile(fn), args, a.reps)
         nbytes = passes * 4.0 * x.numel()

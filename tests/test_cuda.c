@@ -977,6 +977,88 @@ START_TEST(compiled_half_graphs) {
 }
 END_TEST
 
+/* ---- tiled transposes (cuda_emit.c's tiled kernels) ---- */
+
+static em_status transpose_add_fn(void *c, em_tensor *const *in, const double *s, em_tensor **out) {
+    (void)c, (void)s;
+    out[0] = em_add(em_transpose(in[0], -2, -1), in[1]);
+    return out[0] ? EM_OK : em_last_status();
+}
+
+/* transpose(x, -2, -1) + y in float64, for x [N, B, A] (or [B, A]) and y
+ * broadcasting to [N, A, B] from [.., A or 1, B or 1]. */
+static double *transpose_add_ref(const em_tensor *x, const em_tensor *y, int64_t *n_out) {
+    int xd = em_ndim(x), yd = em_ndim(y);
+    const int64_t *xs = em_sizes(x), *ys = em_sizes(y);
+    int64_t N = xd == 3 ? xs[0] : 1, B = xs[xd - 2], A = xs[xd - 1];
+    int64_t yN = yd == 3 ? ys[0] : 1, yA = yd >= 2 ? ys[yd - 2] : 1, yB = ys[yd - 1];
+    double *xv = tu_values(x), *yv = tu_values(y), *r = malloc(sizeof(double) * (size_t)(N * A * B + 1));
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t a = 0; a < A; a++)
+            for (int64_t b = 0; b < B; b++)
+                r[(n * A + a) * B + b] = xv[(n * B + b) * A + a] +
+                    yv[((yN > 1 ? n : 0) * yA + (yA > 1 ? a : 0)) * yB + (yB > 1 ? b : 0)];
+    free(xv), free(yv);
+    *n_out = N * A * B;
+    return r;
+}
+
+/* em_compile'd transpose_add on cuda:0, called 3 times, against float64. */
+static void check_transpose_add(em_tensor *x, em_tensor *y, double tol) {
+    em_tensor *in[2] = {to_gpu(x), to_gpu(y)}, *out = NULL;
+    em_compile_options o = {.ninputs = 2, .noutputs = 1, .name = "tadd"};
+    em_compiled *f = em_compile(transpose_add_fn, NULL, &o);
+    ck_assert_ptr_nonnull(f);
+    int64_t n;
+    double *ref = transpose_add_ref(x, y, &n);
+    for (int rep = 0; rep < 3; rep++) {
+        ck_assert_msg(em_call(f, in, NULL, &out) == EM_OK, "%s", em_last_error());
+        ck_assert_int_eq(em_numel(out), n);
+        tu_check_close_at(__FILE__, __LINE__, out, ref, em_ndim(out), em_sizes(out), tol, tol);
+    }
+    free(ref);
+    em_compiled_free(f);
+}
+
+/* Sizes that are and are not multiples of the 32 x 32 tile, a size-1 and
+ * a size-0 dim, a batch dim, operands broadcast along either dim, f64 and
+ * bf16; then one function over five sizes (a dynamic entry: the tile
+ * counts from size arguments). */
+START_TEST(transposed_operands_on_the_gpu) {
+    static const int64_t sz[][2] = {{64, 96}, {45, 37}, {1, 77}, {77, 1}, {0, 5}, {129, 33}};
+    for (size_t i = 0; i < sizeof sz / sizeof sz[0]; i++) {
+        int64_t B = sz[i][0], A = sz[i][1];
+        check_transpose_add(tu_random(40 + i, 2, (int64_t[]){B, A}, EM_F32, 1),
+                            tu_random(50 + i, 2, (int64_t[]){A, B}, EM_F32, 1), 2e-6);
+    }
+    check_transpose_add(tu_random(60, 3, TU_SIZES(3, 70, 33), EM_F32, 1),
+                        tu_random(61, 1, TU_SIZES(70), EM_F32, 1), 2e-6);
+    check_transpose_add(tu_random(62, 3, TU_SIZES(2, 40, 65), EM_F32, 1),
+                        tu_random(63, 2, TU_SIZES(65, 1), EM_F32, 1), 2e-6);
+    check_transpose_add(tu_random(64, 3, TU_SIZES(2, 50, 35), EM_F64, 1),
+                        tu_random(65, 3, TU_SIZES(2, 35, 50), EM_F64, 1), 1e-12);
+    check_transpose_add(em_cast(tu_random(66, 3, TU_SIZES(3, 33, 70), EM_F32, 1), EM_BF16),
+                        em_cast(tu_random(67, 2, TU_SIZES(1, 33), EM_F32, 1), EM_BF16), 1e-2);
+    em_compile_options o = {.ninputs = 2, .noutputs = 1, .name = "tadd_dyn"};
+    em_compiled *f = em_compile(transpose_add_fn, NULL, &o);
+    for (int64_t n = 30; n <= 130; n += 25) {
+        em_tensor *x = tu_random((uint64_t)n, 2, (int64_t[]){n, 2 * n + 1}, EM_F32, 1);
+        em_tensor *y = tu_random((uint64_t)n + 1, 2, (int64_t[]){2 * n + 1, n}, EM_F32, 1);
+        em_tensor *in[2] = {to_gpu(x), to_gpu(y)}, *out = NULL;
+        ck_assert_msg(em_call(f, in, NULL, &out) == EM_OK, "%s", em_last_error());
+        int64_t cnt;
+        double *ref = transpose_add_ref(x, y, &cnt);
+        tu_check_close_at(__FILE__, __LINE__, out, ref, em_ndim(out), em_sizes(out), 2e-6, 2e-6);
+        free(ref);
+    }
+    em_compile_stats st;
+    ck_assert_int_eq(em_compiled_stats(f, &st), EM_OK);
+    ck_assert_int_eq(st.dynamic_entries, 1);
+    ck_assert_int_gt(st.kernels, 0);
+    em_compiled_free(f);
+}
+END_TEST
+
 /* x on the GPU and on the CPU, permuted by perm (non-contiguous on both). */
 static void permuted_pair(em_tensor *x, int nd, const int *perm, em_tensor **g, em_tensor **c) {
     *g = em_permute(to_gpu(x), nd, perm);
@@ -1258,6 +1340,7 @@ int main(int argc, char **argv) {
         {"native_argmax", native_argmax},
         {"half_ops_on_the_gpu", half_ops_on_the_gpu},
         {"compiled_half_graphs", compiled_half_graphs},
+        {"transposed_operands_on_the_gpu", transposed_operands_on_the_gpu},
 #ifdef EMBER_HAVE_CUDA
         {"native_texts_compile", native_texts_compile},
 #endif

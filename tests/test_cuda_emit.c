@@ -135,6 +135,26 @@ START_TEST(softmax_is_rows) {
 }
 END_TEST
 
+static em_status transpose_add(void *c, em_tensor *const *in, const double *s, em_tensor **out) {
+    (void)c, (void)s;
+    out[0] = em_add(em_transpose(in[0], -2, -1), in[1]);
+    return out[0] ? EM_OK : em_last_status();
+}
+
+/* A transposed operand goes through shared-memory tiles (odd sizes, a
+ * batch dim, a broadcast operand, bf16); a plain add of two contiguous
+ * tensors is not tiled. */
+START_TEST(transpose_is_tiled) {
+    em_tensor *in[2] = {tu_random(1, 2, TU_SIZES(45, 37), EM_F32, 1),
+                        tu_random(2, 2, TU_SIZES(37, 45), EM_F32, 1)};
+    ck_assert_uint_eq(compile_all(transpose_add, 2, in, 1, "em_tl"), 1u << CU_ROWS);
+    em_tensor *half[2] = {tu_random(3, 3, TU_SIZES(3, 33, 70), EM_BF16, 1),
+                          tu_random(4, 2, TU_SIZES(1, 33), EM_BF16, 1)};
+    ck_assert_uint_eq(compile_all(transpose_add, 2, half, 1, "__shared__ unsigned short em_tl"),
+                      1u << CU_ROWS);
+}
+END_TEST
+
 START_TEST(layernorm_compiles) {
     em_tensor *in[3] = {tu_random(1, 2, TU_SIZES(4, 64), EM_F32, 1),
                         tu_random(2, 1, TU_SIZES(64), EM_F32, 1),
@@ -507,6 +527,7 @@ int main(void) {
     const tu_test tests[] = {
         {"pointwise_is_flat", pointwise_is_flat}, {"softmax_is_rows", softmax_is_rows},
         {"layernorm_compiles", layernorm_compiles}, {"every_alu_op", every_alu_op},
+        {"transpose_is_tiled", transpose_is_tiled},
         {"half_kernels_compile", half_kernels_compile},
         {"golden_text", golden_text}, {"errors", errors},
         {"float_to_int_saturates_in_the_ir", float_to_int_saturates_in_the_ir},

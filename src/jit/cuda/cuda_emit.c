@@ -125,6 +125,12 @@ typedef struct egen {
     int cur_split;     /* the counted split loop being emitted, or -1 */
     char ring[8][32];  /* names handed out by nm(), reused round-robin */
     int ringi;
+    /* tiled kernels (see plan_tile): the inner range; per instruction,
+     * whether a staged load's index needs it (it is computed again at
+     * the load phase's position) */
+    int tile_j;        /* >= 0: the kernel is tiled, and this is its j range */
+    bool *slice;
+    bool staging;      /* emitting the compute phase: staged loads read the tile */
 } egen;
 
 static const char *ctype(em_dtype d) {
@@ -334,7 +340,9 @@ static void emit_update(egen *G, const k_inst *in) {
 
 /* Whether the current position is at row scope: directly inside the
  * parallel range of a CU_ROWS kernel, outside any inner loop. */
-static bool at_row_scope(const egen *G) { return G->shape == CU_ROWS && G->inner == 0; }
+static bool at_row_scope(const egen *G) {
+    return G->shape == CU_ROWS && G->tile_j < 0 && G->inner == 0;
+}
 
 static void emit_inst(egen *G, int i) {
     const k_inst *in = &G->k->insts[i];
@@ -355,6 +363,8 @@ static void emit_inst(egen *G, int i) {
                     "xy"[G->lane / 2], 16 * (G->lane % 2));
         else if (G->lane >= 0) /* from the vector loaded before the lanes */
             fprintf(f, "const %s %s = L%d.%c;\n", ctype(in->dtype), NM(i), i, "xyzw"[G->lane]);
+        else if (G->staging && (in->flags & K_STAGED)) /* transposed through the tile */
+            fprintf(f, "const %s %s = em_tl%d[em_x][em_y + em_k];\n", ctype(in->dtype), NM(i), i);
         else if (G->key_of && G->key_of[i] >= 0 && G->key_filled[G->key_of[i]])
             fprintf(f, "const %s %s = rc%d[%s];\n", ctype(in->dtype), NM(i), G->key_of[i], itname(G, i));
         else if (G->key_of && G->key_of[i] >= 0)
@@ -495,6 +505,126 @@ static void emit_seq(egen *G, int from, int to) {
     }
 }
 
+
+/* ---- tiled kernels: transposed operands through shared memory ----
+ * A parallel range with lower.c's tile hint (K_TILE: v = (b, a), a = v % A)
+ * around one range j, a pointwise body: every store walks j contiguously,
+ * the staged loads walk a.  A block of 32 x 8 threads takes a 32 x 32 tile
+ * of (a, j) (grid-stride over the tiles of every b): first each staged
+ * load is read with the warp's lanes along a (coalesced) into a padded
+ * [32][33] array, so that the lanes' later reads along j fall in 32
+ * different banks; then, after a barrier, each thread computes 4 elements
+ * j = j0 + lane, a = a0 + warp + 8k, reading the staged values from the
+ * tile and everything else (stores included) along j, coalesced.  A load
+ * phase needs the staged loads' indices at its own (a, j): the
+ * instructions they depend on (the slice) are printed again there with v
+ * and j bound to that position. */
+
+enum { TILE = 32, TILE_ROWS = 8, TILE_SMEM = 32 * 1024 };
+
+/* Marks in G->slice what instruction i depends on inside the parallel
+ * range (after P, except j); false if that includes a load or an
+ * accumulator (not pure index arithmetic). */
+static bool mark_slice(egen *G, int i) {
+    const k_inst *in = &G->k->insts[i];
+    if (i <= G->par || i == G->tile_j || G->slice[i]) return true;
+    if (in->op == K_LOAD || in->op == K_ACC || in->op == K_ACC_UPDATE) return false;
+    G->slice[i] = true;
+    for (int s = 0; s < in->nsrc; s++)
+        if (!mark_slice(G, in->src[s])) return false;
+    return true;
+}
+
+/* Whether the kernel can run tiled: the hint, one innermost range j whose
+ * extent is known before the loop, nothing but pure arithmetic, loads and
+ * stores inside, staged loads' indices pure arithmetic, and their tiles
+ * within TILE_SMEM. */
+static bool plan_tile(egen *G) {
+    const k_kernel *k = G->k;
+    int P = G->par;
+    if (P < 0 || !(k->insts[P].flags & K_TILE)) return false;
+    int j = -1, bytes = 0;
+    for (int i = P + 1; i < G->match[P]; i++) {
+        const k_inst *in = &k->insts[i];
+        if (in->op == K_ACC || in->op == K_ACC_UPDATE) return false;
+        if (in->op == K_RANGE && (j >= 0 || G->match[i] != G->match[P] - 1)) return false;
+        if (in->op == K_RANGE) j = i;
+        if (in->op == K_STORE && j < 0) return false;
+    }
+    if (j < 0) return false;
+    const k_inst *ej = &k->insts[k->insts[j].src[0]], *ea = &k->insts[k->insts[P].src[1]];
+    if ((ej->op != K_CONST && ej->op != K_SIZE) || (ea->op != K_CONST && ea->op != K_SIZE)) return false;
+    G->tile_j = j;
+    int staged = 0;
+    for (int i = j + 1; i < G->match[j]; i++) {
+        const k_inst *in = &k->insts[i];
+        if (!(in->op == K_LOAD && (in->flags & K_STAGED))) continue;
+        staged++;
+        bytes += TILE * (TILE + 1) * (int)em_dtype_size(in->dtype);
+        if (!mark_slice(G, in->src[1]) || bytes > TILE_SMEM) staged = -1000;
+    }
+    if (staged <= 0) G->tile_j = -1;
+    return staged > 0;
+}
+
+/* The tile's loop over k (4 rows a thread) at the position (a, j) given as
+ * C expressions, with v and j bound there; the body follows. */
+static void open_tile_rows(egen *G, const char *a, const char *j) {
+    FILE *f = G->f;
+    fprintf(f, "#pragma unroll\n    for (int em_k = 0; em_k < %d; em_k += %d) {\n", TILE, TILE_ROWS);
+    fprintf(f, "      const long long em_a = em_a0 + %s, em_j = em_j0 + %s;\n", a, j);
+    fputs("      if (em_a < em_A && em_j < em_B) {\n", f);
+    fprintf(f, "        const long long v%d = em_o0 + em_a;\n", G->par);
+    fprintf(f, "        const long long v%d = em_j;\n", G->tile_j);
+    G->depth = 3;
+}
+
+/* Load phase: each staged load into its tile, lanes along a. */
+static void emit_tile_loads(egen *G) {
+    const k_kernel *k = G->k;
+    open_tile_rows(G, "em_x", "em_y + em_k");
+    for (int i = G->par + 1; i < G->match[G->tile_j]; i++)
+        if (G->slice[i]) emit_inst(G, i);
+    for (int i = G->tile_j + 1; i < G->match[G->tile_j]; i++) {
+        const k_inst *in = &k->insts[i];
+        if (in->op != K_LOAD || !(in->flags & K_STAGED)) continue;
+        indent(G);
+        fprintf(G->f, "em_tl%d[em_y + em_k][em_x] = %s[%s];\n", i, NM(in->src[0]), NM(in->src[1]));
+    }
+    fputs("      }\n    }\n    __syncthreads();\n", G->f);
+}
+
+static void emit_tile(egen *G) {
+    FILE *f = G->f;
+    const k_kernel *k = G->k;
+    int P = G->par, J = G->tile_j;
+    for (int i = J + 1; i < G->match[J]; i++) {
+        const k_inst *in = &k->insts[i];
+        if (in->op == K_LOAD && (in->flags & K_STAGED))
+            fprintf(f, "  __shared__ %s em_tl%d[%d][%d];\n", ctype(in->dtype), i, TILE, TILE + 1);
+    }
+    /* j's extent may be a constant defined inside the parallel range */
+    fprintf(f, "  const long long em_A = %s, em_B = ", NM(k->insts[P].src[1]));
+    const k_inst *ej = &k->insts[k->insts[J].src[0]];
+    if (ej->op == K_CONST) print_const(G, ej);
+    else fputs(NM(k->insts[J].src[0]), f);
+    fputs(";\n", f);
+    fprintf(f, "  const long long em_na = (em_A + %d) / %d, em_nb = (em_B + %d) / %d;\n", TILE - 1, TILE,
+            TILE - 1, TILE);
+    fprintf(f, "  const long long em_nt = em_A > 0 ? %s / em_A * em_na * em_nb : 0;\n", G->extent);
+    fputs("  const int em_x = threadIdx.x & 31, em_y = threadIdx.x >> 5;\n", f);
+    fputs("  for (long long em_t = blockIdx.x; em_t < em_nt; em_t += gridDim.x) {\n", f);
+    fprintf(f, "    const long long em_j0 = em_t %% em_nb * %d, em_r = em_t / em_nb;\n", TILE);
+    fprintf(f, "    const long long em_a0 = em_r %% em_na * %d, em_o0 = em_r / em_na * em_A;\n", TILE);
+    emit_tile_loads(G);
+    open_tile_rows(G, "em_y + em_k", "em_x");
+    G->staging = true;
+    emit_seq(G, P + 1, J);
+    emit_seq(G, J + 1, G->match[J]);
+    G->staging = false;
+    fputs("      }\n    }\n    __syncthreads(); /* the next tile's loads overwrite this one */\n  }\n", f);
+}
+
 /* ---- the kernel's shape ---- */
 
 static int pow2_at_least(int64_t n) {
@@ -566,6 +696,27 @@ static void choose_shape(egen *G, cuda_src *out) {
          * warps) and drops the block reductions' barriers */
         if (G->tpr == 32) G->rpb = 8, G->threads = 256;
     }
+}
+
+/* A tiled kernel launches as a rows kernel of one tile a block (unroll
+ * 1: the launcher's grid is min(extent, what fills the GPU), and the
+ * kernel strides over the rest): extent is the tile count, or with sizes
+ * as parameters a count large enough that the grid fills the GPU. */
+static void choose_tile(egen *G, cuda_src *out) {
+    const k_kernel *k = G->k;
+    const k_inst *eo = &k->insts[k->insts[G->par].src[0]], *ea = &k->insts[k->insts[G->par].src[1]];
+    const k_inst *ej = &k->insts[k->insts[G->tile_j].src[0]];
+    G->shape = CU_ROWS;
+    G->threads = TILE * TILE_ROWS;
+    G->tpr = G->threads, G->rpb = 1;
+    for (int i = 0; i < k->n; i++) G->split[i] = false;
+    out->extent_size = -1;
+    if (eo->op == K_CONST && ea->op == K_CONST && ej->op == K_CONST)
+        out->extent = ea->ival > 0 ? eo->ival / ea->ival * ((ea->ival + TILE - 1) / TILE) *
+                                         ((ej->ival + TILE - 1) / TILE)
+                                   : 0;
+    else
+        out->extent = (int64_t)1 << 30;
 }
 
 /* ---- the function ---- */
@@ -817,7 +968,8 @@ static void emit_kernel(egen *G, cuda_src *out) {
         emit_seq(G, 0, k->n);
     } else {
         emit_seq(G, 0, G->par); /* constants and parameters before the loop */
-        if (G->shape == CU_FLAT) emit_flat(G, out->unroll);
+        if (G->tile_j >= 0) emit_tile(G);
+        else if (G->shape == CU_FLAT) emit_flat(G, out->unroll);
         else emit_rows(G);
     }
     fputs("}\n", f);
@@ -842,11 +994,12 @@ em_status cuda_emit(const k_kernel *k, cuda_src *out) {
     G.written = em_calloc(2 * ((size_t)k->nbufs + 1), sizeof(bool)); /* + scratch */
     int *stack = em_calloc(nn, sizeof(int));
     G.nit_of = em_calloc(nn, sizeof(int));
+    G.slice = em_calloc(nn, sizeof(bool));
     int *kbuf = em_calloc(nn, sizeof(int)), *kbase = em_calloc(nn, sizeof(int));
     int64_t *kext = em_calloc(nn, sizeof(int64_t));
     char *text = NULL;
     size_t len = 0;
-    if (!G.match || !G.split || !G.written || !stack || !G.nit_of || !kbuf || !kbase || !kext) {
+    if (!G.match || !G.split || !G.written || !stack || !G.nit_of || !G.slice || !kbuf || !kbase || !kext) {
         s = em_last_status();
         goto done;
     }
@@ -858,14 +1011,17 @@ em_status cuda_emit(const k_kernel *k, cuda_src *out) {
         else if (in->op == K_STORE) G.written[k->insts[in->src[0]].ival] = true;
     }
     choose_shape(&G, out);
+    G.tile_j = -1;
+    if (G.shape != CU_SERIAL && plan_tile(&G)) choose_tile(&G, out);
     out->shape = G.shape;
     out->threads = G.threads;
     out->unroll = G.shape == CU_FLAT ? 4 : G.shape == CU_ROWS ? G.rpb : 1; /* rows: per block */
     out->vec4 = G.shape == CU_FLAT && vectorizable(&G);
+    out->tiled = G.tile_j >= 0;
     out->nbufs = k->nbufs;
     out->nsizes = k->nsizes;
     G.lane = G.cur_split = -1;
-    if (G.shape == CU_ROWS && (s = plan_rows(&G, stack, kbuf, kbase, kext)) != EM_OK) goto done;
+    if (G.shape == CU_ROWS && !out->tiled && (s = plan_rows(&G, stack, kbuf, kbase, kext)) != EM_OK) goto done;
     G.f = open_memstream(&text, &len);
     if (!G.f) {
         s = em_error(EM_ERR_NOMEM, "cuda_emit: open_memstream failed");
@@ -883,7 +1039,7 @@ em_status cuda_emit(const k_kernel *k, cuda_src *out) {
 done:
     free(text);
     em_free(G.match), em_free(G.split), em_free(G.written), em_free(stack);
-    em_free(G.nit_of), em_free(kbuf), em_free(kbase), em_free(kext);
+    em_free(G.nit_of), em_free(G.slice), em_free(kbuf), em_free(kbase), em_free(kext);
     em_free(G.key_of), em_free(G.key_dtype), em_free(G.key_nit), em_free(G.key_filled), em_free(G.dead);
     return s;
 }

@@ -23,6 +23,11 @@
  *    every thread gets.  Row-scope stores are done by thread 0.  Every pass
  *    splits j the same way, so a value a thread stores in one pass (lower.c's
  *    stash) is read back by the same thread in the next.
+ *  - tiled (launched as CU_ROWS, one 32 x 32 tile a block): a pointwise
+ *    kernel over (a, j) with lower.c's tile hint (kir.h's K_TILE): the
+ *    loads that walk a rather than j (a transposed operand) are read
+ *    through shared memory, lanes along a, and everything else along j,
+ *    so both are coalesced (cuda_emit.c says how).
  *  - CU_SERIAL: anything else (stores or loops outside the parallel range):
  *    one thread runs the whole kernel.  Correct, slow; lower.c does not
  *    produce such kernels today.
@@ -51,6 +56,8 @@ typedef struct cuda_src {
     bool vec4;        /* CU_FLAT: the text also defines NAME_v4, the same
                          kernel stepping by 16-byte vectors (for buffers
                          that are all 16-byte aligned) */
+    bool tiled;       /* a tiled kernel (below), launched as CU_ROWS with
+                         one tile a block */
 } cuda_src;
 
 /* Prints k as one `extern "C" __global__` function named k->name whose
@@ -81,6 +88,6 @@ char *cuda_text_with_key(const cuda_src *src, const char *name, const uint8_t ke
 #define CUDA_LAUNCH_WORDS 8
 
 /* The version of the generator: part of every cache key. */
-#define CUDA_EMIT_VERSION "cuda-emit-3" /* 3: extents as size parameters, launch descriptor */
+#define CUDA_EMIT_VERSION "cuda-emit-4" /* 4: tiled transposes; 3: extents as size parameters, launch descriptor */
 
 #endif

@@ -135,6 +135,18 @@ int kir_range(k_kernel *k, int extent, unsigned flags) {
 
 int kir_end(k_kernel *k) { return push(k, (k_inst){.op = K_END, .dtype = EM_DTYPE_COUNT}); }
 
+int kir_range_tiled(k_kernel *k, int extent, int rows) {
+    if (!ok(k, extent) || !ok(k, rows)) return fail(k, "tiled range of an undefined extent");
+    return push(k, (k_inst){.op = K_RANGE, .dtype = EM_I64, .nsrc = 2, .src = {extent, rows},
+                            .flags = K_PARALLEL | K_TILE});
+}
+
+int kir_stage(k_kernel *k, int load) {
+    if (!ok(k, load) || k->insts[load].op != K_LOAD) return fail(k, "staging a non-load");
+    k->insts[load].flags |= K_STAGED;
+    return load;
+}
+
 int kir_load(k_kernel *k, int buf, int index) {
     if (!ok(k, buf) || !ok(k, index)) return fail(k, "load of undefined operands");
     return push(k, (k_inst){.op = K_LOAD, .dtype = k->insts[buf].dtype, .nsrc = 2,
@@ -235,10 +247,12 @@ em_status kir_print(const k_kernel *k, FILE *f) {
             break;
         case K_RANGE:
             fprintf(f, "%%%d = range %%%d%s", i, in->src[0], in->flags & K_PARALLEL ? " parallel" : "");
+            if (in->flags & K_TILE) fprintf(f, " tile %%%d", in->src[1]);
             break;
         case K_END: fputs("end", f); break;
         case K_LOAD:
-            fprintf(f, "%%%d = load %s %%%d[%%%d]", i, em_dtype_name(in->dtype), in->src[0], in->src[1]);
+            fprintf(f, "%%%d = load %s %%%d[%%%d]%s", i, em_dtype_name(in->dtype), in->src[0],
+                    in->src[1], in->flags & K_STAGED ? " staged" : "");
             break;
         case K_STORE: fprintf(f, "store %%%d[%%%d] = %%%d", in->src[0], in->src[1], in->src[2]); break;
         case K_ALU:
@@ -347,7 +361,12 @@ static em_status check_form(const k_kernel *k, int i) {
     if (in->op == K_ALU && kir_alu_info(in->alu)->nsrc == 0)
         return bad(k, i, "invalid alu op %d", (int)in->alu);
     int n = in->op == K_ALU ? kir_alu_info(in->alu)->nsrc : opcode_nsrc[in->op];
+    if (in->op == K_RANGE && (in->flags & K_TILE)) n = 2; /* + the tile's rows */
     if (in->nsrc != n) return bad(k, i, "%d operands, not %d", in->nsrc, n);
+    unsigned allowed = in->op == K_RANGE ? K_PARALLEL | K_TILE : in->op == K_LOAD ? K_STAGED : 0;
+    if (in->flags & ~allowed) return bad(k, i, "flags 0x%x on a %s", in->flags, inst_name(in));
+    if (in->op == K_RANGE && (in->flags & K_TILE) && !(in->flags & K_PARALLEL))
+        return bad(k, i, "a tiled range that is not parallel");
     if (has_value(in->op) && kir_dtype_class(in->dtype) == 0)
         return bad(k, i, "invalid dtype %d", (int)in->dtype);
     return EM_OK;
@@ -425,8 +444,9 @@ static em_status check_types(const k_kernel *k, int i) {
                        em_dtype_name(in->dtype));
         return EM_OK;
     case K_RANGE:
-        if (dtype_of(k, in, 0) != EM_I64 || in->dtype != EM_I64)
-            return bad(k, i, "range extent or variable not i64");
+        if (dtype_of(k, in, 0) != EM_I64 || in->dtype != EM_I64 ||
+            (in->nsrc > 1 && dtype_of(k, in, 1) != EM_I64))
+            return bad(k, i, "range extent or variable not i64 (or tile rows)");
         return EM_OK;
     case K_LOAD:
     case K_STORE: return check_memory(k, i);
@@ -448,6 +468,7 @@ static em_status check_types(const k_kernel *k, int i) {
 typedef struct scopes {
     int *open, *depth_of, *closed_at;
     int depth, nranges;
+    bool tiled; /* the parallel range open (depth > 0) is tiled */
 } scopes;
 
 /* Instruction i's operands are defined, alive and values; its place in
@@ -471,6 +492,7 @@ static em_status check_scope(const k_kernel *k, int i, scopes *sc) {
     case K_RANGE:
         if ((in->flags & K_PARALLEL) && (sc->depth || sc->nranges))
             return bad(k, i, "only the first, outermost range may be parallel");
+        if (in->flags & K_TILE) sc->tiled = true;
         sc->open[sc->depth++] = i;
         sc->nranges++;
         return EM_OK;
@@ -481,6 +503,10 @@ static em_status check_scope(const k_kernel *k, int i, scopes *sc) {
         for (int v = sc->open[sc->depth]; v < i; v++)
             if (sc->closed_at[v] < 0 && sc->depth_of[v] > sc->depth) sc->closed_at[v] = i;
         sc->closed_at[sc->open[sc->depth]] = i;
+        if (sc->depth == 0) sc->tiled = false;
+        return EM_OK;
+    case K_LOAD:
+        if ((in->flags & K_STAGED) && !sc->tiled) return bad(k, i, "a staged load outside a tiled range");
         return EM_OK;
     case K_ACC_UPDATE:
         if (sc->depth_of[in->src[0]] > sc->depth)

@@ -38,9 +38,10 @@ typedef enum k_opcode {
     K_BUF,        /* buffer parameter ival (dtype: element type) */
     K_SIZE,       /* int64 size parameter ival */
     K_CONST,      /* constant: fval for floats, ival for integers and bool */
-    K_RANGE,      /* for v in [0, src0): opens a loop; flags K_PARALLEL */
+    K_RANGE,      /* for v in [0, src0): opens a loop; flags K_PARALLEL, K_TILE (then
+                     src1: the tile's row extent, below) */
     K_END,        /* closes the innermost open loop */
-    K_LOAD,       /* src0 (a K_BUF) [src1 (i64 element index)] */
+    K_LOAD,       /* src0 (a K_BUF) [src1 (i64 element index)]; flag K_STAGED */
     K_STORE,      /* src0 (a K_BUF) [src1] = src2 */
     K_ALU,        /* alu(src0[, src1[, src2]]) */
     K_CAST,       /* src0 converted to dtype; float to integer only for values in the
@@ -90,7 +91,16 @@ typedef struct k_alu_info {
     int cost;          /* vector-lane operations (transcendentals 10) */
 } k_alu_info;
 
-enum { K_PARALLEL = 1 };
+/* Flags.  K_PARALLEL: the range is split over threads or blocks.
+ * K_TILE, on a parallel range v over [0, src0) with src1 = A: a hint that
+ * v is (b, a) with a = v % A the fastest, and that the kernel is a 2-d
+ * tile over (a, j) with j the one range inside (lower.c's pointwise
+ * kernels whose operands disagree on which of the two is contiguous).
+ * K_STAGED, on a load inside it: the load walks a contiguously, not j, so
+ * a generator may read it through a tile in shared memory (cuda_emit.c);
+ * both are hints: the loops mean the same with or without them, and the
+ * CPU generator ignores them. */
+enum { K_PARALLEL = 1, K_TILE = 2, K_STAGED = 4 };
 
 typedef struct k_inst {
     k_opcode op;
@@ -122,8 +132,13 @@ int kir_size(k_kernel *k);                        /* next size parameter */
 int kir_const_f(k_kernel *k, em_dtype d, double v);
 int kir_const_i(k_kernel *k, em_dtype d, int64_t v);
 int kir_range(k_kernel *k, int extent, unsigned flags);
+/* A parallel range with the tile hint (K_TILE): rows is the extent of its
+ * fastest part a (an i64 value defined before it; extent % rows == 0). */
+int kir_range_tiled(k_kernel *k, int extent, int rows);
 int kir_end(k_kernel *k);
 int kir_load(k_kernel *k, int buf, int index);
+/* Marks load i K_STAGED (see the flags); returns i. */
+int kir_stage(k_kernel *k, int load);
 int kir_store(k_kernel *k, int buf, int index, int value);
 int kir_alu(k_kernel *k, k_alu op, int a, int b, int c); /* unused operands: -1 */
 int kir_cast(k_kernel *k, int value, em_dtype d);
@@ -163,6 +178,9 @@ char *kir_to_text(const k_kernel *k);
  *    earlier and visible (not inside a closed loop, except accumulators
  *    read after theirs); ranges are balanced; at most the first, outermost
  *    range is parallel; parameters are outside loops;
+ *  - flags: K_PARALLEL only on ranges, K_TILE only on a parallel range
+ *    (with its second operand, the tile's rows, an i64), K_STAGED only on
+ *    loads inside a tiled range;
  *  - every value has a valid dtype; buffer and size numbers are in range;
  *    sizes, range extents and variables, load and store indices are i64;
  *    loads and stores address buffers, and have the buffer's dtype;

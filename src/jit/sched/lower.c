@@ -90,6 +90,10 @@ typedef struct lower {
      * expression before a softmax is computed once, not once per pass.
      * early_state: 0 none, 1 to be stored, 2 stored. */
     int early_node, early_state;
+    /* A pointwise kernel over (o, j) whose operands disagree on which of
+     * the two innermost dims is contiguous: its parallel range carries the
+     * tile hint and such operands' loads are staged (kir.h, K_TILE). */
+    bool tile;
 } lower;
 
 static bool is_leaf(const lower *L, int v) {
@@ -192,9 +196,19 @@ static int ci(lower *L, int64_t v) { return kir_const_i(L->k, EM_I64, v); }
 static bool is_half(em_dtype d) { return d == EM_F16 || d == EM_BF16; }
 static em_dtype compute_dtype(em_dtype d) { return is_half(d) ? EM_F32 : d; }
 
+/* Whether buffer b walks the last outer dim (a) more contiguously than
+ * the inner one (j) that the stores walk: a transposed operand (x.T + y),
+ * whose loads along j would each touch another sector. */
+static bool transposed(const lower *L, int b) {
+    if (L->nd < 2 || L->no != L->nd - 1) return false;
+    int64_t sa = L->strides[b][L->nd - 2], sj = L->strides[b][L->nd - 1];
+    return sa != 0 && (sa < 0 ? -sa : sa) < (sj < 0 ? -sj : sj);
+}
+
 /* Buffer b's element at off, in its compute dtype. */
 static int load(lower *L, int b, int off) {
     int x = kir_load(L->k, L->param[b], off);
+    if (L->tile && L->inner && transposed(L, b)) kir_stage(L->k, x);
     em_dtype d = L->g->nodes[L->bufs[b]].meta.dtype;
     return is_half(d) ? kir_convert(L->k, x, EM_F32) : x;
 }
@@ -499,7 +513,8 @@ static void emit(lower *L, int nin) {
     const tr_graph *g = L->g;
     int64_t outer = 1;
     for (int d = 0; d < L->no; d++) outer *= L->sizes[d];
-    L->o = kir_range(L->k, ci(L, outer), K_PARALLEL);
+    L->o = L->tile ? kir_range_tiled(L->k, ci(L, outer), ci(L, L->sizes[L->no - 1]))
+                   : kir_range(L->k, ci(L, outer), K_PARALLEL);
     int rem = L->o;
     for (int d = L->no - 1; d >= 0; d--) { /* o's multi-index, innermost first */
         if (d == 0) {
@@ -569,6 +584,7 @@ k_kernel *sc_lower(const sc_schedule *s, int gi, int *bufs, int *nbufs, int *nou
      * is one flat parallel loop; otherwise its last dim is the inner loop */
     merge_dims(&L, gr, gr->k > 0 ? gr->k : 0, keep);
     if (gr->k <= 0 && L.nd > 1) L.no = L.nd - 1;
+    for (int b = 0; gr->k <= 0 && b < nin; b++) L.tile = L.tile || transposed(&L, b);
     /* Every kernel is called "k": the name is part of the kernel IR's text,
      * hence of the cache key, and a positional name ("k3") gave identical
      * kernels at different places of a graph different keys.  Each kernel
