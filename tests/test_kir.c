@@ -306,6 +306,46 @@ START_TEST(verifier_rejects_bad_form) {
 }
 END_TEST
 
+/* The tile hint (K_TILE, K_STAGED): printed, verified where it may stand,
+ * and refused elsewhere. */
+START_TEST(tile_hints) {
+    k_kernel *k = kir_new("k");
+    int x = kir_buf(k, EM_F32), y = kir_buf(k, EM_F32);
+    int ext = kir_const_i(k, EM_I64, 12), rows = kir_const_i(k, EM_I64, 4);
+    int o = kir_range_tiled(k, ext, rows);
+    int j = kir_range(k, kir_const_i(k, EM_I64, 3), 0);
+    int idx = kir_alu(k, KA_ADD, o, kir_alu(k, KA_MUL, j, kir_const_i(k, EM_I64, 12), -1), -1);
+    kir_store(k, y, kir_alu(k, KA_ADD, kir_alu(k, KA_MUL, o, kir_const_i(k, EM_I64, 3), -1), j, -1),
+              kir_stage(k, kir_load(k, x, idx)));
+    kir_end(k);
+    kir_end(k);
+    ck_assert_msg(kir_verify(k) == EM_OK, "%s", em_last_error());
+    char *text = kir_to_text(k);
+    ck_assert_msg(strstr(text, "= range %2 parallel tile %3") && strstr(text, "] staged"), "%s", text);
+    em_free(text);
+    k->insts[o].flags = K_TILE; /* a tiled range that is not parallel */
+    ck_assert_int_eq(kir_verify(k), EM_ERR_ARG);
+    k->insts[o].flags = K_PARALLEL; /* then its two operands are one too many */
+    ck_assert_int_eq(kir_verify(k), EM_ERR_ARG);
+    ck_assert_msg(strstr(em_last_error(), "2 operands, not 1"), "%s", em_last_error());
+    kir_free(k);
+    /* a staged load outside a tiled range, a flag on a store */
+    k = kir_new("k");
+    x = kir_buf(k, EM_F32), y = kir_buf(k, EM_F32);
+    o = kir_range(k, kir_const_i(k, EM_I64, 4), K_PARALLEL);
+    int l = kir_stage(k, kir_load(k, x, o));
+    int st = kir_store(k, y, o, l);
+    kir_end(k);
+    ck_assert_int_eq(kir_verify(k), EM_ERR_ARG);
+    ck_assert_msg(strstr(em_last_error(), "staged load outside"), "%s", em_last_error());
+    k->insts[l].flags = 0;
+    k->insts[st].flags = K_STAGED;
+    ck_assert_int_eq(kir_verify(k), EM_ERR_ARG);
+    ck_assert_int_eq(kir_stage(k, st), -1); /* only loads */
+    kir_free(k);
+}
+END_TEST
+
 /* A generator's dtype capability: the first value of a dtype outside the
  * mask, named, with EM_ERR_UNSUPPORTED. */
 START_TEST(generator_dtypes) {
@@ -428,6 +468,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, verifier_rejects_bad_accumulators);
     tcase_add_test(tc, verifier_rejects_bad_form);
     tcase_add_test(tc, generator_dtypes);
+    tcase_add_test(tc, tile_hints);
     tcase_add_test(tc, alu_table_rows);
     tcase_add_test(tc, op_table_agrees_with_alu_table);
     suite_add_tcase(s, tc);
