@@ -155,6 +155,124 @@ START_TEST(a_computed_softmax_input_is_kept_between_passes) {
 }
 END_TEST
 
+/* ---- the tile hint (lower.c's transposed operands) ---- */
+
+static em_status transpose_add(void *c, em_tensor *const *in, const double *s, em_tensor **out) {
+    (void)c, (void)s;
+    out[0] = em_add(em_transpose(in[0], -2, -1), in[1]);
+    return out[0] ? EM_OK : em_last_status();
+}
+
+static em_status permute_add(void *c, em_tensor *const *in, const double *s, em_tensor **out) {
+    (void)c, (void)s; /* in[0]'s dims 1 and 2 swapped: [B, H, T, D] -> [B, T, H, D] */
+    out[0] = em_add(em_permute(in[0], 4, (int[]){0, 2, 1, 3}), in[1]);
+    return out[0] ? EM_OK : em_last_status();
+}
+
+static em_status reverse_add(void *c, em_tensor *const *in, const double *s, em_tensor **out) {
+    (void)c, (void)s;
+    out[0] = em_add(em_permute(in[0], 3, (int[]){2, 1, 0}), in[1]);
+    return out[0] ? EM_OK : em_last_status();
+}
+
+static em_status strided_transpose_add(void *c, em_tensor *const *in, const double *s, em_tensor **out) {
+    (void)c, (void)s; /* x[:, ::2].T + y */
+    out[0] = em_add(em_transpose(em_slice(in[0], 1, 0, em_sizes(in[0])[1], 2), 0, 1), in[1]);
+    return out[0] ? EM_OK : em_last_status();
+}
+
+static em_status plain_add(void *c, em_tensor *const *in, const double *s, em_tensor **out) {
+    (void)c, (void)s;
+    out[0] = em_add(in[0], in[1]);
+    return out[0] ? EM_OK : em_last_status();
+}
+
+/* x + w in float64, w broadcast to x's shape (x read through its strides
+ * by tu_values). */
+static double *broadcast_add_ref(const em_tensor *x, const em_tensor *w) {
+    int nd = em_ndim(x), wd = em_ndim(w);
+    const int64_t *xs = em_sizes(x), *ws = em_sizes(w);
+    int64_t n = em_numel(x);
+    double *xv = tu_values(x), *wv = tu_values(w), *r = malloc(sizeof(double) * (size_t)(n + 1));
+    for (int64_t i = 0; i < n; i++) {
+        int64_t rem = i, wi = 0, wstride = 1;
+        for (int d = nd - 1; d >= 0; d--) {
+            int64_t idx = rem % xs[d];
+            rem /= xs[d];
+            int e = d - (nd - wd);
+            if (e < 0) continue;
+            if (ws[e] > 1) wi += idx * wstride;
+            wstride *= ws[e];
+        }
+        r[i] = xv[i] + wv[wi];
+    }
+    free(xv), free(wv);
+    return r;
+}
+
+/* Whether a kernel of fn's graph carries the tile hint (and then a staged
+ * load). */
+static bool lowered_tiled(fn_t fn, int nin, em_tensor **in) {
+    em_tensor *out[1] = {0};
+    tr_recorder *r = tr_record_begin(nin, in, NULL);
+    ck_assert_int_eq(fn(NULL, in, NULL, out), EM_OK);
+    char why[256] = "";
+    tr_graph *g = tr_record_end(r, 1, out, why, sizeof why);
+    ck_assert_msg(g != NULL, "%s", why);
+    sc_schedule *s = sc_build(g);
+    int *bufs = malloc(sizeof(int) * ((size_t)g->nnodes + 1));
+    bool tiled = false;
+    for (int gi = 0; gi < s->ngroups; gi++) {
+        int nbufs, nouts;
+        k_kernel *k = sc_lower(s, gi, bufs, &nbufs, &nouts);
+        if (!k) continue; /* a dead group */
+        char *text = kir_to_text(k);
+        bool t = strstr(text, " tile %") != NULL;
+        ck_assert_msg(t == (strstr(text, " staged") != NULL), "%s", text);
+        tiled |= t;
+        em_free(text);
+        kir_free(k);
+    }
+    free(bufs);
+    sc_free(s);
+    tr_graph_free(g);
+    return tiled;
+}
+
+/* The hint goes where an operand is contiguous along the dim outside the
+ * stores' innermost one, and nowhere else; the CPU ignores it: values
+ * against float64. */
+START_TEST(transposed_operands_get_the_tile_hint) {
+    em_tensor *tin[2] = {randn(1, 2, TU_SIZES(45, 37)), randn(2, 2, TU_SIZES(37, 45))};
+    ck_assert(lowered_tiled(transpose_add, 2, tin));
+    em_tensor *bin[2] = {randn(3, 3, TU_SIZES(3, 33, 70)), randn(4, 2, TU_SIZES(70, 1))};
+    ck_assert(lowered_tiled(transpose_add, 2, bin)); /* a batch, a broadcast operand */
+    em_tensor *sin[2] = {randn(5, 2, TU_SIZES(20, 66)), randn(6, 2, TU_SIZES(33, 20))};
+    ck_assert(lowered_tiled(strided_transpose_add, 2, sin));
+    em_tensor *plain[2] = {randn(7, 2, TU_SIZES(37, 45)), randn(8, 1, TU_SIZES(45))};
+    ck_assert(!lowered_tiled(plain_add, 2, plain));
+    em_tensor *heads[2] = {randn(9, 4, TU_SIZES(2, 3, 5, 8)), randn(10, 4, TU_SIZES(2, 5, 3, 8))};
+    ck_assert(!lowered_tiled(permute_add, 2, heads)); /* rows of D contiguous already */
+    em_tensor *rev[2] = {randn(11, 3, TU_SIZES(5, 6, 7)), randn(12, 3, TU_SIZES(7, 6, 5))};
+    ck_assert(!lowered_tiled(reverse_add, 2, rev)); /* the dim outside is strided too */
+    fn_t fns[] = {transpose_add, transpose_add, strided_transpose_add};
+    em_tensor *views[] = {em_transpose(tin[0], -2, -1), em_transpose(bin[0], -2, -1),
+                          em_transpose(em_slice(sin[0], 1, 0, 66, 2), 0, 1)};
+    em_tensor **ins[] = {tin, bin, sin};
+    for (int c = 0; c < 3; c++) {
+        em_tensor *y;
+        em_compile_options o = {.ninputs = 2, .noutputs = 1, .name = "t", .backend = "cpu"};
+        em_compiled *f = em_compile(fns[c], NULL, &o);
+        ck_assert_int_eq(em_call(f, ins[c], NULL, &y), EM_OK);
+        ck_assert_int_eq(em_call(f, ins[c], NULL, &y), EM_OK);
+        double *ref = broadcast_add_ref(views[c], ins[c][1]);
+        tu_check_close(y, ref, em_ndim(views[c]), em_sizes(views[c]), 1e-6, 1e-7);
+        free(ref);
+        em_compiled_free(f);
+    }
+}
+END_TEST
+
 START_TEST(layernorm_is_one_kernel) {
     em_tensor *in[3] = {tu_random(13, 3, TU_SIZES(2, 5, 256), EM_F32, 2.0),
                         randn(14, 1, TU_SIZES(256)), randn(15, 1, TU_SIZES(256))};
@@ -433,6 +551,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, softmax_is_one_kernel);
     tcase_add_test(tc, a_computed_softmax_input_is_kept_between_passes);
     tcase_add_test(tc, layernorm_is_one_kernel);
+    tcase_add_test(tc, transposed_operands_get_the_tile_hint);
     tcase_add_test(tc, layernorm_kernel_takes_the_mean_once);
     tcase_add_test(tc, mlp_epilogue_fuses_after_matmul);
     tcase_add_test(tc, reductions_and_leading_dims);

@@ -198,11 +198,15 @@ static em_dtype compute_dtype(em_dtype d) { return is_half(d) ? EM_F32 : d; }
 
 /* Whether buffer b walks the last outer dim (a) more contiguously than
  * the inner one (j) that the stores walk: a transposed operand (x.T + y),
- * whose loads along j would each touch another sector. */
+ * whose loads along j would each touch another 32-byte sector.  Read
+ * along a instead (through a tile), at least two lanes share a sector;
+ * when a is strided too (x.permute(2, 1, 0)) a tile would not help. */
 static bool transposed(const lower *L, int b) {
     if (L->nd < 2 || L->no != L->nd - 1) return false;
     int64_t sa = L->strides[b][L->nd - 2], sj = L->strides[b][L->nd - 1];
-    return sa != 0 && (sa < 0 ? -sa : sa) < (sj < 0 ? -sj : sj);
+    sa = sa < 0 ? -sa : sa, sj = sj < 0 ? -sj : sj;
+    size_t elem = em_dtype_size(L->g->nodes[L->bufs[b]].meta.dtype);
+    return sa != 0 && sa < sj && (size_t)sa * elem <= 16;
 }
 
 /* Buffer b's element at off, in its compute dtype. */
