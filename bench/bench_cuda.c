@@ -377,25 +377,62 @@ static void graphs_setup(workload *w, em_generator *g) {
     }
 }
 
-/* Host time per call (n calls queued back to back, no wait inside) and
- * latency per call (each call waited for), in seconds, for f on in. */
-static void host_and_latency(em_compiled *f, em_tensor **in, int n, double *host, double *lat) {
+/* Medians over n calls of f on in, in seconds: host time (until em_call
+ * returns, the GPU idle before it: what the CPU spends, which calls queued
+ * back to back would hide behind the GPU's time) and latency (until the
+ * GPU has finished it too); queued: wall time per call of n calls queued
+ * back to back (the GPU's time when it is the bound). */
+static void host_and_latency(em_compiled *f, em_tensor **in, int n, double *host, double *lat,
+                             double *queued) {
     call_ud ud = {f, in};
     for (int i = 0; i < 50; i++) call_body(&ud);
     sync_gpu();
-    double a = now();
-    for (int i = 0; i < n; i++) call_body(&ud);
-    *host = (now() - a) / n;
-    sync_gpu();
-    double *t = malloc(sizeof(double) * (size_t)n);
+    double *h = malloc(sizeof(double) * (size_t)n), *t = malloc(sizeof(double) * (size_t)n);
     for (int i = 0; i < n; i++) {
         double b = now();
         call_body(&ud);
+        double e = now();
         sync_gpu();
+        h[i] = e - b;
         t[i] = now() - b;
     }
+    *host = median(h, n);
     *lat = median(t, n);
-    free(t);
+    *queued = wall_per_call(call_body, &ud, n);
+    free(h), free(t);
+}
+
+/* A call whose caller keeps each output until the next call returns (the
+ * replay then copies its outputs out). */
+typedef struct keep_ud {
+    em_compiled *f;
+    em_tensor **in;
+    em_tensor *prev;
+} keep_ud;
+
+static void keep_body(void *ud) {
+    keep_ud *k = ud;
+    em_tensor *out[1];
+    if (em_call(k->f, k->in, NULL, out) != EM_OK) die("em_call");
+    em_release(k->prev); /* no scope is open: the caller's */
+    k->prev = out[0];
+}
+
+/* Median host time of a call that keeps its outputs (as host_and_latency). */
+static double host_kept(em_compiled *f, em_tensor **in, int n) {
+    keep_ud k = {f, in, NULL};
+    for (int i = 0; i < 50; i++) keep_body(&k);
+    double *h = malloc(sizeof(double) * (size_t)n);
+    for (int i = 0; i < n; i++) {
+        sync_gpu();
+        double b = now();
+        keep_body(&k);
+        h[i] = now() - b;
+    }
+    double r = median(h, n);
+    free(h);
+    em_release(k.prev);
+    return r;
 }
 
 static void copy_body_host(void *ud) {
@@ -409,12 +446,13 @@ static void copy_body_host(void *ud) {
 static int graphs_bench(void) {
     const char *wl[] = {"tiny_chain", "mlp8", "block_b1_t16"};
     em_generator *g = em_generator_new(0);
-    printf("%-14s %8s %8s | %12s %12s | %12s %12s | %9s\n", "workload", "kernels", "replays",
-           "host us off", "host us on", "lat us off", "lat us on", "max diff");
+    printf("%-13s %7s %7s | %11s %11s %11s | %11s %11s | %11s %11s | %8s\n", "workload", "kernels",
+           "replays", "host us off", "host us on", "on, kept", "lat us off", "lat us on", "queued off",
+           "queued on", "max diff");
     for (size_t k = 0; k < sizeof wl / sizeof wl[0]; k++) {
         workload w = {.name = wl[k]};
         graphs_setup(&w, g);
-        double host[2], lat[2];
+        double host[2], lat[2], queued[2], kept = 0;
         em_compile_stats st[2];
         em_tensor *res[2];
         for (int on = 0; on < 2; on++) {
@@ -422,7 +460,8 @@ static int graphs_bench(void) {
                                     .cuda_graphs = on ? 1 : -1};
             em_compiled *f = em_compile(w.fn, NULL, &o);
             if (!f) die("em_compile");
-            host_and_latency(f, w.in, 2000, &host[on], &lat[on]);
+            host_and_latency(f, w.in, 2000, &host[on], &lat[on], &queued[on]);
+            if (on) kept = host_kept(f, w.in, 1000);
             if (em_call(f, w.in, NULL, &res[on]) != EM_OK) die("em_call");
             em_compiled_stats(f, &st[on]);
             em_compiled_free(f);
@@ -434,13 +473,13 @@ static int graphs_bench(void) {
         for (int64_t i = 0; i < em_numel(res[0]); i++) md = fmax(md, fabs((double)va[i] - vb[i]));
         free(va), free(vb);
         em_release(res[0]), em_release(res[1]);
-        printf("%-14s %8d %8lld | %12.2f %12.2f | %12.2f %12.2f | %9.2g\n", w.name, st[1].kernels,
-               (long long)st[1].graph_replays, host[0] * 1e6, host[1] * 1e6, lat[0] * 1e6,
-               lat[1] * 1e6, md);
+        printf("%-13s %7d %7lld | %11.2f %11.2f %11.2f | %11.2f %11.2f | %11.2f %11.2f | %8.2g\n",
+               w.name, st[1].kernels, (long long)st[1].graph_replays, host[0] * 1e6, host[1] * 1e6,
+               kept * 1e6, lat[0] * 1e6, lat[1] * 1e6, queued[0] * 1e6, queued[1] * 1e6, md);
         if (k == 0) { /* what the copy-out of one small output costs the host */
             copy_ud cu = {NULL, w.in[0]};
             double t = wall_per_call(copy_body_host, &cu, 2000);
-            printf("%-14s host time of one output's copy-out (alloc + device copy): %.2f us\n", "",
+            printf("%-13s host time of one output's copy (alloc + device copy): %.2f us\n", "",
                    t * 1e6);
         }
         for (int i = 0; i < w.nin; i++) em_release(w.in[i]);

@@ -27,11 +27,20 @@
  *    copy-free and bounds recaptures by the number of inputs.  A moving
  *    input that is not contiguous is not staged: that size runs with plain
  *    launches from then on.
- *  - Outputs are copied out into fresh tensors on every call: the graph
- *    writes the same blocks each replay, and a caller may keep an output
- *    across calls (torch.compile's reduce-overhead mode makes that an
- *    error instead, "overwritten by a subsequent run").  Cost: one device
- *    copy and one allocation per output (docs/benchmarks.md).
+ *  - Outputs: the graph writes the same blocks on every replay, and a
+ *    caller may keep an output across calls (torch.compile's
+ *    reduce-overhead mode makes that an error instead, "overwritten by a
+ *    subsequent run").  A replay hands out views of the graph's own output
+ *    blocks as long as the caller dropped the previous call's outputs
+ *    before the next call (no copy: what a loop that consumes each result
+ *    does); the storage's reference count says so exactly, since no other
+ *    tensor can reach those blocks.  The first time a call finds an output
+ *    of an earlier replay still held (kept in a list, a view of it made,
+ *    passed back in as an input), that output stays the caller's: the
+ *    graph is captured again with blocks of its own, and from then on each
+ *    call copies its outputs out into fresh tensors (one allocation and
+ *    one device copy per output: about 6 us of host time on the H200,
+ *    docs/benchmarks.md).  Either way a kept output is never written again.
  *  - Never captured: graphs that draw random numbers (the generator moves
  *    on each call; a replay would repeat the draw), graphs whose output is
  *    an input or a constant, the sizes of a dynamic state past its memo
@@ -45,6 +54,7 @@
  *    plain launches. */
 #include "engine-impl.h"
 
+#include <stdatomic.h>
 #include <string.h>
 
 struct jit_graph_slot {
@@ -54,6 +64,7 @@ struct jit_graph_slot {
     jit_graph *graph;       /* the device's graph, or NULL */
     size_t bytes;           /* device memory of the graph and its staging buffers */
     int ninputs, noutputs;
+    bool copy_out;          /* outputs are copied out (a caller kept one) */
     void **addr;            /* per input: the address the graph reads (unstaged inputs) */
     em_tensor **stage;      /* per input: its staging buffer, or NULL */
     em_tensor **outs;       /* per output: the tensor the graph writes, held */
@@ -217,6 +228,14 @@ static int moved_input(const jit_graph_slot *sl, em_tensor *const *in) {
     return -1;
 }
 
+/* Whether the caller still holds an output the graph would write: its
+ * storage referenced by another tensor than sl's own. */
+static bool outputs_kept(const jit_graph_slot *sl) {
+    for (int j = 0; !sl->copy_out && j < sl->noutputs; j++)
+        if (atomic_load(&sl->outs[j]->storage->refcount) > 1) return true;
+    return false;
+}
+
 /* Stages every input that moved, then captures again; false: off. */
 static bool restage(jit_compiled *st, jit_graph_slot *sl, const tr_graph *g, const jit_spec *sp,
                     em_tensor *const *in) {
@@ -239,15 +258,26 @@ static bool ready(jit_compiled *st, jit_graph_slot *sl, const tr_graph *g, const
                   em_tensor *const *in) {
     if (sl->off) return false;
     if (!sl->graph) return sl->runs++ >= 1 && capture(st, sl, g, sp, in);
-    return moved_input(sl, in) < 0 || restage(st, sl, g, sp, in);
+    bool kept = outputs_kept(sl);
+    if (kept) { /* those blocks are the caller's now: new ones, copied out from now on */
+        sl->copy_out = true;
+        jit_logf(st->log, JIT_LOG_DEVGRAPHS, "%s graph: an output is kept across calls: captured "
+                 "again, its outputs copied out from now on", st->dev->name);
+    }
+    return (!kept && moved_input(sl, in) < 0) || restage(st, sl, g, sp, in);
 }
 
 /* ---- replay ---- */
 
-/* A fresh tensor with t's values (t the graph's output). */
-static em_tensor *copy_out(const em_tensor *t) {
-    if (!em_is_contiguous(t)) return em_contiguous((em_tensor *)t); /* a view: a copy op */
+/* A tensor of the caller's with t's values (t the graph's output): a view
+ * of t's block, or with copy_out a fresh tensor. */
+static em_tensor *hand_out(const em_tensor *t, bool copy_out) {
     em_meta m;
+    if (!copy_out) {
+        tr_meta_of(t, &m);
+        return em_tensor_view(t, &m);
+    }
+    if (!em_is_contiguous(t)) return em_contiguous((em_tensor *)t); /* a view: a copy op */
     tr_meta_of(t, &m);
     em_tensor *c = em_tensor_alloc(&m);
     const em_backend *b = c ? em_backend_for(t->device) : NULL;
@@ -256,8 +286,8 @@ static em_tensor *copy_out(const em_tensor *t) {
     return NULL;
 }
 
-/* Copies the staged inputs in, launches the graph, copies the outputs
- * out (all in order on the device's queue). */
+/* Copies the staged inputs in, launches the graph, hands the outputs out
+ * (all in order on the device's queue). */
 static em_status replay(jit_compiled *st, jit_graph_slot *sl, em_tensor *const *in, em_tensor **out) {
     em_status s = EM_OK;
     for (int i = 0; s == EM_OK && i < sl->ninputs; i++) {
@@ -269,7 +299,7 @@ static em_status replay(jit_compiled *st, jit_graph_slot *sl, em_tensor *const *
     }
     if (s == EM_OK) s = st->dev->graph_launch(sl->graph);
     for (int j = 0; s == EM_OK && j < sl->noutputs; j++)
-        if (!(out[j] = copy_out(sl->outs[j]))) s = em_last_status();
+        if (!(out[j] = hand_out(sl->outs[j], sl->copy_out))) s = em_last_status();
     if (s == EM_OK) return EM_OK;
     for (int j = 0; j < sl->noutputs; j++) {
         em_tensor_discard(out[j]);
