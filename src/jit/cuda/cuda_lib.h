@@ -10,7 +10,9 @@
  * Process-wide state, and why: the loaded tables (a library is loaded once
  * per process anyway) and, per device, the primary context, one stream, the
  * cuBLAS handle, the caching allocator's free lists and the loaded kernel
- * modules.  These mirror what the driver itself keeps per process (the
+ * modules, and for graph capture a capture stream, a cuBLAS handle with its
+ * workspace on it and the lock that admits one capture at a time (a capture
+ * in progress is the capturing thread's: one thread-local pointer).  These mirror what the driver itself keeps per process (the
  * primary context is per process and device), and device memory freed by
  * one tensor must be reusable by any other: a per-runtime copy would split
  * the cache and the context for no gain.  Every mutable part sits behind
