@@ -3,7 +3,9 @@
  * (median of the repetitions, after warm-up), against the floors measured
  * in the same run: device-to-device copy bandwidth and the f32 GEMM rate.
  *
- * Usage: bench_cuda [--sweep] [--only NAME,...] [--reps N] [--json FILE]
+ * Usage: bench_cuda [--sweep | --graphs] [--only NAME,...] [--reps N] [--json FILE]
+ * --graphs: host time and latency per call of launch-bound entries with
+ * CUDA graphs off and on (em_compile_options.cuda_graphs; issue 20).
  * --sweep: the shape sweep below (issue 14) instead of the workloads, each
  * with Ember's eager time beside its compiled one; bench/torch_sweep.py
  * times the same ops with PyTorch eager and torch.compile.
@@ -186,7 +188,7 @@ typedef struct workload {
     const char *name;
     em_fn fn;
     int nin;
-    em_tensor *in[16];
+    em_tensor *in[20];
     double bytes, flops;
 } workload;
 
@@ -334,6 +336,161 @@ static double first_call(workload *w, em_compiled **fp) {
     return t;
 }
 
+/* ---- --graphs: host time and latency per call, CUDA graphs off and on ----
+ * Launch-bound entries: tiny_chain (one fused kernel), mlp8 (8 layers of
+ * [8, 256] @ [256, 256] + bias, relu: 8 cuBLAS gemms and 8 kernels) and a
+ * GPT-2 block at batch 1, 16 tokens (the decoder step's shape class). */
+
+enum { MLP_LAYERS = 8, MLP_B = 8, MLP_C = 256 };
+
+static em_status mlp8(void *c, em_tensor *const *in, const double *s, em_tensor **out) {
+    (void)c, (void)s;
+    em_tensor *x = in[0];
+    for (int i = 0; i < MLP_LAYERS; i++) x = em_relu(em_add(em_matmul(x, in[1 + 2 * i]), in[2 + 2 * i]));
+    out[0] = x;
+    return x ? EM_OK : em_last_status();
+}
+
+static em_status small_block(void *c, em_tensor *const *in, const double *s, em_tensor **out) {
+    (void)c, (void)s;
+    out[0] = wl_attention_block(in, NH_);
+    return out[0] ? EM_OK : em_last_status();
+}
+
+static void graphs_setup(workload *w, em_generator *g) {
+    if (!strcmp(w->name, "mlp8")) {
+        w->fn = mlp8;
+        w->nin = 1 + 2 * MLP_LAYERS;
+        w->in[0] = randn(g, 2, (int64_t[]){MLP_B, MLP_C}, 1);
+        for (int i = 0; i < MLP_LAYERS; i++) {
+            w->in[1 + 2 * i] = randn(g, 2, (int64_t[]){MLP_C, MLP_C}, 0.06);
+            w->in[2 + 2 * i] = randn(g, 1, (int64_t[]){MLP_C}, 0.1);
+        }
+    } else if (!strcmp(w->name, "block_b1_t16")) {
+        int64_t T = 16, E = E_;
+        w->fn = small_block;
+        w->nin = 14;
+        w->in[0] = randn(g, 3, (int64_t[]){1, T, E}, 1);
+        const int64_t sz[13][2] = {{E, 0}, {E, 0}, {E, 3 * E}, {3 * E, 0}, {E, E}, {E, 0}, {E, 0},
+                                   {E, 0}, {E, 4 * E}, {4 * E, 0}, {4 * E, E}, {E, 0}, {T, T}};
+        for (int i = 0; i < 13; i++)
+            w->in[1 + i] = randn(g, sz[i][1] ? 2 : 1, (int64_t[]){sz[i][0], sz[i][1]}, 0.02);
+    } else {
+        setup(w, g); /* tiny_chain */
+    }
+}
+
+/* Medians over n calls of f on in, in seconds: host time (until em_call
+ * returns, the GPU idle before it: what the CPU spends, which calls queued
+ * back to back would hide behind the GPU's time) and latency (until the
+ * GPU has finished it too); queued: wall time per call of n calls queued
+ * back to back (the GPU's time when it is the bound). */
+static void host_and_latency(em_compiled *f, em_tensor **in, int n, double *host, double *lat,
+                             double *queued) {
+    call_ud ud = {f, in};
+    for (int i = 0; i < 50; i++) call_body(&ud);
+    sync_gpu();
+    double *h = malloc(sizeof(double) * (size_t)n), *t = malloc(sizeof(double) * (size_t)n);
+    for (int i = 0; i < n; i++) {
+        double b = now();
+        call_body(&ud);
+        double e = now();
+        sync_gpu();
+        h[i] = e - b;
+        t[i] = now() - b;
+    }
+    *host = median(h, n);
+    *lat = median(t, n);
+    *queued = wall_per_call(call_body, &ud, n);
+    free(h), free(t);
+}
+
+/* A call whose caller keeps each output until the next call returns (the
+ * replay then copies its outputs out). */
+typedef struct keep_ud {
+    em_compiled *f;
+    em_tensor **in;
+    em_tensor *prev;
+} keep_ud;
+
+static void keep_body(void *ud) {
+    keep_ud *k = ud;
+    em_tensor *out[1];
+    if (em_call(k->f, k->in, NULL, out) != EM_OK) die("em_call");
+    em_release(k->prev); /* no scope is open: the caller's */
+    k->prev = out[0];
+}
+
+/* Median host time of a call that keeps its outputs (as host_and_latency). */
+static double host_kept(em_compiled *f, em_tensor **in, int n) {
+    keep_ud k = {f, in, NULL};
+    for (int i = 0; i < 50; i++) keep_body(&k);
+    double *h = malloc(sizeof(double) * (size_t)n);
+    for (int i = 0; i < n; i++) {
+        sync_gpu();
+        double b = now();
+        keep_body(&k);
+        h[i] = now() - b;
+    }
+    double r = median(h, n);
+    free(h);
+    em_release(k.prev);
+    return r;
+}
+
+static void copy_body_host(void *ud) {
+    copy_ud *c = ud;
+    em_scope_begin();
+    em_tensor *t = em_empty(em_ndim(c->src), em_sizes(c->src), em_dtype_of(c->src), GPU);
+    if (!t || cuda_stream_copy(t, c->src) != EM_OK) die("copy");
+    em_scope_end();
+}
+
+static int graphs_bench(void) {
+    const char *wl[] = {"tiny_chain", "mlp8", "block_b1_t16"};
+    em_generator *g = em_generator_new(0);
+    printf("%-13s %7s %7s | %11s %11s %11s | %11s %11s | %11s %11s | %8s\n", "workload", "kernels",
+           "replays", "host us off", "host us on", "on, kept", "lat us off", "lat us on", "queued off",
+           "queued on", "max diff");
+    for (size_t k = 0; k < sizeof wl / sizeof wl[0]; k++) {
+        workload w = {.name = wl[k]};
+        graphs_setup(&w, g);
+        double host[2], lat[2], queued[2], kept = 0;
+        em_compile_stats st[2];
+        em_tensor *res[2];
+        for (int on = 0; on < 2; on++) {
+            em_compile_options o = {.ninputs = w.nin, .noutputs = 1, .name = w.name,
+                                    .cuda_graphs = on ? 1 : -1};
+            em_compiled *f = em_compile(w.fn, NULL, &o);
+            if (!f) die("em_compile");
+            host_and_latency(f, w.in, 2000, &host[on], &lat[on], &queued[on]);
+            if (on) kept = host_kept(f, w.in, 1000);
+            if (em_call(f, w.in, NULL, &res[on]) != EM_OK) die("em_call");
+            em_compiled_stats(f, &st[on]);
+            em_compiled_free(f);
+        }
+        float *va = malloc((size_t)em_numel(res[0]) * 4), *vb = malloc((size_t)em_numel(res[0]) * 4);
+        em_copy_to_host(res[0], va, (size_t)em_numel(res[0]) * 4);
+        em_copy_to_host(res[1], vb, (size_t)em_numel(res[0]) * 4);
+        double md = 0;
+        for (int64_t i = 0; i < em_numel(res[0]); i++) md = fmax(md, fabs((double)va[i] - vb[i]));
+        free(va), free(vb);
+        em_release(res[0]), em_release(res[1]);
+        printf("%-13s %7d %7lld | %11.2f %11.2f %11.2f | %11.2f %11.2f | %11.2f %11.2f | %8.2g\n",
+               w.name, st[1].kernels, (long long)st[1].graph_replays, host[0] * 1e6, host[1] * 1e6,
+               kept * 1e6, lat[0] * 1e6, lat[1] * 1e6, queued[0] * 1e6, queued[1] * 1e6, md);
+        if (k == 0) { /* what the copy-out of one small output costs the host */
+            copy_ud cu = {NULL, w.in[0]};
+            double t = wall_per_call(copy_body_host, &cu, 2000);
+            printf("%-13s host time of one output's copy (alloc + device copy): %.2f us\n", "",
+                   t * 1e6);
+        }
+        for (int i = 0; i < w.nin; i++) em_release(w.in[i]);
+    }
+    em_generator_free(g);
+    return 0;
+}
+
 /* The first call in a new process (this program, --first-call), which finds
  * the kernel cache this one filled; -1 when it fails. */
 static double warm_first_call(const char *self, const char *name) {
@@ -432,10 +589,11 @@ static void json_row(FILE *jf, int k, const char *name, const result *r) {
 int main(int argc, char **argv) {
     const char *only = "", *json = NULL;
     int reps = 20;
-    bool sweeping = false;
+    bool sweeping = false, graphs = false;
     for (int i = 1; i < argc; i++)
-        if (!strcmp(argv[i], "--sweep")) { /* a flag: take it out of the pairs below */
-            sweeping = true;
+        if (!strcmp(argv[i], "--sweep") || !strcmp(argv[i], "--graphs")) { /* flags */
+            if (!strcmp(argv[i], "--graphs")) graphs = true;
+            else sweeping = true;
             memmove(&argv[i], &argv[i + 1], sizeof *argv * (size_t)(argc - i));
             argc--, i--;
         }
@@ -469,6 +627,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "bench_cuda: cannot write %s\n", json);
         return 1;
     }
+    if (graphs) return graphs_bench();
     cuda_device_info info;
     if (cuda_device_info_get(GPU_INDEX, &info) != EM_OK) die("device info");
     char *name = info.name;

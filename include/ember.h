@@ -358,6 +358,11 @@ typedef struct em_compile_options {
      * (below); EM_F32 (default, 0): calls run under the calling thread's
      * autocast state, which each entry is guarded on. */
     em_dtype autocast;
+    /* CUDA graphs (docs/cuda.md#cuda-graphs): each entry on a CUDA device
+     * is captured once per size into a graph and replayed with one launch
+     * per call (outputs copied out, so kept outputs stay valid).  1: on;
+     * -1: off; 0 (default): EMBER_CUDA_GRAPHS (default off). */
+    int cuda_graphs;
 } em_compile_options;
 
 typedef struct em_compile_stats {
@@ -380,6 +385,8 @@ typedef struct em_compile_stats {
                              compile): run op by op with the eager kernels;
                              counted in hits too */
     char last_failure[256]; /* why the last non-matching call matched no entry */
+    int64_t graphs_captured;  /* device graphs captured (cuda_graphs), over all entries */
+    int64_t graph_replays;    /* calls that ran as one replay of such a graph */
 } em_compile_stats;
 
 /* Wraps fn; nothing runs until the first em_call.  NULL on bad options. */

@@ -98,7 +98,10 @@ static em_status cuda_copy(void *dst, em_device dd, const void *src, em_device s
     if (!d) return em_last_status();
     CUdeviceptr dp = (CUdeviceptr)(uintptr_t)dst, sp = (CUdeviceptr)(uintptr_t)src;
     if (dd.type == EM_CUDA && sd.type == EM_CUDA)
-        return cuda_check(cu->MemcpyDtoDAsync(dp, sp, n, d->stream), "cuMemcpyDtoDAsync");
+        return cuda_check(cu->MemcpyDtoDAsync(dp, sp, n, cuda_stream(d)), "cuMemcpyDtoDAsync");
+    cuda_capture *cap = cuda_capturing(d);
+    if (cap) /* a graph would copy from or to the host memory of this call */
+        return cuda_capture_refuse(cap, "a copy between the host and the device");
     em_status s = dd.type == EM_CUDA
                       ? cuda_check(cu->MemcpyHtoDAsync(dp, src, n, d->stream), "cuMemcpyHtoDAsync")
                       : cuda_check(cu->MemcpyDtoHAsync(dst, sp, n, d->stream), "cuMemcpyDtoHAsync");
@@ -317,7 +320,9 @@ static em_tensor *to_host(const em_tensor *t) {
     return em_tensor_view(raw, &m);
 }
 
-static em_status run_on_host(const em_op_call *c, em_tensor *out) {
+static em_status run_on_host(cuda_device *d, const em_op_call *c, em_tensor *out) {
+    cuda_capture *cap = cuda_capturing(d);
+    if (cap) return cuda_capture_refuse(cap, "an op on the host path");
     int nin = c->nin;
     em_tensor *stack[4], **hin = nin <= 4 ? stack : em_malloc(sizeof *hin * (size_t)nin);
     if (!hin) return em_last_status();
@@ -345,10 +350,25 @@ static em_status run_on_host(const em_op_call *c, em_tensor *out) {
     return s;
 }
 
+/* Whether c can be recorded into the calling thread's graph capture on d
+ * (EM_OK when none runs).  cat copies a contiguous run with the device's
+ * stream itself (cuda_native.c), which would run now, outside the graph:
+ * refused until that copy goes to cuda_stream. */
+static em_status capturable(cuda_device *d, const em_op_call *c) {
+    cuda_capture *cap = cuda_capturing(d);
+    if (!cap) return EM_OK;
+    if (c->op == EM_OP_CAT) return cuda_capture_refuse(cap, "cat");
+    if ((c->op == EM_OP_RAND || c->op == EM_OP_RANDN) && c->attrs->generator)
+        return cuda_capture_refuse(cap, "a random draw (a replay would repeat its numbers)");
+    return EM_OK;
+}
+
 static em_status cuda_run(const em_op_call *c, em_tensor *out) {
     cuda_device *d = cuda_device_get(out->device.index);
     if (!d) return em_last_status();
     if (c->op == EM_OP_EMPTY || em_numel(out) == 0) return EM_OK;
+    em_status cs = capturable(d, c);
+    if (cs != EM_OK) return cs;
     if (c->op == EM_OP_MATMUL) {
         em_status s = cuda_matmul(d, c, out);
         if (s != EM_ERR_UNSUPPORTED) return s;
@@ -373,7 +393,7 @@ static em_status cuda_run(const em_op_call *c, em_tensor *out) {
         if (s != EM_ERR_UNSUPPORTED) return s;
         em_clear_error();
     }
-    return run_on_host(c, out);
+    return run_on_host(d, c, out);
 }
 
 static const em_backend cuda_eager_backend = {

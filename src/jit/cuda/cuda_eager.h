@@ -66,5 +66,12 @@ em_status cuda_native_reduce_columns(cuda_device *d, const em_op_call *c, em_ten
                                      struct cuda_get_stats *stats);
 char *cuda_native_colreduce_text(em_op op, em_dtype in, em_dtype acc, em_dtype o, bool final);
 
+/* ---- cuda_graph.c: the engine's device graphs (engine.h), as CUDA graphs ---- */
+em_status cuda_graph_capture_begin(int index, jit_capture **out);
+em_status cuda_graph_capture_end(jit_capture *c, bool ok, jit_graph **out);
+em_status cuda_graph_launch(jit_graph *g);
+size_t cuda_graph_bytes(const jit_graph *g);
+void cuda_graph_free(jit_graph *g);
+
 #endif
 #endif

@@ -10,6 +10,7 @@
  * entry reports EM_ERR_DEVICE. */
 #include "cuda_jit.h"
 
+#include "cuda_eager.h" /* cuda_graph.c */
 #include "cuda_kernel.h"
 
 #include <pthread.h>
@@ -245,6 +246,11 @@ const char *jit_cuda_nvrtc_version(void) { return NULL; }
 #define cuda_find NULL
 #define cuda_add NULL
 #define cuda_prefer_eager NULL
+#define cuda_graph_capture_begin NULL
+#define cuda_graph_capture_end NULL
+#define cuda_graph_launch NULL
+#define cuda_graph_bytes NULL
+#define cuda_graph_free NULL
 
 #endif
 
@@ -262,4 +268,9 @@ const jit_device jit_cuda_device = {
     .prefer_eager = cuda_prefer_eager,
     .fused_attention = true, /* cuda_attention.c */
     .half_kernels = true,    /* computed in f32; cuda_emit.c converts */
+    .capture_begin = cuda_graph_capture_begin, /* CUDA graphs: cuda_graph.c */
+    .capture_end = cuda_graph_capture_end,
+    .graph_launch = cuda_graph_launch,
+    .graph_bytes = cuda_graph_bytes,
+    .graph_free = cuda_graph_free,
 };

@@ -287,7 +287,7 @@ em_status cuda_kernel_launch(cuda_device *d, const cuda_kernel *ck, void *const 
     for (int i = 0; v4 && i < ck->nbufs; i++) v4 = (ptrs[i] & 15) == 0;
     if (s == EM_OK)
         s = cuda_check(cuda_driver()->LaunchKernel(v4 ? ck->fn_v4 : ck->fn, grid_of(d, ck, extent, v4), 1, 1,
-                                                    (unsigned)ck->threads, 1, 1, 0, d->stream,
+                                                    (unsigned)ck->threads, 1, 1, 0, cuda_stream(d),
                                                     args, NULL),
                        "cuLaunchKernel");
     if (args != args_stack) em_free(args);

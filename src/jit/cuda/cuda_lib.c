@@ -42,6 +42,23 @@ static void *open_lib(const char *soname, const char *what, char *why, size_t n)
 static cu_api cu;
 static lib_state cu_state = {.once = PTHREAD_ONCE_INIT};
 
+/* The optional entry points: an older driver without one has no graphs
+ * (cu.graphs false), never a failure to load. */
+static void load_graph_syms(void *h) {
+    char why[128];
+#define O(field, fn) load_sym(h, SYM(fn), (void **)&cu.field, why, sizeof why)
+    O(MemGetInfo, cuMemGetInfo);
+    bool ok = O(StreamBeginCapture, cuStreamBeginCapture);
+    ok = O(StreamEndCapture, cuStreamEndCapture) && ok;
+    ok = O(ThreadExchangeStreamCaptureMode, cuThreadExchangeStreamCaptureMode) && ok;
+    ok = O(GraphInstantiate, cuGraphInstantiate) && ok;
+    ok = O(GraphLaunch, cuGraphLaunch) && ok;
+    ok = O(GraphExecDestroy, cuGraphExecDestroy) && ok;
+    ok = O(GraphDestroy, cuGraphDestroy) && ok;
+#undef O
+    cu.graphs = ok;
+}
+
 static void load_driver(void) {
     lib_state *st = &cu_state;
     st->handle = open_lib("libcuda.so.1", "no CUDA driver", st->why, sizeof st->why);
@@ -67,6 +84,7 @@ static void load_driver(void) {
               L(EventElapsedTime, cuEventElapsedTime) && L(EventDestroy, cuEventDestroy);
 #undef L
     if (!ok) return;
+    load_graph_syms(h);
     CUresult r = cu.Init(0);
     if (r != CUDA_SUCCESS) {
         const char *msg = NULL;
@@ -137,6 +155,8 @@ static void load_cublas(void) {
              L(DgemmStridedBatched, cublasDgemmStridedBatched) && L(GemmEx, cublasGemmEx) &&
              L(GemmStridedBatchedEx, cublasGemmStridedBatchedEx);
 #undef L
+    char why[128]; /* optional: without it, matmuls refuse to be captured */
+    load_sym(h, SYM(cublasSetWorkspace), (void **)&bl.SetWorkspace, why, sizeof why);
 }
 
 const cublas_api *cuda_cublas(void) {
@@ -213,6 +233,7 @@ static em_status device_init(cuda_device *d, int index) {
     d->index = index;
     pthread_mutex_init(&d->lock, NULL);
     pthread_mutex_init(&d->kerror_lock, NULL);
+    pthread_mutex_init(&d->capture_lock, NULL);
     return s;
 }
 
@@ -287,6 +308,8 @@ em_status cuda_kerror_launch(cuda_device *d, cuda_kerror_fn launch, void *ctx) {
     em_status s = d->kerror ? EM_OK : kerror_alloc(d);
     if (s == EM_OK) s = launch(ctx, d->kerror);
     if (s == EM_OK) d->kerror_armed = true;
+    cuda_capture *c = cuda_capturing(d);
+    if (s == EM_OK && c) c->kerror = true; /* each replay arms them again */
     pthread_mutex_unlock(&d->kerror_lock);
     return s;
 }
@@ -320,6 +343,73 @@ static em_status read_kerror(cuda_device *d) {
 em_status cuda_sync(cuda_device *d) {
     em_status s = cuda_check(cu.StreamSynchronize(d->stream), "cuStreamSynchronize");
     return s == EM_OK ? read_kerror(d) : s;
+}
+
+/* ---- graph capture (cuda_lib.h) ---- */
+
+static _Thread_local cuda_capture *thread_capture;
+
+cuda_capture *cuda_capturing(const cuda_device *d) {
+    cuda_capture *c = thread_capture;
+    return c && c->d == d ? c : NULL;
+}
+
+void cuda_capture_set(cuda_capture *c) { thread_capture = c; }
+
+CUstream cuda_stream(const cuda_device *d) {
+    cuda_capture *c = thread_capture;
+    return c && c->d == d ? d->capture_stream : d->stream;
+}
+
+em_status cuda_capture_refuse(cuda_capture *c, const char *why) {
+    if (!c->refused[0]) snprintf(c->refused, sizeof c->refused, "%s", why);
+    return em_error(EM_ERR_UNSUPPORTED, "cuda:%d: not captured into a graph: %s", c->d->index, why);
+}
+
+/* Keeps block (p, size) in the pool's free list; false: no host memory. */
+static bool pool_keep(cuda_pool *p, CUdeviceptr ptr, size_t size) {
+    if (p->nfree == p->capfree) {
+        int cap = p->capfree ? 2 * p->capfree : 32;
+        cuda_free_block *f = realloc(p->free, sizeof *f * (size_t)cap);
+        if (!f) return false;
+        p->free = f;
+        p->capfree = cap;
+    }
+    p->free[p->nfree++] = (cuda_free_block){ptr, size};
+    return true;
+}
+
+/* A block of bucket size from the pool's free list, or 0. */
+static CUdeviceptr pool_take(cuda_pool *p, size_t size) {
+    for (int i = p->nfree - 1; i >= 0; i--) {
+        if (p->free[i].size != size) continue;
+        CUdeviceptr ptr = p->free[i].ptr;
+        p->free[i] = p->free[--p->nfree];
+        return ptr;
+    }
+    return 0;
+}
+
+static bool cache_block(cuda_device *d, CUdeviceptr p, size_t size);
+
+void cuda_pool_release(cuda_device *d, cuda_pool *p) {
+    pthread_mutex_lock(&d->lock);
+    for (int i = 0; i < p->nfree; i++)
+        if (!cache_block(d, p->free[i].ptr, p->free[i].size)) {
+            pthread_mutex_unlock(&d->lock);
+            if (make_current(d)) cu.MemFree(p->free[i].ptr);
+            pthread_mutex_lock(&d->lock);
+        }
+    pthread_mutex_unlock(&d->lock);
+    free(p->free);
+    *p = (cuda_pool){0};
+}
+
+void cuda_mem_usage(cuda_device *d, size_t *live, size_t *cached) {
+    pthread_mutex_lock(&d->lock);
+    *live = d->live_bytes;
+    *cached = d->cached_bytes;
+    pthread_mutex_unlock(&d->lock);
 }
 
 /* ---- caching allocator ---- */
@@ -360,6 +450,7 @@ static bool live_put(cuda_device *d, CUdeviceptr p, size_t size) {
     while (d->live[j].ptr) j = (j + 1) & (d->caplive - 1);
     d->live[j] = (cuda_free_block){p, size};
     d->nlive++;
+    d->live_bytes += size;
     return true;
 }
 
@@ -379,6 +470,7 @@ static size_t live_take(cuda_device *d, CUdeviceptr p) {
             k = (k + 1) & (d->caplive - 1);
             if (!d->live[k].ptr) {
                 d->nlive--;
+                d->live_bytes -= size;
                 return size;
             }
             size_t home = live_slot(d, d->live[k].ptr);
@@ -399,10 +491,8 @@ void cuda_mem_trim(cuda_device *d) {
     pthread_mutex_unlock(&d->lock);
 }
 
-em_status cuda_mem_alloc(cuda_device *d, size_t nbytes, void **ptr) {
-    *ptr = NULL;
-    if (nbytes == 0) return EM_OK; /* nothing to point at: kernels never touch it */
-    size_t size = cuda_mem_bucket(nbytes);
+/* A block of bucket size from d's free list, or 0. */
+static CUdeviceptr cached_take(cuda_device *d, size_t size) {
     CUdeviceptr p = 0;
     pthread_mutex_lock(&d->lock);
     for (int i = d->nfree - 1; i >= 0; i--) {
@@ -413,16 +503,38 @@ em_status cuda_mem_alloc(cuda_device *d, size_t nbytes, void **ptr) {
         break;
     }
     pthread_mutex_unlock(&d->lock);
-    em_status s = EM_OK;
-    if (!p) {
-        CUresult r = cu.MemAlloc(&p, size);
-        if (r == CUDA_ERROR_OUT_OF_MEMORY) { /* give the cache back, then retry */
-            cuda_mem_trim(d);
-            r = cu.MemAlloc(&p, size);
-        }
-        s = cuda_check(r, "cuMemAlloc");
+    return p;
+}
+
+/* cuMemAlloc, giving the cache back and retrying when the device is full.
+ * Inside a capture the thread's capture mode is relaxed around it: the
+ * allocation is no stream operation (the graph does not replay it, the
+ * pool keeps the block for the graph's lifetime), and the capture's
+ * thread-local mode would refuse it as potentially unsafe. */
+static CUresult driver_alloc(cuda_device *d, CUdeviceptr *p, size_t size) {
+    bool relax = cuda_capturing(d) != NULL;
+    CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+    if (relax) cu.ThreadExchangeStreamCaptureMode(&mode);
+    CUresult r = cu.MemAlloc(p, size);
+    if (r == CUDA_ERROR_OUT_OF_MEMORY) {
+        cuda_mem_trim(d);
+        r = cu.MemAlloc(p, size);
     }
+    if (relax) cu.ThreadExchangeStreamCaptureMode(&mode);
+    return r;
+}
+
+em_status cuda_mem_alloc(cuda_device *d, size_t nbytes, void **ptr) {
+    *ptr = NULL;
+    if (nbytes == 0) return EM_OK; /* nothing to point at: kernels never touch it */
+    size_t size = cuda_mem_bucket(nbytes);
+    cuda_capture *c = cuda_capturing(d);
+    CUdeviceptr p = c ? pool_take(&c->pool, size) : 0;
+    bool from_pool = p != 0;
+    if (!p) p = cached_take(d, size);
+    em_status s = p ? EM_OK : cuda_check(driver_alloc(d, &p, size), "cuMemAlloc");
     if (s != EM_OK) return s;
+    if (c && !from_pool) c->pool.bytes += size;
     pthread_mutex_lock(&d->lock);
     bool ok = live_put(d, p, size);
     pthread_mutex_unlock(&d->lock);
@@ -434,25 +546,32 @@ em_status cuda_mem_alloc(cuda_device *d, size_t nbytes, void **ptr) {
     return EM_OK;
 }
 
+/* Puts block (p, size) on d's free list (d->lock held); false: no room. */
+static bool cache_block(cuda_device *d, CUdeviceptr p, size_t size) {
+    if (d->nfree == d->capfree) {
+        int cap = d->capfree ? 2 * d->capfree : 64;
+        cuda_free_block *f = realloc(d->free, sizeof *f * (size_t)cap);
+        if (!f) return false;
+        d->free = f;
+        d->capfree = cap;
+    }
+    d->free[d->nfree++] = (cuda_free_block){p, size};
+    d->cached_bytes += size;
+    return true;
+}
+
 void cuda_mem_free(cuda_device *d, void *ptr) {
     if (!ptr) return;
     CUdeviceptr p = (CUdeviceptr)(uintptr_t)ptr;
+    cuda_capture *c = cuda_capturing(d);
     pthread_mutex_lock(&d->lock);
     size_t size = live_take(d, p);
-    bool cached = false;
-    if (size && d->nfree == d->capfree) {
-        int cap = d->capfree ? 2 * d->capfree : 64;
-        cuda_free_block *f = realloc(d->free, sizeof *f * (size_t)cap);
-        if (f) {
-            d->free = f;
-            d->capfree = cap;
-        }
-    }
-    if (size && d->nfree < d->capfree) {
-        d->free[d->nfree++] = (cuda_free_block){p, size};
-        d->cached_bytes += size;
-        cached = true;
-    }
+    /* freed inside a capture: the graph's later nodes may reuse it, and
+     * its replays write it, so it stays the capture's */
+    bool kept = size && c && pool_keep(&c->pool, p, size);
+    if (size && c && !kept) /* no host memory: the graph is not made, so the block is free */
+        snprintf(c->refused, sizeof c->refused, "out of host memory for the capture's pool");
+    bool cached = kept || (size && cache_block(d, p, size));
     pthread_mutex_unlock(&d->lock);
     if (!cached && make_current(d)) cu.MemFree(p);
 }

@@ -10,7 +10,9 @@
  * Process-wide state, and why: the loaded tables (a library is loaded once
  * per process anyway) and, per device, the primary context, one stream, the
  * cuBLAS handle, the caching allocator's free lists and the loaded kernel
- * modules.  These mirror what the driver itself keeps per process (the
+ * modules, and for graph capture a capture stream, a cuBLAS handle with its
+ * workspace on it and the lock that admits one capture at a time (a capture
+ * in progress is the capturing thread's: one thread-local pointer).  These mirror what the driver itself keeps per process (the
  * primary context is per process and device), and device memory freed by
  * one tensor must be reusable by any other: a per-runtime copy would split
  * the cache and the context for no gain.  Every mutable part sits behind
@@ -59,6 +61,17 @@ typedef struct cu_api {
     __typeof__(&cuEventSynchronize) EventSynchronize;
     __typeof__(&cuEventElapsedTime) EventElapsedTime;
     __typeof__(&cuEventDestroy) EventDestroy;
+    __typeof__(&cuMemGetInfo) MemGetInfo;
+    /* Graphs (stream capture and replay: cuda_graph.c).  Optional: a
+     * driver without them loads, and `graphs` is false ("no graphs"). */
+    bool graphs;
+    __typeof__(&cuStreamBeginCapture) StreamBeginCapture;
+    __typeof__(&cuStreamEndCapture) StreamEndCapture;
+    __typeof__(&cuThreadExchangeStreamCaptureMode) ThreadExchangeStreamCaptureMode;
+    __typeof__(&cuGraphInstantiate) GraphInstantiate; /* cuGraphInstantiateWithFlags */
+    __typeof__(&cuGraphLaunch) GraphLaunch;
+    __typeof__(&cuGraphExecDestroy) GraphExecDestroy;
+    __typeof__(&cuGraphDestroy) GraphDestroy;
 } cu_api;
 
 /* ---- NVRTC (libnvrtc.so.13) ---- */
@@ -88,6 +101,9 @@ typedef struct cublas_api {
     __typeof__(&cublasDgemmStridedBatched) DgemmStridedBatched;
     __typeof__(&cublasGemmEx) GemmEx;                             /* f16, bf16 */
     __typeof__(&cublasGemmStridedBatchedEx) GemmStridedBatchedEx;
+    /* Optional (NULL: matmuls are not captured into graphs): a workspace
+     * of the caller's, which a captured gemm needs (cuda_graph.c). */
+    __typeof__(&cublasSetWorkspace) SetWorkspace;
 } cublas_api;
 
 /* Each returns the loaded table, or NULL with an EM_ERR_DEVICE error that
@@ -107,6 +123,15 @@ typedef struct cuda_free_block {
     CUdeviceptr ptr;
     size_t size; /* the bucket size it was allocated with */
 } cuda_free_block;
+
+/* Blocks a graph capture took (cuda_graph.c): the ones it freed again are
+ * kept here, for the capture's later allocations and then for the graph's
+ * lifetime (its replays write them), never in the device's free lists. */
+typedef struct cuda_pool {
+    cuda_free_block *free;
+    int nfree, capfree;
+    size_t bytes;            /* every block the capture allocated, live or in free */
+} cuda_pool;
 
 typedef struct cuda_device {
     int index;
@@ -130,6 +155,14 @@ typedef struct cuda_device {
     pthread_mutex_t kerror_lock; /* guards the two below; see cuda_kerror_launch */
     CUdeviceptr kerror;      /* the kernel-error words (below), or 0 before the first use */
     bool kerror_armed;       /* a kernel that may set them ran since they were last read */
+    size_t live_bytes;       /* bytes of the live blocks (under lock; tests read it) */
+    /* graph capture (cuda_graph.c): one capture at a time per device */
+    pthread_mutex_t capture_lock; /* held from capture begin to end */
+    CUstream capture_stream; /* what the capturing thread's ops go to (created at the first) */
+    cublasHandle_t blas_capture; /* the capturing thread's cuBLAS handle, on capture_stream,
+                                    with workspace */
+    CUdeviceptr blas_workspace;
+    bool blas_capture_tf32;
 } cuda_device;
 
 /* Number of devices, or -1 (error set) without a driver. */
@@ -177,6 +210,35 @@ typedef em_status (*cuda_kerror_fn)(void *ctx, CUdeviceptr words);
  * therefore falls wholly before the read (and is reported by it) or after
  * the clearing (and is reported by the next sync), whatever the threads. */
 em_status cuda_kerror_launch(cuda_device *d, cuda_kerror_fn launch, void *ctx);
+
+/* ---- graph capture (the mechanism; cuda_graph.c drives it) ----
+ * While a thread captures on a device, every op it queues there goes to
+ * the device's capture stream instead of its stream (cuda_stream), its
+ * allocations come from and go back to the capture's pool (cuda_mem_alloc,
+ * cuda_mem_free), and an op that cannot be captured refuses
+ * (cuda_capture_refuse).  Other threads are untouched: their ops stay on
+ * the device's stream, outside the graph.  The state is one thread-local
+ * pointer: a capture belongs to the thread that runs it. */
+typedef struct cuda_capture {
+    cuda_device *d;
+    cuda_pool pool;
+    bool kerror;             /* a captured launch may set the kernel-error words */
+    char refused[160];       /* why an op refused to be captured ("" : none did) */
+} cuda_capture;
+
+/* The calling thread's capture on d, or NULL. */
+cuda_capture *cuda_capturing(const cuda_device *d);
+/* Makes c (NULL: none) the calling thread's capture. */
+void cuda_capture_set(cuda_capture *c);
+/* The stream the calling thread's ops on d go to. */
+CUstream cuda_stream(const cuda_device *d);
+/* Records why op cannot be captured and returns EM_ERR_UNSUPPORTED (the
+ * capture then fails and the entry runs with plain launches). */
+em_status cuda_capture_refuse(cuda_capture *c, const char *why);
+/* Gives a finished capture's pool blocks back to d's free lists. */
+void cuda_pool_release(cuda_device *d, cuda_pool *p);
+/* Bytes of d's live blocks and of its cached free blocks (tests). */
+void cuda_mem_usage(cuda_device *d, size_t *live, size_t *cached);
 
 /* Whether TF32 tensor cores may be used for f32 matmuls: the environment
  * variable EMBER_CUDA_TF32=1 (default off: full f32 accuracy). */

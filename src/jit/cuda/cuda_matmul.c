@@ -79,7 +79,23 @@ static bool operand(const em_tensor *t, int nb, const int64_t *out_sizes, mm_ope
     return true;
 }
 
-static em_status blas_handle(cuda_device *d, const cublas_api *bl) {
+static em_status device_handle(cuda_device *d, const cublas_api *bl);
+
+/* The handle a matmul of the calling thread uses: the device's, or while
+ * the thread captures a graph, the capture's (cuda_graph.c: on the capture
+ * stream, with a workspace of its own, which capture needs). */
+static em_status blas_handle(cuda_device *d, const cublas_api *bl, cublasHandle_t *h) {
+    cuda_capture *cap = cuda_capturing(d);
+    if (cap) {
+        *h = d->blas_capture;
+        return *h ? EM_OK : cuda_capture_refuse(cap, "a matmul (no cuBLAS handle for capture)");
+    }
+    em_status s = device_handle(d, bl);
+    *h = d->blas;
+    return s;
+}
+
+static em_status device_handle(cuda_device *d, const cublas_api *bl) {
     bool tf32 = cuda_tf32_enabled();
     if (!d->blas) {
         if (bl->Create(&d->blas) != CUBLAS_STATUS_SUCCESS)
@@ -94,7 +110,7 @@ static em_status blas_handle(cuda_device *d, const cublas_api *bl) {
     return EM_OK;
 }
 
-static em_status gemm(cuda_device *d, const cublas_api *bl, em_dtype dt, const mm_operand *A,
+static em_status gemm(cuda_device *d, cublasHandle_t h, const cublas_api *bl, em_dtype dt, const mm_operand *A,
                       const mm_operand *B, void *C, int64_t M, int64_t N, int64_t K, int64_t batch) {
     if (M > INT32_MAX || N > INT32_MAX || K > INT32_MAX || batch > INT32_MAX || A->ld > INT32_MAX ||
         B->ld > INT32_MAX)
@@ -104,25 +120,25 @@ static em_status gemm(cuda_device *d, const cublas_api *bl, em_dtype dt, const m
     if (dt == EM_F16 || dt == EM_BF16) {
         const float one = 1.0f, zero = 0.0f;
         cudaDataType_t t = dt == EM_F16 ? CUDA_R_16F : CUDA_R_16BF;
-        r = batch == 1 ? bl->GemmEx(d->blas, B->op, A->op, m, n, k, &one, B->data, t, (int)B->ld,
+        r = batch == 1 ? bl->GemmEx(h, B->op, A->op, m, n, k, &one, B->data, t, (int)B->ld,
                                     A->data, t, (int)A->ld, &zero, C, t, m, CUBLAS_COMPUTE_32F,
                                     CUBLAS_GEMM_DEFAULT)
-                       : bl->GemmStridedBatchedEx(d->blas, B->op, A->op, m, n, k, &one, B->data, t,
+                       : bl->GemmStridedBatchedEx(h, B->op, A->op, m, n, k, &one, B->data, t,
                                                   (int)B->ld, B->batch_stride, A->data, t, (int)A->ld,
                                                   A->batch_stride, &zero, C, t, m, M * N, (int)batch,
                                                   CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
     } else if (dt == EM_F32) {
         const float one = 1.0f, zero = 0.0f;
-        r = batch == 1 ? bl->Sgemm(d->blas, B->op, A->op, m, n, k, &one, B->data, (int)B->ld, A->data,
+        r = batch == 1 ? bl->Sgemm(h, B->op, A->op, m, n, k, &one, B->data, (int)B->ld, A->data,
                                    (int)A->ld, &zero, C, m)
-                       : bl->SgemmStridedBatched(d->blas, B->op, A->op, m, n, k, &one, B->data,
+                       : bl->SgemmStridedBatched(h, B->op, A->op, m, n, k, &one, B->data,
                                                  (int)B->ld, B->batch_stride, A->data, (int)A->ld,
                                                  A->batch_stride, &zero, C, m, M * N, (int)batch);
     } else {
         const double one = 1.0, zero = 0.0;
-        r = batch == 1 ? bl->Dgemm(d->blas, B->op, A->op, m, n, k, &one, B->data, (int)B->ld, A->data,
+        r = batch == 1 ? bl->Dgemm(h, B->op, A->op, m, n, k, &one, B->data, (int)B->ld, A->data,
                                    (int)A->ld, &zero, C, m)
-                       : bl->DgemmStridedBatched(d->blas, B->op, A->op, m, n, k, &one, B->data,
+                       : bl->DgemmStridedBatched(h, B->op, A->op, m, n, k, &one, B->data,
                                                  (int)B->ld, B->batch_stride, A->data, (int)A->ld,
                                                  A->batch_stride, &zero, C, m, M * N, (int)batch);
     }
@@ -159,7 +175,8 @@ em_status cuda_matmul(cuda_device *d, const em_op_call *c, em_tensor *out) {
     for (int i = 0; i < nb; i++) batch *= out->sizes[i];
     const cublas_api *bl = cuda_cublas();
     if (!bl) return em_last_status();
-    em_status s = blas_handle(d, bl);
+    cublasHandle_t h;
+    em_status s = blas_handle(d, bl, &h);
     if (s != EM_OK) return s;
     em_scope_begin();
     mm_operand A, B;
@@ -171,7 +188,7 @@ em_status cuda_matmul(cuda_device *d, const em_op_call *c, em_tensor *out) {
         b = contiguous_copy(b);
         if (!b || !operand(b, nb, out->sizes, &B)) s = b ? em_error(EM_ERR_UNSUPPORTED, "matmul: layout of b") : em_last_status();
     }
-    if (s == EM_OK) s = gemm(d, bl, out->dtype, &A, &B, em_data(out), M, N, K, batch);
+    if (s == EM_OK) s = gemm(d, h, bl, out->dtype, &A, &B, em_data(out), M, N, K, batch);
     em_scope_end(); /* the copies are freed in stream order: the gemm is queued first */
     return s;
 }

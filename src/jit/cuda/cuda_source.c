@@ -144,7 +144,7 @@ em_status cuda_source_launch(cuda_device *d, const cuda_kernel *k, unsigned grid
         if (s != EM_OK) return s;
         __atomic_store_n(optin, (int)smem, __ATOMIC_RELAXED);
     }
-    return cuda_check(cu->LaunchKernel(k->fn, grid, 1, 1, block, 1, 1, smem, d->stream, args, NULL),
+    return cuda_check(cu->LaunchKernel(k->fn, grid, 1, 1, block, 1, 1, smem, cuda_stream(d), args, NULL),
                       "cuLaunchKernel");
 }
 

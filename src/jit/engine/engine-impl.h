@@ -3,6 +3,8 @@
 #ifndef EMBER_ENGINE_IMPL_H
 #define EMBER_ENGINE_IMPL_H
 
+#include <pthread.h>
+
 #include "engine.h"
 #include "plan.h"
 
@@ -22,6 +24,15 @@ typedef struct jit_spec {
 /* Specs kept per dynamic state: a function called with more distinct sizes
  * than this redoes the (microsecond) check for the others on each call. */
 #define JIT_SPEC_MEMO 16
+
+/* Device graphs (graphs.c): at most this many per state (one per size of a
+ * dynamic state), holding at most this much device memory in all; past
+ * either, the other sizes run with plain launches. */
+#define JIT_GRAPHS_MAX 8
+#define JIT_GRAPHS_MAX_BYTES ((size_t)2 << 30)
+
+/* One captured graph of a state: what its replays need (graphs.c). */
+typedef struct jit_graph_slot jit_graph_slot;
 
 /* A graph's compiled form on one device: its plan (steps, and per kernel
  * its cache key and buffers) and the loaded kernels.  No kernels: run op
@@ -59,6 +70,16 @@ struct jit_compiled {
     jit_dyn follow;           /* attribute sizes that follow the sizes (no probe) */
     char declined[192];       /* why the last sizes it could not serve were refused */
     const em_allocator *alloc; /* the one it was made under */
+    /* Device graphs (graphs.c): on when the env asked and the device has
+     * them.  One replay at a time (graph_lock, tried: a call that finds
+     * it taken runs with plain launches); the slots and bytes under it. */
+    bool graphs;
+    const jit_log *log;       /* the compiling owner's: graph fallbacks are logged */
+    pthread_mutex_t graph_lock;
+    jit_graph_slot *slots[JIT_GRAPHS_MAX];
+    int nslots;
+    size_t graph_bytes;       /* device memory the slots' graphs and buffers hold */
+    int64_t graphs_captured, graph_replays; /* statistics */
 };
 
 /* exec.c: runs st's plan for the sizes of sp (NULL: the graph as traced). */
@@ -69,5 +90,16 @@ void jit_spec_free(const jit_compiled *st, jit_spec *sp);
  * memory: none, and each run makes them). */
 void jit_exec_prepare(jit_compiled *st, const tr_graph *g);
 void jit_exec_unprepare(jit_compiled *st);
+
+/* graphs.c: runs st for sp (NULL: static) as its captured device graph
+ * when it has one for these sizes, or captures one when this call is due
+ * (*ran true: out holds the results); *ran false: the caller runs the plan
+ * (graphs off, warming up, bypassed, or the capture failed: logged, never
+ * an error).  An error is one the replay itself got. */
+em_status jit_graphs_run(jit_compiled *st, const tr_graph *g, jit_spec *sp, em_tensor *const *in,
+                         em_tensor **out, bool *ran);
+/* Frees st's graphs, their buffers and held outputs (the device memory
+ * goes back to the device's allocator). */
+void jit_graphs_free(jit_compiled *st);
 
 #endif

@@ -55,6 +55,8 @@ void jit_engine_free(jit_compiled *st) {
     if (!st) return;
     const em_allocator *caller = em_get_allocator();
     em_set_allocator(st->alloc);
+    jit_graphs_free(st);
+    pthread_mutex_destroy(&st->graph_lock);
     drop_kernels(st);
     tr_graph_free(st->graph);
     em_free(st);
@@ -72,6 +74,11 @@ static jit_compiled *state_new(const jit_device *d) {
     if (!st) return NULL;
     st->dev = d;
     st->alloc = em_get_allocator();
+    if (pthread_mutex_init(&st->graph_lock, NULL) != 0) {
+        em_free(st);
+        em_error(EM_ERR_NOMEM, "%s: cannot make a compiled graph's lock", d->name);
+        return NULL;
+    }
     return st;
 }
 
@@ -495,6 +502,8 @@ static em_status compile_static(jit_compiled *st, const tr_graph *g, jit_env *en
 static jit_compiled *begin(const jit_device *d, const tr_graph *g, jit_env *env, jit_compiled **out) {
     jit_compiled *st = *out = state_new(d);
     if (!st) return NULL;
+    st->graphs = env->graphs && !env->target && !env->dry_run && d->capture_begin;
+    st->log = env->log;
     st->index = env->target ? 0 : graph_device(d, g);
     if (st->index >= 0) return st;
     st->index = 0;
@@ -740,7 +749,9 @@ em_status jit_engine_run(jit_compiled *st, void *spec, const tr_graph *g, em_ten
     if (st && st->graph) g = st->graph; /* what the plan was made for */
     if (!st || !st->kernels) return jit_exec_op_by_op(g, in, out);
     jit_spec *sp = spec;
-    em_status s = jit_exec(st, g, sp, in, out);
+    bool ran = false;
+    em_status s = jit_graphs_run(st, g, sp, in, out, &ran);
+    if (s == EM_OK && !ran) s = jit_exec(st, g, sp, in, out);
     if (sp && sp->owned) jit_spec_free(st, sp);
     return s;
 }

@@ -36,7 +36,8 @@ enum {
     JIT_LOG_RECOMPILES = 1 << 2, /* each recompile, with the failed guard */
     JIT_LOG_BREAKS = 1 << 3,     /* each graph break */
     JIT_LOG_CODE = 1 << 4,       /* each generated kernel, as kernel IR */
-    JIT_LOG_CACHE = 1 << 5       /* kernel and plan cache hits, misses and writes */
+    JIT_LOG_CACHE = 1 << 5,      /* kernel and plan cache hits, misses and writes */
+    JIT_LOG_DEVGRAPHS = 1 << 6   /* device graphs captured, and why an entry runs without */
 };
 
 typedef struct jit_log {
@@ -80,12 +81,21 @@ typedef struct jit_env {
     int64_t missing;            /* dry_run: kernels not in the cache */
     int64_t plans_missing;      /* dry_run: graphs whose plan is not in the cache (or unusable) */
     int64_t plans_unusable;     /* dry_run: of those, plans there but bad or missing kernels */
+    /* Device graphs (graphs.c): states compiled with this env replay their
+     * plans as one captured graph per size, where the device has them.
+     * em_compile sets it (the cuda_graphs option, EMBER_CUDA_GRAPHS); the
+     * log must then outlive the states. */
+    bool graphs;
 } jit_env;
 
 /* ---- devices ---- */
 
 /* A device's loaded kernel: opaque to the engine. */
 typedef struct jit_kernel jit_kernel;
+/* A device graph being captured, and a captured one (CUDA graphs): opaque
+ * to the engine (graphs.c). */
+typedef struct jit_capture jit_capture;
+typedef struct jit_graph jit_graph;
 
 /* An artifact as a device's compile leaves it: a file it wrote (path, the
  * engine stores or removes it), bytes (em_malloc'd), or a kernel already
@@ -148,6 +158,24 @@ typedef struct jit_device {
      * and conversions, so the scheduler fuses half values (computed in
      * f32: sched/lower.c); otherwise they run as eager steps. */
     bool half_kernels;
+    /* Optional, all five or none: device graphs (graphs.c replays a
+     * compiled entry's plan with one launch).  capture_begin makes the
+     * calling thread's work on device index, until capture_end, a graph
+     * instead of running it: its launches, copies between device buffers,
+     * and the device memory allocated meanwhile, which the graph owns
+     * until graph_free (its replays write it).  Work that cannot be
+     * captured (a copy with the host, an op the device runs on the host,
+     * a random draw) fails with EM_ERR_UNSUPPORTED and the reason.
+     * capture_end (ok false: abandon) gives the graph, or an error saying
+     * why none was made, and ends the capture either way; graph_launch
+     * replays it in order with the device's other work; graph_bytes is
+     * the device memory it owns.  An error from capture_begin (no graph
+     * API in the driver, another thread capturing) means: not now. */
+    em_status (*capture_begin)(int index, jit_capture **out);
+    em_status (*capture_end)(jit_capture *c, bool ok, jit_graph **out);
+    em_status (*graph_launch)(jit_graph *g);
+    size_t (*graph_bytes)(const jit_graph *g);
+    void (*graph_free)(jit_graph *g);
 } jit_device;
 
 /* EMBER_COMPILE_TIMEOUT (seconds, default JIT_COMPILE_TIMEOUT): the
@@ -348,6 +376,9 @@ em_status jit_engine_run(jit_compiled *st, void *spec, const tr_graph *g, em_ten
 void jit_engine_free(jit_compiled *st);
 /* Kernels the state holds (statistics). */
 int jit_engine_kernels(const jit_compiled *st);
+/* Device graphs the state captured, and calls it replayed through one
+ * (statistics; graphs.c). */
+void jit_engine_graph_stats(jit_compiled *st, int64_t *captured, int64_t *replays);
 
 /* Runs call node n eagerly on the values of its inputs (vals, by node);
  * random ops draw from their generator's current state, as eager code

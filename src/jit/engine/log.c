@@ -15,8 +15,9 @@ static const struct {
     {"breaks", JIT_LOG_BREAKS},
     {"code", JIT_LOG_CODE},
     {"cache", JIT_LOG_CACHE},
+    {"cudagraphs", JIT_LOG_DEVGRAPHS},
     {"all", JIT_LOG_GRAPH | JIT_LOG_GUARDS | JIT_LOG_RECOMPILES | JIT_LOG_BREAKS | JIT_LOG_CODE |
-                JIT_LOG_CACHE},
+                JIT_LOG_CACHE | JIT_LOG_DEVGRAPHS},
 };
 
 void jit_log_open(jit_log *l) {
@@ -46,7 +47,7 @@ void jit_log_open(jit_log *l) {
                 if (!strcmp(word, log_names[k].name)) break;
             if (k < sizeof log_names / sizeof log_names[0]) l->flags |= log_names[k].flag;
             else fprintf(l->f, "[ember] EMBER_LOG: unknown option '%s' (graph, guards, "
-                         "recompiles, breaks, code, cache, all)\n", word);
+                         "recompiles, breaks, code, cache, cudagraphs, all)\n", word);
         }
         p += n;
         if (*p == ',') p++;

@@ -70,6 +70,10 @@ static void engine_free(void *state) { jit_engine_free(state); }
 
 static int engine_kernels(const void *state) { return jit_engine_kernels(state); }
 
+static void engine_graph_stats(void *state, int64_t *captured, int64_t *replays) {
+    jit_engine_graph_stats(state, captured, replays);
+}
+
 /* The device's target as a string (for records and ember-cache), in a
  * per-thread buffer; NULL when it has none here. */
 static const char *device_target(const jit_device *d) {
@@ -91,7 +95,7 @@ static const char *device_target(const jit_device *d) {
     static const char *id##_target(void) { return device_target(&dev); }                         \
     const jit_backend jit_##id##_backend = {                                                     \
         .name = #id, .compile = id##_compile, .run = engine_run, .free = engine_free,            \
-        .kernels = engine_kernels, .target = id##_target,                                        \
+        .kernels = engine_kernels, .graph_stats = engine_graph_stats, .target = id##_target,     \
         .compile_dynamic = id##_compile_dynamic, .specialize = engine_specialize,                \
         .declined = engine_declined, .run_dynamic = engine_run_dynamic, .device = &dev,          \
     };
@@ -130,6 +134,7 @@ const jit_backend jit_auto_backend = {
     .run = engine_run,
     .free = engine_free,
     .kernels = engine_kernels,
+    .graph_stats = engine_graph_stats,
 };
 
 const jit_backend *jit_backend_find(const char *name) {

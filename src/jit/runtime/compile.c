@@ -80,9 +80,10 @@ static em_status check_options(em_fn fn, const em_compile_options *o) {
         return em_error(EM_ERR_ARG, "em_compile: autocast is EM_F16, EM_BF16 or EM_F32 (none), not %d",
                         (int)o->autocast);
     if (o->dynamic < -1 || o->dynamic > 1 || o->async_compile < -1 || o->async_compile > 1 ||
-        o->lazy_trace < -1 || o->lazy_trace > 1)
-        return em_error(EM_ERR_ARG, "em_compile: dynamic (%d), async_compile (%d) and lazy_trace (%d) "
-                        "are -1, 0 or 1", o->dynamic, o->async_compile, o->lazy_trace);
+        o->lazy_trace < -1 || o->lazy_trace > 1 || o->cuda_graphs < -1 || o->cuda_graphs > 1)
+        return em_error(EM_ERR_ARG, "em_compile: dynamic (%d), async_compile (%d), lazy_trace (%d) "
+                        "and cuda_graphs (%d) are -1, 0 or 1", o->dynamic, o->async_compile,
+                        o->lazy_trace, o->cuda_graphs);
     if (o->nwatch < 0 || (o->nwatch > 0 && !o->watch))
         return em_error(EM_ERR_ARG, "em_compile: %d watched slots but no array", o->nwatch);
     for (int i = 0; i < o->nwatch; i++)
@@ -158,6 +159,7 @@ em_compiled *em_compile(em_fn fn, void *ctx, const em_compile_options *opts) {
     f->lazy_trace = opts->lazy_trace;
     f->autocast = opts->autocast;
     f->env.log = &f->log;
+    f->env.graphs = opts->cuda_graphs ? opts->cuda_graphs > 0 : jit_env_cuda_graphs(&f->log);
     f->verify = jit_env_flag("EMBER_VERIFY");
     if (f->backend != &jit_replay_backend) f->env.cache = jit_cache_open(&f->log);
     char rbuf[EM_ENV_MAX];
@@ -686,6 +688,13 @@ em_status em_compiled_stats(const em_compiled *f, em_compile_stats *out) {
     if (!out) return em_error(EM_ERR_NULL, "em_compiled_stats: out is NULL");
     pthread_mutex_lock((pthread_mutex_t *)&f->lock);
     *out = f->stats;
+    for (int i = 0; i < f->entries.n; i++) { /* the states count their own replays */
+        const jit_entry *e = f->entries.entries[i];
+        int64_t c = 0, r = 0;
+        if (e->ready && e->state && e->backend->graph_stats) e->backend->graph_stats(e->state, &c, &r);
+        out->graphs_captured += c;
+        out->graph_replays += r;
+    }
     pthread_mutex_unlock((pthread_mutex_t *)&f->lock);
     return EM_OK;
 }

@@ -22,6 +22,9 @@ typedef struct jit_backend {
     void (*free)(void *state);
     /* Optional: native kernels the state holds (for statistics). */
     int (*kernels)(const void *state);
+    /* Optional: device graphs the state captured and calls it replayed
+     * through them (for statistics). */
+    void (*graph_stats)(void *state, int64_t *captured, int64_t *replays);
     /* Optional: what the artifacts depend on besides the graph (compiler,
      * generator and options versions); NULL: no artifacts (nothing to
      * record or warm up). */
@@ -130,6 +133,9 @@ int jit_env_recompile_limit(const struct jit_log *log);
 int jit_env_dynamic(const struct jit_log *log);
 /* Whether the variable is set to anything but "" or "0". */
 bool jit_env_flag(const char *name);
+/* EMBER_CUDA_GRAPHS: 1 (or on) true, 0, off or unset false (the default:
+ * docs/cuda.md#cuda-graphs says why); other values are logged. */
+bool jit_env_cuda_graphs(const struct jit_log *log);
 
 /* ---- lazy mode (lazy.c) ---- */
 /* Whether h is lazy mode's hook (not a recorder's). */
