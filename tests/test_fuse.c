@@ -512,32 +512,52 @@ START_TEST(worker_protocol_round_trip) {
     int i = kir_range(k, n, K_PARALLEL);
     kir_store(k, b, i, kir_alu(k, KA_EXP, kir_load(k, b, i), -1, -1));
     kir_end(k);
+    k_kernel *k2 = kir_new("k8");
+    b = kir_buf(k2, EM_I32);
+    i = kir_range(k2, kir_const_i(k2, EM_I64, 3), 0);
+    kir_store(k2, b, i, kir_load(k2, b, i));
+    kir_end(k2);
+    k_kernel *const unit[2] = {k, k2};
+    const char *const paths[2] = {"/tmp/x.so", "/tmp/y.so"};
     FILE *f = tmpfile();
-    ck_assert(jit_worker_write(f, k, "/tmp/x.so"));
-    ck_assert(jit_worker_write(f, k, "/tmp/y.so"));
+    ck_assert(jit_worker_write(f, unit, paths, 2));
+    ck_assert(jit_worker_write(f, unit + 1, paths + 1, 1));
+    ck_assert(!jit_worker_write(f, unit, paths, 0));
+    ck_assert(!jit_worker_write(f, unit, paths, JIT_CPU_UNIT_MAX + 1));
     rewind(f);
-    char path[64];
     for (int r = 0; r < 2; r++) {
-        k_kernel *back = jit_worker_read(f, path, sizeof path);
-        ck_assert_ptr_nonnull(back);
-        ck_assert_str_eq(path, r ? "/tmp/y.so" : "/tmp/x.so");
-        ck_assert_str_eq(back->name, "k7");
-        ck_assert_int_eq(back->n, k->n);
-        ck_assert(memcmp(back->insts, k->insts, sizeof(k_inst) * (size_t)k->n) == 0);
-        ck_assert_int_eq(kir_verify(back), EM_OK);
-        kir_free(back);
+        jit_worker_unit u;
+        ck_assert(jit_worker_read(f, &u));
+        ck_assert_int_eq(u.n, r ? 1 : 2);
+        for (int j = 0; j < u.n; j++) {
+            const k_kernel *want = unit[r + j];
+            ck_assert_str_eq(u.paths[j], paths[r + j]);
+            ck_assert_str_eq(u.ks[j]->name, want->name);
+            ck_assert_int_eq(u.ks[j]->n, want->n);
+            ck_assert_int_eq(u.ks[j]->nbufs, want->nbufs);
+            ck_assert(memcmp(u.ks[j]->insts, want->insts, sizeof(k_inst) * (size_t)want->n) == 0);
+            ck_assert_int_eq(kir_verify(u.ks[j]), EM_OK);
+        }
+        jit_worker_unit_free(&u);
     }
     fclose(f);
-    /* truncated or foreign input is an error, not a crash */
-    const char *bad[] = {"EMKIR01", "EMKIR01\0\x40\0\0\0\x02", "not a kernel at all"};
-    const size_t badlen[] = {7, 14, 19};
-    for (int t = 0; t < 3; t++) {
+    /* truncated or foreign input is an error, not a crash: the old
+     * format, a count of 0 or past the bound, a unit cut short */
+    const char *bad[] = {"EMKIR02", "EMKIR01\0\x01\0\0\0\x40\0\0\0\x02", "not a kernel at all",
+                         "EMKIR02\0\0\0\0\0", "EMKIR02\0\x11\0\0\0", "EMKIR02\0\x02\0\0\0\x40\0\0\0\x02"};
+    const size_t badlen[] = {7, 18, 19, 12, 12, 18};
+    for (int t = 0; t < 6; t++) {
         FILE *g = tmpfile();
         ck_assert_int_eq(fwrite(bad[t], 1, badlen[t], g), badlen[t]);
         rewind(g);
-        ck_assert_ptr_null(jit_worker_read(g, path, sizeof path));
+        jit_worker_unit u;
+        ck_assert(!jit_worker_read(g, &u));
+        ck_assert_int_eq(em_last_status(), EM_ERR_ARG);
+        ck_assert_int_eq(u.n, 0);
+        em_clear_error();
         fclose(g);
     }
+    kir_free(k2);
     kir_free(k);
 }
 END_TEST

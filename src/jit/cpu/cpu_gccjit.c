@@ -81,7 +81,7 @@ static const char *const CODE_OPTIONS[] = {"-fno-math-errno", "-fno-trapping-mat
                                            "-fno-inline-functions-called-once"};
 /* Bumped when the generated code changes for the same kernel IR (cached
  * shared objects of older generators are then not reused). */
-#define CODEGEN_VERSION 4
+#define CODEGEN_VERSION 5
 
 static gcc_jit_context *new_context(void) {
     gcc_jit_context *ctx = gcc_jit_context_acquire();
@@ -141,20 +141,35 @@ bool jit_cpu_kernel_key(const k_kernel *k, kc_key *key, kc_manifest *m) {
     return true;
 }
 
-/* Checks k and populates a new context with its two functions (and, with
- * key, the NAME__key symbol). */
-static em_status gen(const k_kernel *k, const kc_key *key, gcc_jit_context **out) {
+void jit_cpu_symbol(const kc_key *key, char out[JIT_CPU_SYMBOL_SIZE]) {
+    char hex[KC_KEY_HEX_SIZE];
+    kc_key_hex(key, hex);
+    snprintf(out, JIT_CPU_SYMBOL_SIZE, "k_%s", hex);
+}
+
+/* Checks ks[0..n) and populates a new context with their functions, one
+ * context for all (a compile unit: libgccjit's fixed cost per context,
+ * ~30 ms of the assembler and the linker, is paid once).  Each kernel is
+ * named syms[i], or with keys by its key (jit_cpu_symbol) and then
+ * carries NAME__key too. */
+static em_status gen(k_kernel *const *ks, const char *const *syms, const kc_key *keys, int n,
+                     gcc_jit_context **out) {
     *out = NULL;
-    em_status s = check_kernel(k);
+    em_status s = EM_OK;
+    for (int i = 0; i < n && s == EM_OK; i++) s = check_kernel(ks[i]);
     if (s != EM_OK) return s;
     gcc_jit_context *ctx = new_context();
     if (!ctx) return em_error(EM_ERR_NOMEM, "jit_cpu: gcc_jit_context_acquire failed");
-    bool uses_libm = false;
-    s = cg_emit_kernel(ctx, k, &uses_libm);
-    if (s == EM_OK && key) emit_key(ctx, k->name, key);
-    if (s == EM_OK && uses_libm) gcc_jit_context_add_driver_option(ctx, "-lm");
-    if (s == EM_OK && gcc_jit_context_get_first_error(ctx))
-        s = gccjit_error(ctx, "code generation", k->name);
+    cg_lib lib = {0};
+    for (int i = 0; i < n && s == EM_OK; i++) {
+        char sym[JIT_CPU_SYMBOL_SIZE];
+        if (keys) jit_cpu_symbol(&keys[i], sym);
+        s = cg_emit_kernel(ctx, &lib, ks[i], keys ? sym : syms[i]);
+        if (s == EM_OK && keys) emit_key(ctx, sym, &keys[i]);
+        if (s == EM_OK && gcc_jit_context_get_first_error(ctx))
+            s = gccjit_error(ctx, "code generation", ks[i]->name);
+    }
+    if (s == EM_OK && lib.uses_libm) gcc_jit_context_add_driver_option(ctx, "-lm");
     if (s != EM_OK)
         gcc_jit_context_release(ctx);
     else
@@ -178,8 +193,11 @@ static em_status make_kernel(jit_cpu_fn fn, plan_fn plan, gcc_jit_result *res, v
 em_status jit_cpu_compile(const k_kernel *k, jit_cpu_kernel **out) {
     if (!out) return em_error_null("jit_cpu_compile", "out");
     *out = NULL;
+    if (!k) return check_kernel(k);
     gcc_jit_context *ctx;
-    em_status s = gen(k, NULL, &ctx);
+    k_kernel *const ks[1] = {(k_kernel *)k};
+    const char *const syms[1] = {k->name};
+    em_status s = gen(ks, syms, NULL, 1, &ctx);
     if (s != EM_OK) return s;
     em_env_lock(true); /* the driver calls putenv (env.c) */
     gcc_jit_result *res = gcc_jit_context_compile(ctx);
@@ -202,21 +220,46 @@ em_status jit_cpu_compile(const k_kernel *k, jit_cpu_kernel **out) {
     return s;
 }
 
-em_status jit_cpu_write_so(const k_kernel *k, const char *path) {
-    if (!path) return em_error_null("jit_cpu_write_so", "path");
-    kc_key key;
-    if (k && !jit_cpu_kernel_key(k, &key, NULL))
-        return em_error(EM_ERR_NOMEM, "jit_cpu_write_so: out of memory");
-    gcc_jit_context *ctx;
-    em_status s = gen(k, k ? &key : NULL, &ctx);
-    if (s != EM_OK) return s;
+/* Compiles the context to a shared object at path. */
+static em_status write_context(gcc_jit_context *ctx, const char *path, const char *first) {
     em_env_lock(true); /* the driver calls putenv (env.c) */
     gcc_jit_context_compile_to_file(ctx, GCC_JIT_OUTPUT_KIND_DYNAMIC_LIBRARY, path);
     em_env_unlock();
-    if (gcc_jit_context_get_first_error(ctx))
-        s = gccjit_error(ctx, "compilation to a file", k->name);
+    em_status s = EM_OK;
+    if (gcc_jit_context_get_first_error(ctx)) s = gccjit_error(ctx, "compilation to a file", first);
     gcc_jit_context_release(ctx);
     return s;
+}
+
+em_status jit_cpu_write_so(const k_kernel *k, const char *path) {
+    if (!path) return em_error_null("jit_cpu_write_so", "path");
+    if (!k) return check_kernel(k);
+    kc_key key;
+    if (!jit_cpu_kernel_key(k, &key, NULL)) return em_error(EM_ERR_NOMEM, "jit_cpu_write_so: out of memory");
+    /* named k->name, with NAME__key: gen's keyed naming, by hand */
+    gcc_jit_context *ctx;
+    k_kernel *const ks[1] = {(k_kernel *)k};
+    const char *const syms[1] = {k->name};
+    em_status s = gen(ks, syms, NULL, 1, &ctx);
+    if (s != EM_OK) return s;
+    emit_key(ctx, k->name, &key);
+    return write_context(ctx, path, k->name);
+}
+
+em_status jit_cpu_write_unit(k_kernel *const *ks, int n, const char *path) {
+    if (!path) return em_error_null("jit_cpu_write_unit", "path");
+    if (!ks) return em_error_null("jit_cpu_write_unit", "ks");
+    if (n < 1 || n > JIT_CPU_UNIT_MAX)
+        return em_error(EM_ERR_ARG, "jit_cpu_write_unit: %d kernels (1 to %d)", n, JIT_CPU_UNIT_MAX);
+    kc_key keys[JIT_CPU_UNIT_MAX];
+    for (int i = 0; i < n; i++) {
+        if (!ks[i]) return check_kernel(ks[i]);
+        if (!jit_cpu_kernel_key(ks[i], &keys[i], NULL))
+            return em_error(EM_ERR_NOMEM, "jit_cpu_write_unit: out of memory");
+    }
+    gcc_jit_context *ctx;
+    em_status s = gen(ks, NULL, keys, n, &ctx);
+    return s == EM_OK ? write_context(ctx, path, ks[0]->name) : s;
 }
 
 em_status jit_cpu_load_so(const char *path, const char *name, jit_cpu_kernel **out) {
@@ -278,12 +321,12 @@ static bool key_matches(void *dl, const char *name, const kc_key *key) {
     return got && memcmp(got, key->bytes, sizeof key->bytes) == 0;
 }
 
-em_status jit_cpu_load_fd(int fd, const char *name, const kc_key *key, jit_cpu_kernel **out) {
+em_status jit_cpu_load_fd(int fd, const kc_key *key, jit_cpu_kernel **out) {
     if (!out) return em_error_null("jit_cpu_load_fd", "out");
     *out = NULL;
-    if (!name || !key) return em_error_null("jit_cpu_load_fd", name ? "key" : "name");
-    if (strlen(name) > CG_MAX_NAME)
-        return em_error(EM_ERR_ARG, "jit_cpu_load_fd: kernel name too long");
+    if (!key) return em_error_null("jit_cpu_load_fd", "key");
+    char name[JIT_CPU_SYMBOL_SIZE];
+    jit_cpu_symbol(key, name);
     char path[320];
     if (fd < 0 || !fd_path(fd, path, sizeof path))
         return em_error(EM_ERR_ARG, "jit_cpu_load_fd: bad file descriptor %d", fd);

@@ -28,7 +28,8 @@
  * (vectorizable); float64 ones call libm.  Float add reductions in an
  * innermost loop accumulate into 16 (f32) or 8 (f64) partial sums, float
  * max/min reductions compare order-preserving integer keys, so that both
- * vectorize without -ffast-math.  f16 and bf16 are not supported yet.
+ * vectorize without -ffast-math.  f16 and bf16 are computed in f32 (loads
+ * convert up, stores round to nearest even).
  *
  * Dtype semantics follow the eager CPU kernels: i32 arithmetic wraps (i64
  * is signed C arithmetic: it is index arithmetic, which gcc analyses
@@ -48,23 +49,38 @@ typedef void (*jit_cpu_fn)(void *const *bufs, const int64_t *sizes, int64_t begi
 
 /* Compiles k in process.  EM_ERR_ARG for IR that fails kir_verify (or a
  * kernel name longer than 200 characters), EM_ERR_UNSUPPORTED for dtypes
- * the generator lacks (f16, bf16), EM_ERR_STATE with libgccjit's first
+ * the generator lacks, EM_ERR_STATE with libgccjit's first
  * error message when compilation fails. */
 em_status jit_cpu_compile(const k_kernel *k, jit_cpu_kernel **out);
 /* Runs the whole iteration space, split over threads when it pays. */
 em_status jit_cpu_run(const jit_cpu_kernel *ck, void *const *bufs, const int64_t *sizes);
-/* Compiles k to a shared object at path (for the on-disk cache), with
- * NAME__key holding jit_cpu_kernel_key(k). */
+/* Compiles k to a shared object at path, its functions named k->name,
+ * with NAME__key holding jit_cpu_kernel_key(k) (for tests and tools). */
 em_status jit_cpu_write_so(const k_kernel *k, const char *path);
+
+/* A compile unit: ks[0..n) (1 <= n <= JIT_CPU_UNIT_MAX) compiled in one
+ * libgccjit context into one shared object at path, each kernel's
+ * functions named by its key (jit_cpu_symbol), each with its NAME__key:
+ * what the engine stores under every one of the n keys (one object holds
+ * the n kernels; a loader takes the one its key names).  One context pays
+ * libgccjit's fixed cost per compile (the assembler and the linker, ~30
+ * ms) once for the n kernels.  Any kernel's error fails the unit. */
+#define JIT_CPU_UNIT_MAX 16
+em_status jit_cpu_write_unit(k_kernel *const *ks, int n, const char *path);
+/* The name of the kernel filed under key in a unit: "k_" and the key's
+ * hex. */
+#define JIT_CPU_SYMBOL_SIZE (2 + KC_KEY_HEX_SIZE)
+void jit_cpu_symbol(const kc_key *key, char out[JIT_CPU_SYMBOL_SIZE]);
 /* Loads a shared object written by jit_cpu_write_so for the kernel name
  * (no key check: for tests and tools). */
 em_status jit_cpu_load_so(const char *path, const char *name, jit_cpu_kernel **out);
-/* Loads the shared object in the open file fd (a sealed memory file from
- * kc_get_fd: exactly the verified bytes) and checks that its NAME__key is
+/* Loads the kernel named by key (jit_cpu_symbol) from the shared object
+ * in the open file fd (a sealed memory file from kc_get_fd: exactly the
+ * verified bytes; a compile unit's) and checks that its NAME__key is
  * key: EM_ERR_STATE when it is missing or another key's (an artifact
  * filed under the wrong key), which the caller treats as a miss.  fd is
  * the caller's (it may be closed once this returns). */
-em_status jit_cpu_load_fd(int fd, const char *name, const kc_key *key, jit_cpu_kernel **out);
+em_status jit_cpu_load_fd(int fd, const kc_key *key, jit_cpu_kernel **out);
 /* The cache key of k's shared object: the field "ember cpu kernel",
  * jit_cpu_target() and k's printed IR; m (may be NULL) gets its manifest
  * (fields what, target, kernel_ir). */

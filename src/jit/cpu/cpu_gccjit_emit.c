@@ -38,7 +38,7 @@ enum { ACC_PLAIN, ACC_PARTS, ACC_KEY };
 typedef struct kgen {
     cg g;
     cg_types T;
-    cg_lib lib; /* vmath functions and libm imports used so far */
+    cg_lib *lib; /* the context's vmath functions and libm imports (shared by its kernels) */
     const k_kernel *k;
     int *match;  /* K_RANGE -> its K_END */
     cg_val *val; /* value of each instruction */
@@ -52,7 +52,6 @@ typedef struct kgen {
     unsigned char *cross; /* scratch: blocked loops' values that need an array */
     unsigned char *remat; /* scratch: blocked loops' values recomputed where used */
     int *stamp;           /* scratch: 1 + the segment whose code holds val[i] */
-    gcc_jit_function *blk[CGM_COUNT]; /* void f_blk(float *p, int64_t m) */
     cg_val bufs, sizes, begin, end;
 } kgen;
 
@@ -88,7 +87,7 @@ static void emit_update(kgen *G, const k_inst *in) {
         if_replace(G, G->acc[a], v, max);
     } else {
         cg_val r =
-            cg_alu(g, &G->lib, acc->alu, acc->dtype, gcc_jit_lvalue_as_rvalue(G->acc[a]), v, NULL);
+            cg_alu(g, G->lib, acc->alu, acc->dtype, gcc_jit_lvalue_as_rvalue(G->acc[a]), v, NULL);
         gcc_jit_block_add_assignment(g->b, NULL, G->acc[a], r);
     }
 }
@@ -131,7 +130,7 @@ static void emit_inst(kgen *G, int i) {
         const k_inst *a = &G->k->insts[in->src[0]];
         em_dtype d = in->alu == KA_WHERE ? G->k->insts[in->src[1]].dtype : a->dtype;
         cg_val b = in->nsrc > 1 ? val[in->src[1]] : NULL, c = in->nsrc > 2 ? val[in->src[2]] : NULL;
-        val[i] = cg_let(g, cg_alu(g, &G->lib, in->alu, d, val[in->src[0]], b, c));
+        val[i] = cg_let(g, cg_alu(g, G->lib, in->alu, d, val[in->src[0]], b, c));
         break;
     }
     case K_CAST:
@@ -347,9 +346,9 @@ static bool blockable(const k_kernel *k, int r, int end) {
 
 /* void NAME_blk(float *p, int64_t m): p[u] = NAME(p[u]) for u < m. */
 static gcc_jit_function *blk_fn(kgen *G, int f) {
-    if (G->blk[f]) return G->blk[f];
+    if (G->lib->blk[f]) return G->lib->blk[f];
     gcc_jit_context *ctx = G->g.ctx;
-    gcc_jit_function *mf = cg_math_get(&G->lib.math, ctx, &G->T, (cg_mathfn)f);
+    gcc_jit_function *mf = cg_math_get(&G->lib->math, ctx, &G->T, (cg_mathfn)f);
     if (!mf) return NULL;
     gcc_jit_type *fp = gcc_jit_type_get_pointer(G->T.f32);
     gcc_jit_param *prm[2] = {gcc_jit_context_new_param(ctx, NULL, fp, "p"),
@@ -379,7 +378,7 @@ static gcc_jit_function *blk_fn(kgen *G, int f) {
                                     gcc_jit_context_one(ctx, G->T.i64));
     gcc_jit_block_end_with_jump(body, NULL, cond);
     gcc_jit_block_end_with_void_return(done, NULL);
-    return G->blk[f] = fn;
+    return G->lib->blk[f] = fn;
 }
 
 /* Values that a level recomputes where it uses them instead of reading
@@ -706,10 +705,10 @@ static void emit_plan(kgen *G, gcc_jit_function *fn, gcc_jit_param **prm, bool *
 
 /* ---- both functions ---- */
 
-em_status cg_emit_kernel(gcc_jit_context *ctx, const k_kernel *k, bool *uses_libm) {
+em_status cg_emit_kernel(gcc_jit_context *ctx, cg_lib *lib, const k_kernel *k, const char *sym) {
     int n = k->n;
     size_t nn = (size_t)n + 1;
-    kgen G = {.k = k};
+    kgen G = {.k = k, .lib = lib};
     G.match = em_calloc(nn, sizeof(int));
     G.val = em_calloc(nn, sizeof(cg_val));
     G.acc = em_calloc(nn, sizeof(gcc_jit_lvalue *));
@@ -747,7 +746,7 @@ em_status cg_emit_kernel(gcc_jit_context *ctx, const k_kernel *k, bool *uses_lib
                              gcc_jit_context_new_param(ctx, NULL, sizes_t, "sizes"),
                              gcc_jit_context_new_param(ctx, NULL, G.T.i64, "begin"),
                              gcc_jit_context_new_param(ctx, NULL, G.T.i64, "end")};
-    G.g.fn = gcc_jit_context_new_function(ctx, NULL, GCC_JIT_FUNCTION_EXPORTED, G.T.v, k->name, 4,
+    G.g.fn = gcc_jit_context_new_function(ctx, NULL, GCC_JIT_FUNCTION_EXPORTED, G.T.v, sym, 4,
                                           prm, 0);
     if (G.g.fn) {
         G.g.b = gcc_jit_function_new_block(G.g.fn, "entry");
@@ -760,7 +759,7 @@ em_status cg_emit_kernel(gcc_jit_context *ctx, const k_kernel *k, bool *uses_lib
     }
     /* int64_t NAME__plan(void **bufs, int64_t *sizes, double *work) */
     char pname[CG_MAX_NAME + sizeof CG_PLAN_SUFFIX];
-    snprintf(pname, sizeof pname, "%s" CG_PLAN_SUFFIX, k->name);
+    snprintf(pname, sizeof pname, "%s" CG_PLAN_SUFFIX, sym);
     gcc_jit_param *pp[3] = {
         gcc_jit_context_new_param(ctx, NULL, bufs_t, "bufs"),
         gcc_jit_context_new_param(ctx, NULL, sizes_t, "sizes"),
@@ -768,7 +767,6 @@ em_status cg_emit_kernel(gcc_jit_context *ctx, const k_kernel *k, bool *uses_lib
     gcc_jit_function *pf = gcc_jit_context_new_function(ctx, NULL, GCC_JIT_FUNCTION_EXPORTED,
                                                         G.T.i64, pname, 3, pp, 0);
     if (pf) emit_plan(&G, pf, pp, need);
-    *uses_libm = G.lib.uses_libm;
 done:
     em_free(G.match), em_free(G.val), em_free(G.acc), em_free(G.part), em_free(G.key);
     em_free(G.mode), em_free(G.accbuf), em_free(G.mult), em_free(need);

@@ -24,11 +24,14 @@ typedef gcc_jit_rvalue *cg_val;
 #define CG_MAX_NAME 200
 #define CG_PLAN_SUFFIX "__plan"
 
+struct cg_lib;
+
 /* ---- cpu_gccjit_emit.c ----
- * Adds the kernel's two functions (see cpu_gccjit.h) to ctx; k has passed
- * the generator's checks.  *uses_libm: link with -lm.  Errors of gccjit
- * itself are left on the context. */
-em_status cg_emit_kernel(gcc_jit_context *ctx, const k_kernel *k, bool *uses_libm);
+ * Adds the kernel's two functions (see cpu_gccjit.h), named sym and
+ * sym CG_PLAN_SUFFIX, to ctx; k has passed the generator's checks.  lib is
+ * the context's (zeroed with it, shared by every kernel emitted into it:
+ * a compile unit).  Errors of gccjit itself are left on the context. */
+em_status cg_emit_kernel(gcc_jit_context *ctx, struct cg_lib *lib, const k_kernel *k, const char *sym);
 
 /* The scalar types of one context. */
 typedef struct cg_types {
@@ -114,10 +117,12 @@ typedef enum cg_extfn {
     CGX_EXP, CGX_LOG, CGX_TANH, CGX_ERF, CGX_ERFC, CGX_COUNT
 } cg_extfn;
 
-/* What one context's kernel has called so far. */
+/* What one context's kernels have called so far: each function is made
+ * once per context, whichever of its kernels needs it first. */
 typedef struct cg_lib {
     cg_math math;
     gcc_jit_function *ext[CGX_COUNT];
+    gcc_jit_function *blk[CGM_COUNT]; /* void f_blk(float *p, int64_t m) (cpu_gccjit_emit.c) */
     bool uses_libm; /* link with -lm */
 } cg_lib;
 

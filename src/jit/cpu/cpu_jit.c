@@ -22,8 +22,8 @@ static bool cpu_target(int index, const jit_env *env, char *buf, size_t n) {
     return true;
 }
 
-/* The key the shared object embeds (jit_cpu_write_so computes it too:
- * jit_cpu_target() is the target). */
+/* The key the shared object embeds and names its kernel by
+ * (jit_cpu_write_unit computes it too: jit_cpu_target() is the target). */
 static bool cpu_key(const k_kernel *k, const char *target, kc_key *key, kc_manifest *m) {
     (void)target;
     return jit_cpu_kernel_key(k, key, m);
@@ -35,7 +35,8 @@ static bool cpu_key(const k_kernel *k, const char *target, kc_key *key, kc_manif
 static em_status compile_here(const k_kernel *k, jit_artifact *out) {
     char tmp[4096];
     if (jit_worker_temp_path(tmp, sizeof tmp)) {
-        if (jit_cpu_write_so(k, tmp) == EM_OK && (out->path = em_malloc(strlen(tmp) + 1))) {
+        k_kernel *const one[1] = {(k_kernel *)k};
+        if (jit_cpu_write_unit(one, 1, tmp) == EM_OK && (out->path = em_malloc(strlen(tmp) + 1))) {
             memcpy(out->path, tmp, strlen(tmp) + 1);
             return EM_OK;
         }
@@ -59,7 +60,7 @@ static const char *no_compile_here(void) {
 }
 
 /* Every miss compiled in worker processes (ember-jit-worker), one per
- * thread at most, which share them round robin; only when no worker can
+ * core at most, in compile units of several kernels (worker.h); only when no worker can
  * run (EMBER_JIT_WORKER=0, none installed) or one reports an error does
  * this process compile itself. */
 static em_status cpu_compile(int index, const char *target, k_kernel *const *ks, const kc_key *keys,
@@ -100,7 +101,7 @@ static em_status cpu_compile(int index, const char *target, k_kernel *const *ks,
 static em_status cpu_load(int index, const jit_blob *b, const kc_key *key, jit_kernel **out) {
     (void)index;
     if (b->fd < 0) return em_error(EM_ERR_STATE, "cpu: a kernel loads from a file only");
-    return jit_cpu_load_fd(b->fd, JIT_KERNEL_NAME, key, (jit_cpu_kernel **)out);
+    return jit_cpu_load_fd(b->fd, key, (jit_cpu_kernel **)out);
 }
 
 static em_status cpu_launch(const jit_kernel *k, void *const *bufs, const int64_t *sizes) {

@@ -5,23 +5,43 @@
 
 #include <stdio.h>
 
+#include "cpu_gccjit.h"
 #include "kir.h"
 
-/* Writes k and the output path for a worker. */
-bool jit_worker_write(FILE *f, const k_kernel *k, const char *path);
-/* Reads what jit_worker_write wrote; NULL (error set) on anything else. */
-k_kernel *jit_worker_read(FILE *f, char *path, size_t pathlen);
+/* The bounds of a compile unit the pool forms: kernels, and estimated
+ * compile cost (worker_pool.c's units: ~1.5 ms of libgccjit each). */
+#define JIT_UNIT_KERNELS 4
+#define JIT_UNIT_COST 400
+
+/* A worker's record: a compile unit (jit_cpu_write_unit) of n kernels,
+ * each with the path its shared object goes to (the worker writes the
+ * unit's object to paths[0] and copies it to the others). */
+typedef struct jit_worker_unit {
+    int n;
+    k_kernel **ks;
+    char **paths;
+} jit_worker_unit;
+/* Writes the record of ks[0..n) and paths[0..n) (1 <= n <= JIT_CPU_UNIT_MAX). */
+bool jit_worker_write(FILE *f, k_kernel *const *ks, const char *const *paths, int n);
+/* Reads what jit_worker_write wrote into *u (the caller frees it with
+ * jit_worker_unit_free); false (error set, *u empty) on anything else. */
+bool jit_worker_read(FILE *f, jit_worker_unit *u);
+void jit_worker_unit_free(jit_worker_unit *u);
 
 /* Compiles kernels[i] into shared objects at paths[i] in up to nworkers
  * worker processes (one per core at most in the whole process: the
  * threads that compile share them), kept alive between compiles
  * (worker_pool.c): idle ones are reused, new ones started only when none
- * is idle; each is fed one kernel at a time, the largest first.  start
+ * is idle.  The kernels are grouped into compile units balanced by
+ * estimated cost (at least one per worker, at most JIT_UNIT_KERNELS
+ * kernels and about JIT_UNIT_COST of cost each); each worker is fed one
+ * unit at a time, the costliest first, and a unit the compiler rejects is
+ * sent again kernel by kernel, so that one bad kernel fails alone.  start
  * returns NULL when no worker can run (EMBER_JIT_WORKER=0, no worker
  * program, no memory, exiting): the caller then compiles everything
  * itself, unless the process is exiting (jit_workers_exiting).  finish
- * waits for the answers, each kernel at most EMBER_COMPILE_TIMEOUT
- * seconds (default 120) from when it was sent, and says per item: */
+ * waits for the answers, each unit at most EMBER_COMPILE_TIMEOUT seconds
+ * (default 120) a kernel from when it was sent, and says per item: */
 typedef enum jit_worker_result {
     JIT_WORKER_DONE,   /* the shared object is at its path */
     JIT_WORKER_RETRY,  /* not written (no worker started, or the compiler

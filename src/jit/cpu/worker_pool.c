@@ -61,54 +61,86 @@
 
 extern char **environ;
 
-#define MAGIC "EMKIR01"
+#define MAGIC "EMKIR02"
 #define MAX_LIVE 256          /* workers tracked for the exit cleanup */
 #define DEFAULT_KEEP 30.0     /* seconds an idle worker is kept: a program's
                                  compiles come in bursts (its first calls, a
                                  recompile); each idle worker holds ~40 MB */
 
-bool jit_worker_write(FILE *f, const k_kernel *k, const char *path) {
+/* One kernel of a record: its header, name, instructions and path. */
+static bool write_kernel(FILE *f, const k_kernel *k, const char *path) {
     uint32_t hdr[5] = {(uint32_t)sizeof(k_inst), (uint32_t)strlen(k->name), (uint32_t)k->n,
                        (uint32_t)k->nbufs, (uint32_t)k->nsizes};
     uint32_t plen = (uint32_t)strlen(path);
-    return fwrite(MAGIC, 1, 8, f) == 8 && fwrite(hdr, sizeof hdr, 1, f) == 1 &&
-           fwrite(k->name, 1, hdr[1], f) == hdr[1] &&
+    return fwrite(hdr, sizeof hdr, 1, f) == 1 && fwrite(k->name, 1, hdr[1], f) == hdr[1] &&
            fwrite(k->insts, sizeof(k_inst), (size_t)k->n, f) == (size_t)k->n &&
-           fwrite(&plen, sizeof plen, 1, f) == 1 && fwrite(path, 1, plen, f) == plen &&
-           fflush(f) == 0;
+           fwrite(&plen, sizeof plen, 1, f) == 1 && fwrite(path, 1, plen, f) == plen;
 }
 
-static k_kernel *malformed(k_kernel *k) {
-    kir_free(k);
-    em_error(EM_ERR_ARG, "malformed kernel on the worker's input");
-    return NULL;
+bool jit_worker_write(FILE *f, k_kernel *const *ks, const char *const *paths, int n) {
+    if (!f || !ks || !paths || n < 1 || n > JIT_CPU_UNIT_MAX) return false;
+    uint32_t count = (uint32_t)n;
+    bool ok = fwrite(MAGIC, 1, 8, f) == 8 && fwrite(&count, sizeof count, 1, f) == 1;
+    for (int i = 0; ok && i < n; i++) ok = ks[i] && paths[i] && write_kernel(f, ks[i], paths[i]);
+    return ok && fflush(f) == 0;
 }
 
-k_kernel *jit_worker_read(FILE *f, char *path, size_t pathlen) {
-    char magic[8];
+/* One kernel of a record into u's next slot; false on a short or bad
+ * record (malformed: u->ks[u->n] then holds what was read, to be freed),
+ * or out of memory (error set). */
+static bool read_kernel(FILE *f, jit_worker_unit *u, bool *malformed) {
     uint32_t hdr[5], plen;
     char name[256];
-    if (fread(magic, 1, 8, f) != 8 || memcmp(magic, MAGIC, 8) || fread(hdr, sizeof hdr, 1, f) != 1 ||
-        hdr[0] != sizeof(k_inst) || hdr[1] >= sizeof name || hdr[2] > (1u << 24) ||
-        fread(name, 1, hdr[1], f) != hdr[1])
-        return malformed(NULL);
+    *malformed = true;
+    if (fread(hdr, sizeof hdr, 1, f) != 1 || hdr[0] != sizeof(k_inst) || hdr[1] >= sizeof name ||
+        hdr[2] > (1u << 24) || fread(name, 1, hdr[1], f) != hdr[1])
+        return false;
     name[hdr[1]] = '\0';
-    k_kernel *k = kir_new(name);
-    if (!k) return NULL;
-    k->insts = em_malloc(sizeof(k_inst) * (hdr[2] ? hdr[2] : 1));
-    if (!k->insts) { /* out of memory is not a malformed input: say so */
-        kir_free(k);
-        return NULL;
-    }
+    *malformed = false; /* out of memory is not a malformed input: say so */
+    k_kernel *k = u->ks[u->n] = kir_new(name);
+    if (!k || !(k->insts = em_malloc(sizeof(k_inst) * (hdr[2] ? hdr[2] : 1)))) return false;
+    *malformed = true;
     if (fread(k->insts, sizeof(k_inst), hdr[2], f) != hdr[2] ||
-        fread(&plen, sizeof plen, 1, f) != 1 || plen >= pathlen || fread(path, 1, plen, f) != plen)
-        return malformed(k);
-    path[plen] = '\0';
+        fread(&plen, sizeof plen, 1, f) != 1 || plen >= 4096)
+        return false;
+    *malformed = false;
+    if (!(u->paths[u->n] = em_malloc(plen + 1))) return false;
+    *malformed = true;
+    if (fread(u->paths[u->n], 1, plen, f) != plen) return false;
+    u->paths[u->n][plen] = '\0';
     k->n = k->cap = (int)hdr[2];
     k->nbufs = (int)hdr[3];
     k->nsizes = (int)hdr[4];
-    /* the generator verifies the IR before it trusts it */
-    return k;
+    u->n++; /* the generator verifies the IR before it trusts it */
+    return true;
+}
+
+void jit_worker_unit_free(jit_worker_unit *u) {
+    if (!u) return;
+    for (int i = 0; u->ks && i <= u->n && i < JIT_CPU_UNIT_MAX; i++) kir_free(u->ks[i]);
+    for (int i = 0; u->paths && i <= u->n && i < JIT_CPU_UNIT_MAX; i++) em_free(u->paths[i]);
+    em_free(u->ks);
+    em_free(u->paths);
+    *u = (jit_worker_unit){0};
+}
+
+bool jit_worker_read(FILE *f, jit_worker_unit *u) {
+    char magic[8];
+    uint32_t count;
+    *u = (jit_worker_unit){0};
+    if (fread(magic, 1, 8, f) != 8 || memcmp(magic, MAGIC, 8) || fread(&count, sizeof count, 1, f) != 1 ||
+        count < 1 || count > JIT_CPU_UNIT_MAX) {
+        em_error(EM_ERR_ARG, "malformed kernel unit on the worker's input");
+        return false;
+    }
+    u->ks = em_calloc(JIT_CPU_UNIT_MAX, sizeof *u->ks);
+    u->paths = em_calloc(JIT_CPU_UNIT_MAX, sizeof *u->paths);
+    bool malformed = false, ok = u->ks && u->paths;
+    while (ok && u->n < (int)count) ok = read_kernel(f, u, &malformed);
+    if (ok) return true;
+    jit_worker_unit_free(u);
+    if (malformed) em_error(EM_ERR_ARG, "malformed kernel on the worker's input");
+    return false;
 }
 
 /* ---- process-wide state ---- */
@@ -663,30 +695,35 @@ static void idle_give(proc *p) {
 
 typedef struct slot {
     proc p;          /* its worker (p.pid -1: none, or gone) */
-    int item;        /* the kernel in flight, -1: none */
-    char *buf;       /* that kernel's record, serialized */
+    int unit;        /* the unit in flight, -1: none */
+    char *buf;       /* that unit's record, serialized */
     size_t len, sent;
-    double deadline; /* when the kernel in flight is late */
+    double deadline; /* when the unit in flight is late */
     bool started;    /* it had a worker */
     bool unproven;   /* its worker was idle and has not answered in this compile:
                         a death before that answer is the idle worker's (killed
-                        from outside, or as it was taken), not the kernel's */
+                        from outside, or as it was taken), not the unit's */
     int err;         /* why none could start (errno) */
 } slot;
 
+/* Units: unit u is items[first[u] .. first[u] + count[u]).  The planned
+ * ones come first; a rejected unit of several kernels adds one unit per
+ * kernel (each item is split off at most once: room for 2n of each). */
 struct jit_workers {
     k_kernel *const *ks;     /* the items: kernels (the caller's) */
     const char *const *paths; /* and where their shared objects go */
     int n;
-    int *order;              /* the items, costliest first (they bound the compile's length) */
-    int next;                /* order[next] is the next one to send */
+    int *items, *first, *count, nunits;
+    int *order;              /* the planned units, costliest first (they bound the compile's length) */
+    int nplanned, next;      /* order[next] is the next one to send */
     bool stop;               /* a worker failed: nothing more is sent */
     jit_worker_result *res;  /* per item (jit_workers_finish's) */
     slot *s;                 /* one per worker slot taken */
     int nslots;
     const jit_log *log;
     double timeout;          /* seconds per kernel (EMBER_COMPILE_TIMEOUT) */
-    int *again;              /* items to send again first (nslots room: one per slot) */
+    int *again;              /* units to send first: a dead idle worker's (one per
+                                slot) and the kernels of rejected units */
     int nagain;
     char prog[EM_ENV_MAX];   /* the worker program, for a replacement */
     uint64_t kind;
@@ -694,8 +731,9 @@ struct jit_workers {
 
 /* An estimate of k's compile time, in the scheduler's units (schedule.c):
  * each instruction 1, each inlined transcendental (ALU cost 10 or more:
- * exp, erf, tanh...) 24; libgccjit spends ~1.5 ms a unit.  (A gelu
- * kernel of 22 instructions took as long as a 59-instruction one.) */
+ * exp, erf, tanh...) 24; libgccjit spends ~1.5 ms a unit, plus ~30 ms a
+ * context.  (A gelu kernel of 22 instructions took as long as a
+ * 59-instruction one.) */
 static long compile_cost(const k_kernel *k) {
     long c = 0;
     for (int i = 0; i < k->n; i++) {
@@ -706,35 +744,80 @@ static long compile_cost(const k_kernel *k) {
     return c;
 }
 
-/* The items by decreasing compile cost: the longest first, so that two
- * workers do not end with one long kernel left on one of them. */
-static int *order_items(k_kernel *const *ks, int n) {
-    int *o = em_malloc(sizeof(int) * (size_t)n);
-    long *cost = em_malloc(sizeof(long) * (size_t)n);
-    if (!o || !cost) {
-        em_free(o);
-        em_free(cost);
-        return NULL;
-    }
-    for (int i = 0; i < n; i++) { /* insertion sort: stable, and n is a graph's misses */
-        cost[i] = compile_cost(ks[i]);
+/* Indices 0..n) by decreasing key (stable: insertion sort, n is a
+ * graph's misses). */
+static void sort_by_cost(int *o, const long *cost, int n) {
+    for (int i = 0; i < n; i++) {
         int j = i;
         for (; j > 0 && cost[o[j - 1]] < cost[i]; j--) o[j] = o[j - 1];
         o[j] = i;
     }
-    em_free(cost);
-    return o;
 }
 
-/* The record of item i in s->buf: written with write(2) and a deadline
+/* How many units: at least one per worker (the kernels compile in
+ * parallel), enough that none holds more than JIT_UNIT_KERNELS kernels or
+ * (but for a kernel alone) JIT_UNIT_COST of cost, so that a unit stays
+ * short next to the whole compile and its object small; never more than
+ * the kernels. */
+static int unit_count(const long *cost, int n, int nslots) {
+    long total = 0;
+    for (int i = 0; i < n; i++) total += cost[i];
+    long u = nslots;
+    if (u < (n + JIT_UNIT_KERNELS - 1) / JIT_UNIT_KERNELS) u = (n + JIT_UNIT_KERNELS - 1) / JIT_UNIT_KERNELS;
+    if (u < (total + JIT_UNIT_COST - 1) / JIT_UNIT_COST) u = (total + JIT_UNIT_COST - 1) / JIT_UNIT_COST;
+    return u > n ? n : (int)u;
+}
+
+/* Groups the items into units balanced by cost: the costliest item first,
+ * each into the cheapest unit that has room (longest processing time
+ * first), then orders the units costliest first. */
+static bool plan_units(jit_workers *ws) {
+    int n = ws->n;
+    long *cost = em_malloc(sizeof(long) * (size_t)n), *ucost = em_calloc((size_t)n, sizeof(long));
+    int *o = em_malloc(sizeof(int) * (size_t)n);
+    int *of = em_malloc(sizeof(int) * (size_t)n); /* each item's unit */
+    bool ok = cost && ucost && o && of;
+    if (ok) {
+        for (int i = 0; i < n; i++) cost[i] = compile_cost(ws->ks[i]);
+        sort_by_cost(o, cost, n);
+        int nu = unit_count(cost, n, ws->nslots);
+        int *cnt = ws->count;
+        for (int u = 0; u < nu; u++) cnt[u] = 0;
+        for (int t = 0; t < n; t++) {
+            int best = -1;
+            for (int u = 0; u < nu; u++)
+                if (cnt[u] < JIT_UNIT_KERNELS && (best < 0 || ucost[u] < ucost[best])) best = u;
+            of[o[t]] = best;
+            ucost[best] += cost[o[t]];
+            cnt[best]++;
+        }
+        for (int u = 0, at = 0; u < nu; u++) { /* the items of each unit, costliest first */
+            ws->first[u] = at;
+            for (int t = 0; t < n; t++)
+                if (of[o[t]] == u) ws->items[at++] = o[t];
+        }
+        ws->nunits = ws->nplanned = nu;
+        sort_by_cost(ws->order, ucost, nu);
+    }
+    em_free(cost), em_free(ucost), em_free(o), em_free(of);
+    return ok;
+}
+
+/* The record of unit u in s->buf: written with write(2) and a deadline
  * (a FILE retries nothing: a write interrupted by a signal of the
  * program's, or a worker that stops reading, was a truncated record). */
-static bool serialize(jit_workers *ws, slot *s, int i) {
+static bool serialize(jit_workers *ws, slot *s, int u) {
+    k_kernel *ks[JIT_UNIT_KERNELS];
+    const char *paths[JIT_UNIT_KERNELS];
+    for (int j = 0; j < ws->count[u]; j++) {
+        ks[j] = ws->ks[ws->items[ws->first[u] + j]];
+        paths[j] = ws->paths[ws->items[ws->first[u] + j]];
+    }
     s->buf = NULL;
     s->len = s->sent = 0;
     FILE *f = open_memstream(&s->buf, &s->len);
     if (!f) return false;
-    bool ok = jit_worker_write(f, ws->ks[i], ws->paths[i]);
+    bool ok = jit_worker_write(f, ks, paths, ws->count[u]);
     ok = fclose(f) == 0 && ok;
     if (!ok) {
         free(s->buf);
@@ -743,35 +826,52 @@ static bool serialize(jit_workers *ws, slot *s, int i) {
     return ok;
 }
 
-/* Gives s's idle worker the next item, if there is one to send. */
+/* Every item of unit u gets r. */
+static void unit_result(jit_workers *ws, int u, jit_worker_result r) {
+    for (int j = 0; j < ws->count[u]; j++) ws->res[ws->items[ws->first[u] + j]] = r;
+}
+
+/* Unit u was rejected by the compiler: its kernels go again, one unit
+ * each, so that the one at fault fails alone. */
+static void split_unit(jit_workers *ws, int u) {
+    for (int j = ws->count[u] - 1; j >= 0; j--) {
+        int v = ws->nunits++, at = ws->n + (ws->first[u] + j); /* the second half of items */
+        ws->items[at] = ws->items[ws->first[u] + j];
+        ws->first[v] = at;
+        ws->count[v] = 1;
+        ws->again[ws->nagain++] = v;
+    }
+}
+
+/* Gives s's idle worker the next unit, if there is one to send. */
 static void dispatch(jit_workers *ws, slot *s) {
-    if (ws->stop || (ws->nagain == 0 && ws->next >= ws->n)) return;
-    int i = ws->nagain > 0 ? ws->again[--ws->nagain] : ws->order[ws->next++];
-    if (!serialize(ws, s, i)) { /* out of memory: so would libgccjit be, in process */
-        ws->res[i] = JIT_WORKER_FAILED;
+    if (ws->stop || (ws->nagain == 0 && ws->next >= ws->nplanned)) return;
+    int u = ws->nagain > 0 ? ws->again[--ws->nagain] : ws->order[ws->next++];
+    if (!serialize(ws, s, u)) { /* out of memory: so would libgccjit be, in process */
+        unit_result(ws, u, JIT_WORKER_FAILED);
         ws->stop = true;
         jit_logf(ws->log, 0, "out of memory feeding a compile worker; the graph runs op by op");
         return;
     }
-    s->item = i;
-    s->deadline = now() + ws->timeout;
+    s->unit = u;
+    s->deadline = now() + ws->timeout * ws->count[u];
 }
 
-static void slot_clear_item(slot *s) {
+static void slot_clear_unit(slot *s) {
     free(s->buf);
     s->buf = NULL;
-    s->item = -1;
+    s->unit = -1;
 }
 
 /* s's worker is gone: late or answered garbage (killed), or dead by
- * itself.  Its kernel in flight fails (and so do those not sent yet)
- * unless it exited with a status: then it reported an error, and that
- * one compiles in process.  While exiting nothing is logged. */
+ * itself.  Its unit in flight fails (and so do those not sent yet)
+ * unless it exited with a status: then it reported an error, and those
+ * compile in process.  While exiting nothing is logged. */
 static void slot_fail(jit_workers *ws, slot *s, const char *killed_why) {
-    if (!killed_why && s->unproven && s->item >= 0 && !jit_workers_exiting()) {
-        proc_end(&s->p, false); /* its kernel goes to a new worker, once */
-        ws->again[ws->nagain++] = s->item;
-        slot_clear_item(s);
+    if (!killed_why && s->unproven && s->unit >= 0 && !jit_workers_exiting()) {
+        proc_end(&s->p, false); /* its unit goes to a new worker, once */
+        ws->again[ws->nagain++] = s->unit;
+        slot_clear_unit(s);
         s->unproven = false;
         if (!proc_start(&s->p, ws->prog, ws->kind)) s->err = errno;
         return;
@@ -780,14 +880,14 @@ static void slot_fail(jit_workers *ws, slot *s, const char *killed_why) {
     int st = proc_end(&s->p, killed_why != NULL);
     const char *why = killed_why ? killed_why : WIFSIGNALED(st) ? "was killed by a signal" : NULL;
     bool ending = jit_workers_exiting();
-    if (s->item >= 0) {
-        ws->res[s->item] = why || ending ? JIT_WORKER_FAILED : JIT_WORKER_RETRY;
+    if (s->unit >= 0) {
+        unit_result(ws, s->unit, why || ending ? JIT_WORKER_FAILED : JIT_WORKER_RETRY);
         if (why && !ending)
-            jit_logf(ws->log, 0, "compile worker %d %s on kernel %s; its graph runs op by op", (int)pid,
-                     why, ws->ks[s->item]->name);
+            jit_logf(ws->log, 0, "compile worker %d %s on a unit of %d kernel%s; its graph runs op by op",
+                     (int)pid, why, ws->count[s->unit], ws->count[s->unit] == 1 ? "" : "s");
     }
     if (why || ending) ws->stop = true;
-    slot_clear_item(s);
+    slot_clear_unit(s);
 }
 
 /* Writes what s's record still has to go; a worker that stopped reading
@@ -802,7 +902,7 @@ static void slot_send(slot *s) {
     }
 }
 
-/* Reads s's answer: one byte for its kernel in flight. */
+/* Reads s's answer: one byte for its unit in flight. */
 static void slot_receive(jit_workers *ws, slot *s) {
     char buf[64];
     ssize_t r;
@@ -811,33 +911,36 @@ static void slot_receive(jit_workers *ws, slot *s) {
         slot_fail(ws, s, NULL);
         return;
     }
-    if (r != 1 || s->item < 0 || (buf[0] != '+' && buf[0] != '-')) {
+    if (r != 1 || s->unit < 0 || (buf[0] != '+' && buf[0] != '-')) {
         slot_fail(ws, s, "answered garbage");
         return;
     }
-    ws->res[s->item] = buf[0] == '+' ? JIT_WORKER_DONE : JIT_WORKER_RETRY;
+    if (buf[0] == '-' && ws->count[s->unit] > 1)
+        split_unit(ws, s->unit);
+    else
+        unit_result(ws, s->unit, buf[0] == '+' ? JIT_WORKER_DONE : JIT_WORKER_RETRY);
     s->unproven = false;
-    slot_clear_item(s);
+    slot_clear_unit(s);
 }
 
-/* The earliest deadline of a kernel in flight, after ending the workers
+/* The earliest deadline of a unit in flight, after ending the workers
  * that are past theirs; 0 when none is in flight. */
 static double next_deadline(jit_workers *ws) {
     double t = now(), first = 0;
     for (int k = 0; k < ws->nslots; k++) {
         slot *s = &ws->s[k];
-        if (s->item < 0) continue;
+        if (s->unit < 0) continue;
         if (s->deadline <= t) slot_fail(ws, s, "did not finish in time (EMBER_COMPILE_TIMEOUT)");
         else if (first == 0 || s->deadline < first) first = s->deadline;
     }
     return first;
 }
 
-/* Whether an item is left that a live worker can take. */
+/* Whether a unit is left that a live worker can take. */
 static bool work_left(const jit_workers *ws) {
     bool live = false;
     for (int k = 0; k < ws->nslots; k++) live |= ws->s[k].p.pid >= 0;
-    return live && !ws->stop && (ws->next < ws->n || ws->nagain > 0);
+    return live && !ws->stop && (ws->next < ws->nplanned || ws->nagain > 0);
 }
 
 /* The pipes to wait on, with the slot of each: a record still to write,
@@ -846,18 +949,18 @@ static int poll_set(jit_workers *ws, struct pollfd *pf, slot **who) {
     int np = 0;
     for (int k = 0; k < ws->nslots; k++) {
         slot *s = &ws->s[k];
-        if (s->item < 0) continue;
+        if (s->unit < 0) continue;
         if (s->sent < s->len) who[np] = s, pf[np++] = (struct pollfd){s->p.in, POLLOUT, 0};
         who[np] = s, pf[np++] = (struct pollfd){s->p.out, POLLIN, 0};
     }
     return np;
 }
 
-/* Feeds the workers until every item is answered, failed or unsendable. */
+/* Feeds the workers until every unit is answered, failed or unsendable. */
 static void pump(jit_workers *ws) {
     for (;;) {
         for (int k = 0; k < ws->nslots; k++)
-            if (ws->s[k].p.pid >= 0 && ws->s[k].item < 0) dispatch(ws, &ws->s[k]);
+            if (ws->s[k].p.pid >= 0 && ws->s[k].unit < 0) dispatch(ws, &ws->s[k]);
         double deadline = next_deadline(ws);
         if (deadline == 0) {
             if (!work_left(ws)) return;
@@ -870,12 +973,12 @@ static void pump(jit_workers *ws) {
         int r = poll(pf, (nfds_t)np, left <= 0 ? 0 : left > 1e6 ? 1000000000 : (int)(left * 1000) + 1);
         if (r < 0 && errno != EINTR) { /* cannot wait (no memory): end what is in flight */
             for (int k = 0; k < ws->nslots; k++)
-                if (ws->s[k].item >= 0) slot_fail(ws, &ws->s[k], "could not be waited for (poll failed)");
+                if (ws->s[k].unit >= 0) slot_fail(ws, &ws->s[k], "could not be waited for (poll failed)");
             continue;
         }
         for (int i = 0; r > 0 && i < np; i++) {
             slot *s = who[i];
-            if (!pf[i].revents || s->item < 0 || s->p.pid < 0) continue;
+            if (!pf[i].revents || s->unit < 0 || s->p.pid < 0) continue;
             if (pf[i].fd == s->p.in && pf[i].events == POLLOUT) slot_send(s);
             else slot_receive(ws, s);
         }
@@ -892,6 +995,7 @@ bool jit_workers_exiting(void) {
 static void workers_free(jit_workers *ws) {
     em_free(ws->again);
     em_free(ws->order);
+    em_free(ws->items), em_free(ws->first), em_free(ws->count);
     em_free(ws->s);
     em_free(ws);
 }
@@ -900,7 +1004,7 @@ static void workers_free(jit_workers *ws) {
 static void slots_fill(jit_workers *ws) {
     for (int k = 0; k < ws->nslots; k++) {
         slot *s = &ws->s[k];
-        *s = (slot){.item = -1, .p = {.pid = -1, .in = -1, .out = -1}};
+        *s = (slot){.unit = -1, .p = {.pid = -1, .in = -1, .out = -1}};
         s->unproven = idle_take(ws->kind, &s->p);
         if (!s->unproven && !proc_start(&s->p, ws->prog, ws->kind)) s->err = errno;
         s->started = s->p.pid >= 0;
@@ -915,16 +1019,30 @@ jit_workers *jit_workers_start(k_kernel *const *kernels, const char *const *path
     if (nworkers > n) nworkers = n;
     if (nworkers > 64) nworkers = 64;
     jit_workers *ws = em_calloc(1, sizeof *ws);
-    if (ws) ws->s = em_calloc((size_t)nworkers, sizeof *ws->s);
-    if (ws && ws->s) ws->order = order_items(kernels, n);
-    if (ws && ws->order) ws->again = em_malloc(sizeof(int) * (size_t)nworkers);
-    if (ws && ws->again) ws->nslots = slots_take(nworkers);
-    if (!ws || !ws->again || ws->nslots == 0) {
+    size_t two_n = 2 * (size_t)n;
+    if (ws) {
+        ws->s = em_calloc((size_t)nworkers, sizeof *ws->s);
+        ws->items = em_malloc(sizeof(int) * two_n);
+        ws->first = em_malloc(sizeof(int) * two_n);
+        ws->count = em_malloc(sizeof(int) * two_n);
+        ws->order = em_malloc(sizeof(int) * (size_t)n);
+        ws->again = em_malloc(sizeof(int) * ((size_t)nworkers + (size_t)n));
+    }
+    bool ok = ws && ws->s && ws->items && ws->first && ws->count && ws->order && ws->again;
+    if (ok) ws->nslots = slots_take(nworkers);
+    if (ok && ws->nslots > 0) {
+        ws->ks = kernels, ws->paths = paths, ws->n = n;
+        ok = plan_units(ws);
+        if (!ok) slots_give(ws->nslots);
+    }
+    if (!ok || ws->nslots == 0) {
         if (ws) workers_free(ws);
         em_clear_error(); /* the caller compiles in process */
         return NULL;
     }
-    ws->ks = kernels, ws->paths = paths, ws->n = n, ws->log = log;
+    ws->log = log;
+    jit_logf(log, JIT_LOG_CACHE, "cpu: %d kernel%s in %d compile unit%s on %d worker%s", n, n == 1 ? "" : "s",
+             ws->nunits, ws->nunits == 1 ? "" : "s", ws->nslots, ws->nslots == 1 ? "" : "s");
     ws->timeout = jit_compile_timeout(log);
     snprintf(ws->prog, sizeof ws->prog, "%s", prog);
     ws->kind = proc_kind(prog);
@@ -945,11 +1063,14 @@ static void settle_unsent(jit_workers *ws) {
     }
     bool ending = jit_workers_exiting();
     jit_worker_result r = ws->stop || !any || ending ? JIT_WORKER_FAILED : JIT_WORKER_RETRY;
+    int left = 0;
+    for (int t = ws->next; t < ws->nplanned; t++) left += ws->count[ws->order[t]];
+    for (int t = 0; t < ws->nagain; t++) left += ws->count[ws->again[t]];
     if (!any && !ending)
         jit_logf(ws->log, 0, "no compile worker could start (%s); %d kernels run op by op",
-                 strerror(err ? err : ENOMEM), ws->n - ws->next + ws->nagain);
-    for (; ws->next < ws->n; ws->next++) ws->res[ws->order[ws->next]] = r;
-    while (ws->nagain > 0) ws->res[ws->again[--ws->nagain]] = r;
+                 strerror(err ? err : ENOMEM), left);
+    for (; ws->next < ws->nplanned; ws->next++) unit_result(ws, ws->order[ws->next], r);
+    while (ws->nagain > 0) unit_result(ws, ws->again[--ws->nagain], r);
 }
 
 void jit_workers_finish(jit_workers *ws, jit_worker_result *res) {
