@@ -10,6 +10,7 @@
  * and a whole-array sum through write_so + load_so. */
 #include "testutil.h"
 
+#include <fcntl.h>
 #include <float.h>
 #include <stdio.h>
 #include <string.h>
@@ -890,6 +891,93 @@ END_TEST
 /* ---- a whole-array sum (accumulator outside the parallel range: the
  * kernel runs as one call) through write_so + load_so ---- */
 
+/* y[i] = tanh(x[i] c) (+ exp(x[i]) with plus_exp) over a size parameter:
+ * kernels that call vmath's functions, which a compile unit makes once. */
+static k_kernel *unit_pointwise(double c, bool plus_exp) {
+    k_kernel *k = kir_new("k");
+    int x = kir_buf(k, EM_F32), y = kir_buf(k, EM_F32), n = kir_size(k);
+    int i = kir_range(k, n, K_PARALLEL);
+    int v = kir_load(k, x, i);
+    int t = kir_alu(k, KA_TANH, kir_alu(k, KA_MUL, v, kir_const_f(k, EM_F32, c), -1), -1, -1);
+    if (plus_exp) t = kir_alu(k, KA_ADD, t, kir_alu(k, KA_EXP, v, -1, -1), -1);
+    kir_store(k, y, i, t);
+    kir_end(k);
+    return k;
+}
+
+/* Runs the kernel filed under key in the object at path on x[0..n) and
+ * checks y against want(x) in float64. */
+static void unit_run(const char *path, const k_kernel *k, double c, bool plus_exp) {
+    kc_key key;
+    ck_assert(jit_cpu_kernel_key(k, &key, NULL));
+    int fd = open(path, O_RDONLY);
+    ck_assert_int_ge(fd, 0);
+    jit_cpu_kernel *ck = NULL;
+    ck_assert_msg(jit_cpu_load_fd(fd, &key, &ck) == EM_OK, "%s", em_last_error());
+    close(fd);
+    static const int64_t sizes[] = {0, 1, 37, 1000};
+    for (size_t t = 0; t < sizeof sizes / sizeof sizes[0]; t++) {
+        int64_t n = sizes[t];
+        float x[1000], y[1000];
+        for (int64_t j = 0; j < n; j++) x[j] = (float)unif(-3, 3), y[j] = NAN;
+        void *bufs[2] = {x, y};
+        ck_assert_int_eq(jit_cpu_run(ck, bufs, &n), EM_OK);
+        for (int64_t j = 0; j < n; j++) {
+            double want = tanh((double)x[j] * (double)(float)c) + (plus_exp ? exp((double)x[j]) : 0);
+            EXPECT_MSG(fabs(y[j] - want) <= 1e-5 * fabs(want) + 1e-6, "n=%lld [%lld]: %a, want %a",
+                       (long long)n, (long long)j, (double)y[j], want);
+        }
+    }
+    jit_cpu_free(ck);
+}
+
+START_TEST(units_hold_several_kernels) {
+    rng_state = 11;
+    k_kernel *ks[4] = {unit_pointwise(0.5, false), unit_pointwise(2.0, false), unit_pointwise(0.5, true),
+                       unit_pointwise(3.0, true)};
+    char dir[] = "/tmp/ember_gccjit_XXXXXX", path[64], one[64];
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/unit.so", dir);
+    snprintf(one, sizeof one, "%s/one.so", dir);
+    /* three kernels in one object, each found by its key */
+    ck_assert_msg(jit_cpu_write_unit(ks, 3, path) == EM_OK, "%s", em_last_error());
+    unit_run(path, ks[0], 0.5, false);
+    unit_run(path, ks[1], 2.0, false);
+    unit_run(path, ks[2], 0.5, true);
+    /* a key the unit does not hold is refused, not another kernel run */
+    kc_key other;
+    ck_assert(jit_cpu_kernel_key(ks[3], &other, NULL));
+    int fd = open(path, O_RDONLY);
+    jit_cpu_kernel *ck = NULL;
+    ck_assert_int_ne(jit_cpu_load_fd(fd, &other, &ck), EM_OK);
+    ck_assert_ptr_null(ck);
+    em_clear_error();
+    close(fd);
+    /* a unit of one */
+    ck_assert_int_eq(jit_cpu_write_unit(ks + 3, 1, one), EM_OK);
+    unit_run(one, ks[3], 3.0, true);
+    /* bad arguments, and a bad kernel fails the whole unit */
+    ck_assert_int_eq(jit_cpu_write_unit(ks, 0, path), EM_ERR_ARG);
+    em_clear_error();
+    ck_assert_int_eq(jit_cpu_write_unit(ks, JIT_CPU_UNIT_MAX + 1, path), EM_ERR_ARG);
+    em_clear_error();
+    ck_assert_int_eq(jit_cpu_write_unit(ks, 2, NULL), EM_ERR_NULL);
+    em_clear_error();
+    ck_assert_int_eq(jit_cpu_write_unit(NULL, 2, path), EM_ERR_NULL);
+    em_clear_error();
+    k_kernel *broken = kir_new("k");
+    kir_range(broken, kir_const_i(broken, EM_I64, 4), 0); /* never ended */
+    k_kernel *mixed[2] = {ks[0], broken};
+    ck_assert_int_eq(jit_cpu_write_unit(mixed, 2, one), EM_ERR_ARG);
+    em_clear_error();
+    kir_free(broken);
+    unlink(path);
+    unlink(one);
+    rmdir(dir);
+    for (int i = 0; i < 4; i++) kir_free(ks[i]);
+}
+END_TEST
+
 START_TEST(so_round_trip) {
     k_kernel *k = kir_new("total_sum");
     int x = kir_buf(k, EM_F32), out = kir_buf(k, EM_F32), n = kir_size(k);
@@ -1143,6 +1231,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, row_reductions);
     tc = tcase(s, "shared_object");
     tcase_add_test(tc, so_round_trip);
+    tcase_add_test(tc, units_hold_several_kernels);
     tc = tcase(s, "errors");
     tcase_add_test(tc, invalid_ir);
     tcase_add_test(tc, compile_error_message);

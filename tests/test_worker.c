@@ -409,6 +409,70 @@ START_TEST(two_processes_compile_each_kernel_once) {
 }
 END_TEST
 
+/* y = x * c + c over a size parameter: a kernel of its own for each c. */
+static k_kernel *affine_kernel(double c) {
+    k_kernel *k = kir_new("k");
+    int x = kir_buf(k, EM_F32), y = kir_buf(k, EM_F32), n = kir_size(k);
+    int i = kir_range(k, n, K_PARALLEL);
+    int cc = kir_const_f(k, EM_F32, c);
+    kir_store(k, y, i, kir_alu(k, KA_ADD, kir_alu(k, KA_MUL, kir_load(k, x, i), cc, -1), cc, -1));
+    kir_end(k);
+    return k;
+}
+
+/* Nine kernels on two workers go in compile units (several kernels a
+ * worker's record); one of them the compiler rejects: its unit is sent
+ * again kernel by kernel, so only that one is left to the caller
+ * (JIT_WORKER_RETRY) and every other is written, loadable by its key from
+ * its own path, and computes its own function. */
+START_TEST(units_split_when_a_kernel_fails) {
+    NEED_WORKER();
+    enum { N = 9, BAD = 4 };
+    k_kernel *ks[N];
+    char *paths[N];
+    for (int i = 0; i < N; i++) {
+        if (i == BAD) {
+            ks[i] = kir_new("k");
+            kir_range(ks[i], kir_const_i(ks[i], EM_I64, 4), 0); /* never ended: the worker's verify fails */
+        } else {
+            ks[i] = affine_kernel(0.5 + i);
+        }
+        paths[i] = malloc(4096);
+        ck_assert(jit_worker_temp_path(paths[i], 4096));
+    }
+    jit_workers *w = jit_workers_start(ks, (const char *const *)paths, N, 2, NULL);
+    ck_assert_ptr_nonnull(w);
+    jit_worker_result res[N];
+    jit_workers_finish(w, res);
+    for (int i = 0; i < N; i++) {
+        ck_assert_int_eq(res[i], i == BAD ? JIT_WORKER_RETRY : JIT_WORKER_DONE);
+        if (i == BAD) continue;
+        kc_key key;
+        ck_assert(jit_cpu_kernel_key(ks[i], &key, NULL));
+        int fd = open(paths[i], O_RDONLY);
+        ck_assert_int_ge(fd, 0);
+        jit_cpu_kernel *ck = NULL;
+        ck_assert_msg(jit_cpu_load_fd(fd, &key, &ck) == EM_OK, "kernel %d: %s", i, em_last_error());
+        close(fd);
+        float x[13], y[13];
+        for (int j = 0; j < 13; j++) x[j] = (float)(j - 6) * 0.25f;
+        void *bufs[2] = {x, y};
+        int64_t n = 13;
+        ck_assert_int_eq(jit_cpu_run(ck, bufs, &n), EM_OK);
+        for (int j = 0; j < 13; j++) {
+            double c = (float)(0.5 + i);
+            ck_assert_msg(fabs(y[j] - ((double)x[j] * c + c)) <= 1e-6 * (1 + fabs(c)), "kernel %d [%d]", i, j);
+        }
+        jit_cpu_free(ck);
+    }
+    for (int i = 0; i < N; i++) {
+        unlink(paths[i]);
+        free(paths[i]);
+        kir_free(ks[i]);
+    }
+}
+END_TEST
+
 int main(void) {
     const tu_test tests[] = {
         {"a_second_compile_reuses_the_workers", a_second_compile_reuses_the_workers},
@@ -419,6 +483,7 @@ int main(void) {
         {"workers_end_when_their_process_is_killed", workers_end_when_their_process_is_killed},
         {"idle_workers_end_after_their_keep_time", idle_workers_end_after_their_keep_time},
         {"two_processes_compile_each_kernel_once", two_processes_compile_each_kernel_once},
+        {"units_split_when_a_kernel_fails", units_split_when_a_kernel_fails},
     };
     /* tu_suite's cases, each with a fresh kernel cache around testutil's scope */
     Suite *s = suite_create("worker");
