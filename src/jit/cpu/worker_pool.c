@@ -5,16 +5,18 @@
  * process until it exits: a compile takes idle workers from the pool
  * (spawning one only when none is idle, so that a process pays a worker's
  * start and libgccjit's loading once per core, not once per compile) and
- * feeds each one kernel at a time on its stdin, the largest first, as soon
- * as it has answered the previous one on its stdout: '+' when the shared
- * object is written, '-' when the compiler reported an error (that kernel
- * then compiles in process).  Where the program lives: EMBER_JIT_WORKER,
+ * feeds each one compile unit at a time on its stdin (several kernels
+ * compiled in one libgccjit context: its ~30 ms of assembler and linker
+ * paid once), the largest first, as soon as it has answered the previous
+ * one on its stdout: '+' when the shared object is written, '-' when the
+ * compiler reported an error (a unit of several is then sent again kernel
+ * by kernel; a kernel alone then compiles in process).  Where the program lives: EMBER_JIT_WORKER,
  * else the installed one (EMBER_WORKER_PATH, set by the build), else the
  * build tree's.
  *
- * Nothing here waits without a deadline: a kernel not answered within
- * EMBER_COMPILE_TIMEOUT seconds of being sent kills its worker, and so
- * does any other answer; that kernel, and with it those not yet sent,
+ * Nothing here waits without a deadline: a unit not answered within
+ * EMBER_COMPILE_TIMEOUT seconds a kernel of being sent kills its worker,
+ * and so does any other answer; its kernels, and with them those not yet sent,
  * are reported failed (not to be compiled in process: what hung or
  * crashed a worker would hang or crash the program; its graph runs op by
  * op), and the next compile starts a fresh worker in its place.  An idle
@@ -757,14 +759,16 @@ static void sort_by_cost(int *o, const long *cost, int n) {
 /* How many units: at least one per worker (the kernels compile in
  * parallel), enough that none holds more than JIT_UNIT_KERNELS kernels or
  * (but for a kernel alone) JIT_UNIT_COST of cost, so that a unit stays
- * short next to the whole compile and its object small; never more than
- * the kernels. */
+ * short next to the whole compile and its object small; a multiple of the
+ * workers, so that each gets as many (3 units on 2 workers left one
+ * worker twice the other's share); never more than the kernels. */
 static int unit_count(const long *cost, int n, int nslots) {
     long total = 0;
     for (int i = 0; i < n; i++) total += cost[i];
     long u = nslots;
     if (u < (n + JIT_UNIT_KERNELS - 1) / JIT_UNIT_KERNELS) u = (n + JIT_UNIT_KERNELS - 1) / JIT_UNIT_KERNELS;
     if (u < (total + JIT_UNIT_COST - 1) / JIT_UNIT_COST) u = (total + JIT_UNIT_COST - 1) / JIT_UNIT_COST;
+    u = (u + nslots - 1) / nslots * nslots;
     return u > n ? n : (int)u;
 }
 
