@@ -15,6 +15,9 @@
  *               per layer (the layers' identical kernels then compile once);
  *   minilm      the MiniLM demo's encoder (examples/minilm: 8 compiled
  *               functions) on its three default sentences;
+ *   mixed_1k, mixed_10k, chain_10k, wide_10k  bench/synth.h's synthetic
+ *               graphs of 1,000 or 10,000 nodes on x [64, 256] and y [256]
+ *               (the mixed chain: a mean subtracted every 50 nodes);
  *   gpt2_async, minilm_async  gpt2 and minilm with EMBER_ASYNC_COMPILE=1:
  *               the first call runs op by op while the kernels compile in
  *               the background; also printed: when the first call served by
@@ -41,6 +44,7 @@
 
 #include "../examples/minilm/minilm.h"
 #include "bench_stats.h"
+#include "synth.h"
 
 enum { B = 2, T = 64, C = 768, NH = 12, HD = C / NH, NL = 12 };
 
@@ -296,11 +300,38 @@ static int run_minilm(const char *dir, result *r) {
     return ok ? 0 : 1;
 }
 
+/* A synthetic graph, "KIND_1k" or "KIND_10k" (synth.h): the first call of
+ * its em_compile'd function, checked to be finite. */
+static int run_synth(const char *which, result *r) {
+    sy_graph gr = {SY_CHAIN, strstr(which, "_10k") ? 10000 : 1000, false};
+    gr.kind = !strncmp(which, "mixed", 5) ? SY_MIXED : !strncmp(which, "wide", 4) ? SY_WIDE : SY_CHAIN;
+    em_generator *g = em_generator_new(5);
+    em_tensor *in[2] = {em_randn(g, 2, (int64_t[]){64, 256}, EM_F32, em_cpu()),
+                        em_randn(g, 1, (int64_t[]){256}, EM_F32, em_cpu())};
+    em_compile_options o = {.ninputs = 2, .noutputs = 1, .name = which};
+    em_compiled *f = in[0] && in[1] ? em_compile(sy_fn, &gr, &o) : NULL;
+    static float y[64 * 256];
+    em_tensor *out = NULL;
+    double t0 = bench_now();
+    em_scope_begin();
+    bool ok = f && em_call(f, in, NULL, &out) == EM_OK && em_copy_to_host(out, y, sizeof y) == EM_OK;
+    em_scope_end();
+    r->first = bench_now() - t0;
+    for (int i = 0; ok && i < 64 * 256; i++) ok = isfinite(y[i]);
+    if (ok) take_stats(f, r);
+    else fprintf(stderr, "bench_cold: %s: %s\n", which, em_last_error());
+    em_compiled_free(f);
+    em_generator_free(g);
+    return ok ? 0 : 1;
+}
+
 /* One run in this process; prints one machine-readable line. */
 static int run_one(const char *which, const char *model) {
     result r = {0};
     async = strstr(which, "_async") != NULL;
-    int rc = !strncmp(which, "minilm", 6) ? run_minilm(model, &r) : run_gpt2(which, &r);
+    int rc = !strncmp(which, "minilm", 6) ? run_minilm(model, &r)
+             : !strncmp(which, "gpt2", 4) ? run_gpt2(which, &r)
+                                          : run_synth(which, &r);
     if (rc) return rc;
     r.rss_mb = peak_mb("self");
     r.worker_mb = workers_peak(&r.workers);
@@ -349,6 +380,10 @@ static const char *const CASES[][2] = {
     {"gpt2_block", "GPT-2 small, one block"},
     {"gpt2_blocks", "GPT-2 small, 12 block functions"},
     {"minilm", "MiniLM-L6 encoder (demo, 3 sentences)"},
+    {"mixed_1k", "synthetic mixed chain, 1,000 nodes"},
+    {"mixed_10k", "synthetic mixed chain, 10,000 nodes"},
+    {"chain_10k", "synthetic pointwise chain, 10,000 nodes"},
+    {"wide_10k", "synthetic wide graph, 10,000 nodes"},
     {"gpt2_async", "GPT-2 small, one function, async compile"},
     {"minilm_async", "MiniLM-L6 encoder, async compile"},
 };
@@ -394,7 +429,9 @@ static bool run_case(const char *which, const char *model, int runs, FILE *js, b
 }
 
 int main(int argc, char **argv) {
-    const char *cases = "gpt2,gpt2_block,gpt2_blocks,minilm,gpt2_async,minilm_async", *json = NULL, *one = NULL;
+    const char *cases = "gpt2,gpt2_block,gpt2_blocks,minilm,mixed_1k,mixed_10k,chain_10k,wide_10k,gpt2_async,"
+                        "minilm_async",
+               *json = NULL, *one = NULL;
     char mbuf[4096];
     const char *model = getenv("EMBER_MODEL_DIR");
 #ifdef MINILM_DEFAULT_DIR
@@ -408,7 +445,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--model") && i + 1 < argc) model = argv[++i];
         else if (!strcmp(argv[i], "--json") && i + 1 < argc) json = argv[++i];
         else {
-            fprintf(stderr, "usage: %s [--runs N] [--cases gpt2,gpt2_block,gpt2_blocks,minilm,gpt2_async,minilm_async] "
+            fprintf(stderr, "usage: %s [--runs N] [--cases gpt2,gpt2_block,gpt2_blocks,minilm,mixed_1k,mixed_10k,chain_10k,wide_10k,gpt2_async,minilm_async] "
                             "[--model DIR] [--json OUT] | --one CASE [--model DIR]\n", argv[0]);
             return 2;
         }

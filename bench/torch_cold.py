@@ -12,6 +12,8 @@ Models (the same as bench_cold.c's):
               final layer norm; input embeddings [2, 64, 768]; seeded random
               weights; torch.compile of the whole module;
   gpt2_block  one of those blocks;
+  mixed_1k, mixed_10k, chain_10k, wide_10k  bench/synth.h's synthetic
+              graphs, the same ops on x [64, 256] and y [256];
   minilm      the all-MiniLM-L6-v2 encoder (BERT, 6 layers, hidden 384) with
               mean pooling and L2 normalization, weights read from the model
               folder's model.safetensors, on the demo's three sentences
@@ -43,6 +45,10 @@ DESCRIBE = {
     "gpt2_block": "GPT-2 small, one block",
     "gpt2_blocks": "GPT-2 small, 12 block functions",
     "minilm": "MiniLM-L6 encoder (demo, 3 sentences)",
+    "mixed_1k": "synthetic mixed chain, 1,000 nodes",
+    "mixed_10k": "synthetic mixed chain, 10,000 nodes",
+    "chain_10k": "synthetic pointwise chain, 10,000 nodes",
+    "wide_10k": "synthetic wide graph, 10,000 nodes",
     "gpt2_async": "GPT-2 small, one function, async compile",
     "minilm_async": "MiniLM-L6 encoder, async compile",
 }
@@ -154,10 +160,45 @@ def minilm_module(torch, model_dir):
     return MiniLM().eval(), (ids, mask)
 
 
+MEAN_EVERY = 50  # bench/synth.h's SY_MEAN_EVERY
+
+
+def synth_module(torch, case):
+    """bench/synth.h's graphs, op for op: chain links tanh(h), h * 0.9,
+    h + y, h - 0.1; mixed: a mean over the last dim subtracted every 50
+    nodes; wide: branches acc += tanh(x * c_b) + y, 5 nodes each."""
+    kind, nodes = case.split("_")[0], 10000 if case.endswith("_10k") else 1000
+
+    class Synth(torch.nn.Module):
+        def forward(self, x, y):
+            if kind == "wide":
+                acc, i, b = None, 0, 0
+                while i < nodes:
+                    t = torch.tanh(x * (1.0 - 1e-4 * b)) + y
+                    acc = t if acc is None else acc + t
+                    i += 5 if b else 4
+                    b += 1
+                return acc
+            h, i = x, 0
+            while i < nodes:
+                if kind == "mixed" and i % MEAN_EVERY == MEAN_EVERY - 2:
+                    h = h - h.mean(dim=1, keepdim=True)
+                    i += 1
+                else:
+                    h = (torch.tanh(h), h * 0.9, h + y, h - 0.1)[i % 4]
+                i += 1
+            return h
+
+    g = torch.Generator().manual_seed(5)
+    return Synth(), (torch.randn(64, 256, generator=g), torch.randn(256, generator=g))
+
+
 def run_one(case, model_dir):
     import torch
     if case == "minilm":
         model, args = minilm_module(torch, model_dir)
+    elif case in ("mixed_1k", "mixed_10k", "chain_10k", "wide_10k"):
+        model, args = synth_module(torch, case)
     else:
         model, args = gpt2_modules(torch, 12 if case == "gpt2" else 1)
     with torch.no_grad():

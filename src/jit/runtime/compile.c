@@ -450,12 +450,46 @@ static em_status realize_outputs(const em_compiled *f, em_tensor **out) {
     return s;
 }
 
-/* Runs fn while recording; on success adds an entry.  Holds f's lock. */
-static em_status trace(em_compiled *f, em_tensor *const *in, const double *scalars,
-                       em_tensor **out, const uint32_t *dyn, const jit_entry *prev) {
+/* Whether a trace on these inputs is dry: its ops are recorded without
+ * being computed (dry_op, as in a retrace at other sizes) and the call's
+ * results come from the new entry, so that the trace holds none of fn's
+ * intermediates (an eager trace of a 10,000-node chain on [64, 256] kept
+ * 650 MB of them alive until the call returned) and nothing is computed
+ * twice.  The default for CPU inputs (lazy_trace 0; a GPU's is the lazy
+ * trace); a dry trace that reads a value, draws random numbers or fails
+ * is done again eagerly (fn then runs twice). */
+static bool trace_dry(const em_compiled *f, em_tensor *const *in) {
+    return !f->async && f->lazy_trace == 0 && !trace_lazily(f, in);
+}
+
+/* After a dry trace: the call's outputs from the new entry e (through
+ * the table, whose match gives a dynamic entry its sizes), or from fn run
+ * eagerly (not recorded) where e cannot give them. */
+static em_status outputs_of_dry(em_compiled *f, jit_entry *e, em_tensor *const *in,
+                                const double *scalars, em_tensor **out) {
+    em_tensor *res[MAX_ARGS];
+    void *spec = NULL;
+    bool declined;
+    if (e->ready && jit_table_find(&f->own, &f->entries, in, scalars, &spec, &declined) == e &&
+        run_entry(f, e, true, e->follows, spec, in, scalars, res) == EM_OK) {
+        for (int i = 0; i < f->noutputs; i++) out[i] = res[i];
+        return EM_OK;
+    }
+    em_clear_error();
+    return f->fn(f->ctx, in, scalars, out);
+}
+
+/* Runs fn while recording (lazily, dry, or eagerly: *redo set when a dry
+ * recording gave no graph, and nothing done); on success adds an entry.
+ * Holds f's lock. */
+static em_status trace_once(em_compiled *f, em_tensor *const *in, const double *scalars,
+                            em_tensor **out, const uint32_t *dyn, const jit_entry *prev, bool dry,
+                            bool *redo) {
     em_scope_begin();
     bool lazily = trace_lazily(f, in);
-    em_dispatch_hook runner = lazily ? jit_lazy_runner() : (em_dispatch_hook){0};
+    em_dispatch_hook runner = lazily ? jit_lazy_runner()
+                              : dry  ? (em_dispatch_hook){.fn = dry_op}
+                                     : (em_dispatch_hook){0};
     const em_allocator *caller = use_own_alloc(f); /* the recorder's graph becomes f's */
     tr_recorder *r = tr_record_begin_with(f->ninputs, in, (const char *const *)f->input_names,
                                           runner);
@@ -467,6 +501,7 @@ static em_status trace(em_compiled *f, em_tensor *const *in, const double *scala
     em_status s = f->fn(f->ctx, in, scalars, out);
     if (s != EM_OK) {
         tr_record_abort(r);
+        if (dry) goto again;
         return finish_outputs(f, s, out);
     }
     char why[256];
@@ -475,6 +510,7 @@ static em_status trace(em_compiled *f, em_tensor *const *in, const double *scala
     int nreads = tr_record_size_reads(r, &rd);
     memcpy(reads, rd, sizeof *reads * (size_t)nreads);
     tr_graph *g = tr_record_end(r, f->noutputs, out, why, sizeof why);
+    if (!g && dry) goto again;
     if (!g && why[0]) {
         /* the function ran to the end (eagerly, or lazily: its outputs
          * are computed below): its results are valid */
@@ -501,8 +537,25 @@ static em_status trace(em_compiled *f, em_tensor *const *in, const double *scala
     if (!e && em_last_status() == EM_OK)
         em_error(EM_ERR_STATE, "em_call(%s): the traced graph gave no entry", f->name);
     if (!e) return finish_outputs(f, em_last_status(), out);
+    if (dry) return finish_outputs(f, outputs_of_dry(f, e, in, scalars, out), out);
     if (lazily) outputs_from_entry(f, e, in, scalars, out);
     return finish_outputs(f, lazily ? realize_outputs(f, out) : EM_OK, out);
+again: /* what fn did dry is dropped with the scope; the caller traces again */
+    for (int i = 0; i < f->noutputs; i++) out[i] = NULL;
+    em_scope_end();
+    em_clear_error();
+    *redo = true;
+    return EM_OK;
+}
+
+static em_status trace(em_compiled *f, em_tensor *const *in, const double *scalars,
+                       em_tensor **out, const uint32_t *dyn, const jit_entry *prev) {
+    bool redo = false;
+    if (trace_dry(f, in)) {
+        em_status s = trace_once(f, in, scalars, out, dyn, prev, true, &redo);
+        if (!redo) return s;
+    }
+    return trace_once(f, in, scalars, out, dyn, prev, false, &redo);
 }
 
 /* Whether entry e's guards fail on this call only because of sizes (same
