@@ -4,6 +4,7 @@
  * in the same run: device-to-device copy bandwidth and the f32 GEMM rate.
  *
  * Usage: bench_cuda [--sweep | --graphs] [--only NAME,...] [--reps N] [--json FILE]
+ *                   [--dtype f32|f16|bf16]
  * --graphs: host time and latency per call of launch-bound entries with
  * CUDA graphs off and on (em_compile_options.cuda_graphs; issue 20).
  * --sweep: the shape sweep below (issue 14) instead of the workloads, each
@@ -181,6 +182,11 @@ static const sweep_case sweep[] = {
     {"sw_transpose_add", sw_transpose_add, 8192, 8192, 3, 3},
     {"sw_transpose_add_odd", sw_transpose_add, 4099, 3001, 4, 3},
     {"sw_bias_gelu", sw_bias_gelu, 8192, 3072, 1, 2},
+    /* odd shapes: row lengths and counts that are multiples of nothing */
+    {"sw_softmax_4099", sw_softmax, 8191, 4099, 0, 2},
+    {"sw_rmsnorm_37", sw_rmsnorm, 1048573, 37, 1, 2},
+    {"sw_layernorm_4099", sw_layernorm, 8191, 4099, 2, 2},
+    {"sw_bias_gelu_1001", sw_bias_gelu, 16381, 1001, 1, 2},
 };
 enum { NSWEEP = sizeof sweep / sizeof sweep[0] };
 

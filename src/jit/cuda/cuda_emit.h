@@ -88,6 +88,6 @@ char *cuda_text_with_key(const cuda_src *src, const char *name, const uint8_t ke
 #define CUDA_LAUNCH_WORDS 8
 
 /* The version of the generator: part of every cache key. */
-#define CUDA_EMIT_VERSION "cuda-emit-4" /* 4: tiled transposes; 3: extents as size parameters, launch descriptor */
+#define CUDA_EMIT_VERSION "cuda-emit-5" /* 5: rows a part of a warp, 16-byte rows steps; 4: tiled transposes; 3: extents as size parameters, launch descriptor */
 
 #endif
