@@ -1085,7 +1085,7 @@ static em_status rows_fn(void *c, em_tensor *const *in, const double *s, em_tens
 static double *rows_ref(int kind, const em_tensor *x, const em_tensor *w, const em_tensor *b) {
     int64_t R = em_size(x, 0), C = em_size(x, 1);
     double *xv = tu_values(x), *wv = tu_values(w), *bv = tu_values(b);
-    double *r = malloc(sizeof(double) * (size_t)(R * C + 1));
+    double *r = malloc(sizeof(double) * (size_t)(R * C + R + 1)); /* rows, or a sum each */
     for (int64_t i = 0; i < R; i++) {
         const double *row = xv + i * C;
         double *o = r + i * C, m = -INFINITY, acc = 0, acc2 = 0;

@@ -825,10 +825,18 @@ static int row_elems(void) {
     return v >= 1 && v <= 64 ? v : 32;
 }
 
-/* A row of at most SHORT_ROW_ELEMS x 32 elements takes the fewest lanes
- * (a power of 2) that hold it at SHORT_ROW_ELEMS a lane; rows a block is
+/* A row a warp covers takes the fewest lanes (a power of 2) that hold it
+ * at SHORT_ROW_BYTES a lane (of its widest buffer); rows a block are
  * bounded by the launch descriptor's range (cuda_kernel.c: at most 64). */
-enum { SHORT_ROW_ELEMS = 8, CUDA_MAX_ROWS_PER_BLOCK = 64 };
+enum { SHORT_ROW_BYTES = 64, CUDA_MAX_ROWS_PER_BLOCK = 64 };
+
+/* EMBER_CUDA_ROW_VEC=0 drops rows kernels' 16-byte variant (a knob for
+ * measuring it; part of the kernel text, so of the cache key). */
+static bool row_vec(void) {
+    char buf[8];
+    const char *e = em_getenv("EMBER_CUDA_ROW_VEC", buf, sizeof buf);
+    return !e || strcmp(e, "0") != 0;
+}
 
 static void choose_shape(egen *G, cuda_src *out) {
     const k_kernel *k = G->k;
@@ -860,6 +868,12 @@ static void choose_shape(egen *G, cuda_src *out) {
     G->shape = CU_FLAT;
     G->threads = 256;
     int64_t widest = 0;
+    size_t widest_elem = 1; /* bytes of the widest buffer the kernel accesses */
+    for (int i = G->par + 1; i < G->match[G->par]; i++) {
+        const k_inst *in = &k->insts[i];
+        if ((in->op == K_LOAD || in->op == K_STORE) && em_dtype_size(k->insts[in->src[0]].dtype) > widest_elem)
+            widest_elem = em_dtype_size(k->insts[in->src[0]].dtype);
+    }
     for (int i = G->par + 1; i < G->match[G->par]; i++) {
         const k_inst *in = &k->insts[i];
         if (in->op != K_RANGE) continue;
@@ -880,14 +894,16 @@ static void choose_shape(egen *G, cuda_src *out) {
         /* rows a warp covers: a warp each, 8 to a block, which lifts the
          * one-warp blocks' occupancy (at most 32 blocks an SM: half its
          * warps) and drops the block reductions' barriers.  Short rows
-         * (at most SHORT_ROW_ELEMS a lane of a warp) share a warp: 4 to 32
-         * lanes a row, so that each lane has several loads in flight (a
-         * warp a 37-wide row kept 27 of its 32 lanes idle on the second
-         * load: 46% of copy on the H200) */
+         * share a warp: 1 to 32 lanes a row, SHORT_ROW_BYTES a lane, so
+         * that a warp has several rows' loads in flight (a warp a 37-wide
+         * row kept 27 of its 32 lanes idle on the second load: 46% of copy
+         * on the H200; 8 lanes a row, 58%; 4, see docs/benchmarks.md) */
         if (G->tpr == 32) {
-            int lanes = 256 / CUDA_MAX_ROWS_PER_BLOCK;
-            while (lanes < 32 && lanes * SHORT_ROW_ELEMS < widest) lanes *= 2;
-            G->tpr = lanes, G->rpb = 256 / lanes, G->threads = 256;
+            int lanes = 1;
+            while (lanes < 32 && lanes * SHORT_ROW_BYTES < widest * (int64_t)widest_elem) lanes *= 2;
+            G->tpr = lanes;
+            G->rpb = 256 / lanes < CUDA_MAX_ROWS_PER_BLOCK ? 256 / lanes : CUDA_MAX_ROWS_PER_BLOCK;
+            G->threads = G->rpb * lanes;
         }
     }
 }
@@ -1057,7 +1073,7 @@ static void plan_row_cache(egen *G, int *stack, int *kbuf, int *kbase, int64_t *
         else if (in->op == K_END) depth--;
         if (in->op != K_LOAD && in->op != K_STORE) continue;
         int b = (int)k->insts[in->src[0]].ival, r = depth ? stack[depth - 1] : -1, base;
-        if (r < 0 || G->nit_of[r] <= 0 || !cache_index(G, i, r, &base)) {
+        if (r < 0 || G->nit_of[r] <= 0 || !cache_index(G, i, r, &base) || (G->vrows && !G->vacc[i])) {
             bad[b] = true;
             continue;
         }
@@ -1134,18 +1150,20 @@ static bool affine(const egen *G, int o, int depth, uint64_t *c1, uint64_t *c0) 
     return true;
 }
 
-/* Whether a rows kernel has a vector variant: every split loop has a
- * constant extent and no loop inside; every load or store in one whose
- * index depends on j is at base + j (cache_index) of a 2- or 4-byte
- * buffer, with base affine in the row, all such bases equal modulo V
- * (then one h serves the row); no such load follows a store to its
- * buffer in the loop (the vector step loads before its lanes and stores
- * after them); every store there depends on j.  Marks G->vacc. */
+/* Whether a rows kernel has a vector variant, and which accesses move
+ * vectors (G->vacc): every split loop has a constant extent and no loop
+ * inside, every store there depends on j, and no load there follows a
+ * store to its buffer (a vector step loads before its lanes and stores
+ * after them).  The candidates are the accesses at base + j (cache_index)
+ * of 2- or 4-byte buffers with base affine in the row; V is 16 bytes of
+ * the widest; those whose base is congruent mod V to the most candidates'
+ * move vectors (one h then serves the row: x and the output of a row of
+ * 4099, say, while a [4099] weight starts elsewhere in most rows), every
+ * other access runs in each lane with its own j. */
 static bool plan_vec(egen *G, uint64_t *a1, uint64_t *a0) {
     const k_kernel *k = G->k;
     bool *dep = G->slice; /* scratch: depends on the split loop's j */
     size_t widest = 0;
-    int n = 0;
     for (int r = G->par + 1; r < G->match[G->par]; r++) {
         if (k->insts[r].op != K_RANGE || !G->split[r]) continue;
         if (k->insts[k->insts[r].src[0]].op != K_CONST) return false;
@@ -1159,29 +1177,32 @@ static bool plan_vec(egen *G, uint64_t *a1, uint64_t *a0) {
             int x = in->src[1], base;
             bool on_j = x == r || (x > r && dep[x]);
             if (!on_j && in->op == K_STORE) return false;
-            if (!on_j) continue;
-            size_t sz = em_dtype_size(k->insts[in->src[0]].dtype);
-            if ((sz != 2 && sz != 4) || !cache_index(G, i, r, &base) || !affine(G, base, 0, &a1[i], &a0[i]))
-                return false;
             for (int q = r + 1; q < i && in->op == K_LOAD; q++)
                 if (k->insts[q].op == K_STORE && k->insts[k->insts[q].src[0]].ival == k->insts[in->src[0]].ival)
                     return false;
-            G->vacc[i] = true;
+            size_t sz = em_dtype_size(k->insts[in->src[0]].dtype);
+            if (!on_j || (sz != 2 && sz != 4) || !cache_index(G, i, r, &base) ||
+                !affine(G, base, 0, &a1[i], &a0[i]))
+                continue;
+            G->vacc[i] = true; /* a candidate */
             if (sz > widest) widest = sz;
-            n++;
         }
         r = G->match[r];
     }
-    if (n == 0) return false;
-    G->V = (int)(16 / widest);
-    int first = -1;
+    if (widest == 0) return false;
+    uint64_t V = 16 / widest;
+    int best = -1, best_n = 0;
     for (int i = 0; i < k->n; i++) {
-        if (!G->vacc[i]) continue;
-        if (first < 0) first = i;
-        if ((a1[i] - a1[first]) % (uint64_t)G->V || (a0[i] - a0[first]) % (uint64_t)G->V) return false;
+        int n = 0;
+        for (int q = 0; q < k->n && G->vacc[i]; q++)
+            n += G->vacc[q] && (a1[q] - a1[i]) % V == 0 && (a0[q] - a0[i]) % V == 0;
+        if (n > best_n) best = i, best_n = n;
     }
-    G->c1 = (int64_t)(a1[first] % (uint64_t)G->V);
-    G->c0 = (int64_t)(a0[first] % (uint64_t)G->V);
+    for (int q = 0; q < k->n; q++)
+        if (G->vacc[q] && ((a1[q] - a1[best]) % V || (a0[q] - a0[best]) % V)) G->vacc[q] = false;
+    G->V = (int)V;
+    G->c1 = (int64_t)(a1[best] % V);
+    G->c0 = (int64_t)(a0[best] % V);
     return true;
 }
 
@@ -1332,7 +1353,7 @@ em_status cuda_emit(const k_kernel *k, cuda_src *out) {
     out->threads = G.threads;
     out->unroll = G.shape == CU_FLAT ? 4 : G.shape == CU_ROWS ? G.rpb : 1; /* rows: per block */
     out->tiled = G.tile_j >= 0;
-    out->vec4 = G.shape == CU_FLAT ? vectorizable(&G) : G.shape == CU_ROWS && !out->tiled && plan_vec(&G, a1, a0);
+    out->vec4 = G.shape == CU_FLAT ? vectorizable(&G) : G.shape == CU_ROWS && !out->tiled && row_vec() && plan_vec(&G, a1, a0);
     if (!out->vec4) memset(G.vacc, 0, nn * sizeof(bool));
     out->nbufs = k->nbufs;
     out->nsizes = k->nsizes;
