@@ -5,14 +5,18 @@ f16, as `bench_cuda --sweep --dtype`), TF32 off.
 
     python3 bench/torch_sweep.py [--reps N] [--only NAME,...] [--dtype f32|bf16|f16]
 
-Prints one line per case: eager and compiled milliseconds and the compiled
-rate against the bytes bench_cuda counts for it (its `passes` column)."""
+Prints one line per case: eager and compiled milliseconds a call (10 calls
+queued back to back a timing, as bench_cuda --sweep), the compiled rate
+against the bytes bench_cuda counts for it (its `passes` column), and a
+single compiled call's latency."""
 import argparse
 
 import torch
 import torch.nn.functional as F
 
 from torch_bench import median_events  # the same event timing as make bench-cuda
+
+QUEUE = 10  # calls queued back to back a timing, as bench_cuda --sweep
 
 torch.backends.cuda.matmul.allow_tf32 = False
 torch.backends.cudnn.allow_tf32 = False
@@ -46,12 +50,18 @@ CASES = {
 DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
 
 
-def timed(fn, args, reps):
-    """Median milliseconds of fn(*args) on CUDA events, after 3 warm-up calls."""
+def timed(fn, args, reps, queue=QUEUE):
+    """Median milliseconds of a call of fn(*args) on CUDA events, `queue`
+    calls queued back to back a timing, after 3 warm-up calls."""
     for _ in range(3):
         fn(*args)
     torch.cuda.synchronize()
-    return median_events(fn, args, reps) * 1e3
+
+    def queued(*a):
+        for _ in range(queue):
+            fn(*a)
+
+    return median_events(queued, args, reps) * 1e3 / queue
 
 
 def main():
@@ -81,10 +91,12 @@ def main():
         if extra == 4:
             args.append(randn(shape[::-1]))
         te = timed(fn, args, a.reps)
-        tc = timed(torch.compile(fn), args, a.reps)
+        cfn = torch.compile(fn)
+        tc = timed(cfn, args, a.reps)
+        t1 = timed(cfn, args, a.reps, 1)
         nbytes = passes * x.element_size() * x.numel()
-        print(f"{name:26s} eager {te:8.3f} ms  torch.compile {tc:8.3f} ms  {nbytes / tc / 1e6:7.1f} GB/s",
-              flush=True)
+        print(f"{name:26s} eager {te:8.3f} ms  torch.compile {tc:8.3f} ms  {nbytes / tc / 1e6:7.1f} GB/s"
+              f"  single call {t1:8.3f} ms", flush=True)
         del x, args
         torch.cuda.empty_cache()
 

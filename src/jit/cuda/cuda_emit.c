@@ -830,6 +830,15 @@ static int row_elems(void) {
  * bounded by the launch descriptor's range (cuda_kernel.c: at most 64). */
 enum { SHORT_ROW_BYTES = 64, CUDA_MAX_ROWS_PER_BLOCK = 64 };
 
+/* Bytes a lane of a short row aims for: EMBER_CUDA_ROW_LANE_BYTES (4 to
+ * 4096, a tuning knob), else SHORT_ROW_BYTES. */
+static int64_t row_lane_bytes(void) {
+    char buf[32];
+    const char *e = em_getenv("EMBER_CUDA_ROW_LANE_BYTES", buf, sizeof buf);
+    int v = e ? atoi(e) : 0;
+    return v >= 4 && v <= 4096 ? v : SHORT_ROW_BYTES;
+}
+
 /* EMBER_CUDA_ROW_VEC=0 drops rows kernels' 16-byte variant (a knob for
  * measuring it; part of the kernel text, so of the cache key). */
 static bool row_vec(void) {
@@ -900,7 +909,8 @@ static void choose_shape(egen *G, cuda_src *out) {
          * on the H200; 8 lanes a row, 58%; 4, see docs/benchmarks.md) */
         if (G->tpr == 32) {
             int lanes = 1;
-            while (lanes < 32 && lanes * SHORT_ROW_BYTES < widest * (int64_t)widest_elem) lanes *= 2;
+            int64_t lane_bytes = row_lane_bytes();
+            while (lanes < 32 && lanes * lane_bytes < widest * (int64_t)widest_elem) lanes *= 2;
             G->tpr = lanes;
             G->rpb = 256 / lanes < CUDA_MAX_ROWS_PER_BLOCK ? 256 / lanes : CUDA_MAX_ROWS_PER_BLOCK;
             G->threads = G->rpb * lanes;
