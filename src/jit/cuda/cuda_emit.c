@@ -828,7 +828,7 @@ static int row_elems(void) {
 /* A row a warp covers takes the fewest lanes (a power of 2) that hold it
  * at SHORT_ROW_BYTES a lane (of its widest buffer); rows a block are
  * bounded by the launch descriptor's range (cuda_kernel.c: at most 64). */
-enum { SHORT_ROW_BYTES = 128, CUDA_MAX_ROWS_PER_BLOCK = 64 };
+enum { SHORT_ROW_BYTES = 64, CUDA_MAX_ROWS_PER_BLOCK = 64 };
 
 /* Bytes a lane of a short row aims for: EMBER_CUDA_ROW_LANE_BYTES (4 to
  * 4096, a tuning knob), else SHORT_ROW_BYTES. */
@@ -906,7 +906,9 @@ static void choose_shape(egen *G, cuda_src *out) {
          * share a warp: 1 to 32 lanes a row, SHORT_ROW_BYTES a lane, so
          * that a warp has several rows' loads in flight (a warp a 37-wide
          * row kept 27 of its 32 lanes idle on the second load: 46% of copy
-         * on the H200; 16 lanes 30%, 8 lanes 58%, 4 lanes 65%: docs/benchmarks.md) */
+         * on the H200.  Lanes a 37-wide f32 softmax row, queued calls:
+         * 4 (64 bytes a lane) 65%, 2 (128) 46%, 1 (256) 9%; the row sum
+         * 86%, 75%, 53%; 16 lanes, single calls, 30%: docs/benchmarks.md) */
         if (G->tpr == 32) {
             int lanes = 1;
             int64_t lane_bytes = row_lane_bytes();
