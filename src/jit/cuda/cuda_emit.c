@@ -908,7 +908,8 @@ static void choose_shape(egen *G, cuda_src *out) {
          * row kept 27 of its 32 lanes idle on the second load: 46% of copy
          * on the H200.  Lanes a 37-wide f32 softmax row, queued calls:
          * 4 (64 bytes a lane) 65%, 2 (128) 46%, 1 (256) 9%; the row sum
-         * 86%, 75%, 53%; 16 lanes, single calls, 30%: docs/benchmarks.md) */
+         * 86%, 75%, 53%; 8 lanes 58% (single calls), 16 lanes 30%:
+         * docs/benchmarks.md) */
         if (G->tpr == 32) {
             int lanes = 1;
             int64_t lane_bytes = row_lane_bytes();
