@@ -4,11 +4,13 @@
  * in the same run: device-to-device copy bandwidth and the f32 GEMM rate.
  *
  * Usage: bench_cuda [--sweep | --graphs] [--only NAME,...] [--reps N] [--json FILE]
+ *                   [--dtype f32|f16|bf16]
  * --graphs: host time and latency per call of launch-bound entries with
  * CUDA graphs off and on (em_compile_options.cuda_graphs; issue 20).
  * --sweep: the shape sweep below (issue 14) instead of the workloads, each
- * with Ember's eager time beside its compiled one; bench/torch_sweep.py
- * times the same ops with PyTorch eager and torch.compile.
+ * with Ember's eager time beside its compiled one, per call of 10 queued
+ * back to back (and a single call's latency); bench/torch_sweep.py times
+ * the same ops with PyTorch eager and torch.compile the same way.
  * The kernel cache is EMBER_CACHE_DIR's: run twice with the same empty
  * directory to see the cold first call (first run) and the warm one (a new
  * process with the cache filled, second run).  Exits 77 without a GPU.
@@ -60,7 +62,11 @@ static void sync_gpu(void) {
     if (cuda_stream_sync(GPU_INDEX) != EM_OK) die("synchronize");
 }
 
-static double time_events(body_fn body, void *ud, int reps) {
+/* Median time of one call over reps timings of `queue` calls each, queued
+ * back to back between the events (1: a call's latency, the host's time
+ * to launch it included; more: the GPU's time per call where the host
+ * launches faster than the GPU runs). */
+static double time_events_queued(body_fn body, void *ud, int reps, int queue) {
     cuda_timer *t = cuda_timer_new(GPU_INDEX);
     if (!t) die("timer");
     for (int i = 0; i < 3; i++) body(ud);
@@ -68,14 +74,21 @@ static double time_events(body_fn body, void *ud, int reps) {
     double *ts = malloc(sizeof(double) * (size_t)reps);
     for (int i = 0; i < reps; i++) {
         if (cuda_timer_start(t) != EM_OK) die("timer start");
-        body(ud);
+        for (int q = 0; q < queue; q++) body(ud);
         if (cuda_timer_stop(t, &ts[i]) != EM_OK) die("timer stop");
+        ts[i] /= queue;
     }
     double m = median(ts, reps);
     free(ts);
     cuda_timer_free(t);
     return m;
 }
+
+static double time_events(body_fn body, void *ud, int reps) { return time_events_queued(body, ud, reps, 1); }
+
+/* The sweep's calls queued 10 a timing: its kernels run 10-130 us, near a
+ * call's host time; bench/torch_sweep.py times torch the same way. */
+enum { SWEEP_QUEUE = 10 };
 
 /* ---- floors ---- */
 typedef struct copy_ud {
@@ -181,6 +194,11 @@ static const sweep_case sweep[] = {
     {"sw_transpose_add", sw_transpose_add, 8192, 8192, 3, 3},
     {"sw_transpose_add_odd", sw_transpose_add, 4099, 3001, 4, 3},
     {"sw_bias_gelu", sw_bias_gelu, 8192, 3072, 1, 2},
+    /* odd shapes: row lengths and counts that are multiples of nothing */
+    {"sw_softmax_4099", sw_softmax, 8191, 4099, 0, 2},
+    {"sw_rmsnorm_37", sw_rmsnorm, 1048573, 37, 1, 2},
+    {"sw_layernorm_4099", sw_layernorm, 8191, 4099, 2, 2},
+    {"sw_bias_gelu_1001", sw_bias_gelu, 16381, 1001, 1, 2},
 };
 enum { NSWEEP = sizeof sweep / sizeof sweep[0] };
 
@@ -515,7 +533,9 @@ static result run(workload *w, int reps, double copy_bw, double mm_rate, const c
     em_compiled *f;
     r.cold = first_call(w, &f);
     call_ud ud = {f, w->in};
-    double t = time_events(call_body, &ud, reps);
+    bool sweep_case = !strncmp(w->name, "sw_", 3);
+    double single = sweep_case ? time_events(call_body, &ud, reps) : 0;
+    double t = sweep_case ? time_events_queued(call_body, &ud, reps, SWEEP_QUEUE) : time_events(call_body, &ud, reps);
     em_compile_stats st;
     em_compiled_stats(f, &st);
     r.compiled = t, r.kernels = st.kernels;
@@ -538,8 +558,8 @@ static result run(workload *w, int reps, double copy_bw, double mm_rate, const c
            (long long)st.graphs_lowered);
     if (!strncmp(w->name, "sw_", 3)) { /* the sweep: Ember's eager ops beside it */
         eager_ud eu = {w};
-        r.eager = time_events(eager_body, &eu, reps);
-        printf("  eager %.3f ms", r.eager * 1e3);
+        r.eager = time_events_queued(eager_body, &eu, reps, SWEEP_QUEUE);
+        printf("  eager %.3f ms  single call %.3f ms", r.eager * 1e3, single * 1e3);
     }
     if (self) { /* --json: eager times and the warm first call too */
         eager_ud eu = {w};

@@ -1059,6 +1059,111 @@ START_TEST(transposed_operands_on_the_gpu) {
 }
 END_TEST
 
+/* ---- rows kernels of every length (issues 14 and 15): short rows a
+ * part of a warp each, 16-byte steps with a head and a tail for rows that
+ * start off a vector boundary, long rows; checked against float64 ---- */
+
+enum { ROW_SOFTMAX, ROW_RMS, ROW_SUM, ROW_LN, ROW_BIAS_GELU, ROW_KINDS };
+
+static em_status rows_fn(void *c, em_tensor *const *in, const double *s, em_tensor **out) {
+    (void)s;
+    em_tensor *x = in[0];
+    switch (*(const int *)c) {
+    case ROW_SOFTMAX: out[0] = em_softmax(x, -1); break;
+    case ROW_RMS:
+        out[0] = em_mul(em_mul(x, em_rsqrt(em_add_scalar(em_mean(em_mul(x, x), 1, (int[]){-1}, true), 1e-6))),
+                        in[1]);
+        break;
+    case ROW_SUM: out[0] = em_sum(x, 1, (int[]){-1}, false); break;
+    case ROW_LN: out[0] = em_layer_norm(x, 1, in[1], in[2], 1e-5); break;
+    default: out[0] = em_gelu_tanh(em_add(x, in[1])); break;
+    }
+    return out[0] ? EM_OK : em_last_status();
+}
+
+/* kind of x [R, C] (and w, b [C]) in float64, from the inputs' values. */
+static double *rows_ref(int kind, const em_tensor *x, const em_tensor *w, const em_tensor *b) {
+    int64_t R = em_size(x, 0), C = em_size(x, 1);
+    double *xv = tu_values(x), *wv = tu_values(w), *bv = tu_values(b);
+    double *r = malloc(sizeof(double) * (size_t)(R * C + R + 1)); /* rows, or a sum each */
+    for (int64_t i = 0; i < R; i++) {
+        const double *row = xv + i * C;
+        double *o = r + i * C, m = -INFINITY, acc = 0, acc2 = 0;
+        for (int64_t j = 0; j < C; j++) m = fmax(m, row[j]), acc += row[j], acc2 += row[j] * row[j];
+        double mean = C ? acc / C : 0, var = 0;
+        for (int64_t j = 0; j < C; j++) var += (row[j] - mean) * (row[j] - mean);
+        var = C ? var / C : 0;
+        double se = 0;
+        for (int64_t j = 0; j < C; j++) se += exp(row[j] - m);
+        for (int64_t j = 0; j < C; j++) {
+            double v = row[j], u = v + wv[j];
+            if (kind == ROW_SOFTMAX) o[j] = exp(v - m) / se;
+            if (kind == ROW_RMS) o[j] = v / sqrt(acc2 / C + 1e-6) * wv[j];
+            if (kind == ROW_LN) o[j] = (v - mean) / sqrt(var + 1e-5) * wv[j] + bv[j];
+            if (kind == ROW_BIAS_GELU) o[j] = 0.5 * u * (1 + tanh(sqrt(2 / M_PI) * (u + 0.044715 * u * u * u)));
+        }
+        if (kind == ROW_SUM) r[i] = acc;
+    }
+    free(xv), free(wv), free(bv);
+    return r;
+}
+
+/* kind compiled on cuda:0 for x (a GPU tensor, any layout) against
+ * float64 on x's values; x also as the view x_cpu on the CPU side. */
+static void check_rows(int kind, em_tensor *xg, em_tensor *xc, em_dtype d, double tol) {
+    int64_t C = em_size(xc, 1);
+    em_tensor *wc = em_cast(tu_random(71, 1, &C, EM_F32, 1), d), *bc = em_cast(tu_random(72, 1, &C, EM_F32, 1), d);
+    em_tensor *in[3] = {xg, to_gpu(wc), to_gpu(bc)}, *out = NULL;
+    int nin = kind == ROW_LN ? 3 : kind == ROW_RMS || kind == ROW_BIAS_GELU ? 2 : 1;
+    em_compile_options o = {.ninputs = nin, .noutputs = 1, .name = "rows"};
+    em_compiled *f = em_compile(rows_fn, &kind, &o);
+    ck_assert_ptr_nonnull(f);
+    double *ref = rows_ref(kind, xc, wc, bc);
+    int64_t osz[2] = {em_size(xc, 0), C};
+    for (int rep = 0; rep < 2; rep++) {
+        ck_assert_msg(em_call(f, in, NULL, &out) == EM_OK, "%s", em_last_error());
+        ck_assert_msg(em_device_of(out).type == EM_CUDA, "result not on the GPU");
+        tu_check_close_at(__FILE__, __LINE__, out, ref, kind == ROW_SUM ? 1 : 2, osz,
+                          tol, kind == ROW_SUM ? tol * sqrt((double)C + 1) : tol);
+    }
+    free(ref);
+    em_compiled_free(f);
+}
+
+START_TEST(rows_kernels_on_the_gpu) {
+    /* lengths under, at and over a vector, a warp's share and a block's;
+     * row counts that fill no block evenly; size 0 and 1 */
+    static const int64_t sz[][2] = {{1, 1},   {0, 7},   {5, 0},    {3, 2},    {130, 37}, {67, 8},
+                                    {65, 64}, {9, 300}, {70, 1000}, {66, 1001}, {64, 4099},
+                                    {65, 4096}, {64, 50257}};
+    for (size_t i = 0; i < sizeof sz / sizeof sz[0]; i++)
+        for (int kind = 0; kind < ROW_KINDS; kind++) {
+            em_tensor *x = tu_random(80 + i, 2, sz[i], EM_F32, 1);
+            check_rows(kind, to_gpu(x), x, EM_F32, 2e-5);
+        }
+    /* rows starting off 16-byte boundaries (a column slice: a view the
+     * kernel reads at an offset, or a copy), a transposed (non-contiguous)
+     * x, a broadcast x ([1, C] expanded) */
+    em_tensor *x = tu_random(90, 2, TU_SIZES(70, 1003), EM_F32, 1);
+    em_tensor *xs = em_slice(x, 1, 1, 1003, 1), *xgs = em_slice(to_gpu(x), 1, 1, 1003, 1);
+    em_tensor *xt = tu_random(91, 2, TU_SIZES(517, 66), EM_F32, 1);
+    em_tensor *xe = em_expand(tu_random(92, 2, TU_SIZES(1, 300), EM_F32, 1), 2, TU_SIZES(65, 300));
+    for (int kind = 0; kind < ROW_KINDS; kind++) {
+        check_rows(kind, xgs, xs, EM_F32, 2e-5);
+        check_rows(kind, em_transpose(to_gpu(xt), 0, 1), em_transpose(xt, 0, 1), EM_F32, 2e-5);
+        check_rows(kind, em_expand(to_gpu(em_slice(xe, 0, 0, 1, 1)), 2, TU_SIZES(65, 300)), xe, EM_F32, 2e-5);
+    }
+    /* bf16: 8 halves a step; against float64 on the bf16 inputs (results
+     * rounded to bf16, statistics in f32: 2^-8 relative) */
+    static const int64_t hz[][2] = {{1, 1}, {130, 37}, {65, 64}, {70, 1000}, {64, 4099}, {65, 4096}};
+    for (size_t i = 0; i < sizeof hz / sizeof hz[0]; i++)
+        for (int kind = 0; kind < ROW_KINDS; kind++) {
+            em_tensor *xh = em_cast(tu_random(100 + i, 2, hz[i], EM_F32, 1), EM_BF16);
+            check_rows(kind, to_gpu(xh), xh, EM_BF16, 1.6e-2);
+        }
+}
+END_TEST
+
 /* x on the GPU and on the CPU, permuted by perm (non-contiguous on both). */
 static void permuted_pair(em_tensor *x, int nd, const int *perm, em_tensor **g, em_tensor **c) {
     *g = em_permute(to_gpu(x), nd, perm);
@@ -1341,6 +1446,7 @@ int main(int argc, char **argv) {
         {"half_ops_on_the_gpu", half_ops_on_the_gpu},
         {"compiled_half_graphs", compiled_half_graphs},
         {"transposed_operands_on_the_gpu", transposed_operands_on_the_gpu},
+        {"rows_kernels_on_the_gpu", rows_kernels_on_the_gpu},
 #ifdef EMBER_HAVE_CUDA
         {"native_texts_compile", native_texts_compile},
 #endif

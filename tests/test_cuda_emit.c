@@ -127,9 +127,19 @@ START_TEST(softmax_is_rows) {
     em_tensor *wide[1] = {tu_random(1, 2, TU_SIZES(4, 4099), EM_F32, 1)};
     ck_assert_uint_eq(compile_all(wl_softmax_fn, 1, wide, 1, "em_block_reduce(a"), 1u << CU_ROWS);
     em_tensor *narrow[1] = {tu_random(1, 2, TU_SIZES(9, 37), EM_F32, 1)};
-    ck_assert_uint_eq(compile_all(row_sum, 1, narrow, 1, "if (em_t == 0)"), 1u << CU_ROWS);
+    ck_assert_uint_eq(compile_all(row_sum, 1, narrow, 1, "if (em_live && em_t == 0)"), 1u << CU_ROWS);
     /* the second read of x comes from registers, the stash stays in them */
     ck_assert_uint_eq(compile_all(wl_softmax_fn, 1, in, 1, "= rc0[it"), 1u << CU_ROWS);
+    /* 16-byte steps: a row of 4099 starts off a vector boundary in most
+     * rows (a head and a tail); short rows share a warp (4 lanes a 37-wide
+     * f32 row, shuffles over 4 lanes); bf16 rows move 8 halves a step */
+    ck_assert_uint_eq(compile_all(wl_softmax_fn, 1, wide, 1, "k_v4("), 1u << CU_ROWS);
+    ck_assert_uint_eq(compile_all(wl_softmax_fn, 1, wide, 1, "v11 < em_h &&"), 1u << CU_ROWS);
+    ck_assert_uint_eq(compile_all(wl_softmax_fn, 1, wide, 1, "reinterpret_cast<const float4 *>(p0 + (v5 + em_h))"),
+                      1u << CU_ROWS);
+    ck_assert_uint_eq(compile_all(row_sum, 1, narrow, 1, "em_warp_reduce(a7, em_add(), 4)"), 1u << CU_ROWS);
+    em_tensor *half[1] = {tu_random(1, 2, TU_SIZES(70, 1000), EM_BF16, 1)};
+    ck_assert_uint_eq(compile_all(wl_softmax_fn, 1, half, 1, "const uint4 L"), 1u << CU_ROWS);
     em_tensor *in64[1] = {tu_random(1, 3, TU_SIZES(2, 3, 5), EM_F64, 1)};
     ck_assert_uint_eq(compile_all(wl_softmax_fn, 1, in64, 1, "double"), 1u << CU_ROWS);
 }

@@ -35,9 +35,10 @@ static const char prelude[] =
     "/* v combined over the block; every thread gets the result.  sh holds\n"
     "   one value per warp; the first barrier keeps a previous call's\n"
     "   readers from seeing this call's writes. */\n"
-    "/* v combined over the warp; every lane gets the result. */\n"
-    "template <class T, class F> __device__ __forceinline__ T em_warp_reduce(T v, F f) {\n"
-    "  for (int o = 16; o > 0; o >>= 1) v = f(v, em_shfl(v, o));\n"
+    "/* v combined over each aligned group of w lanes (w a power of 2 up to\n"
+    "   32); every lane of the group gets the result. */\n"
+    "template <class T, class F> __device__ __forceinline__ T em_warp_reduce(T v, F f, int w) {\n"
+    "  for (int o = w >> 1; o > 0; o >>= 1) v = f(v, em_shfl(v, o));\n"
     "  return v;\n"
     "}\n"
     "template <class T, class F> __device__ __forceinline__ T em_block_reduce(T v, F f, T *sh) {\n"
@@ -120,7 +121,16 @@ typedef struct egen {
     int inner;         /* loops open inside the parallel range */
     bool failed;
     int tpr;           /* CU_ROWS: threads per row (threads / rpb) */
-    int rpb;           /* CU_ROWS: rows per block (8: a warp a row), else 1 */
+    int rpb;           /* CU_ROWS: rows per block (8: a warp a row; more: a
+                          part of a warp a row), else 1 */
+    /* CU_ROWS vector variant (see plan_vec): per instruction, whether the
+     * access moves V elements at once; the alignment of every such
+     * access's row base, as base = row * c1 + c0 (mod V) */
+    bool vrows;        /* emitting the vector variant */
+    bool *vacc;
+    int V;
+    int64_t c1, c0;
+    int seg;           /* split loop segment: 0 scalar or vector steps, 1 head, 2 tail */
     int lane;          /* >= 0: emitting lane `lane` of a 16-byte vector step */
     int cur_split;     /* the counted split loop being emitted, or -1 */
     char ring[8][32];  /* names handed out by nm(), reused round-robin */
@@ -312,20 +322,33 @@ static void cast(egen *G, em_dtype from, em_dtype to, const char *x) {
 
 static void emit_seq(egen *G, int from, int to);
 static void mark_filled(egen *G, int r);
+static bool cache_index(const egen *G, int i, int r, int *base);
+static void emit_vrange(egen *G, int r);
 
-/* The unrolled counter of the split loop emitting now. */
-static const char *itname(egen *G, int i) {
-    (void)i;
+/* The register of key q for the split loop emitting now: rc<q>[it<r>], or
+ * in a vector variant's head or tail rc<q>h[ih<r>] / rc<q>t[ih<r>]. */
+static const char *rcname(egen *G, int q) {
     char *b = G->ring[G->ringi = (G->ringi + 1) % 8];
-    snprintf(b, sizeof G->ring[0], "it%d", G->cur_split);
+    snprintf(b, sizeof G->ring[0], "rc%d%s[%s%d]", q, G->seg == 1 ? "h" : G->seg == 2 ? "t" : "",
+             G->seg ? "ih" : "it", G->cur_split);
     return b;
 }
+
+/* Whether rows of this kernel share a warp (a part of a warp a row): then
+ * a warp's lanes past the last row compute a copy of it, and store nothing. */
+static bool sublanes(const egen *G) { return G->shape == CU_ROWS && G->rpb > 1 && G->tpr < 32; }
+
+/* Whether access i, in a lane of a vector step, reads its lane of the
+ * vector loaded before the lanes (every access of a flat kernel; in a
+ * rows kernel those plan_vec marks). */
+static bool lane_vec(const egen *G, int i) { return G->lane >= 0 && (!G->vrows || G->vacc[i]); }
 
 /* A store: at row scope in a CU_ROWS kernel only the row's thread 0 writes. */
 static void emit_store(egen *G, int i, bool row_scope) {
     const k_inst *in = &G->k->insts[i];
     indent(G);
-    if (row_scope) fputs("if (em_t == 0) ", G->f);
+    if (sublanes(G)) fputs(row_scope ? "if (em_live && em_t == 0) " : "if (em_live) ", G->f);
+    else if (row_scope) fputs("if (em_t == 0) ", G->f);
     fprintf(G->f, "%s[%s] = %s;\n", NM(in->src[0]), NM(in->src[1]), NM(in->src[2]));
 }
 
@@ -358,36 +381,36 @@ static void emit_inst(egen *G, int i) {
         return;
     case K_LOAD:
         indent(G);
-        if (G->lane >= 0 && em_dtype_size(in->dtype) == 2) /* 4 halves in a uint2 */
+        if (lane_vec(G, i) && em_dtype_size(in->dtype) == 2) /* 2 halves a word */
             fprintf(f, "const unsigned short %s = (unsigned short)(L%d.%c >> %d);\n", NM(i), i,
-                    "xy"[G->lane / 2], 16 * (G->lane % 2));
-        else if (G->lane >= 0) /* from the vector loaded before the lanes */
+                    "xyzw"[G->lane / 2], 16 * (G->lane % 2));
+        else if (lane_vec(G, i)) /* from the vector loaded before the lanes */
             fprintf(f, "const %s %s = L%d.%c;\n", ctype(in->dtype), NM(i), i, "xyzw"[G->lane]);
         else if (G->staging && (in->flags & K_STAGED)) /* transposed through the tile */
             fprintf(f, "const %s %s = em_tl%d[em_x][em_y + em_k];\n", ctype(in->dtype), NM(i), i);
         else if (G->key_of && G->key_of[i] >= 0 && G->key_filled[G->key_of[i]])
-            fprintf(f, "const %s %s = rc%d[%s];\n", ctype(in->dtype), NM(i), G->key_of[i], itname(G, i));
+            fprintf(f, "const %s %s = %s;\n", ctype(in->dtype), NM(i), rcname(G, G->key_of[i]));
         else if (G->key_of && G->key_of[i] >= 0)
-            fprintf(f, "const %s %s = %s[%s]; rc%d[%s] = %s;\n", ctype(in->dtype), NM(i),
-                    NM(in->src[0]), NM(in->src[1]), G->key_of[i], itname(G, i), NM(i));
+            fprintf(f, "const %s %s = %s[%s]; %s = %s;\n", ctype(in->dtype), NM(i),
+                    NM(in->src[0]), NM(in->src[1]), rcname(G, G->key_of[i]), NM(i));
         else
             fprintf(f, "const %s %s = %s[%s];\n", ctype(in->dtype), NM(i), NM(in->src[0]), NM(in->src[1]));
         return;
     case K_STORE:
-        if (G->lane >= 0 && em_dtype_size(G->k->insts[in->src[0]].dtype) == 2) {
-            indent(G); /* lanes 0 and 2 start their word, 1 and 3 complete it */
+        if (lane_vec(G, i) && em_dtype_size(G->k->insts[in->src[0]].dtype) == 2) {
+            indent(G); /* even lanes start their word, odd lanes complete it */
             fprintf(f, G->lane % 2 ? "S%d.%c |= (unsigned)%s << 16;\n" : "S%d.%c = %s;\n", i,
-                    "xy"[G->lane / 2], NM(in->src[2]));
+                    "xyzw"[G->lane / 2], NM(in->src[2]));
             return;
         }
-        if (G->lane >= 0) {
+        if (lane_vec(G, i)) {
             indent(G);
             fprintf(f, "S%d.%c = %s;\n", i, "xyzw"[G->lane], NM(in->src[2]));
             return;
         }
         if (G->key_of && G->key_of[i] >= 0) {
             indent(G);
-            fprintf(f, "rc%d[%s] = %s;\n", G->key_of[i], itname(G, i), NM(in->src[2]));
+            fprintf(f, "%s = %s;\n", rcname(G, G->key_of[i]), NM(in->src[2]));
             if (G->dead[i]) return; /* a later pass stores here */
         }
         emit_store(G, i, at_row_scope(G));
@@ -440,7 +463,7 @@ static void emit_block_reductions(egen *G, int r) {
                                             : acc->alu == KA_MAX ? "em_max" : "em_min";
         indent(G);
         if (G->rpb > 1) /* a warp a row: shuffles only, no barrier */
-            fprintf(G->f, "%s = em_warp_reduce(%s, %s());\n", NM(a), NM(a), fn);
+            fprintf(G->f, "%s = em_warp_reduce(%s, %s(), %d);\n", NM(a), NM(a), fn, G->tpr);
         else
             fprintf(G->f, "%s = em_block_reduce(%s, %s(), (%s *)em_sh);\n", NM(a), NM(a), fn,
                     ctype(acc->dtype));
@@ -448,6 +471,10 @@ static void emit_block_reductions(egen *G, int r) {
 }
 
 static void emit_range(egen *G, int r) {
+    if (G->vrows && G->split[r]) {
+        emit_vrange(G, r);
+        return;
+    }
     const k_inst *in = &G->k->insts[r];
     const char *v = NM(r), *ext = NM(in->src[0]);
     const k_inst *e = &G->k->insts[in->src[0]];
@@ -492,6 +519,160 @@ static void emit_range(egen *G, int r) {
     fputs("}\n", G->f);
     if (G->split[r]) emit_block_reductions(G, r);
     if (G->key_of) mark_filled(G, r);
+}
+
+/* ---- CU_ROWS vector variant: V elements a step ----
+ * NAME_v4 of a rows kernel (the launch picks it when every buffer is
+ * 16-byte aligned) splits each pass's j over the row's threads by steps
+ * of V elements (16 bytes of the widest buffer: 4 floats, 8 halves): step
+ * c covers j = h + cV .. h + cV + V - 1, loaded and stored as one vector
+ * per buffer, and each lane of the step runs the body with its own j.
+ * h (0 to V - 1, the same for every access: plan_vec) is where the row's
+ * first aligned vector starts; the h elements before it (the head) and
+ * the fewer than V after the last whole step (the tail) run one element a
+ * thread.  A row kept in registers is kept as vectors (rc<q>[it]) and the
+ * head's and tail's elements (rc<q>h, rc<q>t). */
+
+enum { MAX_CACHED_VEC = 8 }; /* vector steps a thread keeps: 128 bytes a key */
+
+static const char *vtype_n(em_dtype d, int V) {
+    if (em_dtype_size(d) == 2) return V == 8 ? "uint4" : "uint2"; /* 2 halves a word */
+    return d == EM_F32 ? "float4" : "int4";
+}
+
+/* The vector of access i at step em_c<r>: &buf[base + h] as a vector
+ * pointer (base + h is a multiple of V). */
+static void vec_ptr(egen *G, int i, int base, bool store) {
+    const k_inst *in = &G->k->insts[i];
+    em_dtype d = G->k->insts[in->src[0]].dtype;
+    fprintf(G->f, "reinterpret_cast<%s%s *>(%s + (%s + em_h))[em_c%d]", store ? "" : "const ",
+            vtype_n(d, G->V), NM(in->src[0]), base >= 0 ? NM(base) : "0", G->cur_split);
+}
+
+/* The head (seg 1) or the tail (seg 2) of split loop r: at most V - 1
+ * elements, one a thread. */
+static void emit_vends(egen *G, int r, int seg, int64_t E) {
+    FILE *f = G->f;
+    int T = G->tpr, nh = (G->V - 1 + T - 1) / T;
+    G->seg = seg;
+    indent(G);
+    fprintf(f, "#pragma unroll\n");
+    indent(G);
+    fprintf(f, "for (int ih%d = 0; ih%d < %d; ih%d++) {\n", r, r, nh, r);
+    G->depth++;
+    indent(G);
+    if (seg == 1)
+        fprintf(f, "const long long v%d = em_t + (long long)ih%d * %d;\n", r, r, T);
+    else
+        fprintf(f, "const long long v%d = em_h + em_nv%d * %d + em_t + (long long)ih%d * %d;\n", r, r,
+                G->V, r, T);
+    indent(G);
+    if (seg == 1) fprintf(f, "if (v%d < em_h && v%d < %" PRId64 ") {\n", r, r, E);
+    else fprintf(f, "if (v%d < %" PRId64 ") {\n", r, E);
+    G->depth++;
+    emit_seq(G, r + 1, G->match[r]);
+    G->depth--;
+    indent(G);
+    fputs("}\n", f);
+    G->depth--;
+    indent(G);
+    fputs("}\n", f);
+    G->seg = 0;
+}
+
+/* The vector step's loads before its lanes, and its stores after them. */
+static void emit_vloads(egen *G, int r) {
+    const k_kernel *k = G->k;
+    for (int i = r + 1; i < G->match[r]; i++) {
+        const k_inst *in = &k->insts[i];
+        if (!G->vacc[i]) continue;
+        em_dtype d = k->insts[in->src[0]].dtype;
+        int base, q = G->key_of[i];
+        cache_index(G, i, r, &base);
+        indent(G);
+        if (in->op == K_STORE) {
+            fprintf(G->f, "%s S%d;\n", vtype_n(d, G->V), i);
+        } else if (q >= 0 && G->key_filled[q]) {
+            fprintf(G->f, "const %s L%d = %s;\n", vtype_n(d, G->V), i, rcname(G, q));
+        } else {
+            fprintf(G->f, "const %s L%d = ", vtype_n(d, G->V), i);
+            vec_ptr(G, i, base, false);
+            fputs(";\n", G->f);
+            if (q >= 0) {
+                indent(G);
+                fprintf(G->f, "%s = L%d;\n", rcname(G, q), i);
+            }
+        }
+    }
+}
+
+static void emit_vstores(egen *G, int r) {
+    const k_kernel *k = G->k;
+    for (int i = r + 1; i < G->match[r]; i++) {
+        if (!G->vacc[i] || k->insts[i].op != K_STORE) continue;
+        int base, q = G->key_of[i];
+        cache_index(G, i, r, &base);
+        if (q >= 0) {
+            indent(G);
+            fprintf(G->f, "%s = S%d;\n", rcname(G, q), i);
+            if (G->dead[i]) continue;
+        }
+        indent(G);
+        if (sublanes(G)) fputs("if (em_live) ", G->f);
+        vec_ptr(G, i, base, true);
+        fprintf(G->f, " = S%d;\n", i);
+    }
+}
+
+static void emit_vrange(egen *G, int r) {
+    FILE *f = G->f;
+    const k_kernel *k = G->k;
+    int T = G->tpr, V = G->V;
+    int64_t E = k->insts[k->insts[r].src[0]].ival, nitv = (E / V + T - 1) / T;
+    bool ends = G->c1 % V != 0 || G->c0 % V != 0 || E % V != 0; /* a head or a tail */
+    int outer = G->cur_split;
+    G->cur_split = r;
+    G->inner++;
+    indent(G);
+    fprintf(f, "const long long em_nv%d = %" PRId64 " > em_h ? (%" PRId64 " - em_h) / %d : 0;\n", r, E,
+            E, V);
+    if (ends) emit_vends(G, r, 1, E);
+    indent(G);
+    fprintf(f, "#pragma unroll %d\n", nitv <= MAX_CACHED_VEC ? (int)nitv : 4);
+    indent(G);
+    fprintf(f, "for (int it%d = 0; it%d < %" PRId64 "; it%d++) {\n", r, r, nitv, r);
+    G->depth++;
+    indent(G);
+    fprintf(f, "const long long em_c%d = em_t + (long long)it%d * %d;\n", r, r, T);
+    indent(G);
+    fprintf(f, "if (em_c%d < em_nv%d) {\n", r, r);
+    G->depth++;
+    emit_vloads(G, r);
+    for (int lane = 0; lane < V; lane++) {
+        indent(G);
+        fprintf(f, "{\n");
+        G->depth++;
+        indent(G);
+        fprintf(f, "const long long v%d = em_h + em_c%d * %d + %d;\n", r, r, V, lane);
+        G->lane = lane;
+        emit_seq(G, r + 1, G->match[r]);
+        G->lane = -1;
+        G->depth--;
+        indent(G);
+        fputs("}\n", f);
+    }
+    emit_vstores(G, r);
+    G->depth--;
+    indent(G);
+    fputs("}\n", f);
+    G->depth--;
+    indent(G);
+    fputs("}\n", f);
+    if (ends) emit_vends(G, r, 2, E);
+    G->inner--;
+    G->cur_split = outer;
+    emit_block_reductions(G, r);
+    mark_filled(G, r);
 }
 
 static void emit_seq(egen *G, int from, int to) {
@@ -644,6 +825,28 @@ static int row_elems(void) {
     return v >= 1 && v <= 64 ? v : 32;
 }
 
+/* A row a warp covers takes the fewest lanes (a power of 2) that hold it
+ * at SHORT_ROW_BYTES a lane (of its widest buffer); rows a block are
+ * bounded by the launch descriptor's range (cuda_kernel.c: at most 64). */
+enum { SHORT_ROW_BYTES = 64, CUDA_MAX_ROWS_PER_BLOCK = 64 };
+
+/* Bytes a lane of a short row aims for: EMBER_CUDA_ROW_LANE_BYTES (4 to
+ * 4096, a tuning knob), else SHORT_ROW_BYTES. */
+static int64_t row_lane_bytes(void) {
+    char buf[32];
+    const char *e = em_getenv("EMBER_CUDA_ROW_LANE_BYTES", buf, sizeof buf);
+    int v = e ? atoi(e) : 0;
+    return v >= 4 && v <= 4096 ? v : SHORT_ROW_BYTES;
+}
+
+/* EMBER_CUDA_ROW_VEC=0 drops rows kernels' 16-byte variant (a knob for
+ * measuring it; part of the kernel text, so of the cache key). */
+static bool row_vec(void) {
+    char buf[8];
+    const char *e = em_getenv("EMBER_CUDA_ROW_VEC", buf, sizeof buf);
+    return !e || strcmp(e, "0") != 0;
+}
+
 static void choose_shape(egen *G, cuda_src *out) {
     const k_kernel *k = G->k;
     G->tpr = G->rpb = 1;
@@ -674,6 +877,12 @@ static void choose_shape(egen *G, cuda_src *out) {
     G->shape = CU_FLAT;
     G->threads = 256;
     int64_t widest = 0;
+    size_t widest_elem = 1; /* bytes of the widest buffer the kernel accesses */
+    for (int i = G->par + 1; i < G->match[G->par]; i++) {
+        const k_inst *in = &k->insts[i];
+        if ((in->op == K_LOAD || in->op == K_STORE) && em_dtype_size(k->insts[in->src[0]].dtype) > widest_elem)
+            widest_elem = em_dtype_size(k->insts[in->src[0]].dtype);
+    }
     for (int i = G->par + 1; i < G->match[G->par]; i++) {
         const k_inst *in = &k->insts[i];
         if (in->op != K_RANGE) continue;
@@ -693,8 +902,22 @@ static void choose_shape(egen *G, cuda_src *out) {
         G->threads = G->tpr = pow2_at_least((widest + per - 1) / per);
         /* rows a warp covers: a warp each, 8 to a block, which lifts the
          * one-warp blocks' occupancy (at most 32 blocks an SM: half its
-         * warps) and drops the block reductions' barriers */
-        if (G->tpr == 32) G->rpb = 8, G->threads = 256;
+         * warps) and drops the block reductions' barriers.  Short rows
+         * share a warp: 1 to 32 lanes a row, SHORT_ROW_BYTES a lane, so
+         * that a warp has several rows' loads in flight (a warp a 37-wide
+         * row kept 27 of its 32 lanes idle on the second load: 46% of copy
+         * on the H200.  Lanes a 37-wide f32 softmax row, queued calls:
+         * 4 (64 bytes a lane) 65%, 2 (128) 46%, 1 (256) 9%; the row sum
+         * 86%, 75%, 53%; 8 lanes 58% (single calls), 16 lanes 30%:
+         * docs/benchmarks.md) */
+        if (G->tpr == 32) {
+            int lanes = 1;
+            int64_t lane_bytes = row_lane_bytes();
+            while (lanes < 32 && lanes * lane_bytes < widest * (int64_t)widest_elem) lanes *= 2;
+            G->tpr = lanes;
+            G->rpb = 256 / lanes < CUDA_MAX_ROWS_PER_BLOCK ? 256 / lanes : CUDA_MAX_ROWS_PER_BLOCK;
+            G->threads = G->rpb * lanes;
+        }
     }
 }
 
@@ -863,7 +1086,7 @@ static void plan_row_cache(egen *G, int *stack, int *kbuf, int *kbase, int64_t *
         else if (in->op == K_END) depth--;
         if (in->op != K_LOAD && in->op != K_STORE) continue;
         int b = (int)k->insts[in->src[0]].ival, r = depth ? stack[depth - 1] : -1, base;
-        if (r < 0 || G->nit_of[r] <= 0 || !cache_index(G, i, r, &base)) {
+        if (r < 0 || G->nit_of[r] <= 0 || !cache_index(G, i, r, &base) || (G->vrows && !G->vacc[i])) {
             bad[b] = true;
             continue;
         }
@@ -893,23 +1116,107 @@ static void plan_row_cache(egen *G, int *stack, int *kbuf, int *kbase, int64_t *
     }
 }
 
-/* Trip counts of the split loops, then the register cache's plan. */
+/* Trip counts of the split loops (in vector steps for the vector
+ * variant), then the register cache's plan. */
 static em_status plan_rows(egen *G, int *stack, int *kbuf, int *kbase, int64_t *kext) {
     const k_kernel *k = G->k;
     size_t nn = (size_t)k->n + 1;
     for (int i = 0; i < k->n; i++) {
         const k_inst *e = G->split[i] ? &k->insts[k->insts[i].src[0]] : NULL;
-        int64_t nit = e && e->op == K_CONST ? (e->ival + G->tpr - 1) / G->tpr : 0;
-        G->nit_of[i] = nit <= MAX_CACHED_NIT ? (int)nit : 0;
+        int64_t per = G->vrows ? G->V : 1, most = G->vrows ? MAX_CACHED_VEC : MAX_CACHED_NIT;
+        int64_t nit = e && e->op == K_CONST ? (e->ival / per + G->tpr - 1) / G->tpr : 0;
+        G->nit_of[i] = nit <= most ? (int)nit : 0;
     }
-    G->key_of = em_calloc(nn, sizeof(int));
-    G->key_dtype = em_calloc(nn, sizeof(em_dtype));
-    G->key_nit = em_calloc(nn, sizeof(int));
-    G->key_filled = em_calloc(nn, sizeof(bool));
-    G->dead = em_calloc(nn, sizeof(bool));
+    if (!G->key_of) {
+        G->key_of = em_calloc(nn, sizeof(int));
+        G->key_dtype = em_calloc(nn, sizeof(em_dtype));
+        G->key_nit = em_calloc(nn, sizeof(int));
+        G->key_filled = em_calloc(nn, sizeof(bool));
+        G->dead = em_calloc(nn, sizeof(bool));
+    }
     if (!G->key_of || !G->key_dtype || !G->key_nit || !G->key_filled || !G->dead) return em_last_status();
+    /* planned again for each variant: from nothing */
+    memset(G->key_filled, 0, nn * sizeof(bool));
+    memset(G->dead, 0, nn * sizeof(bool));
+    memset(G->written + k->nbufs + 1, 0, ((size_t)k->nbufs + 1) * sizeof(bool));
+    G->nkeys = 0;
     plan_row_cache(G, stack, kbuf, kbase, kext);
     return EM_OK;
+}
+
+/* base (an instruction before the split loop, or -1 for 0) as
+ * row * c1 + c0, modulo 2^64 (only its value mod V matters); false when
+ * it is not such a sum of products of the row with constants. */
+static bool affine(const egen *G, int o, int depth, uint64_t *c1, uint64_t *c0) {
+    const k_inst *in = o >= 0 ? &G->k->insts[o] : NULL;
+    uint64_t a1, a0, b1, b0;
+    if (!in) *c1 = 0, *c0 = 0;
+    else if (o == G->par) *c1 = 1, *c0 = 0;
+    else if (in->op == K_CONST && in->dtype == EM_I64) *c1 = 0, *c0 = (uint64_t)in->ival;
+    else if (depth > 8 || in->op != K_ALU || in->nsrc != 2 || (in->alu != KA_ADD && in->alu != KA_MUL))
+        return false;
+    else if (!affine(G, in->src[0], depth + 1, &a1, &a0) || !affine(G, in->src[1], depth + 1, &b1, &b0))
+        return false;
+    else if (in->alu == KA_ADD) *c1 = a1 + b1, *c0 = a0 + b0;
+    else if (a1 && b1) return false; /* row * row */
+    else *c1 = a1 * b0 + b1 * a0, *c0 = a0 * b0;
+    return true;
+}
+
+/* Whether a rows kernel has a vector variant, and which accesses move
+ * vectors (G->vacc): every split loop has a constant extent and no loop
+ * inside, every store there depends on j, and no load there follows a
+ * store to its buffer (a vector step loads before its lanes and stores
+ * after them).  The candidates are the accesses at base + j (cache_index)
+ * of 2- or 4-byte buffers with base affine in the row; V is 16 bytes of
+ * the widest; those whose base is congruent mod V to the most candidates'
+ * move vectors (one h then serves the row: x and the output of a row of
+ * 4099, say, while a [4099] weight starts elsewhere in most rows), every
+ * other access runs in each lane with its own j. */
+static bool plan_vec(egen *G, uint64_t *a1, uint64_t *a0) {
+    const k_kernel *k = G->k;
+    bool *dep = G->slice; /* scratch: depends on the split loop's j */
+    size_t widest = 0;
+    for (int r = G->par + 1; r < G->match[G->par]; r++) {
+        if (k->insts[r].op != K_RANGE || !G->split[r]) continue;
+        if (k->insts[k->insts[r].src[0]].op != K_CONST) return false;
+        for (int i = r + 1; i < G->match[r]; i++) {
+            const k_inst *in = &k->insts[i];
+            if (in->op == K_RANGE) return false;
+            dep[i] = false;
+            for (int q = 0; q < in->nsrc; q++)
+                if (in->src[q] == r || (in->src[q] > r && dep[in->src[q]])) dep[i] = true;
+            if (in->op != K_LOAD && in->op != K_STORE) continue;
+            int x = in->src[1], base;
+            bool on_j = x == r || (x > r && dep[x]);
+            if (!on_j && in->op == K_STORE) return false;
+            for (int q = r + 1; q < i && in->op == K_LOAD; q++)
+                if (k->insts[q].op == K_STORE && k->insts[k->insts[q].src[0]].ival == k->insts[in->src[0]].ival)
+                    return false;
+            size_t sz = em_dtype_size(k->insts[in->src[0]].dtype);
+            if (!on_j || (sz != 2 && sz != 4) || !cache_index(G, i, r, &base) ||
+                !affine(G, base, 0, &a1[i], &a0[i]))
+                continue;
+            G->vacc[i] = true; /* a candidate */
+            if (sz > widest) widest = sz;
+        }
+        r = G->match[r];
+    }
+    if (widest == 0) return false;
+    uint64_t V = 16 / widest;
+    int best = -1, best_n = 0;
+    for (int i = 0; i < k->n; i++) {
+        int n = 0;
+        for (int q = 0; q < k->n && G->vacc[i]; q++)
+            n += G->vacc[q] && (a1[q] - a1[i]) % V == 0 && (a0[q] - a0[i]) % V == 0;
+        if (n > best_n) best = i, best_n = n;
+    }
+    for (int q = 0; q < k->n; q++)
+        if (G->vacc[q] && ((a1[q] - a1[best]) % V || (a0[q] - a0[best]) % V)) G->vacc[q] = false;
+    G->V = (int)V;
+    G->c1 = (int64_t)(a1[best] % V);
+    G->c0 = (int64_t)(a0[best] % V);
+    return true;
 }
 
 /* After split loop r: the keys it touched are in registers. */
@@ -921,17 +1228,38 @@ static void mark_filled(egen *G, int r) {
 static void emit_rows(egen *G) {
     FILE *f = G->f;
     int P = G->par;
-    if (G->rpb > 1) { /* warp w of the block takes rows blockIdx.x * rpb + w, ... */
+    if (G->rpb > 1 && G->tpr == 32) { /* warp w of the block takes rows blockIdx.x * rpb + w, ... */
         fprintf(f, "  const int em_t = threadIdx.x & 31;\n");
         fprintf(f, "  for (long long v%d = (long long)blockIdx.x * %d + (threadIdx.x >> 5); v%d < %s; "
                 "v%d += (long long)gridDim.x * %d) {\n", P, G->rpb, P, G->extent, P, G->rpb);
+    } else if (G->rpb > 1) {
+        /* 32 / tpr rows a warp: the warp's loop is uniform (its shuffles
+         * need every lane), lanes past the last row redo it, storing nothing */
+        int per_warp = 32 / G->tpr;
+        fprintf(f, "  const int em_t = threadIdx.x & %d, em_s = (threadIdx.x & 31) / %d;\n", G->tpr - 1,
+                G->tpr);
+        fprintf(f, "  for (long long em_r = (long long)blockIdx.x * %d + (threadIdx.x >> 5) * %d; em_r < %s; "
+                "em_r += (long long)gridDim.x * %d) {\n", G->rpb, per_warp, G->extent, G->rpb);
+        fprintf(f, "    const bool em_live = em_r + em_s < %s;\n", G->extent);
+        fprintf(f, "    const long long v%d = em_live ? em_r + em_s : %s - 1;\n", P, G->extent);
     } else {
         fputs("  __shared__ double em_sh[32];\n  const int em_t = threadIdx.x;\n", f);
         fprintf(f, "  for (long long v%d = blockIdx.x; v%d < %s; v%d += gridDim.x) {\n", P, P,
                 G->extent, P);
     }
-    for (int q = 0; q < G->nkeys; q++)
-        fprintf(f, "    %s rc%d[%d];\n", ctype(G->key_dtype[q]), q, G->key_nit[q]);
+    if (G->vrows && G->c1 == 0 && G->c0 == 0) fputs("    const int em_h = 0;\n", f);
+    else if (G->vrows) /* the row's first element at a vector boundary */
+        fprintf(f, "    const int em_h = (int)((%d - (v%d * %" PRId64 "ll + %" PRId64 "ll) %% %d) %% %d);\n",
+                G->V, P, G->c1, G->c0, G->V, G->V);
+    int nh = (G->V - 1 + G->tpr - 1) / G->tpr;
+    for (int q = 0; q < G->nkeys; q++) {
+        if (!G->vrows) {
+            fprintf(f, "    %s rc%d[%d];\n", ctype(G->key_dtype[q]), q, G->key_nit[q]);
+            continue;
+        }
+        fprintf(f, "    %s rc%d[%d];\n", vtype_n(G->key_dtype[q], G->V), q, G->key_nit[q]);
+        fprintf(f, "    %s rc%dh[%d], rc%dt[%d];\n", ctype(G->key_dtype[q]), q, nh, q, nh);
+    }
     G->depth = 1;
     G->inner = 0;
     emit_seq(G, P + 1, G->match[P]);
@@ -944,9 +1272,17 @@ static bool has_half(const k_kernel *k) {
     return false;
 }
 
-static void emit_kernel(egen *G, cuda_src *out) {
+/* The row-cache scratch that plan_rows needs, for each variant. */
+typedef struct rows_scratch {
+    int *stack, *kbuf, *kbase;
+    int64_t *kext;
+} rows_scratch;
+
+static em_status emit_kernel(egen *G, cuda_src *out, rows_scratch *rs) {
     FILE *f = G->f;
     const k_kernel *k = G->k;
+    bool rows = G->shape == CU_ROWS && G->tile_j < 0;
+    em_status s;
     fputs(prelude, f);
     if (has_half(k)) fputs(cuda_half_helpers, f);
     if (out->vec4) {
@@ -954,10 +1290,19 @@ static void emit_kernel(egen *G, cuda_src *out) {
         emit_params(G);
         fputs(") {\n", f);
         G->depth = 0;
+        G->inner = 0;
         emit_seq(G, 0, G->par);
-        emit_flat_v4(G);
+        if (rows) {
+            G->vrows = true;
+            if ((s = plan_rows(G, rs->stack, rs->kbuf, rs->kbase, rs->kext)) != EM_OK) return s;
+            emit_rows(G);
+            G->vrows = false;
+        } else {
+            emit_flat_v4(G);
+        }
         fputs("}\n", f);
     }
+    if (rows && (s = plan_rows(G, rs->stack, rs->kbuf, rs->kbase, rs->kext)) != EM_OK) return s;
     fprintf(f, "extern \"C\" __global__ void __launch_bounds__(%d) %s(", G->threads, k->name);
     emit_params(G);
     fputs(") {\n", f);
@@ -973,6 +1318,7 @@ static void emit_kernel(egen *G, cuda_src *out) {
         else emit_rows(G);
     }
     fputs("}\n", f);
+    return EM_OK;
 }
 
 /* The dtypes this generator prints (ctype's); f16 and bf16 only moved
@@ -997,9 +1343,12 @@ em_status cuda_emit(const k_kernel *k, cuda_src *out) {
     G.slice = em_calloc(nn, sizeof(bool));
     int *kbuf = em_calloc(nn, sizeof(int)), *kbase = em_calloc(nn, sizeof(int));
     int64_t *kext = em_calloc(nn, sizeof(int64_t));
+    G.vacc = em_calloc(nn, sizeof(bool));
+    uint64_t *a1 = em_calloc(nn, sizeof(uint64_t)), *a0 = em_calloc(nn, sizeof(uint64_t));
     char *text = NULL;
     size_t len = 0;
-    if (!G.match || !G.split || !G.written || !stack || !G.nit_of || !G.slice || !kbuf || !kbase || !kext) {
+    if (!G.match || !G.split || !G.written || !stack || !G.nit_of || !G.slice || !kbuf || !kbase || !kext ||
+        !G.vacc || !a1 || !a0) {
         s = em_last_status();
         goto done;
     }
@@ -1016,20 +1365,23 @@ em_status cuda_emit(const k_kernel *k, cuda_src *out) {
     out->shape = G.shape;
     out->threads = G.threads;
     out->unroll = G.shape == CU_FLAT ? 4 : G.shape == CU_ROWS ? G.rpb : 1; /* rows: per block */
-    out->vec4 = G.shape == CU_FLAT && vectorizable(&G);
     out->tiled = G.tile_j >= 0;
+    out->vec4 = G.shape == CU_FLAT ? vectorizable(&G) : G.shape == CU_ROWS && !out->tiled && row_vec() && plan_vec(&G, a1, a0);
+    if (!out->vec4) memset(G.vacc, 0, nn * sizeof(bool));
     out->nbufs = k->nbufs;
     out->nsizes = k->nsizes;
     G.lane = G.cur_split = -1;
-    if (G.shape == CU_ROWS && !out->tiled && (s = plan_rows(&G, stack, kbuf, kbase, kext)) != EM_OK) goto done;
     G.f = open_memstream(&text, &len);
     if (!G.f) {
         s = em_error(EM_ERR_NOMEM, "cuda_emit: open_memstream failed");
         goto done;
     }
-    emit_kernel(&G, out);
+    rows_scratch rs = {stack, kbuf, kbase, kext};
+    s = emit_kernel(&G, out, &rs);
     fclose(G.f);
-    if (G.failed) {
+    if (s != EM_OK) {
+        /* plan_rows' error stands */
+    } else if (G.failed) {
         s = em_error(EM_ERR_UNSUPPORTED, "cuda_emit: %s: an operation the CUDA printer lacks", k->name);
     } else if ((out->text = em_malloc(len + 1))) {
         memcpy(out->text, text, len + 1);
@@ -1040,6 +1392,7 @@ done:
     free(text);
     em_free(G.match), em_free(G.split), em_free(G.written), em_free(stack);
     em_free(G.nit_of), em_free(G.slice), em_free(kbuf), em_free(kbase), em_free(kext);
+    em_free(G.vacc), em_free(a1), em_free(a0);
     em_free(G.key_of), em_free(G.key_dtype), em_free(G.key_nit), em_free(G.key_filled), em_free(G.dead);
     return s;
 }

@@ -22,7 +22,12 @@
  *    shuffles, then one value per warp through shared memory) whose result
  *    every thread gets.  Row-scope stores are done by thread 0.  Every pass
  *    splits j the same way, so a value a thread stores in one pass (lower.c's
- *    stash) is read back by the same thread in the next.
+ *    stash) is read back by the same thread in the next.  Rows a warp
+ *    covers take a warp each, or when short a part of one (1 to 32 lanes,
+ *    64 bytes a lane: several rows a warp, shuffles over the row's lanes).
+ *    NAME_v4, where vec4 is set, steps each pass by 16-byte vectors of the
+ *    row (with a one-element-a-thread head and tail for rows that start or
+ *    end off a vector boundary); cuda_emit.c (plan_vec) says when.
  *  - tiled (launched as CU_ROWS, one 32 x 32 tile a block): a pointwise
  *    kernel over (a, j) with lower.c's tile hint (kir.h's K_TILE): the
  *    loads that walk a rather than j (a transposed operand) are read
@@ -53,9 +58,9 @@ typedef struct cuda_src {
     int64_t extent;   /* iterations of the parallel range (rows, or elements) */
     int extent_size;  /* or, >= 0, the size parameter that holds it (dynamic shapes) */
     int nbufs, nsizes; /* the kernel's parameters */
-    bool vec4;        /* CU_FLAT: the text also defines NAME_v4, the same
-                         kernel stepping by 16-byte vectors (for buffers
-                         that are all 16-byte aligned) */
+    bool vec4;        /* CU_FLAT and CU_ROWS: the text also defines NAME_v4,
+                         the same kernel stepping by 16-byte vectors (for
+                         buffers that are all 16-byte aligned) */
     bool tiled;       /* a tiled kernel (below), launched as CU_ROWS with
                          one tile a block */
 } cuda_src;
@@ -88,6 +93,6 @@ char *cuda_text_with_key(const cuda_src *src, const char *name, const uint8_t ke
 #define CUDA_LAUNCH_WORDS 8
 
 /* The version of the generator: part of every cache key. */
-#define CUDA_EMIT_VERSION "cuda-emit-4" /* 4: tiled transposes; 3: extents as size parameters, launch descriptor */
+#define CUDA_EMIT_VERSION "cuda-emit-5" /* 5: rows a part of a warp, 16-byte rows steps; 4: tiled transposes; 3: extents as size parameters, launch descriptor */
 
 #endif
