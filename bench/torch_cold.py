@@ -2,7 +2,7 @@
 """torch_cold.py - issue 22: torch.compile's cold first call of the models
 bench/bench_cold.c times in Ember, printed side by side with Ember's.
 
-    python3 bench/torch_cold.py [--runs N] [--cases gpt2,gpt2_block,minilm]
+    python3 bench/torch_cold.py [--runs N] [--runs-10k N] [--cases gpt2,gpt2_block,minilm,mixed_1k,...]
                                 [--model DIR] [--ember bench/cold.json]
     python3 bench/torch_cold.py --one CASE [--model DIR]   (one run, here)
 
@@ -232,7 +232,9 @@ def run_child(case, model_dir):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=3)
-    ap.add_argument("--cases", default="gpt2,gpt2_block,minilm")
+    ap.add_argument("--cases", default="gpt2,gpt2_block,minilm,mixed_1k,mixed_10k,chain_10k,wide_10k")
+    ap.add_argument("--runs-10k", type=int, default=1,
+                    help="runs of the 10,000-node graphs (about two minutes each)")
     ap.add_argument("--model", default=os.environ.get("EMBER_MODEL_DIR", "models/all-MiniLM-L6-v2"))
     ap.add_argument("--ember", help="bench_cold's --json output, printed beside torch.compile's")
     ap.add_argument("--one")
@@ -248,7 +250,8 @@ def main():
         if case == "minilm" and not os.path.exists(os.path.join(a.model, "model.safetensors")):
             print(f"{case:12s} skipped: no model files in {a.model}")
             continue
-        got = [r for r in (run_child(case, a.model) for _ in range(a.runs)) if r]
+        runs = a.runs_10k if case.endswith("_10k") else a.runs
+        got = [r for r in (run_child(case, a.model) for _ in range(runs)) if r]
         if not got:
             continue
         first = [g[0] for g in got]
