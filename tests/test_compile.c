@@ -3,6 +3,7 @@
 #include "testutil.h"
 
 #include <pthread.h>
+#include <stdlib.h>
 #include <stdatomic.h>
 #include <stdarg.h>
 #include <string.h>
@@ -418,7 +419,87 @@ static void check_graph_break(int lazy_trace) {
 
 START_TEST(graph_break_runs_as_segments_from_then_on) {
     check_graph_break(-1);
+    check_graph_break(0); /* a dry trace finds the read and is done again eagerly */
     check_graph_break(1);
+}
+END_TEST
+
+/* ---- dry traces (lazy_trace = 0, the default on CPU inputs) ---- */
+
+/* An allocator that counts the bytes it holds and their peak (blocks carry
+ * their size in a 64-byte header). */
+typedef struct peak_alloc {
+    long live, peak;
+} peak_alloc;
+
+static void *peak_alloc_fn(void *ud, size_t size, size_t align) {
+    peak_alloc *pa = ud;
+    if (align > 64) return NULL;
+    unsigned char *p = aligned_alloc(64, (size + 64 + 63) / 64 * 64);
+    if (!p) return NULL;
+    memcpy(p, &size, sizeof size);
+    pa->live += (long)size;
+    if (pa->live > pa->peak) pa->peak = pa->live;
+    return p + 64;
+}
+
+static void peak_free_fn(void *ud, void *q) {
+    if (!q) return;
+    unsigned char *p = (unsigned char *)q - 64;
+    size_t size;
+    memcpy(&size, p, sizeof size);
+    ((peak_alloc *)ud)->live -= (long)size;
+    free(p);
+}
+
+#define DRY_LINKS 120
+
+/* h = (h * 0.5 + 0.25) repeated: DRY_LINKS * 2 intermediates of x's size. */
+static em_status long_chain_fn(void *ctx, em_tensor *const *in, const double *s, em_tensor **out) {
+    (void)ctx, (void)s;
+    em_tensor *h = in[0];
+    for (int i = 0; i < DRY_LINKS && h; i++) h = em_add_scalar(em_mul_scalar(h, 0.5), 0.25);
+    out[0] = h;
+    return h ? EM_OK : em_last_status();
+}
+
+/* The first call of a CPU entry computes nothing while it records: its
+ * peak memory is the compiled run's, not one buffer per op as an eager
+ * trace's (lazy_trace -1), and its values are the compiled entry's. */
+START_TEST(a_dry_first_trace_holds_no_intermediates) {
+    enum { R = 64, C = 257 }; /* 66 KB a tensor */
+    em_tensor *x = tu_random(31, 2, TU_SIZES(R, C), EM_F32, 2), *y;
+    double *ref = tu_values(x);
+    for (int i = 0; i < R * C; i++)
+        for (int l = 0; l < DRY_LINKS; l++) ref[i] = ref[i] * 0.5 + 0.25;
+    long bytes = (long)sizeof(float) * R * C, peak[2];
+    for (int mode = 0; mode >= -1; mode--) {
+        em_compile_options o = opts1("chain", 1, 0);
+        o.lazy_trace = mode;
+        em_compiled *f = em_compile(long_chain_fn, NULL, &o);
+        ck_assert_ptr_nonnull(f);
+        peak_alloc pa = {0, 0};
+        em_allocator a = {peak_alloc_fn, peak_free_fn, &pa};
+        const em_allocator *saved = em_get_allocator();
+        em_set_allocator(&a);
+        em_scope_begin();
+        em_status st = em_call(f, &x, NULL, &y);
+        if (st == EM_OK) tu_check_close(y, ref, 2, TU_SIZES(R, C), 1e-6, 1e-6);
+        em_scope_end();
+        em_set_allocator(saved);
+        ck_assert_int_eq(st, EM_OK);
+        ck_assert_int_eq(pa.live, 0);
+        peak[-mode] = pa.peak;
+        em_compile_stats cs;
+        em_compiled_stats(f, &cs);
+        ck_assert_int_eq(cs.traces, 1);
+        ck_assert_int_eq(cs.eager, 0);
+        em_compiled_free(f);
+    }
+    /* dry: the output and a few buffers; eager: every one of the 240 ops' */
+    ck_assert_msg(peak[0] < 16 * bytes, "dry trace peaked at %ld bytes (%ld a tensor)", peak[0], bytes);
+    ck_assert_msg(peak[1] > 2 * DRY_LINKS * bytes / 2, "eager trace peaked at only %ld bytes", peak[1]);
+    free(ref);
 }
 END_TEST
 
@@ -1147,6 +1228,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, random_ops_advance_the_generator_like_eager);
     tcase_add_test(tc, graph_break_runs_as_segments_from_then_on);
     tcase_add_test(tc, lazy_trace_records_then_runs_the_entry);
+    tcase_add_test(tc, a_dry_first_trace_holds_no_intermediates);
     tcase_add_test(tc, compiled_functions_under_ember_jit_give_each_calls_values);
     tcase_add_test(tc, lazy_mode_cannot_start_inside_a_trace);
     tcase_add_test(tc, a_compiled_function_frees_with_the_allocator_that_made_it);

@@ -465,6 +465,22 @@ START_TEST(units_split_when_a_kernel_fails) {
         }
         jit_cpu_free(ck);
     }
+    /* the units held several kernels: some kernel's object also holds
+     * another kernel, found there by that one's key */
+    int shared = 0;
+    for (int i = 0; i < N; i++)
+        for (int j = 0; j < N; j++) {
+            if (i == j || i == BAD || j == BAD) continue;
+            kc_key key;
+            ck_assert(jit_cpu_kernel_key(ks[j], &key, NULL));
+            int fd = open(paths[i], O_RDONLY);
+            jit_cpu_kernel *ck = NULL;
+            if (jit_cpu_load_fd(fd, &key, &ck) == EM_OK) shared++;
+            em_clear_error();
+            jit_cpu_free(ck);
+            close(fd);
+        }
+    ck_assert_msg(shared >= 2, "no object held two kernels (%d pairs)", shared);
     for (int i = 0; i < N; i++) {
         unlink(paths[i]);
         free(paths[i]);
