@@ -267,6 +267,18 @@ EM_API em_tensor *em_cat(int n, em_tensor *const *xs, int dim);
 EM_API em_tensor *em_index_select(const em_tensor *x, int dim, const em_tensor *idx);
 /* weight[V, D] rows at idx (any shape): shape idx.shape + [D]. */
 EM_API em_tensor *em_embedding(const em_tensor *weight, const em_tensor *idx);
+/* In place: dst[..., idx[j], ...] = src[..., j, ...] along dim (torch's
+ * index_copy_), for idx 1-D (EM_I32 or EM_I64; a 0-d index is one entry)
+ * and src of dst's dtype and sizes but numel(idx) along dim.  dst may be a
+ * view (its base is written) but not a broadcast one; src and idx must not
+ * share dst's storage.  With repeated indices one of the writes wins.  Bad
+ * indices are EM_ERR_INDEX as for em_index_select (on CUDA at the next
+ * wait, with nothing written for them).  Under em_compile and lazy mode
+ * the write happens in order with the reads around it; a traced write is
+ * kept only into a tensor the function did not compute (an input or a
+ * tensor it reaches from outside, such as a KV cache): the write into a
+ * tensor it computed is a graph break.  Returns EM_OK or the error. */
+EM_API em_status em_index_copy_(em_tensor *dst, int dim, const em_tensor *idx, const em_tensor *src);
 
 /* ---- Linear algebra ----
  * torch.matmul semantics: 1-D operands are promoted and the added dim

@@ -547,6 +547,110 @@ START_TEST(lazy_trace_records_then_runs_the_entry) {
 }
 END_TEST
 
+/* ---- in-place writes (index_copy_): a KV cache in a graph (issue 20) ---- */
+
+/* A decoder step's cache traffic: reads the cache (ctx) before writing row
+ * pos of it and of the input cache cin, then reads both after.  out0
+ * (computed before the writes, returned after them) must hold the old
+ * values, out1 the new ones. */
+static em_status cache_fn(void *ctx, em_tensor *const *in, const double *s, em_tensor **out) {
+    (void)s;
+    em_tensor *cache = ctx, *x = in[0], *pos = in[1], *cin = in[2];
+    em_tensor *before = em_mul_scalar(cache, 2);
+    em_status st = em_index_copy_(cache, 0, pos, em_add_scalar(x, 1));
+    if (st == EM_OK) st = em_index_copy_(cin, 0, pos, em_exp(x));
+    if (st != EM_OK) return st;
+    out[0] = em_add_scalar(before, 1);
+    out[1] = em_add(em_sum(cache, 1, (int[]){0}, false), em_sum(cin, 1, (int[]){0}, false));
+    return out[0] && out[1] ? EM_OK : em_last_status();
+}
+
+/* Writes into a tensor the function computed: a graph break, eager values. */
+static em_status write_computed_fn(void *ctx, em_tensor *const *in, const double *s, em_tensor **out) {
+    (void)ctx, (void)s;
+    em_tensor *t = em_mul_scalar(in[0], 2);
+    em_status st = em_index_copy_(t, 0, in[1], em_exp(em_slice(in[0], 0, 0, 1, 1)));
+    out[0] = st == EM_OK ? em_add_scalar(t, 1) : NULL;
+    return out[0] ? EM_OK : em_last_status();
+}
+
+enum { CR = 4, CC = 6 };
+
+/* Four calls (pos 0..3, then 1 again) of cache_fn as mode runs it
+ * (0 em_compile, 1 em_compile with lazy_trace 1, 2 the replay backend,
+ * 3 lazy mode on the eager function), against float64. */
+static void check_cache_calls(int mode) {
+    em_tensor *cache = tu_random(900, 2, TU_SIZES(CR, CC), EM_F32, 1);
+    em_tensor *cin = tu_random(901, 2, TU_SIZES(CR, CC), EM_F32, 1);
+    double *cr = tu_values(cache), *ci = tu_values(cin);
+    em_compile_options o = {.ninputs = 3, .noutputs = 2, .name = "cache",
+                            .lazy_trace = mode == 1 ? 1 : 0, .backend = mode == 2 ? "replay" : NULL};
+    em_compiled *f = mode < 3 ? em_compile(cache_fn, cache, &o) : NULL;
+    const int poss[] = {0, 1, 2, 3, 1};
+    for (int call = 0; call < 5; call++) {
+        em_scope_begin();
+        em_tensor *x = tu_random(910 + call, 2, TU_SIZES(1, CC), EM_F32, 1);
+        em_tensor *in[3] = {x, em_scalar(poss[call], EM_I64, CPU), cin}, *out[2];
+        double *xv = tu_values(x), want0[CR * CC], want1[CC] = {0};
+        for (int i = 0; i < CR * CC; i++) want0[i] = 2 * cr[i] + 1;
+        for (int j = 0; j < CC; j++) {
+            cr[poss[call] * CC + j] = xv[j] + 1;
+            ci[poss[call] * CC + j] = exp(xv[j]);
+        }
+        for (int r = 0; r < CR; r++)
+            for (int j = 0; j < CC; j++) want1[j] += cr[r * CC + j] + ci[r * CC + j];
+        if (mode < 3) {
+            ck_assert_msg(em_call(f, in, NULL, out) == EM_OK, "mode %d call %d: %s", mode, call, em_last_error());
+        } else {
+            ck_assert_int_eq(em_lazy_begin(), EM_OK);
+            ck_assert_int_eq(cache_fn(cache, in, NULL, out), EM_OK);
+            ck_assert_int_eq(em_lazy_end(), EM_OK);
+        }
+        tu_check_close(out[0], want0, 2, TU_SIZES(CR, CC), 1e-6, 1e-6);
+        tu_check_close(out[1], want1, 1, TU_SIZES(CC), 1e-5, 1e-6);
+        tu_check_close(cache, cr, 2, TU_SIZES(CR, CC), 1e-6, 1e-7);
+        tu_check_close(cin, ci, 2, TU_SIZES(CR, CC), 1e-6, 1e-7);
+        free(xv);
+        em_scope_end();
+    }
+    if (f) {
+        em_compile_stats st;
+        em_compiled_stats(f, &st);
+        ck_assert_msg(st.traces == 1 && st.hits == 4 && !st.broken, "mode %d: traces %lld hits %lld",
+                      mode, (long long)st.traces, (long long)st.hits);
+        if (mode < 2) ck_assert_int_gt(st.kernels, 0);
+        char *text = printed(f, 0, false);
+        ck_assert_msg(strstr(text, "index_copy_(%") != NULL, "%s", text);
+        free(text);
+        em_compiled_free(f);
+    }
+    free(cr);
+    free(ci);
+    em_release(cache);
+    em_release(cin);
+}
+
+START_TEST(in_place_writes_keep_their_order_in_graphs) {
+    for (int mode = 0; mode <= 3; mode++) check_cache_calls(mode);
+    /* a write into a computed tensor breaks the graph; values stay eager's */
+    em_compile_options o = {.ninputs = 2, .noutputs = 1, .name = "write_computed"};
+    em_compiled *f = em_compile(write_computed_fn, NULL, &o);
+    em_tensor *x = tu_random(920, 2, TU_SIZES(3, 2), EM_F32, 1);
+    em_tensor *in[2] = {x, em_scalar(1, EM_I64, CPU)}, *y;
+    double *xv = tu_values(x), want[6];
+    for (int i = 0; i < 6; i++) want[i] = (i / 2 == 1 ? exp(xv[i % 2]) : 2 * xv[i]) + 1;
+    for (int call = 0; call < 2; call++) {
+        ck_assert_msg(em_call(f, in, NULL, &y) == EM_OK, "call %d: %s", call, em_last_error());
+        tu_check_close(y, want, 2, TU_SIZES(3, 2), 1e-6, 1e-7);
+    }
+    em_compile_stats st;
+    em_compiled_stats(f, &st);
+    ck_assert(st.broken);
+    em_compiled_free(f);
+    free(xv);
+}
+END_TEST
+
 /* ---- em_compile under EMBER_JIT=1 (issue 21, item 1) ----
  *
  * Each case runs on a fresh thread, so that the function's first op is the
@@ -1243,6 +1347,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, outputs_belong_to_the_callers_scope);
     tcase_add_test(tc, concurrent_calls);
     tcase_add_test(tc, identical_kernels_of_a_graph_compile_once);
+    tcase_add_test(tc, in_place_writes_keep_their_order_in_graphs);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -1363,7 +1363,9 @@ START_TEST(native_texts_compile) {
     int nd = 1; /* every element size and index type, the ranks 1..8 among them */
     for (size_t es = 1; es <= 8; es *= 2)
         for (int i = 0; i < 3; i++, nd = nd % EM_MAX_DIMS + 1)
-            compiles(cuda_native_copy_text(es, nd, idx[i]), "copy");
+            compiles(cuda_native_copy_text(es, nd, idx[i], false), "copy");
+    compiles(cuda_native_copy_text(4, 3, EM_I64, true), "scatter");
+    compiles(cuda_native_copy_text(2, 4, EM_I32, true), "scatter");
     for (int t = 0; t < NDTYPES; t++) {
         compiles(cuda_native_arange_text(all_dtypes[t], false), "arange");
         if (all_dtypes[t] == EM_I32 || all_dtypes[t] == EM_I64)

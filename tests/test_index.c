@@ -406,6 +406,134 @@ START_TEST(test_embedding) {
 }
 END_TEST
 
+/* ---- index_copy_ ---- */
+
+/* dst's values after index_copy_(dst, dim, idx, src), in float64: every
+ * element of src lands at its index along dim; then the call, checked
+ * against them (dst is read back whole, so a write outside is caught). */
+static void check_index_copy_at(int line, em_tensor *dst, int dim, const em_tensor *idx,
+                                const em_tensor *src) {
+    int nd = em_ndim(dst), d = dim < 0 ? dim + nd : dim;
+    const int64_t *ds = em_sizes(dst), *ss = em_sizes(src);
+    double *ref = tu_values(dst), *sv = tu_values(src), *iv = tu_values(idx);
+    int64_t pos[EM_MAX_DIMS] = {0};
+    if (em_numel(src) > 0) do {
+            int64_t at[EM_MAX_DIMS];
+            memcpy(at, pos, sizeof at);
+            at[d] = (int64_t)iv[pos[d]];
+            ref[tu_flat(nd, ds, at)] = sv[tu_flat(nd, ss, pos)];
+        } while (tu_next(nd, ss, pos));
+    em_status st = em_index_copy_(dst, dim, idx, src);
+    ck_assert_msg(st == EM_OK, "line %d: index_copy_ failed: %s", line, em_last_error());
+    tu_check_close_at(__FILE__, line, dst, ref, nd, ds, 0, 0);
+    free(ref);
+    free(sv);
+    free(iv);
+}
+#define check_index_copy(dst, dim, idx, src) check_index_copy_at(__LINE__, dst, dim, idx, src)
+
+START_TEST(test_index_copy_every_dtype) {
+    for (int t = 0; t < NALL7; t++) {
+        em_dtype dt = ALL7[t];
+        for (int it = 0; it < 2; it++) {
+            em_dtype idt = it ? EM_I64 : EM_I32;
+            em_tensor *x = tu_random(1500 + t, 3, TU_SIZES(3, 4, 5), dt, 4.0);
+            em_tensor *i0 = tu_tensor((double[]){2, 0}, 1, TU_SIZES(2), idt);
+            em_tensor *i2 = tu_tensor((double[]){4, 1, 0}, 1, TU_SIZES(3), idt);
+            check_index_copy(x, 0, i0, tu_random(1510 + t, 3, TU_SIZES(2, 4, 5), dt, 4.0));
+            check_index_copy(x, 1, i0, tu_random(1520 + t, 3, TU_SIZES(3, 2, 5), dt, 4.0));
+            check_index_copy(x, -1, i2, tu_random(1530 + t, 3, TU_SIZES(3, 4, 3), dt, 4.0));
+            /* a 0-d index: one slice, as a KV cache's position */
+            check_index_copy(x, 1, em_scalar(3, idt, em_cpu()),
+                             tu_random(1540 + t, 3, TU_SIZES(3, 1, 5), dt, 4.0));
+        }
+    }
+}
+END_TEST
+
+START_TEST(test_index_copy_noncontiguous) {
+    for (int t = 0; t < NALL7; t++) {
+        em_dtype dt = ALL7[t];
+        em_tensor *base = tu_random(1600 + t, 3, TU_SIZES(3, 4, 5), dt, 4.0);
+        double *before = tu_values(base);
+        em_tensor *xt = em_transpose(base, 0, 2); /* [5, 4, 3]: writes reach base */
+        em_tensor *idx = tu_tensor((double[]){9, 1, 9, 4}, 1, TU_SIZES(4), EM_I64);
+        em_tensor *is = em_slice(idx, 0, 1, 4, 2); /* 1 4, stride 2 */
+        em_tensor *src = em_transpose(tu_random(1610 + t, 3, TU_SIZES(3, 4, 2), dt, 4.0), 0, 2);
+        ck_assert(!em_is_contiguous(src) && !em_is_contiguous(is));
+        check_index_copy(xt, 0, is, src);
+        /* base changed exactly where xt's rows 1 and 4 lie: its dim 2 */
+        double *after = tu_values(base), *sv = tu_values(src);
+        for (int64_t a = 0; a < 3; a++)
+            for (int64_t b = 0; b < 4; b++)
+                for (int64_t c = 0; c < 5; c++) {
+                    int64_t k = (a * 4 + b) * 5 + c;
+                    double want = c == 1 ? sv[(0 * 4 + b) * 3 + a] : c == 4 ? sv[(1 * 4 + b) * 3 + a]
+                                                                           : before[k];
+                    ck_assert_msg(after[k] == want || (want != want && after[k] != after[k]),
+                                  "base[%lld][%lld][%lld]", (long long)a, (long long)b, (long long)c);
+                }
+        free(before);
+        free(after);
+        free(sv);
+        /* a broadcast source (stride 0) and a sliced destination */
+        em_tensor *y = tu_random(1620 + t, 2, TU_SIZES(6, 8), dt, 4.0);
+        em_tensor *ys = em_slice(y, 1, 1, 8, 2); /* [6, 4] */
+        em_tensor *row = em_expand(tu_random(1630 + t, 2, TU_SIZES(1, 4), dt, 4.0), 2, TU_SIZES(2, 4));
+        check_index_copy(ys, 0, tu_tensor((double[]){5, 0}, 1, TU_SIZES(2), EM_I32), row);
+    }
+}
+END_TEST
+
+START_TEST(test_index_copy_empty) {
+    em_tensor *x = tu_random(1700, 2, TU_SIZES(3, 4), EM_F32, 1.0);
+    em_tensor *none = em_zeros(1, TU_SIZES(0), EM_I64, em_cpu());
+    check_index_copy(x, 0, none, em_zeros(2, TU_SIZES(0, 4), EM_F32, em_cpu()));
+    /* an empty other dim: nothing to write, the indices not read */
+    em_tensor *e = em_zeros(2, TU_SIZES(0, 4), EM_F32, em_cpu());
+    ck_assert_int_eq(em_index_copy_(e, 1, tu_tensor((double[]){7}, 1, TU_SIZES(1), EM_I64),
+                                    em_zeros(2, TU_SIZES(0, 1), EM_F32, em_cpu())),
+                     EM_OK);
+    /* size-1 dims */
+    em_tensor *one = tu_random(1710, 3, TU_SIZES(1, 1, 1), EM_F64, 1.0);
+    check_index_copy(one, 2, em_scalar(0, EM_I32, em_cpu()), tu_random(1711, 3, TU_SIZES(1, 1, 1), EM_F64, 1.0));
+}
+END_TEST
+
+START_TEST(test_index_copy_errors) {
+    em_tensor *x = tu_random(1800, 2, TU_SIZES(3, 4), EM_F32, 1.0);
+    em_tensor *src = tu_random(1801, 2, TU_SIZES(2, 4), EM_F32, 1.0);
+    em_tensor *idx = tu_tensor((double[]){0, 2}, 1, TU_SIZES(2), EM_I64);
+    double *before = tu_values(x);
+    ck_assert_int_eq(em_index_copy_(NULL, 0, idx, src), EM_ERR_NULL);
+    ck_assert_int_eq(em_index_copy_(x, 0, NULL, src), EM_ERR_NULL);
+    ck_assert_int_eq(em_index_copy_(x, 0, idx, NULL), EM_ERR_NULL);
+    ck_assert_int_eq(em_index_copy_(x, 2, idx, src), EM_ERR_DIM);
+    ck_assert_int_eq(em_index_copy_(x, -3, idx, src), EM_ERR_DIM);
+    ck_assert_int_eq(em_index_copy_(x, 1, idx, src), EM_ERR_SHAPE); /* src is [2, 4], not [3, 2] */
+    ck_assert_int_eq(em_index_copy_(x, 0, em_cast(idx, EM_F32), src), EM_ERR_DTYPE);
+    ck_assert_int_eq(em_index_copy_(x, 0, em_reshape(idx, 2, TU_SIZES(1, 2)), src), EM_ERR_SHAPE);
+    ck_assert_int_eq(em_index_copy_(x, 0, idx, em_cast(src, EM_F64)), EM_ERR_DTYPE);
+    ck_assert_int_eq(em_index_copy_(em_scalar(1, EM_F32, em_cpu()), 0, idx, src), EM_ERR_DIM);
+    /* out of range, either way: nothing written */
+    ck_assert_int_eq(em_index_copy_(x, 0, tu_tensor((double[]){0, 3}, 1, TU_SIZES(2), EM_I64), src),
+                     EM_ERR_INDEX);
+    ck_assert_int_eq(em_index_copy_(x, 0, tu_tensor((double[]){-1, 0}, 1, TU_SIZES(2), EM_I32), src),
+                     EM_ERR_INDEX);
+    /* a broadcast destination, and a source or indices inside the destination */
+    em_tensor *bx = em_expand(tu_random(1802, 2, TU_SIZES(1, 4), EM_F32, 1.0), 2, TU_SIZES(3, 4));
+    ck_assert_int_eq(em_index_copy_(bx, 0, idx, src), EM_ERR_ARG);
+    ck_assert_int_eq(em_index_copy_(x, 0, idx, em_slice(x, 0, 0, 2, 1)), EM_ERR_ARG);
+    em_tensor *ix = em_zeros(2, TU_SIZES(3, 4), EM_I64, em_cpu());
+    ck_assert_int_eq(em_index_copy_(ix, 1, em_squeeze(em_slice(ix, 0, 0, 1, 1), 0), em_zeros(2, TU_SIZES(3, 4), EM_I64, em_cpu())),
+                     EM_ERR_ARG);
+    double *after = tu_values(x);
+    for (int i = 0; i < 12; i++) ck_assert(before[i] == after[i]);
+    free(before);
+    free(after);
+}
+END_TEST
+
 static Suite *suite(void) {
     const tu_test tests[] = {
         {"cat_dims_every_dtype", test_cat_dims_every_dtype},
@@ -420,6 +548,10 @@ static Suite *suite(void) {
         {"index_select_large", test_index_select_large},
         {"index_select_errors", test_index_select_errors},
         {"embedding", test_embedding},
+        {"index_copy_every_dtype", test_index_copy_every_dtype},
+        {"index_copy_noncontiguous", test_index_copy_noncontiguous},
+        {"index_copy_empty", test_index_copy_empty},
+        {"index_copy_errors", test_index_copy_errors},
     };
     return tu_suite("index", tests, sizeof tests / sizeof tests[0], 120);
 }

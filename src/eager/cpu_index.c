@@ -1,4 +1,4 @@
-/* cpu_index.c - cat and index_select on CPU.
+/* cpu_index.c - cat, index_select and index_copy_ on CPU.
  *
  * Both copy blocks of the source into a contiguous output.  Around the op's
  * dim the source is [outer..., dim, inner...]:
@@ -237,5 +237,68 @@ em_status cpu_index_select(const em_op_call *c, em_tensor *out) {
     R.dst_ost = n * R.len;
     R.dst0 = 0;
     run_copy(&R);
+    return EM_OK;
+}
+
+/* ---- index_copy_: out (a view of dst) [..., idx[j], ...] = src[..., j, ...] ----
+ * Each item is one row of src (all dims but the last), copied element by
+ * element through both tensors' strides: the rows a KV cache takes are
+ * few, and dst may be any non-broadcast view. */
+
+typedef struct scatter {
+    const em_tensor *src, *idx;
+    em_tensor *dst;
+    int dim;
+    int64_t esz, rows, len;
+} scatter;
+
+static int64_t index_at(const em_tensor *idx, int64_t j) {
+    const char *p = (const char *)em_data(idx) + j * (idx->ndim ? idx->strides[0] : 0) *
+                                                     (int64_t)em_dtype_size(idx->dtype);
+    return idx->dtype == EM_I32 ? (int64_t) * (const int32_t *)p : *(const int64_t *)p;
+}
+
+static void scatter_rows(void *ctx, int64_t b, int64_t e) {
+    const scatter *S = ctx;
+    const em_tensor *src = S->src;
+    em_tensor *dst = S->dst;
+    int nd = src->ndim, last = nd - 1;
+    const char *s0 = em_data(src);
+    char *d0 = em_data(dst);
+    for (int64_t row = b; row < e; row++) {
+        int64_t soff = 0, doff = 0, r = row;
+        for (int d = last - 1; d >= 0; d--) {
+            int64_t c = r % src->sizes[d];
+            r /= src->sizes[d];
+            soff += c * src->strides[d];
+            doff += (d == S->dim ? index_at(S->idx, c) : c) * dst->strides[d];
+        }
+        int64_t ss = src->strides[last], ds = dst->strides[last];
+        for (int64_t i = 0; i < S->len; i++) {
+            int64_t di = last == S->dim ? index_at(S->idx, i) : i;
+            memcpy(d0 + (doff + di * ds) * S->esz, s0 + (soff + i * ss) * S->esz, (size_t)S->esz);
+        }
+    }
+}
+
+em_status cpu_index_copy(const em_op_call *c, em_tensor *out) {
+    const em_tensor *idx = c->in[1], *src = c->in[2];
+    int dim = c->attrs->dim;
+    if (out->ndim == 0 || dim < 0 || dim >= out->ndim || src->ndim != out->ndim ||
+        src->dtype != out->dtype)
+        return em_error(EM_ERR_SHAPE, "index_copy_: the source does not match the tensor");
+    /* Every index is checked before anything is written. */
+    int64_t n = idx->ndim == 1 ? idx->sizes[0] : 1, size = out->sizes[dim];
+    for (int64_t j = 0; j < n && numel_of(src) > 0; j++) {
+        int64_t i = index_at(idx, j);
+        if (i < 0 || i >= size)
+            return em_error(EM_ERR_INDEX, "index_copy_: index %lld is out of range for dim %d of size %lld",
+                            (long long)i, dim, (long long)size);
+    }
+    scatter S = {src, idx, out, dim, (int64_t)em_dtype_size(out->dtype), 1, src->sizes[src->ndim - 1]};
+    for (int d = 0; d < src->ndim - 1; d++) S.rows *= src->sizes[d];
+    if (S.rows == 0 || S.len == 0) return EM_OK;
+    int64_t grain = EM_PARALLEL_GRAIN / S.len;
+    em_parallel_for(S.rows, grain < 1 ? 1 : grain, scatter_rows, &S);
     return EM_OK;
 }

@@ -130,7 +130,8 @@ em_tensor *em_dispatch_eager(const em_op_call *c, const em_meta *m) {
     }
     const em_backend *b = em_backend_for(m->device);
     if (!b) return NULL;
-    em_tensor *out = em_tensor_alloc(m);
+    /* an update writes its input 0 where it is: the result is a view of it */
+    em_tensor *out = info->kind == EM_KIND_UPDATE ? em_tensor_view(c->in[0], m) : em_tensor_alloc(m);
     if (!out) return NULL;
     if (b->run(c, out) != EM_OK) {
         em_tensor_discard(out);

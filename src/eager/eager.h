@@ -35,8 +35,12 @@ typedef enum em_op_kind {
     EM_KIND_CAT,
     EM_KIND_INDEX,
     EM_KIND_MATMUL,
-    EM_KIND_ATTENTION /* fused softmax(q k^T * scale + mask) v: made only by the
-                         attention pass (src/trace/attention.c) */
+    EM_KIND_ATTENTION, /* fused softmax(q k^T * scale + mask) v: made only by the
+                          attention pass (src/trace/attention.c) */
+    EM_KIND_UPDATE     /* writes into its input 0 in place (index_copy_); its
+                          result is a view of that input.  A trace rebinds input
+                          0 to the result and keeps the order of reads and
+                          writes (record.c, schedule.c) */
 } em_op_kind;
 
 /* Which em_op_attrs fields an op reads (the attrs column of ops.def). */

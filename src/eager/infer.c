@@ -459,6 +459,43 @@ em_status infer_index_select(const em_op_call *c, em_meta *m) {
     return check_size(c, m);
 }
 
+/* index_copy_(dst, idx, src): src is dst's shape but for dim, where it has
+ * numel(idx) entries; the result is dst itself (its layout too). */
+em_status infer_index_copy(const em_op_call *c, em_meta *m) {
+    const em_tensor *x = c->in[0], *idx = c->in[1], *src = c->in[2];
+    int d = c->attrs->dim;
+    char s1[160], s2[160];
+    if (idx->dtype != EM_I32 && idx->dtype != EM_I64)
+        return em_error(EM_ERR_DTYPE, "index_copy_: indices have dtype %s (expects i32 or i64)",
+                        em_dtype_name(idx->dtype));
+    if (idx->ndim > 1)
+        return em_error(EM_ERR_SHAPE, "index_copy_: indices must be 1-d, not %d-d", idx->ndim);
+    if (x->ndim == 0) return em_error(EM_ERR_DIM, "index_copy_: cannot index a 0-d tensor");
+    if (d < 0 || d >= x->ndim)
+        return em_error(EM_ERR_DIM, "index_copy_: dim %d is out of range for a %d-d tensor", d,
+                        x->ndim);
+    if (src->dtype != x->dtype)
+        return em_error(EM_ERR_DTYPE, "index_copy_: source dtype %s differs from the tensor's %s",
+                        em_dtype_name(src->dtype), em_dtype_name(x->dtype));
+    bool ok = src->ndim == x->ndim;
+    for (int i = 0; ok && i < x->ndim; i++)
+        ok = i == d ? src->sizes[i] == em_shape_numel(idx->ndim, idx->sizes) : src->sizes[i] == x->sizes[i];
+    if (!ok)
+        return em_error(EM_ERR_SHAPE,
+                        "index_copy_: source of sizes %s does not fit %s with %lld indices along dim %d",
+                        em_shape_str(src->ndim, src->sizes, s1, sizeof s1),
+                        em_shape_str(x->ndim, x->sizes, s2, sizeof s2),
+                        (long long)em_shape_numel(idx->ndim, idx->sizes), d);
+    for (int i = 0; i < x->ndim; i++)
+        if (x->strides[i] == 0 && x->sizes[i] > 1)
+            return em_error(EM_ERR_ARG, "index_copy_: the tensor is broadcast along dim %d (several "
+                            "elements share one location, so it cannot be written)", i);
+    meta_like(m, x, x->dtype);
+    memcpy(m->strides, x->strides, sizeof(int64_t) * (size_t)x->ndim);
+    m->offset = x->offset;
+    return EM_OK;
+}
+
 em_status infer_matmul(const em_op_call *c, em_meta *m) {
     const em_tensor *a = c->in[0], *b = c->in[1];
     char s1[160], s2[160];

@@ -548,6 +548,24 @@ em_tensor *em_index_select(const em_tensor *x, int dim, const em_tensor *idx) {
     return dispatch2(EM_OP_INDEX_SELECT, x, idx, &a);
 }
 
+em_status em_index_copy_(em_tensor *dst, int dim, const em_tensor *idx, const em_tensor *src) {
+    if (!dst) return em_error_null("em_index_copy_", "dst");
+    if (!idx) return em_error_null("em_index_copy_", "idx");
+    if (!src) return em_error_null("em_index_copy_", "src");
+    em_op_attrs a = {0};
+    if (dst->ndim == 0 || !em_norm_dim(dim, dst->ndim, &a.dim))
+        return em_error(EM_ERR_DIM, "em_index_copy_: dim %d is out of range for a %d-d tensor", dim,
+                        dst->ndim);
+    if (dst->storage && ((src->storage == dst->storage) || idx->storage == dst->storage))
+        return em_error(EM_ERR_ARG, "em_index_copy_: the source or the indices share the tensor's "
+                        "storage (the write would overwrite what it reads)");
+    em_tensor *in[3] = {dst, (em_tensor *)idx, (em_tensor *)src};
+    em_tensor *view = em_dispatch(EM_OP_INDEX_COPY, 3, in, &a);
+    if (!view) return em_last_status() != EM_OK ? em_last_status() : EM_ERR_STATE;
+    em_tensor_discard(view);
+    return EM_OK;
+}
+
 em_tensor *em_embedding(const em_tensor *weight, const em_tensor *idx) {
     if (!weight) return null_arg("em_embedding", "weight");
     if (!idx) return null_arg("em_embedding", "idx");

@@ -197,8 +197,8 @@ uint64_t tr_call_hash(const tr_node *n) {
 }
 
 bool tr_has_effect(const tr_node *n) {
-    return n->kind == TR_CALL &&
-           (n->op == EM_OP_RAND || n->op == EM_OP_RANDN || n->op == EM_OP_EMPTY);
+    return n->kind == TR_CALL && (n->op == EM_OP_RAND || n->op == EM_OP_RANDN ||
+                                  n->op == EM_OP_EMPTY || em_op_table[n->op].kind == EM_KIND_UPDATE);
 }
 
 /* Copies n bytes from src into a new em_malloc'd block (NULL for n 0). */

@@ -6,7 +6,9 @@
  * constant: a weight reached through the function's context, or data made
  * with em_from_data inside it.  A host read (em_item, em_copy_to_host,
  * em_print) is a graph break: the values it reads can steer what the code
- * does next, which one graph cannot express. */
+ * does next, which one graph cannot express.  An in-place write (an
+ * EM_KIND_UPDATE op) rebinds the written tensor to the write's node, so
+ * that the ops after it read the new value, as eagerly. */
 #include "trace.h"
 
 #include <string.h>
@@ -110,6 +112,18 @@ static int node_of(tr_recorder *r, em_tensor *t) {
     return ok ? n : -1;
 }
 
+/* Whether node v may be written in place in a graph: an input or a
+ * constant, or an earlier write of one.  A value the graph computes may
+ * live in a kernel's buffer or be recomputed where it is read, so a write
+ * into it would not reach every reader; a write through a view would leave
+ * the base's node standing for both its old and new values (CSE would
+ * merge a read before the write with one after). */
+static bool writable(const tr_graph *g, int v) {
+    while (g->nodes[v].kind == TR_CALL && em_op_table[g->nodes[v].op].kind == EM_KIND_UPDATE)
+        v = g->nodes[v].in[0];
+    return g->nodes[v].kind != TR_CALL;
+}
+
 static em_tensor *record_op(void *ud, const em_op_call *c, const em_meta *m) {
     tr_recorder *r = ud;
     /* Kernels may call ops themselves: those are not the program's. */
@@ -123,8 +137,18 @@ static em_tensor *record_op(void *ud, const em_op_call *c, const em_meta *m) {
     em_meta meta;
     tr_meta_of(t, &meta);
     const em_allocator *caller = own_alloc(r);
+    bool update = ok && em_op_table[c->op].kind == EM_KIND_UPDATE;
+    if (update && !writable(r->g, in[0])) {
+        em_set_allocator(caller);
+        set_break(r, "an in-place write into a view or a tensor the function computed (a graph "
+                     "writes only inputs and tensors from outside it, such as a cache, whole)");
+        if (in != stack) em_free(in);
+        return t;
+    }
     int n = ok ? tr_add_call(r->g, c->op, c->nin, in, c->attrs, &meta) : -1;
     ok = n >= 0 && map_put(r, t, n);
+    /* the written tensor holds the new value from now on: later ops read it */
+    if (ok && update) ok = map_put(r, c->in[0], n);
     em_set_allocator(caller);
     if (!ok) {
         char why[sizeof r->why];

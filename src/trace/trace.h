@@ -65,7 +65,8 @@ bool tr_same_call(const tr_node *a, const tr_node *b);
 /* A hash of what tr_same_call compares. */
 uint64_t tr_call_hash(const tr_node *n);
 /* Whether removing or merging n would change what the program does beyond
- * its result (rand/randn advance their generator; empty has no value). */
+ * its result (rand/randn advance their generator; empty has no value; an
+ * update such as index_copy_ writes its input). */
 bool tr_has_effect(const tr_node *n);
 
 /* ---- text.c: the text form ----

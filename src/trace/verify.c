@@ -54,7 +54,7 @@ static em_status verify_call(const tr_graph *g, int i) {
         return bad(i, why);
     }
     /* views must reproduce strides too; fresh results may have any layout */
-    if (!same_meta(&m, &n->meta, info->kind == EM_KIND_VIEW))
+    if (!same_meta(&m, &n->meta, info->kind == EM_KIND_VIEW || info->kind == EM_KIND_UPDATE))
         return bad(i, "its meta differs from what its op infers");
     return EM_OK;
 }
@@ -68,7 +68,7 @@ static em_status infer_result(const tr_node *n, em_tensor *const *ins, em_meta *
     memset(m, 0, sizeof *m);
     m->device = n->nin > 0 ? ins[0]->device : n->attrs.device;
     if (info->infer(&c, m) != EM_OK) return em_last_status();
-    if (info->kind == EM_KIND_VIEW) return EM_OK;
+    if (info->kind == EM_KIND_VIEW || info->kind == EM_KIND_UPDATE) return EM_OK;
     if (info->kind == EM_KIND_COPY && em_is_contiguous(ins[0])) {
         memcpy(m->strides, ins[0]->strides, sizeof(int64_t) * (size_t)m->ndim);
         m->offset = ins[0]->offset;

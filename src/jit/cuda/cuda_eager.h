@@ -50,10 +50,12 @@ em_status cuda_native_run(cuda_device *d, const em_op_call *c, em_tensor *out,
  * the error set; exposed so tests compile each with NVRTC alone):
  * the strided copy of esize-byte elements over nd dims (cat), gathering
  * one dim through i32/i64 indices when idx is EM_I32 or EM_I64
- * (index_select; any other value: no gather); arange of dtype d (exact:
+ * (index_select; any other value: no gather), or with scatter writing
+ * that dim through them (index_copy_: the elements walked are the
+ * source's); arange of dtype d (exact:
  * int64 arithmetic, integer dtypes only); rand/randn (normal) of f32/f64;
  * argmax of a d tensor whose outputs walk nd dims. */
-char *cuda_native_copy_text(size_t esize, int nd, em_dtype idx);
+char *cuda_native_copy_text(size_t esize, int nd, em_dtype idx, bool scatter);
 char *cuda_native_arange_text(em_dtype d, bool exact);
 char *cuda_native_rand_text(em_dtype d, bool normal);
 char *cuda_native_argmax_text(em_dtype d, int nd);

@@ -1,5 +1,6 @@
 /* cuda_native.c - eager CUDA ops that run as generated CUDA C (cuda_source.h)
  * rather than as a one-node graph: cat, index_select (and so embedding),
+ * index_copy_,
  * arange, rand, randn and argmax.  Before, these ran the CPU kernel on a
  * host copy of their inputs (index_select copied only its indices, to check
  * them); now nothing leaves the GPU and no call waits for the stream.
@@ -177,26 +178,38 @@ static const char copy_body[] =
     "    for (int d = ND - 1; d >= 0; d--) {\n"
     "      long long c = d ? r % g.size[d] : r;\n"
     "      r = d ? r / g.size[d] : 0;\n"
+    "#if SCATTER\n"
+    "      so += c * g.sst[d];\n"
+    "#else\n"
     "      dof += c * g.dst[d];\n"
+    "#endif\n"
     "#if GATHER\n"
     "      if (d == g.gdim) {\n"
     "        const long long j = (long long)idx[c * g.ist];\n"
-    "        ok = j >= 0 && j < g.bound; /* else no read: 0 written, the error recorded */\n"
+    "        ok = j >= 0 && j < g.bound; /* else no read (or no write): the error recorded */\n"
     "        if (!ok) em_report(err, j, g);\n"
     "        c = ok ? j : 0;\n"
     "      }\n"
     "#endif\n"
+    "#if SCATTER\n"
+    "      dof += c * g.dst[d];\n"
+    "#else\n"
     "      so += c * g.sst[d];\n"
+    "#endif\n"
     "    }\n"
+    "#if SCATTER\n"
+    "    if (ok) dst[dof] = src[so];\n"
+    "#else\n"
     "    dst[dof] = ok ? src[so] : (T)0;\n"
+    "#endif\n"
     "  }\n"
     "}\n";
 
-char *cuda_native_copy_text(size_t esize, int nd, em_dtype idx) {
+char *cuda_native_copy_text(size_t esize, int nd, em_dtype idx, bool scatter) {
     bool gather = idx == EM_I32 || idx == EM_I64;
-    return text_of(textf("/* ember native: copy */\n#define ND %d\n#define GATHER %d\n"
+    return text_of(textf("/* ember native: copy */\n#define ND %d\n#define GATHER %d\n#define SCATTER %d\n"
                         "#define EM_KERROR_INDEX %d\ntypedef %s T;\ntypedef %s I;\n",
-                        nd, (int)gather, CUDA_KERROR_INDEX, bits_type(esize),
+                        nd, (int)gather, (int)(gather && scatter), CUDA_KERROR_INDEX, bits_type(esize),
                         idx == EM_I32 ? "int" : "long long"),
                    copy_body);
 }
@@ -220,7 +233,8 @@ static em_status launch_copy(void *ctx, CUdeviceptr err) {
 /* The copy kernel for g (rank nd) from src to dst, gathering through idx
  * (then armed for cuda_sync to report bad indices) unless it is NULL. */
 static em_status run_copy(cuda_device *d, cuda_get_stats *stats, size_t esize, int nd,
-                          native_geom *g, const void *src, void *dst, const em_tensor *idx) {
+                          native_geom *g, const void *src, void *dst, const em_tensor *idx,
+                          bool scatter) {
     if (g->n == 0) return EM_OK;
     if (!idx && nd == 1 && g->sst[0] == 1 && g->dst[0] == 1) { /* one run: a plain copy */
         const cu_api *cu = cuda_driver();
@@ -229,7 +243,7 @@ static em_status run_copy(cuda_device *d, cuda_get_stats *stats, size_t esize, i
                           "cuMemcpyDtoDAsync");
     }
     copy_launch L = {d, NULL, g, src, dst, idx ? em_data(idx) : NULL};
-    em_status s = get_kernel(d, cuda_native_copy_text(esize, nd, idx ? idx->dtype : EM_DTYPE_COUNT),
+    em_status s = get_kernel(d, cuda_native_copy_text(esize, nd, idx ? idx->dtype : EM_DTYPE_COUNT, scatter),
                              stats, &L.k);
     if (s != EM_OK) return s;
     return idx ? cuda_kerror_launch(d, launch_copy, &L) : launch_copy(&L, 0);
@@ -241,7 +255,7 @@ static em_status cat_input(cuda_device *d, cuda_get_stats *stats, const em_tenso
     native_geom g;
     int nd = geom_build(&g, x->ndim, x->sizes, x->strides, out->strides, -1);
     char *dst = (char *)em_data(out) + (size_t)(off * out->strides[dim]) * es;
-    return run_copy(d, stats, es, nd, &g, em_data(x), dst, NULL);
+    return run_copy(d, stats, es, nd, &g, em_data(x), dst, NULL, false);
 }
 
 /* Each input copied into its slab of out (the checks are cpu_cat's). */
@@ -284,7 +298,28 @@ static em_status run_index_select(cuda_device *d, const em_op_call *c, em_tensor
     g.ist = idx->ndim ? idx->strides[0] : 0;
     g.bound = x->sizes[dim];
     g.dim = dim;
-    return run_copy(d, stats, em_dtype_size(x->dtype), nd, &g, em_data(x), em_data(out), idx);
+    return run_copy(d, stats, em_dtype_size(x->dtype), nd, &g, em_data(x), em_data(out), idx, false);
+}
+
+/* out (a view of dst)[..., idx[j], ...] = src[..., j, ...]: the copy kernel
+ * over src's elements, scattering along dim; a bad index writes nothing
+ * and is reported as index_select's are.  Repeated indices: one write wins. */
+static em_status run_index_copy(cuda_device *d, const em_op_call *c, em_tensor *out,
+                                cuda_get_stats *stats) {
+    const em_tensor *idx = c->in[1], *src = c->in[2];
+    int dim = c->attrs->dim;
+    if (out->ndim == 0 || dim < 0 || dim >= out->ndim || src->ndim != out->ndim ||
+        src->dtype != out->dtype)
+        return em_error(EM_ERR_SHAPE, "index_copy_: the source does not match the tensor");
+    if (idx->dtype != EM_I32 && idx->dtype != EM_I64)
+        return em_error(EM_ERR_DTYPE, "index_copy_: indices have dtype %s (expects i32 or i64)",
+                        em_dtype_name(idx->dtype));
+    native_geom g;
+    int nd = geom_build(&g, src->ndim, src->sizes, src->strides, out->strides, dim);
+    g.ist = idx->ndim ? idx->strides[0] : 0;
+    g.bound = out->sizes[dim];
+    g.dim = dim;
+    return run_copy(d, stats, em_dtype_size(src->dtype), nd, &g, em_data(src), em_data(out), idx, true);
 }
 
 /* ---- arange ----
@@ -711,8 +746,8 @@ em_status cuda_native_reduce_columns(cuda_device *d, const em_op_call *c, em_ten
 /* ---- dispatch ---- */
 
 bool cuda_native_takes(em_op op) {
-    return op == EM_OP_CAT || op == EM_OP_INDEX_SELECT || op == EM_OP_ARANGE || op == EM_OP_RAND ||
-           op == EM_OP_RANDN || op == EM_OP_ARGMAX;
+    return op == EM_OP_CAT || op == EM_OP_INDEX_SELECT || op == EM_OP_INDEX_COPY ||
+           op == EM_OP_ARANGE || op == EM_OP_RAND || op == EM_OP_RANDN || op == EM_OP_ARGMAX;
 }
 
 em_status cuda_native_run(cuda_device *d, const em_op_call *c, em_tensor *out,
@@ -720,6 +755,7 @@ em_status cuda_native_run(cuda_device *d, const em_op_call *c, em_tensor *out,
     switch (c->op) {
     case EM_OP_CAT: return run_cat(d, c, out, stats);
     case EM_OP_INDEX_SELECT: return run_index_select(d, c, out, stats);
+    case EM_OP_INDEX_COPY: return run_index_copy(d, c, out, stats);
     case EM_OP_ARANGE: return run_arange(d, c, out, stats);
     case EM_OP_RAND:
     case EM_OP_RANDN: return run_rand(d, c, out, stats);

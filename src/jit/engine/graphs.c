@@ -24,7 +24,9 @@
  *    on: the graph is captured again reading a buffer it owns, and each
  *    call copies that input in first (one device copy, as torch's static
  *    inputs).  Staging only where addresses move keeps the common case
- *    copy-free and bounds recaptures by the number of inputs.  A moving
+ *    copy-free and bounds recaptures by the number of inputs.  A staged
+ *    input the graph writes in place (index_copy_) is copied back after
+ *    each replay, so the caller's tensor is written as eagerly.  A moving
  *    input that is not contiguous is not staged: that size runs with plain
  *    launches from then on.
  *  - Outputs: the graph writes the same blocks on every replay, and a
@@ -67,6 +69,8 @@ struct jit_graph_slot {
     bool copy_out;          /* outputs are copied out (a caller kept one) */
     void **addr;            /* per input: the address the graph reads (unstaged inputs) */
     em_tensor **stage;      /* per input: its staging buffer, or NULL */
+    bool *written;          /* per input: the graph writes it in place (a staged
+                               one is copied back after each replay) */
     em_tensor **outs;       /* per output: the tensor the graph writes, held */
 };
 
@@ -81,8 +85,17 @@ static jit_graph_slot *slot_new(const tr_graph *g, const jit_spec *sp) {
     sl->addr = em_calloc((size_t)g->ninputs + 1, sizeof *sl->addr);
     sl->stage = em_calloc((size_t)g->ninputs + 1, sizeof *sl->stage);
     sl->outs = em_calloc((size_t)g->noutputs + 1, sizeof *sl->outs);
-    if (sl->addr && sl->stage && sl->outs) return sl;
-    em_free(sl->addr), em_free(sl->stage), em_free(sl->outs), em_free(sl);
+    sl->written = em_calloc((size_t)g->ninputs + 1, sizeof *sl->written);
+    if (sl->addr && sl->stage && sl->outs && sl->written) {
+        for (int i = 0; i < g->nnodes; i++) {
+            int v = i; /* a write's base, through earlier writes (record.c's writable) */
+            while (g->nodes[v].kind == TR_CALL && em_op_table[g->nodes[v].op].kind == EM_KIND_UPDATE)
+                v = g->nodes[v].in[0];
+            if (v != i && g->nodes[v].kind == TR_INPUT) sl->written[g->nodes[v].index] = true;
+        }
+        return sl;
+    }
+    em_free(sl->addr), em_free(sl->stage), em_free(sl->outs), em_free(sl->written), em_free(sl);
     return NULL;
 }
 
@@ -101,7 +114,7 @@ static void drop_graph(jit_compiled *st, jit_graph_slot *sl) {
 static void slot_free(jit_compiled *st, jit_graph_slot *sl) {
     drop_graph(st, sl);
     for (int i = 0; i < sl->ninputs; i++) em_release(sl->stage[i]);
-    em_free(sl->addr), em_free(sl->stage), em_free(sl->outs), em_free(sl);
+    em_free(sl->addr), em_free(sl->stage), em_free(sl->outs), em_free(sl->written), em_free(sl);
 }
 
 void jit_graphs_free(jit_compiled *st) {
@@ -134,8 +147,11 @@ static const char *never(const tr_graph *g) {
     for (int i = 0; i < g->nnodes; i++)
         if (g->nodes[i].kind == TR_CALL && (g->nodes[i].op == EM_OP_RAND || g->nodes[i].op == EM_OP_RANDN))
             return "the graph draws random numbers (a replay would repeat them)";
-    for (int o = 0; o < g->noutputs; o++)
-        if (g->nodes[g->outputs[o]].kind != TR_CALL) return "an output is an input or a constant";
+    for (int o = 0; o < g->noutputs; o++) {
+        const tr_node *n = &g->nodes[g->outputs[o]];
+        if (n->kind != TR_CALL) return "an output is an input or a constant";
+        if (em_op_table[n->op].kind == EM_KIND_UPDATE) return "an output is a tensor written in place";
+    }
     return NULL;
 }
 
@@ -286,8 +302,9 @@ static em_tensor *hand_out(const em_tensor *t, bool copy_out) {
     return NULL;
 }
 
-/* Copies the staged inputs in, launches the graph, hands the outputs out
- * (all in order on the device's queue). */
+/* Copies the staged inputs in, launches the graph, copies the staged
+ * inputs it writes back out, hands the outputs out (all in order on the
+ * device's queue). */
 static em_status replay(jit_compiled *st, jit_graph_slot *sl, em_tensor *const *in, em_tensor **out) {
     em_status s = EM_OK;
     for (int i = 0; s == EM_OK && i < sl->ninputs; i++) {
@@ -298,6 +315,13 @@ static em_status replay(jit_compiled *st, jit_graph_slot *sl, em_tensor *const *
               : em_last_status();
     }
     if (s == EM_OK) s = st->dev->graph_launch(sl->graph);
+    for (int i = 0; s == EM_OK && i < sl->ninputs; i++) { /* what the graph wrote of a staged input */
+        if (!sl->stage[i] || !sl->written[i]) continue;
+        const em_backend *b = em_backend_for(in[i]->device);
+        s = b ? b->copy(em_data(in[i]), in[i]->device, em_data(sl->stage[i]), in[i]->device,
+                        nbytes_of(in[i]))
+              : em_last_status();
+    }
     for (int j = 0; s == EM_OK && j < sl->noutputs; j++)
         if (!(out[j] = hand_out(sl->outs[j], sl->copy_out))) s = em_last_status();
     if (s == EM_OK) return EM_OK;

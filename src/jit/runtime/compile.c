@@ -306,12 +306,17 @@ static void record_entry(em_compiled *f, const jit_entry *e) {
 
 /* Each op gives a tensor of its meta without storage: what fn does at
  * those sizes, at the cost of its shape inference.  A random draw is
- * refused (the generator's state must not move), and a host read breaks
+ * refused (the generator's state must not move), so is an in-place write
+ * (its tensor must change once, when the call computes), and a host read breaks
  * the recording as in any trace. */
 static em_tensor *dry_op(void *ud, const em_op_call *c, const em_meta *m) {
     (void)ud;
     if (em_op_table[c->op].attrs & A_RNG) {
         em_error(EM_ERR_UNSUPPORTED, "a dry trace draws no random numbers");
+        return NULL;
+    }
+    if (em_op_table[c->op].kind == EM_KIND_UPDATE) {
+        em_error(EM_ERR_UNSUPPORTED, "a dry trace writes no tensor in place");
         return NULL;
     }
     em_meta tm = *m;
@@ -417,10 +422,13 @@ static em_status run_entry(em_compiled *f, const jit_entry *e, bool ready, bool 
                            void *spec, em_tensor *const *in, const double *scalars,
                            em_tensor **out);
 
-static bool has_random(const tr_graph *g) {
+/* Whether g draws random numbers or writes a tensor in place: what its
+ * trace did once already, and running it again would do twice. */
+static bool has_effects(const tr_graph *g) {
     for (int i = 0; i < g->nnodes; i++)
         if (g->nodes[i].kind == TR_CALL &&
-            (g->nodes[i].op == EM_OP_RAND || g->nodes[i].op == EM_OP_RANDN))
+            (g->nodes[i].op == EM_OP_RAND || g->nodes[i].op == EM_OP_RANDN ||
+             em_op_table[g->nodes[i].op].kind == EM_KIND_UPDATE))
             return true;
     return false;
 }
@@ -428,11 +436,11 @@ static bool has_random(const tr_graph *g) {
 /* After a lazy trace: the first call's outputs from the new entry e, in
  * place of the pending ones in out (never computed then).  Left pending,
  * for lazy mode to compute when read, where e would not give them exactly
- * as an eager run: random draws (made once already, while tracing) or a
- * dynamic entry. */
+ * as an eager run: random draws and in-place writes (made once already,
+ * while tracing) or a dynamic entry. */
 static void outputs_from_entry(em_compiled *f, jit_entry *e, em_tensor *const *in,
                                const double *scalars, em_tensor **out) {
-    if (!e->ready || e->dynamic || has_random(e->graph)) return;
+    if (!e->ready || e->dynamic || has_effects(e->graph)) return;
     em_tensor *res[MAX_ARGS];
     if (run_entry(f, e, true, e->follows, NULL, in, scalars, res) != EM_OK) {
         em_clear_error(); /* the pending outputs still hold the values' recipe */

@@ -7,6 +7,7 @@
  *
  * A tensor is computed (em_force) when its values are needed: a host read
  * (em_copy_to_host, em_item, em_print), an op that must run eagerly, em_sync,
+ * an in-place write (which computes every pending tensor first, then runs),
  * or a DAG grown deeper than LZ_MAX_DEPTH ops.  Forcing t walks the DAG
  * below t (leaves become inputs), looks it up in the thread's entry table
  * (a hash index) by a 128-bit key over every op, attribute, meta and
@@ -927,6 +928,9 @@ static bool deferred(const em_op_call *c, const em_meta *m) {
 
 static em_tensor *lazy_op(void *ud, const em_op_call *c, const em_meta *m) {
     lz_state *st = ud;
+    /* an in-place write runs now, after everything pending: a pending
+     * tensor could read what it writes, and would read the new values */
+    if (em_op_table[c->op].kind == EM_KIND_UPDATE) return em_sync() == EM_OK ? run_now(c, m) : NULL;
     if (!deferred(c, m)) return run_now(c, m);
     em_meta tm = *m;
     if (em_op_table[c->op].kind != EM_KIND_VIEW) { /* a new tensor is contiguous */

@@ -21,7 +21,8 @@
  *
  * Ops that are not fused (matmul, cat, index_select, argmax, random, views,
  * reductions over leading dims) run eagerly between kernels; a kernel
- * closes before an eager op that reads one of its values.
+ * closes before an eager op that reads one of its values, and before any
+ * in-place write (index_copy_), which is a fence (store_across_updates).
  *
  * Everything here is linear in the graph's size but for the walks of
  * cones, each bounded by a group's size (itself bounded) or by a cost
@@ -529,12 +530,28 @@ static void builder_free(builder *b) {
 static em_status eager_step(builder *b, int i) {
     sc_schedule *s = b->s;
     const tr_node *nd = &s->g->nodes[i];
+    /* an update is a fence: what comes before it in the graph runs before it */
+    bool fence = em_op_table[nd->op].kind == EM_KIND_UPDATE;
     for (int k = 0; b->open && k < nd->nin; k++)
-        if (s->group[nd->in[k]] == s->ngroups) {
+        if (fence || s->group[nd->in[k]] == s->ngroups) {
             em_status st = close_group(b);
             if (st != EM_OK) return st;
         }
     return add_step(s, (sc_step){.kind = SC_EAGER, .node = i});
+}
+
+/* In-place writes (EM_KIND_UPDATE, eager steps) keep the graph's order of
+ * reads and writes: eager_step closes the open group before one, and a
+ * value computed before one and read after it is stored, since computing
+ * it again after the write could read what the write changed. */
+static void store_across_updates(builder *b) {
+    sc_schedule *s = b->s;
+    int next = b->n; /* the first update after node v */
+    for (int v = b->n - 1; v >= 0; v--) {
+        if (s->fusible[v] && b->lastuse[v] > next) s->materialized[v] = true;
+        const tr_node *nd = &s->g->nodes[v];
+        if (nd->kind == TR_CALL && em_op_table[nd->op].kind == EM_KIND_UPDATE) next = v;
+    }
 }
 
 static em_status build_groups(builder *b) {
@@ -590,6 +607,7 @@ sc_schedule *sc_build_for(const tr_graph *g, bool half) {
     for (int i = 0; ok && i < n; i++)
         if (!s->fusible[i])
             for (int k = 0; k < g->nodes[i].nin; k++) s->materialized[g->nodes[i].in[k]] = true;
+    if (ok) store_across_updates(&b);
     ok = ok && build_groups(&b) == EM_OK && list_members(s) == EM_OK &&
          (s->tables = sc_lower_tables_new(n)) != NULL;
     builder_free(&b);
