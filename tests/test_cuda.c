@@ -1263,6 +1263,52 @@ START_TEST(native_index_select_errors) {
 }
 END_TEST
 
+/* index_copy_ on the GPU writes what the CPU's writes, bit for bit, into
+ * a base and through a permuted view; a bad index writes nothing and is
+ * reported at the next wait (issue 20: a KV cache written in place). */
+START_TEST(native_index_copy) {
+    int64_t iv[3] = {4, 0, 2};
+    em_tensor *i64 = em_from_data(iv, EM_I64, 1, TU_SIZES(3), CPU), *gi64 = to_gpu(i64);
+    em_tensor *one = em_scalar(1, EM_I32, CPU), *gone = to_gpu(one);
+    for (int t = 0; t < NDTYPES; t++) {
+        em_dtype dt = all_dtypes[t];
+        for (int dim = 0; dim < 3; dim++) {
+            em_tensor *x = tu_random(110 + t, 3, TU_SIZES(5, 5, 5), dt, 3), *gx = to_gpu(x);
+            int64_t ss[3] = {5, 5, 5};
+            ss[dim] = 3;
+            em_tensor *src = tu_random(120 + t, 3, ss, dt, 3);
+            ck_assert_int_eq(em_index_copy_(gx, dim, gi64, to_gpu(src)), EM_OK);
+            ck_assert_int_eq(em_index_copy_(x, dim, i64, src), EM_OK);
+            same_bits(gx, x);
+            /* through a permuted view, from a transposed source, one slice */
+            em_tensor *gp, *cp;
+            permuted_pair(x, 3, (int[]){2, 0, 1}, &gp, &cp);
+            ss[dim] = 1;
+            em_tensor *s1 = em_transpose(tu_random(130 + t, 3, ss, dt, 3), 0, 2);
+            int64_t ps[3];
+            for (int d = 0; d < 3; d++) ps[d] = em_size(s1, d);
+            int pd = -1; /* the permuted dim of size 1 */
+            for (int d = 0; d < 3; d++)
+                if (ps[d] == 1) pd = d;
+            em_tensor *gs1 = em_transpose(to_gpu(em_transpose(s1, 0, 2)), 0, 2);
+            ck_assert_int_eq(em_index_copy_(gp, pd, gone, gs1), EM_OK);
+            ck_assert_int_eq(em_index_copy_(cp, pd, one, s1), EM_OK);
+            same_bits(gp, cp);
+        }
+    }
+    /* a bad index: reported, nothing of it written */
+    em_tensor *x = tu_random(140, 2, TU_SIZES(4, 6), EM_F32, 1), *gx = to_gpu(x);
+    int64_t bad[2] = {1, 4};
+    em_tensor *src = tu_random(141, 2, TU_SIZES(2, 6), EM_F32, 1);
+    ck_assert_int_eq(em_index_copy_(gx, 0, to_gpu(em_from_data(bad, EM_I64, 1, TU_SIZES(2), CPU)),
+                                    to_gpu(src)), EM_OK);
+    expect_index_error(gx, "index 4 is out of range for dim 0 of size 4");
+    ck_assert_int_eq(em_index_copy_(x, 0, em_from_data((int64_t[]){1}, EM_I64, 1, TU_SIZES(1), CPU),
+                                    em_slice(src, 0, 0, 1, 1)), EM_OK);
+    same_bits(gx, x);
+}
+END_TEST
+
 START_TEST(native_arange) {
     const double cases[][3] = {
         {0, 10, 0.1},     {-3.5, 7.25, 0.37}, {5, -5, -0.3},   {0, 1000003, 1}, {1, 2, 5},
@@ -1442,6 +1488,7 @@ int main(int argc, char **argv) {
         {"native_cat", native_cat},
         {"native_index_select", native_index_select},
         {"native_index_select_errors", native_index_select_errors},
+        {"native_index_copy", native_index_copy},
         {"native_arange", native_arange},
         {"native_rand", native_rand},
         {"native_argmax", native_argmax},

@@ -174,6 +174,51 @@ START_TEST(moving_inputs_are_staged) {
 }
 END_TEST
 
+/* in[0] (a cache [R, C]) gets row in[1] = in[2] + 1 in place; out: the
+ * cache's column sums after the write. */
+enum { R = 6, C = 5 };
+static em_status write_fn(void *ctx, em_tensor *const *in, const double *s, em_tensor **out) {
+    (void)ctx, (void)s;
+    em_status st = em_index_copy_(in[0], 0, in[1], em_add_scalar(in[2], 1));
+    out[0] = st == EM_OK ? em_sum(in[0], 1, (int[]){0}, false) : NULL;
+    return out[0] ? EM_OK : em_last_status();
+}
+
+/* A cache written in place by the graph: where it stays, and where a new
+ * cache comes each call (staged: the graph writes its staging buffer,
+ * copied back into the caller's tensor after each replay). */
+START_TEST(inputs_written_in_place_get_the_writes) {
+    em_compile_options o = {.ninputs = 3, .noutputs = 1, .name = "write", .cuda_graphs = 1};
+    em_compiled *f = em_compile(write_fn, NULL, &o);
+    for (int moving = 0; moving <= 1; moving++) {
+        em_tensor *cache = gpu_random(300, 2, TU_SIZES(R, C), 1), *keep[12] = {0};
+        double *ref = tu_values(cache);
+        for (int c = 0; c < 12; c++) {
+            if (moving) { /* a new cache with the old one's values, the old one kept */
+                keep[c] = cache;
+                cache = em_add_scalar(cache, 0);
+            }
+            int64_t row = (c * 5) % R;
+            em_tensor *pos = em_from_data(&row, EM_I64, 1, TU_SIZES(1), GPU);
+            em_tensor *src = gpu_random(310 + (uint64_t)c, 2, TU_SIZES(1, C), 1), *out;
+            double *sv = tu_values(src), want[C] = {0};
+            for (int j = 0; j < C; j++) ref[row * C + j] = sv[j] + 1;
+            for (int i = 0; i < R * C; i++) want[i % C] += ref[i];
+            em_tensor *in[3] = {cache, pos, src};
+            ck_assert_msg(em_call(f, in, NULL, &out) == EM_OK, "call %d: %s", c, em_last_error());
+            tu_check_close(out, want, 1, TU_SIZES(C), 1e-5, 1e-6);
+            tu_check_close(cache, ref, 2, TU_SIZES(R, C), 1e-6, 1e-7);
+            free(sv);
+        }
+        free(ref);
+        (void)keep;
+    }
+    em_compile_stats st = stats_of(f);
+    ck_assert_msg(st.graph_replays >= 18, "%lld replays", (long long)st.graph_replays);
+    em_compiled_free(f);
+}
+END_TEST
+
 /* A dynamic entry gets one graph per size; each size replays its own. */
 START_TEST(each_size_has_its_graph) {
     em_tensor *in[5];
@@ -455,6 +500,7 @@ int main(void) {
         {"option_is_checked", option_is_checked},
         {"replay_matches_plain_and_reference", replay_matches_plain_and_reference},
         {"moving_inputs_are_staged", moving_inputs_are_staged},
+        {"inputs_written_in_place_get_the_writes", inputs_written_in_place_get_the_writes},
         {"each_size_has_its_graph", each_size_has_its_graph},
         {"kept_outputs_stay_valid", kept_outputs_stay_valid},
         {"dropped_outputs_are_handed_out_in_place", dropped_outputs_are_handed_out_in_place},
