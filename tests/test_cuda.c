@@ -383,6 +383,46 @@ START_TEST(matmul) {
 }
 END_TEST
 
+/* The skinny kernels (1 to 8 rows against a row-major weight, what a
+ * decoder's steps are): odd K, N a multiple of 4 but not of 128, batch
+ * dims folded into the rows, strided rows of A, B a row slice of a wider
+ * matrix; against a float64 matmul of the same values.  Past 8 rows, odd
+ * N, or a transposed B, cuBLAS runs (the same check). */
+static void check_skinny(uint64_t seed, int nd, const int64_t *as, int64_t K, int64_t N, int64_t ldb) {
+    em_tensor *a = tu_random(seed, nd, as, EM_F32, 1);
+    em_tensor *bw = tu_random(seed + 1, 2, TU_SIZES(K, ldb), EM_F32, 1), *b = em_slice(bw, 1, 0, N, 1);
+    em_tensor *gb = em_slice(to_gpu(bw), 1, 0, N, 1);
+    em_tensor *ref = em_cast(em_matmul(em_cast(a, EM_F64), em_cast(b, EM_F64)), EM_F32);
+    same(em_matmul(to_gpu(a), gb), ref, 1e-5, 1e-5);
+    /* A's rows strided: every other row of a taller A */
+    int64_t tall[8];
+    memcpy(tall, as, sizeof(int64_t) * (size_t)nd);
+    tall[nd - 2] *= 2;
+    em_tensor *at = tu_random(seed + 2, nd, tall, EM_F32, 1);
+    em_tensor *ats = em_slice(at, nd - 2, 0, tall[nd - 2], 2);
+    em_tensor *gats = em_slice(to_gpu(at), nd - 2, 0, tall[nd - 2], 2);
+    same(em_matmul(gats, gb), em_cast(em_matmul(em_cast(ats, EM_F64), em_cast(b, EM_F64)), EM_F32), 1e-5, 1e-5);
+}
+
+START_TEST(skinny_matmul) {
+    check_skinny(400, 2, TU_SIZES(1, 768), 768, 2304, 2304);     /* GPT-2's qkv at batch 1 */
+    check_skinny(402, 3, TU_SIZES(8, 1, 3072), 3072, 768, 768);  /* its MLP's down, batch 8 */
+    check_skinny(404, 2, TU_SIZES(3, 37), 37, 132, 140);         /* odd K, N past a tile, ldb > N */
+    check_skinny(406, 3, TU_SIZES(2, 2, 5), 5, 4, 4);            /* tiny */
+    check_skinny(408, 2, TU_SIZES(7, 4099), 4099, 260, 260);     /* long K: many chunks */
+    check_skinny(410, 2, TU_SIZES(9, 64), 64, 256, 256);         /* 9 rows: cuBLAS */
+    check_skinny(412, 2, TU_SIZES(2, 64), 64, 130, 130);         /* N % 4 != 0: cuBLAS */
+    /* off: cuBLAS gives the same */
+    setenv("EMBER_CUDA_GEMV", "0", 1);
+    check_skinny(400, 2, TU_SIZES(1, 768), 768, 2304, 2304);
+    unsetenv("EMBER_CUDA_GEMV");
+    /* size 0 rows */
+    em_tensor *z = em_zeros(2, TU_SIZES(0, 16), EM_F32, GPU), *w = tu_random(414, 2, TU_SIZES(16, 8), EM_F32, 1);
+    em_tensor *r = em_matmul(z, to_gpu(w));
+    ck_assert_msg(r && em_size(r, 0) == 0 && em_size(r, 1) == 8, "%s", em_last_error());
+}
+END_TEST
+
 /* ---- compiled functions ---- */
 
 static em_status block_fn(void *c, em_tensor *const *in, const double *s, em_tensor **out) {
@@ -1382,6 +1422,18 @@ START_TEST(native_argmax) {
         em_tensor *l = tu_random(130 + t, 2, TU_SIZES(3, 5001), dt, fl ? 3 : 1.5);
         same_bits(em_argmax(to_gpu(l), 1, false), em_argmax(l, 1, false));
         same_bits(em_argmax(em_slice(to_gpu(l), 1, 7, 5001, 3), 1, true), em_argmax(em_slice(l, 1, 7, 5001, 3), 1, true));
+        /* a vocabulary's row, split in chunks across blocks: ties across
+         * chunks (the first wins), NaNs, one row and two */
+        em_tensor *v = tu_random(135 + t, 2, TU_SIZES(2, 50257), dt, fl ? 3 : 1.5);
+        double *late = tu_values(v);
+        late[50257 + 40000] = fl ? NAN : late[50257 + 40000]; /* one NaN, in a late chunk of row 1 */
+        em_tensor *vs[3] = {v, fl ? with_nans(v) : v, tu_tensor(late, 2, TU_SIZES(2, 50257), dt)};
+        free(late);
+        for (int k = 0; k < 3; k++) {
+            same_bits(em_argmax(to_gpu(vs[k]), 1, false), em_argmax(vs[k], 1, false));
+            same_bits(em_argmax(to_gpu(em_slice(vs[k], 0, 1, 2, 1)), -1, true),
+                      em_argmax(em_slice(vs[k], 0, 1, 2, 1), -1, true));
+        }
         em_tensor *z = em_scalar(1, dt, CPU);
         same_bits(em_argmax(to_gpu(z), 0, false), em_argmax(z, 0, false));
     }
@@ -1420,7 +1472,8 @@ START_TEST(native_texts_compile) {
     for (int d = 0; d < 2; d++)
         for (int normal = 0; normal < 2; normal++)
             compiles(cuda_native_rand_text(d ? EM_F64 : EM_F32, normal), normal ? "randn" : "rand");
-    for (int t = 0; t < 5; t++) compiles(cuda_native_argmax_text(all_dtypes[t], t), "argmax");
+    for (int t = 0; t < 5; t++)
+        for (int pass = 0; pass < 3; pass++) compiles(cuda_native_argmax_text(all_dtypes[t], t + 1, pass), "argmax");
     /* column reductions: each op, accumulator kind and pass once (every
      * combination is 66 compiles: too long under valgrind; test_cuda's
      * reductions run them all on a GPU) */
@@ -1436,7 +1489,11 @@ START_TEST(native_texts_compile) {
     /* dtypes the ops refuse, with the CPU's errors */
     ck_assert_ptr_null(cuda_native_rand_text(EM_I32, false));
     ck_assert_int_eq(em_last_status(), EM_ERR_DTYPE);
-    ck_assert_ptr_null(cuda_native_argmax_text(EM_F16, 1));
+    ck_assert_ptr_null(cuda_native_argmax_text(EM_F16, 1, 0));
+    ck_assert_ptr_null(cuda_native_argmax_text(EM_F32, 1, 3));
+    for (int m = 1; m <= 8; m += 7)
+        for (int pass = 1; pass <= 2; pass++) compiles(cuda_native_skinny_text(m, pass), "skinny matmul");
+    ck_assert_ptr_null(cuda_native_skinny_text(9, 1));
     ck_assert_int_eq(em_last_status(), EM_ERR_DTYPE);
 }
 END_TEST
@@ -1489,6 +1546,7 @@ int main(int argc, char **argv) {
         {"native_index_select", native_index_select},
         {"native_index_select_errors", native_index_select_errors},
         {"native_index_copy", native_index_copy},
+        {"skinny_matmul", skinny_matmul},
         {"native_arange", native_arange},
         {"native_rand", native_rand},
         {"native_argmax", native_argmax},

@@ -146,7 +146,6 @@ START_TEST(cuda_steps_and_graph_replays_generate_the_same_tokens) {
     check_same(&eager, &graphs, 1e-4, "cuda graphs");
     check_entry(&compiled);
     check_entry(&graphs);
-    ck_assert_int_eq(count(compiled.text, "= attention("), SMALL.layers);
     ck_assert_msg(graphs.st.graph_replays >= STEPS - 2, "replays %lld", (long long)graphs.st.graph_replays);
     free(compiled.text);
     free(graphs.text);

@@ -370,7 +370,10 @@ static em_status cuda_run(const em_op_call *c, em_tensor *out) {
     em_status cs = capturable(d, c);
     if (cs != EM_OK) return cs;
     if (c->op == EM_OP_MATMUL) {
-        em_status s = cuda_matmul(d, c, out);
+        em_status s = cuda_native_skinny_matmul(d, c, out, &eager_stats);
+        if (s != EM_ERR_UNSUPPORTED) return s;
+        em_clear_error();
+        s = cuda_matmul(d, c, out);
         if (s != EM_ERR_UNSUPPORTED) return s;
         em_clear_error();
     } else if (c->op == EM_OP_ATTENTION) {

@@ -58,7 +58,14 @@ em_status cuda_native_run(cuda_device *d, const em_op_call *c, em_tensor *out,
 char *cuda_native_copy_text(size_t esize, int nd, em_dtype idx, bool scatter);
 char *cuda_native_arange_text(em_dtype d, bool exact);
 char *cuda_native_rand_text(em_dtype d, bool normal);
-char *cuda_native_argmax_text(em_dtype d, int nd);
+char *cuda_native_argmax_text(em_dtype d, int nd, int pass);
+/* out = a @ b by cuda_native.c's skinny kernels (f32, a of at most 8 rows,
+ * b a row-major [K, N] with N % 4 == 0): EM_ERR_UNSUPPORTED (no error
+ * worth keeping) for anything else, which cuBLAS then runs. */
+em_status cuda_native_skinny_matmul(cuda_device *d, const em_op_call *c, em_tensor *out,
+                                    struct cuda_get_stats *stats);
+/* Its two passes' texts, for m rows (1..8), pass 1 or 2. */
+char *cuda_native_skinny_text(int m, int pass);
 /* Column reductions: sum, mean, amax, amin over one block of leading or
  * middle dims of a contiguous input, as [A, R, C] -> [A, C] (whether c is
  * one: cuda_native_column_reduction); the kernel reading in, accumulating

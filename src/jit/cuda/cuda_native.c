@@ -501,48 +501,109 @@ static em_status run_rand(cuda_device *d, const em_op_call *c, em_tensor *out, c
 /* ---- argmax ----
  * A warp per output, its lanes striding down the reduced dim, then a warp
  * reduction of (value, index) pairs; cpu_argmax's answer: the first
- * maximum, a NaN greater than everything (the first NaN wins). */
+ * maximum, a NaN greater than everything (the first NaN wins).  Few long
+ * rows (a sampler's argmax over a vocabulary: one row of 50257 took one
+ * warp ~500 us on the H200) split: pass 1 gives each (output, chunk of
+ * ARGMAX_CHUNK) a block, whose warps reduce through shared memory to one
+ * (value, index) pair; pass 2 reduces each output's pairs with a warp,
+ * by the same order (values, then earlier indices), so the answer is the
+ * unsplit one's. */
+
+#define ARGMAX_CHUNK 2048
 
 static const char argmax_body[] =
     GEOM_DECL
     "/* Whether (v, iv) beats (b, ib): greater, or equal and earlier; a NaN\n"
-    "   beats all but an earlier NaN. */\n"
+    "   beats all but an earlier NaN; ib < 0: nothing seen yet. */\n"
     "__device__ __forceinline__ bool em_beats(K v, long long iv, K b, long long ib) {\n"
+    "  if (iv < 0) return false;\n"
+    "  if (ib < 0) return true;\n"
     "#if ISFLOAT\n"
     "  if (b != b) return v != v && iv < ib;\n"
     "  if (v != v) return true;\n"
     "#endif\n"
     "  return v > b || (v == b && iv < ib);\n"
     "}\n"
+    "__device__ __forceinline__ void em_warp_best(K &b, long long &bi) {\n"
+    "  for (int m = 16; m > 0; m >>= 1) {\n"
+    "    const K v = __shfl_xor_sync(0xffffffffu, b, m);\n"
+    "    const long long iv = __shfl_xor_sync(0xffffffffu, bi, m);\n"
+    "    if (em_beats(v, iv, b, bi)) b = v, bi = iv;\n"
+    "  }\n"
+    "}\n"
+    "/* the offset of output o's row in x */\n"
+    "__device__ __forceinline__ long long em_row(long long o, const em_geom &g) {\n"
+    "  long long r = o, base = 0;\n"
+    "#pragma unroll\n"
+    "  for (int d = ND - 1; d >= 0; d--) {\n"
+    "    const long long c = d ? r % g.size[d] : r;\n"
+    "    r = d ? r / g.size[d] : 0;\n"
+    "    base += c * g.sst[d];\n"
+    "  }\n"
+    "  return base;\n"
+    "}\n"
+    "#if PASS == 0\n"
     "extern \"C\" __global__ void __launch_bounds__(EM_THREADS) EM_NAME(const T *__restrict__ x,\n"
     "    long long *__restrict__ out, em_geom g) {\n"
     "  const int lane = threadIdx.x & 31, wpb = blockDim.x >> 5;\n"
     "  const long long step = (long long)gridDim.x * wpb;\n"
     "  /* o is the warp's: its lanes stay together for the shuffles */\n"
     "  for (long long o = (long long)blockIdx.x * wpb + (threadIdx.x >> 5); o < g.n; o += step) {\n"
-    "    long long r = o, base = 0;\n"
-    "#pragma unroll\n"
-    "    for (int d = ND - 1; d >= 0; d--) {\n"
-    "      const long long c = d ? r % g.size[d] : r;\n"
-    "      r = d ? r / g.size[d] : 0;\n"
-    "      base += c * g.sst[d];\n"
-    "    }\n"
+    "    const long long base = em_row(o, g);\n"
     "    K b = 0;\n"
-    "    long long bi = -1; /* -1: this lane has seen nothing */\n"
+    "    long long bi = -1;\n"
     "    for (long long j = lane; j < g.bound; j += 32) {\n"
     "      const K v = (K)LOAD(x[base + j * g.ist]);\n"
-    "      if (bi < 0 || em_beats(v, j, b, bi)) b = v, bi = j;\n"
+    "      if (em_beats(v, j, b, bi)) b = v, bi = j;\n"
     "    }\n"
-    "    for (int m = 16; m > 0; m >>= 1) {\n"
-    "      const K v = __shfl_xor_sync(0xffffffffu, b, m);\n"
-    "      const long long iv = __shfl_xor_sync(0xffffffffu, bi, m);\n"
-    "      if (iv >= 0 && (bi < 0 || em_beats(v, iv, b, bi))) b = v, bi = iv;\n"
-    "    }\n"
+    "    em_warp_best(b, bi);\n"
     "    if (lane == 0) out[o] = bi;\n"
     "  }\n"
-    "}\n";
+    "}\n"
+    "#elif PASS == 1\n"
+    "/* block (o, s) of g.n * S: chunk s of row o to one pair (pv, pi)[o * S + s];\n"
+    "   g.dim is S */\n"
+    "extern \"C\" __global__ void __launch_bounds__(EM_THREADS) EM_NAME(const T *__restrict__ x,\n"
+    "    K *__restrict__ pv, long long *__restrict__ pi, em_geom g) {\n"
+    "  __shared__ K sv[EM_THREADS / 32];\n"
+    "  __shared__ long long si[EM_THREADS / 32];\n"
+    "  const long long S = g.dim, o = blockIdx.x / S, s = blockIdx.x % S;\n"
+    "  const long long base = em_row(o, g), j1 = (s + 1) * CHUNK < g.bound ? (s + 1) * CHUNK : g.bound;\n"
+    "  K b = 0;\n"
+    "  long long bi = -1;\n"
+    "  for (long long j = s * CHUNK + threadIdx.x; j < j1; j += EM_THREADS) {\n"
+    "    const K v = (K)LOAD(x[base + j * g.ist]);\n"
+    "    if (em_beats(v, j, b, bi)) b = v, bi = j;\n"
+    "  }\n"
+    "  em_warp_best(b, bi);\n"
+    "  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;\n"
+    "  if (lane == 0) sv[w] = b, si[w] = bi;\n"
+    "  __syncthreads();\n"
+    "  if (w == 0) {\n"
+    "    b = lane < EM_THREADS / 32 ? sv[lane] : (K)0;\n"
+    "    bi = lane < EM_THREADS / 32 ? si[lane] : -1;\n"
+    "    em_warp_best(b, bi);\n"
+    "    if (lane == 0) pv[blockIdx.x] = b, pi[blockIdx.x] = bi;\n"
+    "  }\n"
+    "}\n"
+    "#else\n"
+    "/* a warp per output over its S = g.dim pairs */\n"
+    "extern \"C\" __global__ void __launch_bounds__(EM_THREADS) EM_NAME(const K *__restrict__ pv,\n"
+    "    const long long *__restrict__ pi, long long *__restrict__ out, em_geom g) {\n"
+    "  const int lane = threadIdx.x & 31, wpb = blockDim.x >> 5;\n"
+    "  const long long step = (long long)gridDim.x * wpb, S = g.dim;\n"
+    "  for (long long o = (long long)blockIdx.x * wpb + (threadIdx.x >> 5); o < g.n; o += step) {\n"
+    "    K b = 0;\n"
+    "    long long bi = -1;\n"
+    "    for (long long s = lane; s < S; s += 32)\n"
+    "      if (em_beats(pv[o * S + s], pi[o * S + s], b, bi)) b = pv[o * S + s], bi = pi[o * S + s];\n"
+    "    em_warp_best(b, bi);\n"
+    "    if (lane == 0) out[o] = bi;\n"
+    "  }\n"
+    "}\n"
+    "#endif\n";
 
-char *cuda_native_argmax_text(em_dtype d, int nd) {
+char *cuda_native_argmax_text(em_dtype d, int nd, int pass) {
     const char *t, *k = NULL;
     switch (d) {
     case EM_F32: t = k = "float"; break;
@@ -552,15 +613,20 @@ char *cuda_native_argmax_text(em_dtype d, int nd) {
     case EM_BOOL: t = "unsigned char", k = "int"; break;
     default: em_error(EM_ERR_DTYPE, "argmax: dtype %s is not supported", em_dtype_name(d)); return NULL;
     }
-    return text_of(textf("/* ember native: argmax */\n#define ND %d\n#define ISFLOAT %d\n"
-                        "typedef %s T;\ntypedef %s K;\n#define LOAD(v) %s\n",
-                        nd, (int)(d == EM_F32 || d == EM_F64), t, k,
+    if (pass < 0 || pass > 2) {
+        em_error(EM_ERR_ARG, "argmax: pass %d", pass);
+        return NULL;
+    }
+    return text_of(textf("/* ember native: argmax */\n#define ND %d\n#define ISFLOAT %d\n#define PASS %d\n"
+                        "#define CHUNK %d\ntypedef %s T;\ntypedef %s K;\n#define LOAD(v) %s\n",
+                        nd, (int)(d == EM_F32 || d == EM_F64), pass, ARGMAX_CHUNK, t, k,
                         d == EM_BOOL ? "((v) != 0)" : "(v)"),
                    argmax_body);
 }
 
 /* The outputs walk x's kept dims (g.size, g.sst); the reduced dim is
- * g.bound long, g.ist apart (a 0-d x: one element). */
+ * g.bound long, g.ist apart (a 0-d x: one element).  Split in two passes
+ * when the outputs' warps would leave most of the GPU idle on long rows. */
 static em_status run_argmax(cuda_device *d, const em_op_call *c, em_tensor *out,
                             cuda_get_stats *stats) {
     const em_tensor *x = c->in[0];
@@ -577,11 +643,33 @@ static em_status run_argmax(cuda_device *d, const em_op_call *c, em_tensor *out,
     g.bound = x->ndim ? x->sizes[dim] : 1;
     g.ist = x->ndim ? x->strides[dim] : 0;
     if (g.bound == 0) return em_error(EM_ERR_SHAPE, "argmax: reduction over an empty dim");
-    const cuda_kernel *k = NULL;
-    em_status s = get_kernel(d, cuda_native_argmax_text(x->dtype, nd), stats, &k);
     void *xp = em_data(x), *op = em_data(out);
-    void *args[] = {&xp, &op, &g};
-    return s == EM_OK ? launch(d, k, g.n, BLOCK / 32, args) : s;
+    const cuda_kernel *k = NULL;
+    int64_t S = (g.bound + ARGMAX_CHUNK - 1) / ARGMAX_CHUNK;
+    /* one warp a row fills the GPU only with ~8 rows an SM */
+    if (S < 2 || g.n >= 8 * (int64_t)d->sm_count || g.n * S > INT32_MAX) {
+        em_status s = get_kernel(d, cuda_native_argmax_text(x->dtype, nd, 0), stats, &k);
+        void *args[] = {&xp, &op, &g};
+        return s == EM_OK ? launch(d, k, g.n, BLOCK / 32, args) : s;
+    }
+    g.dim = S;
+    em_meta pm;
+    memset(&pm, 0, sizeof pm);
+    pm.ndim = 1, pm.sizes[0] = g.n * S, pm.strides[0] = 1, pm.device = out->device;
+    pm.dtype = x->dtype == EM_BOOL ? EM_I32 : x->dtype; /* K */
+    em_scope_begin();
+    em_tensor *pv = em_tensor_alloc(&pm);
+    pm.dtype = EM_I64;
+    em_tensor *pi = pv ? em_tensor_alloc(&pm) : NULL;
+    em_status s = pi ? get_kernel(d, cuda_native_argmax_text(x->dtype, nd, 1), stats, &k) : em_last_status();
+    void *pvp = pi ? em_data(pv) : NULL, *pip = pi ? em_data(pi) : NULL;
+    void *a1[] = {&xp, &pvp, &pip, &g};
+    if (s == EM_OK) s = cuda_source_launch(d, k, (unsigned)(g.n * S), BLOCK, 0, a1);
+    if (s == EM_OK) s = get_kernel(d, cuda_native_argmax_text(x->dtype, nd, 2), stats, &k);
+    void *a2[] = {&pvp, &pip, &op, &g};
+    if (s == EM_OK) s = launch(d, k, g.n, BLOCK / 32, a2);
+    em_scope_end(); /* the pairs are freed in stream order, after the launches */
+    return s;
 }
 
 /* ---- column reductions ----
@@ -740,6 +828,169 @@ em_status cuda_native_reduce_columns(cuda_device *d, const em_op_call *c, em_ten
         s = colred_launch(d, cuda_native_colreduce_text(c->op, acc, acc, out->dtype, true), em_data(part),
                           em_data(out), g2, 1, stats);
     em_scope_end(); /* part is freed in stream order, after the launches that use it */
+    return s;
+}
+
+/* ---- skinny matmul: out[M, N] = A[M, K] @ B[K, N] for M <= 8 ----
+ * What a decoder's batch-1 to batch-8 steps are made of: every weight is
+ * read once per token, so the matmul is a read of B at memory bandwidth,
+ * which cuBLAS's gemv kernels reached only 30-50% of on the H200 for
+ * GPT-2's [768, 3072] (docs/benchmarks.md, issue 20).  Pass 1: block
+ * (tile, s) of 8 warps takes 128 columns (a float4 a lane, rows of B read
+ * in 512-byte runs) and chunk s of K, the warps splitting the chunk's rows;
+ * A's chunk sits in shared memory; the warps' sums meet in shared memory
+ * and the block writes its partial [M, 128].  Pass 2 adds the S partials
+ * of each output in a fixed order (no atomics: the result is the same on
+ * every run).  f32 only, B row-major with N a multiple of 4; anything else
+ * is cuBLAS's (EM_ERR_UNSUPPORTED).  EMBER_CUDA_GEMV=0 turns it off. */
+
+#define SKINNY_MAX_M 8
+#define SKINNY_KC_MAX 256
+
+static const char skinny_body[] =
+    "struct em_mm { long long K, N, ldb, S, kc, nt, nd; long long asz[8], ast[8]; };\n"
+    "/* the offset in A of row r (A's dims but the last, sizes asz, strides ast) */\n"
+    "__device__ __forceinline__ long long em_arow(long long r, const em_mm &g) {\n"
+    "  long long off = 0;\n"
+    "  for (int d = (int)g.nd - 1; d >= 0; d--) {\n"
+    "    const long long c = d ? r % g.asz[d] : r;\n"
+    "    r = d ? r / g.asz[d] : 0;\n"
+    "    off += c * g.ast[d];\n"
+    "  }\n"
+    "  return off;\n"
+    "}\n"
+    "#if PASS == 1\n"
+    "extern \"C\" __global__ void __launch_bounds__(256) EM_NAME(const float *__restrict__ a,\n"
+    "    const float *__restrict__ b, float *__restrict__ part, em_mm g) {\n"
+    "  __shared__ float sa[M][KC_MAX];\n"
+    "  __shared__ float4 red[8][M][32];\n"
+    "  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;\n"
+    "  const long long tile = blockIdx.x % g.nt, s = blockIdx.x / g.nt;\n"
+    "  const long long k0 = s * g.kc, k1 = k0 + g.kc < g.K ? k0 + g.kc : g.K;\n"
+    "  for (int i = threadIdx.x; i < M * g.kc; i += 256) {\n"
+    "    const int m = i / (int)g.kc, kk = i % (int)g.kc;\n"
+    "    sa[m][kk] = k0 + kk < g.K ? a[em_arow(m, g) + (k0 + kk) * g.ast[7]] : 0.0f;\n"
+    "  }\n"
+    "  __syncthreads();\n"
+    "  const long long n = tile * 128 + lane * 4;\n"
+    "  float4 acc[M];\n"
+    "#pragma unroll\n"
+    "  for (int m = 0; m < M; m++) acc[m] = make_float4(0.f, 0.f, 0.f, 0.f);\n"
+    "  if (n < g.N)\n"
+    "    for (long long k = k0 + w; k < k1; k += 8) {\n"
+    "      const float4 v = __ldg((const float4 *)(b + k * g.ldb + n));\n"
+    "#pragma unroll\n"
+    "      for (int m = 0; m < M; m++) {\n"
+    "        const float x = sa[m][k - k0];\n"
+    "        acc[m].x = fmaf(x, v.x, acc[m].x), acc[m].y = fmaf(x, v.y, acc[m].y);\n"
+    "        acc[m].z = fmaf(x, v.z, acc[m].z), acc[m].w = fmaf(x, v.w, acc[m].w);\n"
+    "      }\n"
+    "    }\n"
+    "#pragma unroll\n"
+    "  for (int m = 0; m < M; m++) red[w][m][lane] = acc[m];\n"
+    "  __syncthreads();\n"
+    "  for (int i = threadIdx.x; i < M * 32; i += 256) {\n"
+    "    const int m = i / 32, l = i % 32;\n"
+    "    const long long col = tile * 128 + l * 4;\n"
+    "    if (col >= g.N) continue;\n"
+    "    float4 t = red[0][m][l];\n"
+    "    for (int j = 1; j < 8; j++) {\n"
+    "      const float4 u = red[j][m][l];\n"
+    "      t.x += u.x, t.y += u.y, t.z += u.z, t.w += u.w;\n"
+    "    }\n"
+    "    *(float4 *)(part + (s * M + m) * g.N + col) = t;\n"
+    "  }\n"
+    "}\n"
+    "#else\n"
+    "/* out[m, n] = the sum over s of part[s, m, n], s in order */\n"
+    "extern \"C\" __global__ void __launch_bounds__(256) EM_NAME(const float *__restrict__ part,\n"
+    "    float *__restrict__ out, em_mm g) {\n"
+    "  const long long n4 = M * g.N / 4, step = (long long)gridDim.x * blockDim.x;\n"
+    "  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n4; i += step) {\n"
+    "    float4 t = ((const float4 *)part)[i];\n"
+    "    for (long long s = 1; s < g.S; s++) {\n"
+    "      const float4 u = ((const float4 *)part)[s * n4 + i];\n"
+    "      t.x += u.x, t.y += u.y, t.z += u.z, t.w += u.w;\n"
+    "    }\n"
+    "    ((float4 *)out)[i] = t;\n"
+    "  }\n"
+    "}\n"
+    "#endif\n";
+
+char *cuda_native_skinny_text(int m, int pass) {
+    if (m < 1 || m > SKINNY_MAX_M || (pass != 1 && pass != 2)) {
+        em_error(EM_ERR_ARG, "skinny matmul: %d rows, pass %d", m, pass);
+        return NULL;
+    }
+    return text_of(textf("/* ember native: skinny matmul */\n#define M %d\n#define PASS %d\n#define KC_MAX %d\n",
+                        m, pass, SKINNY_KC_MAX),
+                   skinny_body);
+}
+
+typedef struct skinny_args { /* the kernels' struct em_mm, field for field */
+    long long K, N, ldb, S, kc, nt, nd;
+    long long asz[8], ast[8]; /* A's dims but the last (ast[7]: the last's stride) */
+} skinny_args;
+
+/* Whether out = a @ b fits the kernels (the file's comment), and their
+ * geometry: a's rows, merged. */
+static bool skinny_fits(const em_tensor *a, const em_tensor *b, const em_tensor *out, skinny_args *g, int64_t *M) {
+    if (a->dtype != EM_F32 || b->dtype != EM_F32 || out->dtype != EM_F32 || b->ndim != 2 || a->ndim < 2 ||
+        !em_is_contiguous(out))
+        return false;
+    int64_t K = b->sizes[0], N = b->sizes[1];
+    if (a->sizes[a->ndim - 1] != K || K < 1 || N < 4 || N % 4 || b->strides[1] != 1 || b->strides[0] % 4 ||
+        b->strides[0] < N || ((uintptr_t)em_data(b) & 15))
+        return false;
+    memset(g, 0, sizeof *g);
+    *M = 1;
+    for (int d = 0; d < a->ndim - 1; d++) {
+        *M *= a->sizes[d];
+        if (d < 7) g->asz[d] = a->sizes[d], g->ast[d] = a->strides[d];
+    }
+    if (*M < 1 || *M > SKINNY_MAX_M || a->ndim - 1 > 7) return false;
+    g->nd = a->ndim - 1;
+    g->ast[7] = a->strides[a->ndim - 1];
+    g->K = K, g->N = N, g->ldb = b->strides[0];
+    return true;
+}
+
+em_status cuda_native_skinny_matmul(cuda_device *d, const em_op_call *c, em_tensor *out,
+                                    struct cuda_get_stats *stats) {
+    skinny_args g;
+    int64_t M;
+    char off[8];
+    if (c->op != EM_OP_MATMUL || !skinny_fits(c->in[0], c->in[1], out, &g, &M) ||
+        (em_getenv("EMBER_CUDA_GEMV", off, sizeof off) && !strcmp(off, "0")))
+        return em_error(EM_ERR_UNSUPPORTED, "cuda: not a skinny matmul");
+    /* enough blocks for ~4 an SM; a chunk of K is a multiple of the 8 warps */
+    g.nt = (g.N + 127) / 128;
+    int64_t want = 4 * (int64_t)(d->sm_count > 0 ? d->sm_count : 1), S = (want + g.nt - 1) / g.nt;
+    int64_t kc = (g.K + S - 1) / S;
+    kc = (kc + 7) / 8 * 8;
+    if (kc > SKINNY_KC_MAX) kc = SKINNY_KC_MAX;
+    g.kc = kc, g.S = S = (g.K + kc - 1) / kc;
+    if (g.nt * S > INT32_MAX) return em_error(EM_ERR_UNSUPPORTED, "cuda: skinny matmul too large");
+    void *ap = em_data(c->in[0]), *bp = em_data(c->in[1]), *op = em_data(out);
+    const cuda_kernel *k = NULL;
+    if (S == 1) {
+        void *args[] = {&ap, &bp, &op, &g};
+        em_status s = get_kernel(d, cuda_native_skinny_text((int)M, 1), stats, &k);
+        return s == EM_OK ? cuda_source_launch(d, k, (unsigned)g.nt, 256, 0, args) : s;
+    }
+    em_meta pm;
+    memset(&pm, 0, sizeof pm);
+    pm.ndim = 1, pm.sizes[0] = S * M * g.N, pm.strides[0] = 1, pm.dtype = EM_F32, pm.device = out->device;
+    em_scope_begin();
+    em_tensor *part = em_tensor_alloc(&pm);
+    void *pp = part ? em_data(part) : NULL;
+    em_status s = part ? get_kernel(d, cuda_native_skinny_text((int)M, 1), stats, &k) : em_last_status();
+    void *a1[] = {&ap, &bp, &pp, &g};
+    if (s == EM_OK) s = cuda_source_launch(d, k, (unsigned)(g.nt * S), 256, 0, a1);
+    if (s == EM_OK) s = get_kernel(d, cuda_native_skinny_text((int)M, 2), stats, &k);
+    void *a2[] = {&pp, &op, &g};
+    if (s == EM_OK) s = launch(d, k, M * g.N / 4, BLOCK, a2);
+    em_scope_end(); /* the partials are freed in stream order */
     return s;
 }
 
