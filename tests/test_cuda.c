@@ -1490,11 +1490,13 @@ START_TEST(native_texts_compile) {
     ck_assert_ptr_null(cuda_native_rand_text(EM_I32, false));
     ck_assert_int_eq(em_last_status(), EM_ERR_DTYPE);
     ck_assert_ptr_null(cuda_native_argmax_text(EM_F16, 1, 0));
+    ck_assert_int_eq(em_last_status(), EM_ERR_DTYPE);
     ck_assert_ptr_null(cuda_native_argmax_text(EM_F32, 1, 3));
+    ck_assert_int_eq(em_last_status(), EM_ERR_ARG);
     for (int m = 1; m <= 8; m += 7)
         for (int pass = 1; pass <= 2; pass++) compiles(cuda_native_skinny_text(m, pass), "skinny matmul");
     ck_assert_ptr_null(cuda_native_skinny_text(9, 1));
-    ck_assert_int_eq(em_last_status(), EM_ERR_DTYPE);
+    ck_assert_int_eq(em_last_status(), EM_ERR_ARG);
 }
 END_TEST
 
