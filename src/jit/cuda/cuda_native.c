@@ -840,8 +840,8 @@ em_status cuda_native_reduce_columns(cuda_device *d, const em_op_call *c, em_ten
  * in 512-byte runs) and chunk s of K, the warps splitting the chunk's rows;
  * A's chunk sits in shared memory; the warps' sums meet in shared memory
  * and the block writes its partial [M, 128].  Pass 2 adds the S partials
- * of each output in a fixed order (no atomics: the result is the same on
- * every run).  f32 only, B row-major with N a multiple of 4; anything else
+ * of each output in a fixed order, 8 warps a block splitting them (no
+ * atomics: the result is the same on every run).  f32 only, B row-major with N a multiple of 4; anything else
  * is cuBLAS's (EM_ERR_UNSUPPORTED).  EMBER_CUDA_GEMV=0 turns it off. */
 
 #define SKINNY_MAX_M 8
@@ -876,7 +876,9 @@ static const char skinny_body[] =
     "  float4 acc[M];\n"
     "#pragma unroll\n"
     "  for (int m = 0; m < M; m++) acc[m] = make_float4(0.f, 0.f, 0.f, 0.f);\n"
+    "  /* unrolled: a lane keeps several rows' loads in flight */\n"
     "  if (n < g.N)\n"
+    "#pragma unroll 4\n"
     "    for (long long k = k0 + w; k < k1; k += 8) {\n"
     "      const float4 v = __ldg((const float4 *)(b + k * g.ldb + n));\n"
     "#pragma unroll\n"
@@ -902,14 +904,26 @@ static const char skinny_body[] =
     "  }\n"
     "}\n"
     "#else\n"
-    "/* out[m, n] = the sum over s of part[s, m, n], s in order */\n"
+    "/* out[m, n] = the sum over s of part[s, m, n]: a block's lanes take 32\n"
+    "   float4 outputs, its 8 warps every 8th s, then warp 0 adds the warps'\n"
+    "   sums in order (the same order on every run) */\n"
     "extern \"C\" __global__ void __launch_bounds__(256) EM_NAME(const float *__restrict__ part,\n"
     "    float *__restrict__ out, em_mm g) {\n"
-    "  const long long n4 = M * g.N / 4, step = (long long)gridDim.x * blockDim.x;\n"
-    "  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n4; i += step) {\n"
-    "    float4 t = ((const float4 *)part)[i];\n"
-    "    for (long long s = 1; s < g.S; s++) {\n"
+    "  __shared__ float4 red[8][32];\n"
+    "  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;\n"
+    "  const long long n4 = M * g.N / 4, i = (long long)blockIdx.x * 32 + lane;\n"
+    "  float4 t = make_float4(0.f, 0.f, 0.f, 0.f);\n"
+    "  if (i < n4)\n"
+    "#pragma unroll 4\n"
+    "    for (long long s = w; s < g.S; s += 8) {\n"
     "      const float4 u = ((const float4 *)part)[s * n4 + i];\n"
+    "      t.x += u.x, t.y += u.y, t.z += u.z, t.w += u.w;\n"
+    "    }\n"
+    "  red[w][lane] = t;\n"
+    "  __syncthreads();\n"
+    "  if (w == 0 && i < n4) {\n"
+    "    for (int j = 1; j < 8; j++) {\n"
+    "      const float4 u = red[j][lane];\n"
     "      t.x += u.x, t.y += u.y, t.z += u.z, t.w += u.w;\n"
     "    }\n"
     "    ((float4 *)out)[i] = t;\n"
@@ -963,11 +977,12 @@ em_status cuda_native_skinny_matmul(cuda_device *d, const em_op_call *c, em_tens
     if (c->op != EM_OP_MATMUL || !skinny_fits(c->in[0], c->in[1], out, &g, &M) ||
         (em_getenv("EMBER_CUDA_GEMV", off, sizeof off) && !strcmp(off, "0")))
         return em_error(EM_ERR_UNSUPPORTED, "cuda: not a skinny matmul");
-    /* enough blocks for ~4 an SM; a chunk of K is a multiple of the 8 warps */
+    /* enough blocks for ~2 an SM; a chunk of K is 4 rows for each of the 8
+     * warps at least (the unrolled loop's loads in flight) */
     g.nt = (g.N + 127) / 128;
-    int64_t want = 4 * (int64_t)(d->sm_count > 0 ? d->sm_count : 1), S = (want + g.nt - 1) / g.nt;
+    int64_t want = 2 * (int64_t)(d->sm_count > 0 ? d->sm_count : 1), S = (want + g.nt - 1) / g.nt;
     int64_t kc = (g.K + S - 1) / S;
-    kc = (kc + 7) / 8 * 8;
+    kc = (kc + 31) / 32 * 32;
     if (kc > SKINNY_KC_MAX) kc = SKINNY_KC_MAX;
     g.kc = kc, g.S = S = (g.K + kc - 1) / kc;
     if (g.nt * S > INT32_MAX) return em_error(EM_ERR_UNSUPPORTED, "cuda: skinny matmul too large");
@@ -989,7 +1004,7 @@ em_status cuda_native_skinny_matmul(cuda_device *d, const em_op_call *c, em_tens
     if (s == EM_OK) s = cuda_source_launch(d, k, (unsigned)(g.nt * S), 256, 0, a1);
     if (s == EM_OK) s = get_kernel(d, cuda_native_skinny_text((int)M, 2), stats, &k);
     void *a2[] = {&pp, &op, &g};
-    if (s == EM_OK) s = launch(d, k, M * g.N / 4, BLOCK, a2);
+    if (s == EM_OK) s = cuda_source_launch(d, k, (unsigned)((M * g.N / 4 + 31) / 32), 256, 0, a2);
     em_scope_end(); /* the partials are freed in stream order */
     return s;
 }
