@@ -442,18 +442,27 @@ em_status infer_cat(const em_op_call *c, em_meta *m) {
     return check_size(c, m);
 }
 
-em_status infer_index_select(const em_op_call *c, em_meta *m) {
+/* index_select's and index_copy_'s checks of x (in 0), idx (in 1) and dim. */
+static em_status check_indexing(const em_op_call *c) {
     const em_tensor *x = c->in[0], *idx = c->in[1];
     int d = c->attrs->dim;
     if (idx->dtype != EM_I32 && idx->dtype != EM_I64)
-        return em_error(EM_ERR_DTYPE, "index_select: indices have dtype %s (expects i32 or i64)",
+        return em_error(EM_ERR_DTYPE, "%s: indices have dtype %s (expects i32 or i64)", OPNAME(c),
                         em_dtype_name(idx->dtype));
     if (idx->ndim > 1)
-        return em_error(EM_ERR_SHAPE, "index_select: indices must be 1-d, not %d-d", idx->ndim);
-    if (x->ndim == 0) return em_error(EM_ERR_DIM, "index_select: cannot index a 0-d tensor");
+        return em_error(EM_ERR_SHAPE, "%s: indices must be 1-d, not %d-d", OPNAME(c), idx->ndim);
+    if (x->ndim == 0) return em_error(EM_ERR_DIM, "%s: cannot index a 0-d tensor", OPNAME(c));
     if (d < 0 || d >= x->ndim)
-        return em_error(EM_ERR_DIM, "index_select: dim %d is out of range for a %d-d tensor", d,
+        return em_error(EM_ERR_DIM, "%s: dim %d is out of range for a %d-d tensor", OPNAME(c), d,
                         x->ndim);
+    return EM_OK;
+}
+
+em_status infer_index_select(const em_op_call *c, em_meta *m) {
+    const em_tensor *x = c->in[0], *idx = c->in[1];
+    int d = c->attrs->dim;
+    em_status st = check_indexing(c);
+    if (st != EM_OK) return st;
     meta_like(m, x, x->dtype);
     m->sizes[d] = em_shape_numel(idx->ndim, idx->sizes);
     return check_size(c, m);
@@ -465,15 +474,8 @@ em_status infer_index_copy(const em_op_call *c, em_meta *m) {
     const em_tensor *x = c->in[0], *idx = c->in[1], *src = c->in[2];
     int d = c->attrs->dim;
     char s1[160], s2[160];
-    if (idx->dtype != EM_I32 && idx->dtype != EM_I64)
-        return em_error(EM_ERR_DTYPE, "index_copy_: indices have dtype %s (expects i32 or i64)",
-                        em_dtype_name(idx->dtype));
-    if (idx->ndim > 1)
-        return em_error(EM_ERR_SHAPE, "index_copy_: indices must be 1-d, not %d-d", idx->ndim);
-    if (x->ndim == 0) return em_error(EM_ERR_DIM, "index_copy_: cannot index a 0-d tensor");
-    if (d < 0 || d >= x->ndim)
-        return em_error(EM_ERR_DIM, "index_copy_: dim %d is out of range for a %d-d tensor", d,
-                        x->ndim);
+    em_status st = check_indexing(c);
+    if (st != EM_OK) return st;
     if (src->dtype != x->dtype)
         return em_error(EM_ERR_DTYPE, "index_copy_: source dtype %s differs from the tensor's %s",
                         em_dtype_name(src->dtype), em_dtype_name(x->dtype));

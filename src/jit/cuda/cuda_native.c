@@ -277,6 +277,19 @@ static em_status run_cat(cuda_device *d, const em_op_call *c, em_tensor *out, cu
     return s;
 }
 
+/* The copy kernel from src to dst over sizes, dim read (or with scatter
+ * written) through idx, whose entries must be below bound. */
+static em_status run_indexed(cuda_device *d, cuda_get_stats *stats, const em_tensor *src, em_tensor *dst,
+                             const int64_t *sizes, const em_tensor *idx, int dim, int64_t bound,
+                             bool scatter) {
+    native_geom g;
+    int nd = geom_build(&g, dst->ndim, sizes, src->strides, dst->strides, dim);
+    g.ist = idx->ndim ? idx->strides[0] : 0;
+    g.bound = bound;
+    g.dim = dim;
+    return run_copy(d, stats, em_dtype_size(src->dtype), nd, &g, em_data(src), em_data(dst), idx, scatter);
+}
+
 /* out[..., j, ...] = x[..., idx[j], ...]; bad indices are found by the
  * kernel (the file's comment), so nothing here reads idx. */
 static em_status run_index_select(cuda_device *d, const em_op_call *c, em_tensor *out,
@@ -293,12 +306,7 @@ static em_status run_index_select(cuda_device *d, const em_op_call *c, em_tensor
         return em_error(EM_ERR_SHAPE, "index_select: indices must be 1-d, not %d-d", idx->ndim);
     if (out->ndim != x->ndim || out->dtype != x->dtype)
         return em_error(EM_ERR_SHAPE, "index_select: the output does not match x");
-    native_geom g;
-    int nd = geom_build(&g, out->ndim, out->sizes, x->strides, out->strides, dim);
-    g.ist = idx->ndim ? idx->strides[0] : 0;
-    g.bound = x->sizes[dim];
-    g.dim = dim;
-    return run_copy(d, stats, em_dtype_size(x->dtype), nd, &g, em_data(x), em_data(out), idx, false);
+    return run_indexed(d, stats, x, out, out->sizes, idx, dim, x->sizes[dim], false);
 }
 
 /* out (a view of dst)[..., idx[j], ...] = src[..., j, ...]: the copy kernel
@@ -314,12 +322,7 @@ static em_status run_index_copy(cuda_device *d, const em_op_call *c, em_tensor *
     if (idx->dtype != EM_I32 && idx->dtype != EM_I64)
         return em_error(EM_ERR_DTYPE, "index_copy_: indices have dtype %s (expects i32 or i64)",
                         em_dtype_name(idx->dtype));
-    native_geom g;
-    int nd = geom_build(&g, src->ndim, src->sizes, src->strides, out->strides, dim);
-    g.ist = idx->ndim ? idx->strides[0] : 0;
-    g.bound = out->sizes[dim];
-    g.dim = dim;
-    return run_copy(d, stats, em_dtype_size(src->dtype), nd, &g, em_data(src), em_data(out), idx, true);
+    return run_indexed(d, stats, src, out, src->sizes, idx, dim, out->sizes[dim], true);
 }
 
 /* ---- arange ----
