@@ -1055,6 +1055,69 @@ START_TEST(fused_on_cuda_layouts_and_edges) {
 }
 END_TEST
 
+/* At most 8 queries, the decode kernel (keys split over blocks, the
+ * chunks merged by each row's last block): key counts around its 32-key
+ * chunks and 128-key sub-tiles, head dims 64, 128 and odd ones, causal,
+ * a decoder's mask over a static cache (-inf past the position, and a
+ * whole row -inf: NaN), a qkv split, more rows than the device's
+ * counters (one chunk a row); each against the float64 reference and the
+ * decomposition, and again through the tiled kernels
+ * (EMBER_CUDA_ATTENTION=tiled).  A repeated call gives the same bits (the
+ * counters are left at 0). */
+START_TEST(fused_on_cuda_decode_queries) {
+    if (!gpu_or_skip("fused_on_cuda_decode_queries")) return;
+    for (int tiled = 0; tiled < 2; tiled++) {
+        if (tiled) setenv("EMBER_CUDA_ATTENTION", "tiled", 1);
+        int64_t shapes[][4] = {{1, 1, 64, 64}, {1, 31, 64, 64}, {1, 128, 64, 64}, {2, 129, 128, 128},
+                               {8, 1000, 64, 64}, {3, 4097, 17, 100}, {5, 33, 256, 1}};
+        for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+            int64_t Tq = shapes[s][0], Tk = shapes[s][1], D = shapes[s][2], Dv = shapes[s][3];
+            em_scope_begin();
+            em_tensor *q = grnd(300 + s, 4, TU_SIZES(2, 3, Tq, D)), *k = grnd(310 + s, 4, TU_SIZES(2, 3, Tk, D));
+            em_tensor *v = grnd(320 + s, 4, TU_SIZES(2, 3, Tk, Dv));
+            for (int causal = 0; causal < 2; causal++)
+                check_fused(&(ref_in){q, k, v, NULL, causal, EM_SCALE_DEFAULT}, 3e-5);
+            em_scope_end();
+        }
+        /* a decoder's step: 12 heads, a cache of 300, positions 0..pos */
+        int64_t B = 2, H = 12, T = 300, pos = 170;
+        double *m = malloc(sizeof(double) * (size_t)T);
+        for (int64_t j = 0; j < T; j++) m[j] = j <= pos ? 0 : -INFINITY;
+        em_tensor *mask = gpu(tu_tensor(m, 2, TU_SIZES(1, T), EM_F32));
+        for (int64_t j = 0; j < T; j++) m[j] = -INFINITY;
+        em_tensor *none = gpu(tu_tensor(m, 2, TU_SIZES(1, T), EM_F32));
+        free(m);
+        em_tensor *q = grnd(330, 4, TU_SIZES(B, H, 1, 64)), *k = grnd(331, 4, TU_SIZES(B, H, T, 64));
+        em_tensor *v = grnd(332, 4, TU_SIZES(B, H, T, 64));
+        check_fused(&(ref_in){q, k, v, mask, false, EM_SCALE_DEFAULT}, 3e-5);
+        check_fused(&(ref_in){q, k, v, none, false, 0.3}, 3e-5);
+        /* q, k and v from one qkv row a token, heads permuted */
+        em_tensor *all = grnd(333, 3, TU_SIZES(B, 1, 3 * H * 64)), *qkv[3];
+        for (int w = 0; w < 3; w++) {
+            em_tensor *t = em_slice(all, -1, w * H * 64, (w + 1) * H * 64, 1);
+            qkv[w] = em_transpose(em_reshape(t, 4, TU_SIZES(B, 1, H, 64)), 1, 2);
+        }
+        check_fused(&(ref_in){qkv[0], k, v, mask, false, EM_SCALE_DEFAULT}, 3e-5);
+        check_fused(&(ref_in){qkv[0], qkv[1], qkv[2], NULL, true, EM_SCALE_DEFAULT}, 3e-5);
+        /* 4160 query rows: more than the counters */
+        check_fused(&(ref_in){grnd(334, 3, TU_SIZES(520 * 8, 1, 8)), grnd(335, 3, TU_SIZES(520 * 8, 40, 8)),
+                              grnd(336, 3, TU_SIZES(520 * 8, 40, 8)), NULL, false, EM_SCALE_DEFAULT}, 3e-5);
+        /* the same call again: the same bits */
+        float first[2 * 12 * 64], again[2 * 12 * 64];
+        ck_assert(em_copy_to_host(fused(&(ref_in){q, k, v, mask, false, EM_SCALE_DEFAULT}), first, sizeof first) ==
+                  EM_OK);
+        for (int r = 0; r < 20; r++) {
+            em_scope_begin();
+            ck_assert(em_copy_to_host(fused(&(ref_in){q, k, v, mask, false, EM_SCALE_DEFAULT}), again,
+                                      sizeof again) == EM_OK);
+            ck_assert_int_eq(memcmp(first, again, sizeof first), 0);
+            em_scope_end();
+        }
+    }
+    unsetenv("EMBER_CUDA_ATTENTION");
+}
+END_TEST
+
 /* Compiled on CUDA, the same GPT-2 and MiniLM-style layers run with one
  * fused node per layer and match eager mode on the GPU. */
 START_TEST(compiled_on_cuda_fuses_each_layer) {
@@ -1104,6 +1167,7 @@ int main(int argc, char **argv) {
         {"fused_on_cuda_shapes_and_head_dims", fused_on_cuda_shapes_and_head_dims},
         {"fused_on_cuda_masks", fused_on_cuda_masks},
         {"fused_on_cuda_layouts_and_edges", fused_on_cuda_layouts_and_edges},
+        {"fused_on_cuda_decode_queries", fused_on_cuda_decode_queries},
         {"compiled_on_cuda_fuses_each_layer", compiled_on_cuda_fuses_each_layer},
     };
     return tu_run(tu_suite("attention", tests, sizeof tests / sizeof tests[0], 120));

@@ -448,6 +448,22 @@ START_TEST(attention_kernel_compiles) {
         em_free(bin);
         em_free(text);
     }
+    /* the decode kernel (few queries, keys split over blocks): a masked
+     * GPT-2 head, and odd head sizes with causal and the most batch dims */
+    static const struct { int64_t D, Dv; int causal, mask, nb; } dec[] = {{64, 64, 0, 1, 2}, {17, 100, 1, 0, 8}};
+    for (size_t i = 0; i < sizeof dec / sizeof *dec; i++) {
+        char *text = cuda_attention_decode_text(dec[i].D, dec[i].Dv, dec[i].causal, dec[i].mask, dec[i].nb);
+        ck_assert_ptr_nonnull(text);
+        void *bin = NULL;
+        size_t n = 0;
+        ck_assert_msg(cuda_nvrtc_compile(text, "k", 90, false, &bin, &n) == EM_OK, "%s", em_last_error());
+        ck_assert(n > 100);
+        em_free(bin);
+        em_free(text);
+    }
+    ck_assert_ptr_null(cuda_attention_decode_text(257, 64, 0, 0, 2));
+    ck_assert_int_eq(em_last_status(), EM_ERR_ARG);
+    ck_assert_ptr_null(cuda_attention_decode_text(64, 129, 0, 0, 2));
 }
 END_TEST
 #endif

@@ -45,6 +45,7 @@ typedef struct attn_args {
     long long qb[EM_MAX_DIMS], kb[EM_MAX_DIMS], vb[EM_MAX_DIMS], mb[EM_MAX_DIMS];
     long long qr, qc, kr, kc, vr, vc, mr, mc;
     long long Tq, Tk, nqblk, nbatch;
+    long long nsplit, chunk; /* the decode kernel: key chunks a query row, keys a chunk */
     float scale; /* scale * log2(e) */
     int vec;     /* bit 0, 1, 2: q, k, v read as 16-byte vectors */
 } attn_args;
@@ -63,6 +64,7 @@ static const char attention_prelude[] =
     "  long long bsz[8], qb[8], kb[8], vb[8], mb[8];\n"
     "  long long qr, qc, kr, kc, vr, vc, mr, mc;\n"
     "  long long Tq, Tk, nqblk, nbatch;\n"
+    "  long long nsplit, chunk;\n"
     "  float scale;\n"
     "  int vec;\n"
     "};\n"
@@ -90,21 +92,182 @@ static const char attention_prelude[] =
     "__device__ __forceinline__ float lane4(float4 v, int i) {\n"
     "  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;\n"
     "}\n"
-    "/* This block's batch b and first query i0 (the longest query blocks\n"
-    " * first: causal work grows with the query), and the offsets of its\n"
-    " * batch in q, k, v and the mask. */\n"
-    "__device__ __forceinline__ void block_of(const attn_args &a, long long *b, long long *i0,\n"
+    "/* The offsets of batch b in q, k, v and the mask. */\n"
+    "__device__ __forceinline__ void batch_offsets(const attn_args &a, long long b,\n"
     "    long long *qo, long long *ko, long long *vo, long long *mo) {\n"
-    "  const long long bid = blockIdx.x;\n"
-    "  *b = bid % a.nbatch;\n"
-    "  *i0 = (a.nqblk - 1 - bid / a.nbatch) * BQ;\n"
-    "  long long rem = *b;\n"
+    "  long long rem = b;\n"
     "  *qo = *ko = *vo = *mo = 0;\n"
     "  for (int d = NB - 1; d >= 0; d--) {\n"
     "    long long c = rem % a.bsz[d];\n"
     "    rem /= a.bsz[d];\n"
     "    *qo += c * a.qb[d], *ko += c * a.kb[d], *vo += c * a.vb[d], *mo += c * a.mb[d];\n"
     "  }\n"
+    "}\n"
+    "/* This block's batch b and first query i0 (the longest query blocks\n"
+    " * first: causal work grows with the query), and its batch's offsets. */\n"
+    "__device__ __forceinline__ void block_of(const attn_args &a, long long *b, long long *i0,\n"
+    "    long long *qo, long long *ko, long long *vo, long long *mo) {\n"
+    "  const long long bid = blockIdx.x;\n"
+    "  *b = bid % a.nbatch;\n"
+    "  *i0 = (a.nqblk - 1 - bid / a.nbatch) * BQ;\n"
+    "  batch_offsets(a, *b, qo, ko, vo, mo);\n"
+    "}\n";
+
+/* The decode kernel: few queries (a decoder's step has one a head), where
+ * the tiled kernels' 64-query tiles would be mostly empty and their one
+ * block a head would walk every key alone (13 us a layer for GPT-2 at
+ * context 128 on the H200, docs/benchmarks.md, issue 20).  Block (row,
+ * split) of DNT threads takes one query row and chunk `split` of the keys
+ * (FlashDecoding's split over keys, Dao et al. 2023), in sub-tiles of
+ * SUB keys: four threads a key's score (q in shared memory, the key's row
+ * in registers, read as 16-byte vectors where it can be), the sub-tile's
+ * v rows in shared memory, all of a sub-tile's loads in flight before
+ * any is used (the kernel is a few microseconds: latency bounds it); the
+ * online softmax with block reductions; p v with a thread an output
+ * column (DNT / DVP groups of threads taking every G-th key, added in
+ * order).  With one chunk the
+ * block writes the row; with several, each writes (m, l, o) to part and
+ * the row's last block (an arrival counter, cuda_device.sems) merges them
+ * in chunk order: no second launch, the same result on every run. */
+static const char attention_decode[] =
+    "#define DNT 128\n"
+    "#define SUB 32 /* keys a sub-tile: 4 threads a key */\n"
+    "#define NKV ((D4 + 15) / 16)\n"
+    "#define G (DNT / DVP)\n"
+    "__device__ __forceinline__ float block_max(float x, float *red) {\n"
+    "  for (int o = 16; o; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));\n"
+    "  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = x;\n"
+    "  __syncthreads();\n"
+    "  return fmaxf(fmaxf(red[0], red[1]), fmaxf(red[2], red[3]));\n"
+    "}\n"
+    "__device__ __forceinline__ float block_sum(float x, float *red) {\n"
+    "  for (int o = 16; o; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);\n"
+    "  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = x;\n"
+    "  __syncthreads();\n"
+    "  return (red[0] + red[1]) + (red[2] + red[3]);\n"
+    "}\n"
+    "/* part: [rows, nsplit, DV + 2] (o, then m and l); sem: a counter a row */\n"
+    "extern \"C\" __global__ void __launch_bounds__(DNT) k(const float *__restrict__ q,\n"
+    "    const float *__restrict__ kk, const float *__restrict__ v,\n"
+    "    const float *__restrict__ mask, float *__restrict__ out, attn_args a,\n"
+    "    float *part, unsigned *sem) {\n"
+    "  __shared__ __align__(16) float qs[D4];\n"
+    "  __shared__ __align__(16) float vs[SUB][DVP];\n"
+    "  __shared__ float ps[SUB], redm[4], reds[4], os[G][DVP];\n"
+    "  __shared__ bool last;\n"
+    "  const int tid = threadIdx.x, c = tid % DVP, grp = tid / DVP, kq = tid >> 2, pt = tid & 3;\n"
+    "  const long long row = blockIdx.x / a.nsplit, sp = blockIdx.x % a.nsplit;\n"
+    "  const long long b = row / a.Tq, i = row % a.Tq;\n"
+    "  long long qo, ko, vo, mo;\n"
+    "  batch_offsets(a, b, &qo, &ko, &vo, &mo);\n"
+    "  for (int d = tid; d < D4; d += DNT) qs[d] = d < D ? q[qo + i * a.qr + d * a.qc] * a.scale : 0.f;\n"
+    "  long long kend = a.Tk;\n"
+    "  if (CAUSAL && i + 1 < kend) kend = i + 1;\n"
+    "  const long long j0 = sp * a.chunk, j1 = j0 + a.chunk < kend ? j0 + a.chunk : kend;\n"
+    "  float m = -INFINITY, l = 0.f, o = 0.f;\n"
+    "  for (long long t0 = j0; t0 < j1; t0 += SUB) {\n"
+    "    const int nk = j1 - t0 < SUB ? (int)(j1 - t0) : SUB;\n"
+    "    /* every load of the sub-tile issued before any is used: 4 threads\n"
+    "       a key hold its row's pieces 4 (pt + 4 n) in registers, and the\n"
+    "       block copies the sub-tile's v rows to shared memory */\n"
+    "    const float *kr = kk + ko + (t0 + kq) * a.kr;\n"
+    "    float4 kv[NKV];\n"
+    "#pragma unroll\n"
+    "    for (int n = 0; n < NKV; n++) {\n"
+    "      const int d = 4 * (pt + 4 * n);\n"
+    "      float4 x = make_float4(0.f, 0.f, 0.f, 0.f);\n"
+    "      if (kq < nk && d < D4) {\n"
+    "        if (a.vec & 2) x = __ldg((const float4 *)(kr + d));\n"
+    "        else {\n"
+    "          x.x = kr[d * a.kc];\n"
+    "          if (d + 1 < D) x.y = kr[(d + 1) * a.kc];\n"
+    "          if (d + 2 < D) x.z = kr[(d + 2) * a.kc];\n"
+    "          if (d + 3 < D) x.w = kr[(d + 3) * a.kc];\n"
+    "        }\n"
+    "      }\n"
+    "      kv[n] = x;\n"
+    "    }\n"
+    "    if (a.vec & 4)\n"
+    "      for (int e = tid; e < nk * (DV / 4); e += DNT) {\n"
+    "        const int r = e / (DV / 4), c4 = e % (DV / 4) * 4;\n"
+    "        *(float4 *)&vs[r][c4] = __ldg((const float4 *)(v + vo + (t0 + r) * a.vr + c4));\n"
+    "      }\n"
+    "    else\n"
+    "      for (int e = tid; e < nk * DV; e += DNT) {\n"
+    "        const int r = e / DV, cc = e % DV;\n"
+    "        vs[r][cc] = v[vo + (t0 + r) * a.vr + cc * a.vc];\n"
+    "      }\n"
+    "    __syncthreads(); /* qs (the first time) and vs */\n"
+    "    float acc = 0.f;\n"
+    "#pragma unroll\n"
+    "    for (int n = 0; n < NKV; n++) {\n"
+    "      const int d = 4 * (pt + 4 * n);\n"
+    "      if (d < D4) {\n"
+    "        const float4 y = *(const float4 *)&qs[d];\n"
+    "        acc = fmaf(kv[n].x, y.x, acc), acc = fmaf(kv[n].y, y.y, acc);\n"
+    "        acc = fmaf(kv[n].z, y.z, acc), acc = fmaf(kv[n].w, y.w, acc);\n"
+    "      }\n"
+    "    }\n"
+    "    acc += __shfl_xor_sync(0xffffffffu, acc, 1);\n"
+    "    acc += __shfl_xor_sync(0xffffffffu, acc, 2);\n"
+    "    float s = -INFINITY;\n"
+    "    if (kq < nk) {\n"
+    "      s = acc;\n"
+    "      if (MASK) s += mask[mo + i * a.mr + (t0 + kq) * a.mc] * LOG2E;\n"
+    "    }\n"
+    "    const float mnew = fmaxf(m, block_max(s, redm));\n"
+    "    const float p = mnew == -INFINITY ? 0.f : exp2f(s - mnew);\n"
+    "    const float alpha = mnew == -INFINITY ? 1.f : exp2f(m - mnew);\n"
+    "    if (pt == 0) ps[kq] = p;\n"
+    "    /* each key once (its first thread); the barrier also publishes ps */\n"
+    "    l = l * alpha + block_sum(pt == 0 ? p : 0.f, reds);\n"
+    "    m = mnew;\n"
+    "    o *= alpha;\n"
+    "    if (c < DV)\n"
+    "#pragma unroll 4\n"
+    "      for (int jj = grp; jj < nk; jj += G) o = fmaf(ps[jj], vs[jj][c], o);\n"
+    "    __syncthreads(); /* ps, vs, redm and reds are rewritten next */\n"
+    "  }\n"
+    "  __syncthreads(); /* no sub-tile (an empty chunk): qs and os */\n"
+    "  os[grp][c] = o;\n"
+    "  __syncthreads();\n"
+    "  if (grp == 0) {\n"
+    "    o = os[0][c];\n"
+    "    for (int g2 = 1; g2 < G; g2++) o += os[g2][c];\n"
+    "  }\n"
+    "  if (a.nsplit == 1) {\n"
+    "    if (grp == 0 && c < DV)\n"
+    "      out[row * DV + c] = a.Tk == 0 ? 0.f : m == -INFINITY ? __int_as_float(0x7fc00000) : o / l;\n"
+    "    return;\n"
+    "  }\n"
+    "  float *mine = part + (row * a.nsplit + sp) * (DV + 2);\n"
+    "  if (grp == 0 && c < DV) mine[c] = o;\n"
+    "  if (tid == 0) mine[DV] = m, mine[DV + 1] = l;\n"
+    "  /* the partial is out before the arrival is counted */\n"
+    "  __threadfence();\n"
+    "  __syncthreads();\n"
+    "  if (tid == 0) last = atomicAdd(sem + row, 1u) == (unsigned)a.nsplit - 1;\n"
+    "  __syncthreads();\n"
+    "  if (!last) return;\n"
+    "  __threadfence();\n"
+    "  /* the chunks merged in order: their maxima to the row's, then the\n"
+    "     rescaled sums (L2 reads: other blocks wrote them) */\n"
+    "  const float *all = part + row * a.nsplit * (DV + 2);\n"
+    "  float M = -INFINITY;\n"
+    "  for (long long t = 0; t < a.nsplit; t++) M = fmaxf(M, __ldcg(all + t * (DV + 2) + DV));\n"
+    "  if (grp == 0 && c < DV) {\n"
+    "    float L = 0.f, O = 0.f;\n"
+    "    if (M != -INFINITY)\n"
+    "      for (long long t = 0; t < a.nsplit; t++) {\n"
+    "        const float *pt = all + t * (DV + 2);\n"
+    "        const float mt = __ldcg(pt + DV);\n"
+    "        if (mt == -INFINITY) continue;\n"
+    "        const float f = exp2f(mt - M);\n"
+    "        L = fmaf(__ldcg(pt + DV + 1), f, L), O = fmaf(__ldcg(pt + c), f, O);\n"
+    "      }\n"
+    "    out[row * DV + c] = M == -INFINITY ? __int_as_float(0x7fc00000) : O / L;\n"
+    "  }\n"
+    "  if (tid == 0) sem[row] = 0; /* for the next kernel that counts */\n"
     "}\n";
 
 static const char attention_simt[] =
@@ -418,12 +581,25 @@ static int64_t pitch_of(int64_t w, bool mod16) {
     return p;
 }
 
-/* Whether cuda:d runs the tensor-core kernel: sm_80 on, unless
- * EMBER_CUDA_ATTENTION=simt asks for the CUDA-core one (the only one
- * before sm_80; the tests run both on one GPU). */
+/* EMBER_CUDA_ATTENTION: "simt" runs the CUDA-core tiled kernel (the only
+ * one before sm_80), "tiled" the tiled kernels even for few queries; the
+ * tests run every kernel on one GPU. */
+static bool attention_env_is(const char *what) {
+    char v[16];
+    return em_getenv("EMBER_CUDA_ATTENTION", v, sizeof v) && !strcmp(v, what);
+}
+
+/* Whether cuda:d runs the tensor-core tiled kernel: sm_80 on, unless
+ * EMBER_CUDA_ATTENTION=simt. */
 static bool use_mma(const cuda_device *d) {
-    const char *e = getenv("EMBER_CUDA_ATTENTION");
-    return d->major >= 8 && !(e && !strcmp(e, "simt"));
+    return d->major >= 8 && !attention_env_is("simt");
+}
+
+/* Whether a call of Tq queries runs the decode kernel: at most 8 (past
+ * that the tiled kernels' 64-query tiles are at least an eighth full, and
+ * their blocks many enough), unless EMBER_CUDA_ATTENTION picks a tiled one. */
+static bool use_decode(int64_t Tq) {
+    return Tq <= 8 && !attention_env_is("simt") && !attention_env_is("tiled");
 }
 
 /* The plan for head sizes D, Dv.  Tensor cores: 4 warps of 16 queries, 64
@@ -494,6 +670,76 @@ char *cuda_attention_text(int64_t D, int64_t Dv, bool causal, int mask, int nb, 
     return text;
 }
 
+static int64_t pow2_at_least(int64_t x) {
+    int64_t p = 1;
+    while (p < x) p *= 2;
+    return p;
+}
+
+/* The decode kernel's text as parts (its defines into head, the prelude,
+ * the body). */
+static bool decode_parts(int64_t D, int64_t Dv, bool causal, int mask, int nb, char *head, size_t n,
+                         const char *parts[3]) {
+    if (D < 1 || D > MAX_D || Dv < 0 || Dv > MAX_DV || nb < 0 || nb > EM_MAX_DIMS) {
+        em_error(EM_ERR_ARG, "attention decode kernel: head sizes %lld/%lld, %d batch dims", (long long)D,
+                 (long long)Dv, nb);
+        return false;
+    }
+    snprintf(head, n, "/* ember decode attention */\n#define D %lld\n#define DV %lld\n#define CAUSAL %d\n"
+             "#define MASK %d\n#define NB %d\n#define D4 %lld\n#define DVP %lld\n"
+             "#define BQ 1 /* the prelude's block_of (unused here) */\n#define NT 128\n", (long long)D, (long long)Dv,
+             causal, mask, nb, (long long)up(D, 4), (long long)pow2_at_least(Dv > 0 ? Dv : 1));
+    parts[0] = head;
+    parts[1] = attention_prelude;
+    parts[2] = attention_decode;
+    return true;
+}
+
+char *cuda_attention_decode_text(int64_t D, int64_t Dv, bool causal, int mask, int nb) {
+    char head[512];
+    const char *parts[3];
+    if (!decode_parts(D, Dv, causal, mask, nb, head, sizeof head, parts)) return NULL;
+    size_t n = strlen(head) + strlen(parts[1]) + strlen(parts[2]);
+    char *text = em_malloc(n + 1);
+    if (text) snprintf(text, n + 1, "%s%s%s", head, parts[1], parts[2]);
+    return text;
+}
+
+/* Runs the decode kernel on a's problem (ptrs: q, k, v, mask, out):
+ * rows x nsplit blocks, the split chosen for about four blocks an SM and
+ * chunks of at least 32 keys; one chunk when there are more rows than
+ * counters. */
+static em_status run_decode(cuda_device *d, const em_op_call *c, int mkind, int nb, attn_args *a,
+                            CUdeviceptr *ptrs, cuda_get_stats *stats) {
+    int64_t D = c->in[0]->sizes[c->in[0]->ndim - 1], Dv = c->in[2]->sizes[c->in[2]->ndim - 1];
+    int64_t rows = a->nbatch * a->Tq, want = 4 * (int64_t)(d->sm_count > 0 ? d->sm_count : 1);
+    int64_t split = (want + rows - 1) / rows, most = (a->Tk + 31) / 32;
+    if (split > most) split = most;
+    if (split < 1 || rows > CUDA_NSEMS) split = 1;
+    a->chunk = (a->Tk + split - 1) / split;
+    a->nsplit = a->chunk ? (a->Tk + a->chunk - 1) / a->chunk : 1;
+    if (rows * a->nsplit > INT32_MAX)
+        return em_error(EM_ERR_UNSUPPORTED, "attention on CUDA: %lld query rows", (long long)rows);
+    char head[512];
+    const char *parts[3];
+    if (!decode_parts(D, Dv, c->attrs->causal, mkind, nb, head, sizeof head, parts)) return em_last_status();
+    const cuda_kernel *ck = NULL;
+    em_status s = cuda_source_get_parts(d, parts, 3, cuda_eager_cache(), cuda_eager_log(), stats, &ck);
+    if (s != EM_OK) return s;
+    em_meta pm;
+    memset(&pm, 0, sizeof pm);
+    pm.ndim = 1, pm.sizes[0] = rows * a->nsplit * (Dv + 2), pm.strides[0] = 1;
+    pm.dtype = EM_F32, pm.device = c->in[0]->device;
+    em_scope_begin();
+    em_tensor *part = a->nsplit > 1 ? em_tensor_alloc(&pm) : NULL;
+    CUdeviceptr pp = part ? (CUdeviceptr)(uintptr_t)em_data(part) : 0, sem = d->sems;
+    void *args[] = {&ptrs[0], &ptrs[1], &ptrs[2], &ptrs[3], &ptrs[4], a, &pp, &sem};
+    s = a->nsplit == 1 || part ? cuda_source_launch(d, ck, (unsigned)(rows * a->nsplit), 128, 0, args)
+                               : em_last_status();
+    em_scope_end(); /* the partials are freed in stream order */
+    return s;
+}
+
 /* t's strides aligned to the result's nb batch dims (0 where t lacks the
  * dim or broadcasts it), and its row and column strides (0 where
  * broadcast): cpu_attention.c's operand_of, on the kernel's fields. */
@@ -546,16 +792,17 @@ em_status cuda_attention(cuda_device *d, const em_op_call *c, em_tensor *out, cu
             vector_rows(v, nb, a.vb, a.vr, a.vc, Dv) << 2;
     /* MASK 2: the mask's columns are adjacent, no multiply per score */
     int mkind = !mask ? 0 : a.mc == 1 ? 2 : 1;
+    CUdeviceptr ptrs[5] = {(CUdeviceptr)(uintptr_t)em_data(q), (CUdeviceptr)(uintptr_t)em_data(k),
+                           (CUdeviceptr)(uintptr_t)em_data(v), mask ? (CUdeviceptr)(uintptr_t)em_data(mask) : 0,
+                           (CUdeviceptr)(uintptr_t)em_data(out)};
+    if (use_decode(a.Tq)) return run_decode(d, c, mask != NULL, nb, &a, ptrs, stats);
     char head[768];
     const char *parts[3];
     plan_parts(&p, c->attrs->causal, mkind, nb, head, sizeof head, parts);
     const cuda_kernel *ck = NULL;
     em_status s = cuda_source_get_parts(d, parts, 3, cuda_eager_cache(), cuda_eager_log(), stats, &ck);
     if (s != EM_OK) return s;
-    CUdeviceptr pq = (CUdeviceptr)(uintptr_t)em_data(q), pk = (CUdeviceptr)(uintptr_t)em_data(k);
-    CUdeviceptr pv = (CUdeviceptr)(uintptr_t)em_data(v), po = (CUdeviceptr)(uintptr_t)em_data(out);
-    CUdeviceptr pm = mask ? (CUdeviceptr)(uintptr_t)em_data(mask) : 0;
-    void *args[] = {&pq, &pk, &pv, &pm, &po, &a};
+    void *args[] = {&ptrs[0], &ptrs[1], &ptrs[2], &ptrs[3], &ptrs[4], &a};
     return cuda_source_launch(d, ck, (unsigned)(a.nbatch * a.nqblk), (unsigned)p.nt, smem_bytes(&p),
                               args);
 }

@@ -25,6 +25,9 @@ em_status cuda_attention(cuda_device *d, const em_op_call *c, em_tensor *out, cu
  * batch dims, for tensor cores (mma: sm_80 on) or CUDA cores (em_malloc'd;
  * exposed for tests, which compile it with NVRTC alone). */
 char *cuda_attention_text(int64_t D, int64_t Dv, bool causal, int mask, int nb, bool mma);
+/* The decode kernel's (at most 8 queries: keys split over blocks), mask
+ * 0 or 1; NULL (EM_ERR_ARG) past its head sizes. */
+char *cuda_attention_decode_text(int64_t D, int64_t Dv, bool causal, int mask, int nb);
 
 /* The kernel cache eager CUDA ops use (opened once per process; NULL when
  * it could not be opened), and how many kernels eager ops compiled and
@@ -64,8 +67,8 @@ char *cuda_native_argmax_text(em_dtype d, int nd, int pass);
  * worth keeping) for anything else, which cuBLAS then runs. */
 em_status cuda_native_skinny_matmul(cuda_device *d, const em_op_call *c, em_tensor *out,
                                     struct cuda_get_stats *stats);
-/* Its two passes' texts, for m rows (1..8), pass 1 or 2. */
-char *cuda_native_skinny_text(int m, int pass);
+/* Its kernel's text, for m rows (1..8). */
+char *cuda_native_skinny_text(int m);
 /* Column reductions: sum, mean, amax, amin over one block of leading or
  * middle dims of a contiguous input, as [A, R, C] -> [A, C] (whether c is
  * one: cuda_native_column_reduction); the kernel reading in, accumulating

@@ -214,6 +214,8 @@ static cuda_device *make_current(cuda_device *d) {
     return d;
 }
 
+static const unsigned sems_zero[CUDA_NSEMS]; /* never written */
+
 static em_status device_init(cuda_device *d, int index) {
     const cu_api *c = &cu;
     em_status s = cuda_check(c->DeviceGet(&d->dev, index), "cuDeviceGet");
@@ -230,6 +232,9 @@ static em_status device_init(cuda_device *d, int index) {
     if (s == EM_OK)
         s = cuda_check(c->DeviceGetAttribute(&d->minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, d->dev),
                        "cuDeviceGetAttribute");
+    if (s == EM_OK) s = cuda_check(c->MemAlloc(&d->sems, sizeof sems_zero), "cuMemAlloc");
+    if (s == EM_OK)
+        s = cuda_check(c->MemcpyHtoDAsync(d->sems, sems_zero, sizeof sems_zero, d->stream), "cuMemcpyHtoDAsync");
     d->index = index;
     pthread_mutex_init(&d->lock, NULL);
     pthread_mutex_init(&d->kerror_lock, NULL);

@@ -163,7 +163,15 @@ typedef struct cuda_device {
                                     with workspace */
     CUdeviceptr blas_workspace;
     bool blas_capture_tf32;
+    /* CUDA_NSEMS arrival counters, zero between kernels: a kernel split
+     * into groups of blocks counts each group's arrivals here, and the
+     * group's last block finishes the work (adds the partials) and sets
+     * its counter back to 0.  Kernels run one at a time in stream order
+     * (d->stream; a capture only records), so one array serves all. */
+    CUdeviceptr sems;
 } cuda_device;
+
+enum { CUDA_NSEMS = 4096 };
 
 /* Number of devices, or -1 (error set) without a driver. */
 int cuda_device_count(void);

@@ -838,17 +838,22 @@ em_status cuda_native_reduce_columns(cuda_device *d, const em_op_call *c, em_ten
  * What a decoder's batch-1 to batch-8 steps are made of: every weight is
  * read once per token, so the matmul is a read of B at memory bandwidth,
  * which cuBLAS's gemv kernels reached only 30-50% of on the H200 for
- * GPT-2's [768, 3072] (docs/benchmarks.md, issue 20).  Pass 1: block
+ * GPT-2's [768, 3072] (docs/benchmarks.md, issue 20).  One kernel: block
  * (tile, s) of 8 warps takes 128 columns (a float4 a lane, rows of B read
- * in 512-byte runs) and chunk s of K, the warps splitting the chunk's rows;
+ * in 512-byte runs) and chunk s of K, the warps splitting the chunk's rows,
+ * each lane's loads all issued before the first product (a decoder's
+ * matmul is a few microseconds: latency, not issue, bounds it);
  * A's chunk sits in shared memory; the warps' sums meet in shared memory
- * and the block writes its partial [M, 128].  Pass 2 adds the S partials
- * of each output in a fixed order, 8 warps a block splitting them (no
- * atomics: the result is the same on every run).  f32 only, B row-major with N a multiple of 4; anything else
- * is cuBLAS's (EM_ERR_UNSUPPORTED).  EMBER_CUDA_GEMV=0 turns it off. */
+ * and the block writes its partial [M, 128].  The tile's last block to
+ * finish (an arrival counter, cuda_device.sems) adds the S partials in a
+ * fixed order and writes the result: no second launch, which in a
+ * decoder step of ~50 matmuls costs more than the adds, and no atomics on
+ * the values (the result is the same on every run).  f32 only, B
+ * row-major with N a multiple of 4; anything else is cuBLAS's
+ * (EM_ERR_UNSUPPORTED).  EMBER_CUDA_GEMV=0 turns it off. */
 
 #define SKINNY_MAX_M 8
-#define SKINNY_KC_MAX 256
+#define SKINNY_KC_MAX 128
 
 static const char skinny_body[] =
     "struct em_mm { long long K, N, ldb, S, kc, nt, nd; long long asz[8], ast[8]; };\n"
@@ -862,35 +867,43 @@ static const char skinny_body[] =
     "  }\n"
     "  return off;\n"
     "}\n"
-    "#if PASS == 1\n"
+    "/* part: [S, M, N] (out itself when S is 1); sem: a counter a tile */\n"
     "extern \"C\" __global__ void __launch_bounds__(256) EM_NAME(const float *__restrict__ a,\n"
-    "    const float *__restrict__ b, float *__restrict__ part, em_mm g) {\n"
+    "    const float *__restrict__ b, float *part, float *__restrict__ out, unsigned *sem, em_mm g) {\n"
     "  __shared__ float sa[M][KC_MAX];\n"
     "  __shared__ float4 red[8][M][32];\n"
+    "  __shared__ bool last;\n"
     "  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;\n"
     "  const long long tile = blockIdx.x % g.nt, s = blockIdx.x / g.nt;\n"
     "  const long long k0 = s * g.kc, k1 = k0 + g.kc < g.K ? k0 + g.kc : g.K;\n"
+    "  const long long n = tile * 128 + lane * 4;\n"
+    "  float4 acc[M];\n"
+    "#pragma unroll\n"
+    "  for (int m = 0; m < M; m++) acc[m] = make_float4(0.f, 0.f, 0.f, 0.f);\n"
+    "  /* every row of the chunk a lane reads (w, w + 8, ...), its loads all\n"
+    "     in flight at once, then A's chunk into shared memory, then the\n"
+    "     products */\n"
+    "  float4 bv[KC_MAX / 8];\n"
+    "#pragma unroll\n"
+    "  for (int r = 0; r < KC_MAX / 8; r++) {\n"
+    "    const long long k = k0 + w + 8 * r;\n"
+    "    bv[r] = n < g.N && k < k1 ? __ldg((const float4 *)(b + k * g.ldb + n)) : make_float4(0.f, 0.f, 0.f, 0.f);\n"
+    "  }\n"
     "  for (int i = threadIdx.x; i < M * g.kc; i += 256) {\n"
     "    const int m = i / (int)g.kc, kk = i % (int)g.kc;\n"
     "    sa[m][kk] = k0 + kk < g.K ? a[em_arow(m, g) + (k0 + kk) * g.ast[7]] : 0.0f;\n"
     "  }\n"
     "  __syncthreads();\n"
-    "  const long long n = tile * 128 + lane * 4;\n"
-    "  float4 acc[M];\n"
     "#pragma unroll\n"
-    "  for (int m = 0; m < M; m++) acc[m] = make_float4(0.f, 0.f, 0.f, 0.f);\n"
-    "  /* unrolled: a lane keeps several rows' loads in flight */\n"
-    "  if (n < g.N)\n"
-    "#pragma unroll 4\n"
-    "    for (long long k = k0 + w; k < k1; k += 8) {\n"
-    "      const float4 v = __ldg((const float4 *)(b + k * g.ldb + n));\n"
+    "  for (int r = 0; r < KC_MAX / 8; r++) {\n"
+    "    const int kk = w + 8 * r;\n"
     "#pragma unroll\n"
-    "      for (int m = 0; m < M; m++) {\n"
-    "        const float x = sa[m][k - k0];\n"
-    "        acc[m].x = fmaf(x, v.x, acc[m].x), acc[m].y = fmaf(x, v.y, acc[m].y);\n"
-    "        acc[m].z = fmaf(x, v.z, acc[m].z), acc[m].w = fmaf(x, v.w, acc[m].w);\n"
-    "      }\n"
+    "    for (int m = 0; m < M; m++) {\n"
+    "      const float x = k0 + kk < k1 ? sa[m][kk] : 0.f; /* sa is only kc wide */\n"
+    "      acc[m].x = fmaf(x, bv[r].x, acc[m].x), acc[m].y = fmaf(x, bv[r].y, acc[m].y);\n"
+    "      acc[m].z = fmaf(x, bv[r].z, acc[m].z), acc[m].w = fmaf(x, bv[r].w, acc[m].w);\n"
     "    }\n"
+    "  }\n"
     "#pragma unroll\n"
     "  for (int m = 0; m < M; m++) red[w][m][lane] = acc[m];\n"
     "  __syncthreads();\n"
@@ -905,51 +918,55 @@ static const char skinny_body[] =
     "    }\n"
     "    *(float4 *)(part + (s * M + m) * g.N + col) = t;\n"
     "  }\n"
-    "}\n"
-    "#else\n"
-    "/* out[m, n] = the sum over s of part[s, m, n]: a block's lanes take 32\n"
-    "   float4 outputs, its 8 warps every 8th s, then warp 0 adds the warps'\n"
-    "   sums in order (the same order on every run) */\n"
-    "extern \"C\" __global__ void __launch_bounds__(256) EM_NAME(const float *__restrict__ part,\n"
-    "    float *__restrict__ out, em_mm g) {\n"
-    "  __shared__ float4 red[8][32];\n"
-    "  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;\n"
-    "  const long long n4 = M * g.N / 4, i = (long long)blockIdx.x * 32 + lane;\n"
-    "  float4 t = make_float4(0.f, 0.f, 0.f, 0.f);\n"
-    "  if (i < n4)\n"
-    "#pragma unroll 4\n"
-    "    for (long long s = w; s < g.S; s += 8) {\n"
-    "      const float4 u = ((const float4 *)part)[s * n4 + i];\n"
-    "      t.x += u.x, t.y += u.y, t.z += u.z, t.w += u.w;\n"
-    "    }\n"
-    "  red[w][lane] = t;\n"
+    "  if (g.S == 1) return;\n"
+    "  /* the partial is out before the arrival is counted */\n"
+    "  __threadfence();\n"
     "  __syncthreads();\n"
-    "  if (w == 0 && i < n4) {\n"
-    "    for (int j = 1; j < 8; j++) {\n"
-    "      const float4 u = red[j][lane];\n"
+    "  if (threadIdx.x == 0) last = atomicAdd(sem + tile, 1u) == (unsigned)g.S - 1;\n"
+    "  __syncthreads();\n"
+    "  if (!last) return;\n"
+    "  __threadfence();\n"
+    "  /* the tile's M x 32 float4 outputs, 256 / (M * 32) groups of threads\n"
+    "     each adding every G-th partial (L2 reads: other blocks wrote them),\n"
+    "     then the groups' sums in order */\n"
+    "  const int G = 256 / (M * 32), o = threadIdx.x % (M * 32), grp = threadIdx.x / (M * 32);\n"
+    "  const int m = o / 32;\n"
+    "  const long long col = tile * 128 + (o % 32) * 4;\n"
+    "  float4 t = make_float4(0.f, 0.f, 0.f, 0.f);\n"
+    "  if (grp < G && col < g.N)\n"
+    "#pragma unroll 4\n"
+    "    for (long long j = grp; j < g.S; j += G) {\n"
+    "      const float4 u = __ldcg((const float4 *)(part + (j * M + m) * g.N + col));\n"
     "      t.x += u.x, t.y += u.y, t.z += u.z, t.w += u.w;\n"
     "    }\n"
-    "    ((float4 *)out)[i] = t;\n"
+    "  __syncthreads();\n"
+    "  if (grp < G) ((float4 *)red[grp])[o] = t;\n"
+    "  __syncthreads();\n"
+    "  if (grp == 0 && col < g.N) {\n"
+    "    for (int j = 1; j < G; j++) {\n"
+    "      const float4 u = ((float4 *)red[j])[o];\n"
+    "      t.x += u.x, t.y += u.y, t.z += u.z, t.w += u.w;\n"
+    "    }\n"
+    "    *(float4 *)(out + (long long)m * g.N + col) = t;\n"
     "  }\n"
-    "}\n"
-    "#endif\n";
+    "  if (threadIdx.x == 0) sem[tile] = 0; /* for the next kernel that counts */\n"
+    "}\n";
 
-char *cuda_native_skinny_text(int m, int pass) {
-    if (m < 1 || m > SKINNY_MAX_M || (pass != 1 && pass != 2)) {
-        em_error(EM_ERR_ARG, "skinny matmul: %d rows, pass %d", m, pass);
+char *cuda_native_skinny_text(int m) {
+    if (m < 1 || m > SKINNY_MAX_M) {
+        em_error(EM_ERR_ARG, "skinny matmul: %d rows (1 to %d)", m, SKINNY_MAX_M);
         return NULL;
     }
-    return text_of(textf("/* ember native: skinny matmul */\n#define M %d\n#define PASS %d\n#define KC_MAX %d\n",
-                        m, pass, SKINNY_KC_MAX),
+    return text_of(textf("/* ember native: skinny matmul */\n#define M %d\n#define KC_MAX %d\n", m, SKINNY_KC_MAX),
                    skinny_body);
 }
 
-typedef struct skinny_args { /* the kernels' struct em_mm, field for field */
+typedef struct skinny_args { /* the kernel's struct em_mm, field for field */
     long long K, N, ldb, S, kc, nt, nd;
     long long asz[8], ast[8]; /* A's dims but the last (ast[7]: the last's stride) */
 } skinny_args;
 
-/* Whether out = a @ b fits the kernels (the file's comment), and their
+/* Whether out = a @ b fits the kernel (the file's comment), and its
  * geometry: a's rows, merged. */
 static bool skinny_fits(const em_tensor *a, const em_tensor *b, const em_tensor *out, skinny_args *g, int64_t *M) {
     if (a->dtype != EM_F32 || b->dtype != EM_F32 || out->dtype != EM_F32 || b->ndim != 2 || a->ndim < 2 ||
@@ -980,34 +997,29 @@ em_status cuda_native_skinny_matmul(cuda_device *d, const em_op_call *c, em_tens
     if (c->op != EM_OP_MATMUL || !skinny_fits(c->in[0], c->in[1], out, &g, &M) ||
         (em_getenv("EMBER_CUDA_GEMV", off, sizeof off) && !strcmp(off, "0")))
         return em_error(EM_ERR_UNSUPPORTED, "cuda: not a skinny matmul");
-    /* enough blocks for ~2 an SM; a chunk of K is 4 rows for each of the 8
-     * warps at least (the unrolled loop's loads in flight) */
+    /* enough blocks for ~2 an SM; a chunk of K is a multiple of the 8
+     * warps, at most KC_MAX rows (a lane holds its rows' loads in
+     * registers); one chunk when there are more tiles than counters */
     g.nt = (g.N + 127) / 128;
     int64_t want = 2 * (int64_t)(d->sm_count > 0 ? d->sm_count : 1), S = (want + g.nt - 1) / g.nt;
     int64_t kc = (g.K + S - 1) / S;
-    kc = (kc + 31) / 32 * 32;
+    kc = (kc + 7) / 8 * 8;
     if (kc > SKINNY_KC_MAX) kc = SKINNY_KC_MAX;
     g.kc = kc, g.S = S = (g.K + kc - 1) / kc;
-    if (g.nt * S > INT32_MAX) return em_error(EM_ERR_UNSUPPORTED, "cuda: skinny matmul too large");
+    if (g.nt * S > INT32_MAX || (S > 1 && g.nt > CUDA_NSEMS))
+        return em_error(EM_ERR_UNSUPPORTED, "cuda: skinny matmul too large");
     void *ap = em_data(c->in[0]), *bp = em_data(c->in[1]), *op = em_data(out);
-    const cuda_kernel *k = NULL;
-    if (S == 1) {
-        void *args[] = {&ap, &bp, &op, &g};
-        em_status s = get_kernel(d, cuda_native_skinny_text((int)M, 1), stats, &k);
-        return s == EM_OK ? cuda_source_launch(d, k, (unsigned)g.nt, 256, 0, args) : s;
-    }
+    CUdeviceptr sem = d->sems;
     em_meta pm;
     memset(&pm, 0, sizeof pm);
     pm.ndim = 1, pm.sizes[0] = S * M * g.N, pm.strides[0] = 1, pm.dtype = EM_F32, pm.device = out->device;
     em_scope_begin();
-    em_tensor *part = em_tensor_alloc(&pm);
-    void *pp = part ? em_data(part) : NULL;
-    em_status s = part ? get_kernel(d, cuda_native_skinny_text((int)M, 1), stats, &k) : em_last_status();
-    void *a1[] = {&ap, &bp, &pp, &g};
-    if (s == EM_OK) s = cuda_source_launch(d, k, (unsigned)(g.nt * S), 256, 0, a1);
-    if (s == EM_OK) s = get_kernel(d, cuda_native_skinny_text((int)M, 2), stats, &k);
-    void *a2[] = {&pp, &op, &g};
-    if (s == EM_OK) s = cuda_source_launch(d, k, (unsigned)((M * g.N / 4 + 31) / 32), 256, 0, a2);
+    em_tensor *part = S > 1 ? em_tensor_alloc(&pm) : NULL;
+    void *pp = S > 1 ? (part ? em_data(part) : NULL) : op;
+    const cuda_kernel *k = NULL;
+    em_status s = pp ? get_kernel(d, cuda_native_skinny_text((int)M), stats, &k) : em_last_status();
+    void *args[] = {&ap, &bp, &pp, &op, &sem, &g};
+    if (s == EM_OK) s = cuda_source_launch(d, k, (unsigned)(g.nt * S), 256, 0, args);
     em_scope_end(); /* the partials are freed in stream order */
     return s;
 }
