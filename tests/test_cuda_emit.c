@@ -67,6 +67,19 @@ static bool have_nvrtc(void) {
 #endif
 }
 
+#ifdef EMBER_HAVE_CUDA
+/* NVRTC on text as the device compiles it: behind cuda_text_with_key's
+ * EM_AFTER_PRIOR definition and checks (a zero key). */
+static em_status nvrtc(const char *text, const char *name, int arch, bool ptx, void **bin, size_t *n) {
+    static const uint8_t key[16];
+    cuda_src src = {.text = (char *)text, .shape = CU_SERIAL, .threads = 1, .unroll = 1, .extent_size = -1};
+    char *keyed = cuda_text_with_key(&src, name, key);
+    em_status s = keyed ? cuda_nvrtc_compile(keyed, name, arch, ptx, bin, n) : em_last_status();
+    em_free(keyed);
+    return s;
+}
+#endif
+
 /* Prints and compiles every kernel of fn's graph; returns the shapes seen
  * (bit CU_* set) and checks the text holds `want` when given. */
 static unsigned compile_all(fn_t fn, int nin, em_tensor **in, int nout, const char *want) {
@@ -88,7 +101,7 @@ static unsigned compile_all(fn_t fn, int nin, em_tensor **in, int nout, const ch
         for (int ptx = 0; ptx < 2; ptx++) {
             void *bin = NULL;
             size_t n = 0;
-            em_status st = cuda_nvrtc_compile(src.text, k->name, 90, ptx, &bin, &n);
+            em_status st = nvrtc(src.text, k->name, 90, ptx, &bin, &n);
             ck_assert_msg(st == EM_OK, "%s\n%s", em_last_error(), src.text);
             ck_assert(n > 100);
             if (ptx) ck_assert(strstr(bin, ".entry k") != NULL);
@@ -286,6 +299,7 @@ START_TEST(golden_text) {
     ck_assert_ptr_nonnull(v4end);
     ck_assert_str_eq(strndup_ck(v4, (size_t)(v4end + 3 - v4)),
                      "k0_v4(const float *__restrict__ p0, float *__restrict__ p1) {\n"
+                     "  EM_AFTER_PRIOR();\n"
                      "  const long long v2 = ((long long)0x0000000000000005ull);\n"
                      "  const long long n = 5ll, nv = n / 4;\n"
                      "  const long long step = (long long)gridDim.x * 256;\n"
@@ -328,6 +342,7 @@ START_TEST(golden_text) {
     ck_assert_ptr_nonnull(body);
     ck_assert_str_eq(body,
                      "extern \"C\" __global__ void __launch_bounds__(256) k0(const float *__restrict__ p0, float *__restrict__ p1) {\n"
+                     "  EM_AFTER_PRIOR();\n"
                      "  const long long v2 = ((long long)0x0000000000000005ull);\n"
                      "  const long long n = 5ll;\n"
                      "  const long long step = (long long)gridDim.x * 1024;\n"
@@ -382,6 +397,23 @@ START_TEST(errors) {
                                           "bool operands"), "%s", em_last_error());
     ck_assert_ptr_null(src.text);
     kir_free(k);
+    /* every kernel of a text must begin by waiting for the one before it
+     * (programmatic dependent launch): one that does not is refused */
+    static const uint8_t zero[16];
+    cuda_src bad = {.text = (char *)"extern \"C\" __global__ void a() {\n  EM_AFTER_PRIOR();\n}\n"
+                                     "extern \"C\" __global__ void b() { int x = 0; (void)x; }\n",
+                    .shape = CU_SERIAL, .threads = 1, .unroll = 1, .extent_size = -1};
+    ck_assert_ptr_null(cuda_text_with_key(&bad, "k", zero));
+    ck_assert_int_eq(em_last_status(), EM_ERR_STATE);
+    ck_assert_msg(strstr(em_last_error(), "does not begin with EM_AFTER_PRIOR()"), "%s", em_last_error());
+    bad.text = (char *)"extern \"C\" __global__ void a()";
+    ck_assert_ptr_null(cuda_text_with_key(&bad, "k", zero));
+    cuda_src good = bad;
+    good.text = (char *)"extern \"C\" __global__ void a() {\n  EM_AFTER_PRIOR();\n}\n";
+    char *t = cuda_text_with_key(&good, "k", zero);
+    ck_assert_ptr_nonnull(t);
+    ck_assert(strstr(t, "#define EM_AFTER_PRIOR()") < strstr(t, "void a()"));
+    em_free(t);
 #ifdef EMBER_HAVE_CUDA
     /* NVRTC's own error comes back with its log */
     void *bin;
@@ -442,7 +474,7 @@ START_TEST(attention_kernel_compiles) {
         ck_assert_msg(!strstr(text, "mma.sync") == !cases[i].mma, "%s", text);
         void *bin = NULL;
         size_t n = 0;
-        ck_assert_msg(cuda_nvrtc_compile(text, "k", cases[i].mma ? 90 : 75, false, &bin, &n) == EM_OK,
+        ck_assert_msg(nvrtc(text, "k", cases[i].mma ? 90 : 75, false, &bin, &n) == EM_OK,
                       "%s", em_last_error());
         ck_assert(n > 100);
         em_free(bin);
@@ -456,7 +488,7 @@ START_TEST(attention_kernel_compiles) {
         ck_assert_ptr_nonnull(text);
         void *bin = NULL;
         size_t n = 0;
-        ck_assert_msg(cuda_nvrtc_compile(text, "k", 90, false, &bin, &n) == EM_OK, "%s", em_last_error());
+        ck_assert_msg(nvrtc(text, "k", 90, false, &bin, &n) == EM_OK, "%s", em_last_error());
         ck_assert(n > 100);
         em_free(bin);
         em_free(text);

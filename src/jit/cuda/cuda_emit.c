@@ -1288,7 +1288,7 @@ static em_status emit_kernel(egen *G, cuda_src *out, rows_scratch *rs) {
     if (out->vec4) {
         fprintf(f, "extern \"C\" __global__ void __launch_bounds__(%d) %s_v4(", G->threads, k->name);
         emit_params(G);
-        fputs(") {\n", f);
+        fputs(") {\n  EM_AFTER_PRIOR();\n", f);
         G->depth = 0;
         G->inner = 0;
         emit_seq(G, 0, G->par);
@@ -1305,7 +1305,7 @@ static em_status emit_kernel(egen *G, cuda_src *out, rows_scratch *rs) {
     if (rows && (s = plan_rows(G, rs->stack, rs->kbuf, rs->kbase, rs->kext)) != EM_OK) return s;
     fprintf(f, "extern \"C\" __global__ void __launch_bounds__(%d) %s(", G->threads, k->name);
     emit_params(G);
-    fputs(") {\n", f);
+    fputs(") {\n  EM_AFTER_PRIOR();\n", f);
     G->depth = 0;
     G->inner = 0;
     if (G->shape == CU_SERIAL) {
@@ -1403,19 +1403,47 @@ void cuda_src_free(cuda_src *s) {
     s->text = NULL;
 }
 
+const char cuda_after_prior[] =
+    "/* Programmatic dependent launch (sm_90 and up): wait until the kernel\n"
+    " * before this one has finished and its writes are visible, then let the\n"
+    " * next one start its launch.  A no-op for a plain launch. */\n"
+    "#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900\n"
+    "#define EM_AFTER_PRIOR() asm volatile(\"griddepcontrol.wait;\\n\\tgriddepcontrol.launch_dependents;\" ::: \"memory\")\n"
+    "#else\n"
+    "#define EM_AFTER_PRIOR() ((void)0)\n"
+    "#endif\n";
+
+/* Whether every __global__ function of text begins with EM_AFTER_PRIOR():
+ * launched with programmatic dependent launch, one that did not would
+ * read its inputs before the kernel writing them has finished. */
+static bool waits_for_prior(const char *text) {
+    static const char wait[] = "EM_AFTER_PRIOR();";
+    for (const char *p = strstr(text, "__global__"); p; p = strstr(p + 1, "__global__")) {
+        const char *b = strchr(p, '{');
+        if (!b) return false;
+        for (b++; *b == ' ' || *b == '\n' || *b == '\t'; b++) {}
+        if (strncmp(b, wait, sizeof wait - 1) != 0) return false;
+    }
+    return true;
+}
+
 char *cuda_text_with_key(const cuda_src *src, const char *name, const uint8_t key[16]) {
+    if (!waits_for_prior(src->text)) {
+        em_error(EM_ERR_STATE, "cuda: a kernel of %s's text does not begin with EM_AFTER_PRIOR()", name);
+        return NULL;
+    }
     char bytes[16 * 6 + 1];
     for (int i = 0; i < 16; i++) snprintf(bytes + 6 * i, 7, "0x%02x%s", key[i], i < 15 ? ", " : "");
-    const char *fmt = "%s\nextern \"C\" __constant__ unsigned char %s" CUDA_KEY_SUFFIX
+    const char *fmt = "%s%s\nextern \"C\" __constant__ unsigned char %s" CUDA_KEY_SUFFIX
                       "[16] = {%s};\n"
                       "extern \"C\" __constant__ long long %s" CUDA_LAUNCH_SUFFIX
                       "[" "%d" "] = {%d, %d, %d, %" PRId64 "ll, %d, %d, %d, %d};\n";
-    int n = snprintf(NULL, 0, fmt, src->text, name, bytes, name, CUDA_LAUNCH_WORDS, (int)src->shape,
-                     src->threads, src->unroll, src->extent, src->extent_size, (int)src->vec4,
-                     src->nbufs, src->nsizes);
+    int n = snprintf(NULL, 0, fmt, cuda_after_prior, src->text, name, bytes, name, CUDA_LAUNCH_WORDS,
+                     (int)src->shape, src->threads, src->unroll, src->extent, src->extent_size,
+                     (int)src->vec4, src->nbufs, src->nsizes);
     char *out = n < 0 ? NULL : em_malloc((size_t)n + 1);
     if (out)
-        snprintf(out, (size_t)n + 1, fmt, src->text, name, bytes, name, CUDA_LAUNCH_WORDS,
+        snprintf(out, (size_t)n + 1, fmt, cuda_after_prior, src->text, name, bytes, name, CUDA_LAUNCH_WORDS,
                  (int)src->shape, src->threads, src->unroll, src->extent, src->extent_size,
                  (int)src->vec4, src->nbufs, src->nsizes);
     return out;

@@ -77,7 +77,11 @@ em_status cuda_emit(const k_kernel *k, cuda_src *out);
  * into every kernel that has half buffers, and into cuda_native's. */
 extern const char cuda_half_helpers[];
 void cuda_src_free(cuda_src *s);
-/* src's text followed by the definitions of
+/* The definition of EM_AFTER_PRIOR(), the statement every kernel text
+ * begins each __global__ function with (cuda_launch_fn's programmatic
+ * dependent launch relies on it). */
+extern const char cuda_after_prior[];
+/* cuda_after_prior, then src's text, followed by the definitions of
  *   extern "C" __constant__ unsigned char NAME__key[16] = {key's bytes};
  *   extern "C" __constant__ long long NAME__launch[8] =
  *       {shape, threads, unroll, extent, extent_size, vec4, nbufs, nsizes};
@@ -86,13 +90,15 @@ void cuda_src_free(cuda_src *s);
  * compares with the key it looked the image up by, so that an image filed
  * under another kernel's key is refused.  The launch descriptor is how
  * the image must be launched: a loader needs neither the kernel IR nor
- * the CUDA C text (a plan cache hit lowers nothing). */
+ * the CUDA C text (a plan cache hit lowers nothing).  NULL with
+ * EM_ERR_STATE when a __global__ function of the text does not begin with
+ * EM_AFTER_PRIOR();. */
 char *cuda_text_with_key(const cuda_src *src, const char *name, const uint8_t key[16]);
 #define CUDA_KEY_SUFFIX "__key"
 #define CUDA_LAUNCH_SUFFIX "__launch"
 #define CUDA_LAUNCH_WORDS 8
 
 /* The version of the generator: part of every cache key. */
-#define CUDA_EMIT_VERSION "cuda-emit-5" /* 5: rows a part of a warp, 16-byte rows steps; 4: tiled transposes; 3: extents as size parameters, launch descriptor */
+#define CUDA_EMIT_VERSION "cuda-emit-6" /* 6: kernels begin with EM_AFTER_PRIOR (programmatic dependent launch); 5: rows a part of a warp, 16-byte rows steps; 4: tiled transposes; 3: extents as size parameters, launch descriptor */
 
 #endif

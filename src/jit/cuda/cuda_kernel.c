@@ -286,10 +286,8 @@ em_status cuda_kernel_launch(cuda_device *d, const cuda_kernel *ck, void *const 
     bool v4 = ck->fn_v4 != NULL; /* needs every buffer 16-byte aligned */
     for (int i = 0; v4 && i < ck->nbufs; i++) v4 = (ptrs[i] & 15) == 0;
     if (s == EM_OK)
-        s = cuda_check(cuda_driver()->LaunchKernel(v4 ? ck->fn_v4 : ck->fn, grid_of(d, ck, extent, v4), 1, 1,
-                                                    (unsigned)ck->threads, 1, 1, 0, cuda_stream(d),
-                                                    args, NULL),
-                       "cuLaunchKernel");
+        s = cuda_launch_fn(d, v4 ? ck->fn_v4 : ck->fn, grid_of(d, ck, extent, v4), (unsigned)ck->threads, 0,
+                           args);
     if (args != args_stack) em_free(args);
     if (ptrs != ptr_stack) em_free(ptrs);
     if (sz != size_stack) em_free(sz);

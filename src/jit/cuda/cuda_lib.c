@@ -55,6 +55,7 @@ static void load_graph_syms(void *h) {
     ok = O(GraphLaunch, cuGraphLaunch) && ok;
     ok = O(GraphExecDestroy, cuGraphExecDestroy) && ok;
     ok = O(GraphDestroy, cuGraphDestroy) && ok;
+    O(LaunchKernelEx, cuLaunchKernelEx);
 #undef O
     cu.graphs = ok;
 }
@@ -176,6 +177,27 @@ em_status cuda_check(CUresult r, const char *what) {
                     "%s: CUDA error %d (%s)", what, (int)r, msg ? msg : "unknown");
 }
 
+/* EMBER_CUDA_PDL: 0 turns programmatic dependent launch off (on by
+ * default where the device and driver have it). */
+static bool pdl_wanted(void) {
+    char buf[32];
+    const char *e = em_getenv("EMBER_CUDA_PDL", buf, sizeof buf);
+    return !e || strcmp(e, "0") != 0;
+}
+
+em_status cuda_launch_fn(const cuda_device *d, CUfunction fn, unsigned grid, unsigned block, unsigned smem,
+                      void **args) {
+    if (!d->pdl)
+        return cuda_check(cu.LaunchKernel(fn, grid, 1, 1, block, 1, 1, smem, cuda_stream(d), args, NULL),
+                          "cuLaunchKernel");
+    CUlaunchAttribute attr = {.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION};
+    attr.value.programmaticStreamSerializationAllowed = 1;
+    CUlaunchConfig cfg = {.gridDimX = grid, .gridDimY = 1, .gridDimZ = 1, .blockDimX = block,
+                          .blockDimY = 1, .blockDimZ = 1, .sharedMemBytes = smem,
+                          .hStream = cuda_stream(d), .attrs = &attr, .numAttrs = 1};
+    return cuda_check(cu.LaunchKernelEx(&cfg, fn, args, NULL), "cuLaunchKernelEx");
+}
+
 bool cuda_tf32_enabled(void) {
     char buf[32];
     const char *e = em_getenv("EMBER_CUDA_TF32", buf, sizeof buf);
@@ -235,6 +257,7 @@ static em_status device_init(cuda_device *d, int index) {
     if (s == EM_OK) s = cuda_check(c->MemAlloc(&d->sems, sizeof sems_zero), "cuMemAlloc");
     if (s == EM_OK)
         s = cuda_check(c->MemcpyHtoDAsync(d->sems, sems_zero, sizeof sems_zero, d->stream), "cuMemcpyHtoDAsync");
+    d->pdl = s == EM_OK && d->major >= 9 && c->LaunchKernelEx && pdl_wanted();
     d->index = index;
     pthread_mutex_init(&d->lock, NULL);
     pthread_mutex_init(&d->kerror_lock, NULL);

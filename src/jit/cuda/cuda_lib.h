@@ -72,6 +72,9 @@ typedef struct cu_api {
     __typeof__(&cuGraphLaunch) GraphLaunch;
     __typeof__(&cuGraphExecDestroy) GraphExecDestroy;
     __typeof__(&cuGraphDestroy) GraphDestroy;
+    /* Optional (NULL: plain launches): launches with attributes, for
+     * programmatic dependent launch (cuda_launch_fn). */
+    __typeof__(&cuLaunchKernelEx) LaunchKernelEx;
 } cu_api;
 
 /* ---- NVRTC (libnvrtc.so.13) ---- */
@@ -167,11 +170,26 @@ typedef struct cuda_device {
      * into groups of blocks counts each group's arrivals here, and the
      * group's last block finishes the work (adds the partials) and sets
      * its counter back to 0.  Kernels run one at a time in stream order
-     * (d->stream; a capture only records), so one array serves all. */
+     * (d->stream; a capture only records; with pdl, a kernel starts early
+     * but waits for the one before it), so one array serves all. */
     CUdeviceptr sems;
+    /* Programmatic dependent launch (compute capability 9.0 and up, a
+     * driver with cuLaunchKernelEx, EMBER_CUDA_PDL not 0): each kernel
+     * is launched to start while the one before it finishes, and waits
+     * for it (EM_AFTER_PRIOR, cuda_emit.h) before touching memory. */
+    bool pdl;
 } cuda_device;
 
 enum { CUDA_NSEMS = 4096 };
+
+/* Launches fn on d's stream (the capturing thread's capture stream while
+ * it captures): grid x block threads, smem bytes of dynamic shared
+ * memory, with programmatic dependent launch where d->pdl.  fn must be a
+ * kernel of cuda_text_with_key's texts, which all begin by waiting for
+ * the kernel before them (EM_AFTER_PRIOR): a kernel that did not would
+ * run beside its predecessor. */
+em_status cuda_launch_fn(const cuda_device *d, CUfunction fn, unsigned grid, unsigned block, unsigned smem,
+                         void **args);
 
 /* Number of devices, or -1 (error set) without a driver. */
 int cuda_device_count(void);

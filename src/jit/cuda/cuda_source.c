@@ -144,8 +144,7 @@ em_status cuda_source_launch(cuda_device *d, const cuda_kernel *k, unsigned grid
         if (s != EM_OK) return s;
         __atomic_store_n(optin, (int)smem, __ATOMIC_RELAXED);
     }
-    return cuda_check(cu->LaunchKernel(k->fn, grid, 1, 1, block, 1, 1, smem, cuda_stream(d), args, NULL),
-                      "cuLaunchKernel");
+    return cuda_launch_fn(d, k->fn, grid, block, smem, args);
 }
 
 #endif /* EMBER_HAVE_CUDA */
