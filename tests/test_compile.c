@@ -10,6 +10,8 @@
 #include <unistd.h>
 
 #include "jit.h"
+#include "schedule.h"
+#include "trace.h"
 
 static const em_device CPU = {EM_CPU, 0};
 
@@ -576,6 +578,18 @@ static em_status write_computed_fn(void *ctx, em_tensor *const *in, const double
 
 enum { CR = 4, CC = 6 };
 
+/* A fill read before and after a write (as layer norm's epsilon is in
+ * every layer of a decoder): out0 = x + 0.5, then cache row pos = x, then
+ * out1 = column sums of the cache * 0.5. */
+static em_status fill_across_fn(void *ctx, em_tensor *const *in, const double *s, em_tensor **out) {
+    (void)s;
+    em_tensor *cache = ctx, *x = in[0], *half = em_scalar(0.5, EM_F32, CPU);
+    out[0] = em_add(x, half);
+    em_status st = em_index_copy_(cache, 0, in[1], x);
+    out[1] = st == EM_OK ? em_mul(em_sum(cache, 1, (int[]){0}, false), em_scalar(0.5, EM_F32, CPU)) : NULL;
+    return st != EM_OK ? st : out[0] && out[1] ? EM_OK : em_last_status();
+}
+
 /* Four calls (pos 0..3, then 1 again) of cache_fn as mode runs it
  * (0 em_compile, 1 em_compile with lazy_trace 1, 2 the replay backend,
  * 3 lazy mode on the eager function), against float64. */
@@ -629,6 +643,54 @@ static void check_cache_calls(int mode) {
     em_release(cache);
     em_release(cin);
 }
+
+/* A value that reads no memory (a fill) is recomputed on both sides of a
+ * write, not stored by a kernel of its own. */
+START_TEST(fills_are_not_stored_across_writes) {
+    em_tensor *cache = tu_random(930, 2, TU_SIZES(CR, CC), EM_F32, 1);
+    double *cr = tu_values(cache);
+    em_compile_options o = {.ninputs = 2, .noutputs = 2, .name = "fill_across", .backend = "cpu"};
+    em_compiled *f = em_compile(fill_across_fn, cache, &o);
+    for (int call = 0; call < 2; call++) {
+        em_scope_begin();
+        em_tensor *x = tu_random(931 + call, 2, TU_SIZES(1, CC), EM_F32, 1), *out[2];
+        em_tensor *in[2] = {x, em_scalar(call + 1, EM_I64, CPU)};
+        double *xv = tu_values(x), want0[CC], want1[CC] = {0};
+        for (int j = 0; j < CC; j++) want0[j] = xv[j] + 0.5, cr[(call + 1) * CC + j] = xv[j];
+        for (int r = 0; r < CR; r++)
+            for (int j = 0; j < CC; j++) want1[j] += 0.5 * cr[r * CC + j];
+        ck_assert_msg(em_call(f, in, NULL, out) == EM_OK, "call %d: %s", call, em_last_error());
+        tu_check_close(out[0], want0, 2, TU_SIZES(1, CC), 1e-6, 1e-7);
+        tu_check_close(out[1], want1, 1, TU_SIZES(CC), 1e-5, 1e-6);
+        free(xv);
+        em_scope_end();
+    }
+    em_compile_stats st;
+    em_compiled_stats(f, &st);
+    ck_assert_int_eq(st.hits, 1);
+    em_compiled_free(f);
+    /* the schedule: the fill (one node after cse) is not stored */
+    em_tensor *in[2] = {tu_random(933, 2, TU_SIZES(1, CC), EM_F32, 1), em_scalar(0, EM_I64, CPU)}, *out[2];
+    tr_recorder *r = tr_record_begin(2, in, NULL);
+    ck_assert_int_eq(fill_across_fn(cache, in, NULL, out), EM_OK);
+    char why[128] = "";
+    tr_graph *g = tr_record_end(r, 2, out, why, sizeof why);
+    ck_assert_msg(g && tr_optimize(g, true) == EM_OK, "%s %s", why, em_last_error());
+    sc_schedule *s = sc_build(g);
+    ck_assert_ptr_nonnull(s);
+    int fills = 0;
+    for (int i = 0; i < g->nnodes; i++)
+        if (g->nodes[i].kind == TR_CALL && g->nodes[i].op == EM_OP_FULL) {
+            fills++;
+            ck_assert_msg(!s->materialized[i], "the fill %%%d is stored", i);
+        }
+    ck_assert_int_eq(fills, 1);
+    sc_free(s);
+    tr_graph_free(g);
+    free(cr);
+    em_release(cache);
+}
+END_TEST
 
 START_TEST(in_place_writes_keep_their_order_in_graphs) {
     for (int mode = 0; mode <= 3; mode++) check_cache_calls(mode);
@@ -1348,6 +1410,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, concurrent_calls);
     tcase_add_test(tc, identical_kernels_of_a_graph_compile_once);
     tcase_add_test(tc, in_place_writes_keep_their_order_in_graphs);
+    tcase_add_test(tc, fills_are_not_stored_across_writes);
     suite_add_tcase(s, tc);
     return s;
 }

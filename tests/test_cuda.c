@@ -21,6 +21,7 @@
 #include "config.h"
 #ifdef EMBER_HAVE_CUDA
 #include "cuda_eager.h"
+#include "eager.h" /* em_dispatch: linear has no public wrapper */
 #include "cuda_kernel.h"
 #include "schedule.h"
 #endif
@@ -405,6 +406,49 @@ static void check_skinny(uint64_t seed, int nd, const int64_t *as, int64_t K, in
     em_tensor *gats = em_slice(to_gpu(at), nd - 2, 0, tall[nd - 2], 2);
     same(em_matmul(gats, gb), em_cast(em_matmul(em_cast(ats, EM_F64), em_cast(b, EM_F64)), EM_F32), 1e-5, atol);
 }
+
+/* linear (a @ w + bias, what the linear pass makes of a matmul and its
+ * bias add): the skinny kernel adds the bias; a bias it cannot read (not
+ * 16-byte aligned) and more than 8 rows run the matmul and the add. */
+static void check_linear_gpu(uint64_t seed, int64_t M, int64_t K, int64_t N, int64_t boff) {
+    em_tensor *a = tu_random(seed, 2, TU_SIZES(M, K), EM_F32, 1), *w = tu_random(seed + 1, 2, TU_SIZES(K, N), EM_F32, 1);
+    em_tensor *bw = tu_random(seed + 2, 1, TU_SIZES(N + boff), EM_F32, 1), *b = em_slice(bw, 0, boff, N + boff, 1);
+    em_tensor *ref = em_cast(em_add(em_matmul(em_cast(a, EM_F64), em_cast(w, EM_F64)), em_cast(b, EM_F64)), EM_F32);
+    em_tensor *in[3] = {to_gpu(a), to_gpu(w), em_slice(to_gpu(bw), 0, boff, N + boff, 1)};
+    em_tensor *r = em_dispatch(EM_OP_LINEAR, 3, in, NULL);
+    ck_assert_msg(r != NULL, "%s", em_last_error());
+    same(r, ref, 1e-5, 1.2e-7 * (double)K + 1e-6);
+}
+
+START_TEST(linear_on_cuda) {
+    check_linear_gpu(440, 1, 768, 2304, 0); /* GPT-2's qkv at batch 1 */
+    check_linear_gpu(443, 5, 999, 388, 0);  /* odd K, 5 rows */
+    check_linear_gpu(446, 3, 64, 128, 1);   /* a bias 4 bytes off 16: matmul, then add */
+    check_linear_gpu(449, 12, 64, 128, 0);  /* 12 rows: cuBLAS, then add */
+    /* compiled at 3 rows: both bias adds go into the skinny matmuls, and
+     * one kernel (the gelu) is left; at 16 rows they fuse with the gelu
+     * and the output instead (two kernels) */
+    for (int rows = 3; rows <= 16; rows += 13) {
+        em_tensor *cin[5] = {tu_random(452, 2, TU_SIZES(rows, 32), EM_F32, 1),
+                             tu_random(453, 2, TU_SIZES(32, 64), EM_F32, 0.2),
+                             tu_random(454, 1, TU_SIZES(64), EM_F32, 1),
+                             tu_random(455, 2, TU_SIZES(64, 32), EM_F32, 0.2),
+                             tu_random(456, 1, TU_SIZES(32), EM_F32, 1)}, *gin[5], *gout, *cout;
+        for (int i = 0; i < 5; i++) gin[i] = to_gpu(cin[i]);
+        em_compile_options o = {.ninputs = 5, .noutputs = 1, .backend = "cuda", .name = "mlp"};
+        em_compiled *f = em_compile(wl_mlp_fn, NULL, &o);
+        ck_assert_int_eq(wl_mlp_fn(NULL, cin, NULL, &cout), EM_OK);
+        for (int rep = 0; rep < 3; rep++) {
+            ck_assert_msg(em_call(f, gin, NULL, &gout) == EM_OK, "%s", em_last_error());
+            same(gout, cout, 1e-4, 1e-4);
+        }
+        em_compile_stats st;
+        em_compiled_stats(f, &st);
+        ck_assert_int_eq(st.kernels, rows == 3 ? 1 : 2);
+        em_compiled_free(f);
+    }
+}
+END_TEST
 
 START_TEST(skinny_matmul) {
     check_skinny(400, 2, TU_SIZES(1, 768), 768, 2304, 2304);     /* GPT-2's qkv at batch 1 */
@@ -1568,6 +1612,7 @@ int main(int argc, char **argv) {
         {"native_index_select_errors", native_index_select_errors},
         {"native_index_copy", native_index_copy},
         {"skinny_matmul", skinny_matmul},
+        {"linear_on_cuda", linear_on_cuda},
         {"native_arange", native_arange},
         {"native_rand", native_rand},
         {"native_argmax", native_argmax},

@@ -264,6 +264,102 @@ static const char *odd_text =
 
 /* ---- (a) golden texts ---- */
 
+/* ---- the linear pass (linear.c) ---- */
+
+/* The pass on text with want NULL (every match), as text (NULL: no
+ * rewrite); *n: the matches. */
+static char *linear_of(const char *text, int *n) {
+    tr_graph *g = tr_parse_placeholders(text);
+    ck_assert_msg(g != NULL, "%s", em_last_error());
+    tr_graph *f = tr_fuse_linear_map(g, NULL, NULL, n, NULL);
+    char *t = f ? text_of(f) : NULL;
+    if (f) ck_assert_int_eq(tr_verify(f), EM_OK);
+    tr_graph_free(f);
+    tr_graph_free(g);
+    return t;
+}
+
+static bool say_no(void *ctx, const tr_graph *g, int m, int b) {
+    (void)g, (void)m, (void)b;
+    (*(int *)ctx)++;
+    return false;
+}
+
+START_TEST(linear_pass_golden) {
+    int n;
+    char *t = linear_of(mlp_text, &n);
+    ck_assert_int_eq(n, 1);
+    ck_assert_str_eq(t, "graph(%x: f32[4, 8]{8, 1}, %w: f32[8, 16]{16, 1}) {\n"
+                        "  %2 = constant #0 : f32[16]{1}\n"
+                        "  %3 = linear(%x, %w, %2) : f32[4, 16]{16, 1}\n"
+                        "  %4 = relu(%3) : f32[4, 16]{16, 1}\n"
+                        "  return (%4)\n"
+                        "}\n");
+    em_free(t);
+    /* bias first, a [1, 1, N] bias over a batched product */
+    t = linear_of("graph(%x: f32[2, 1, 8]{8, 8, 1}, %w: f32[8, 16]{16, 1}, %b: f32[1, 1, 16]{16, 16, 1}) {\n"
+                  "  %3 = matmul(%x, %w) : f32[2, 1, 16]{16, 16, 1}\n"
+                  "  %4 = add(%b, %3) : f32[2, 1, 16]{16, 16, 1}\n"
+                  "  return (%4)\n"
+                  "}\n", &n);
+    ck_assert_int_eq(n, 1);
+    ck_assert_str_eq(t, "graph(%x: f32[2, 1, 8]{8, 8, 1}, %w: f32[8, 16]{16, 1}, %b: f32[1, 1, 16]{16, 16, 1}) {\n"
+                        "  %3 = linear(%x, %w, %b) : f32[2, 1, 16]{16, 16, 1}\n"
+                        "  return (%3)\n"
+                        "}\n");
+    em_free(t);
+    /* the device's no: nothing rewritten, each match asked once */
+    tr_graph *g = tr_parse_placeholders(mlp_text);
+    int asked = 0;
+    ck_assert_ptr_null(tr_fuse_linear_map(g, say_no, &asked, &n, NULL));
+    ck_assert_int_eq(n, 0);
+    ck_assert_int_eq(asked, 1);
+    tr_graph_free(g);
+}
+END_TEST
+
+/* What the pass must leave alone. */
+START_TEST(linear_pass_leaves_non_bias_adds) {
+    static const char *cases[] = {
+        /* the product read twice */
+        "graph(%x: f32[4, 8]{8, 1}, %w: f32[8, 16]{16, 1}, %b: f32[16]{1}) {\n"
+        "  %3 = matmul(%x, %w) : f32[4, 16]{16, 1}\n"
+        "  %4 = add(%3, %b) : f32[4, 16]{16, 1}\n"
+        "  %5 = mul(%3, %4) : f32[4, 16]{16, 1}\n"
+        "  return (%5)\n}\n",
+        /* the product an output */
+        "graph(%x: f32[4, 8]{8, 1}, %w: f32[8, 16]{16, 1}, %b: f32[16]{1}) {\n"
+        "  %3 = matmul(%x, %w) : f32[4, 16]{16, 1}\n"
+        "  %4 = add(%3, %b) : f32[4, 16]{16, 1}\n"
+        "  return (%4, %3)\n}\n",
+        /* a full-size addend, and one along the columns */
+        "graph(%x: f32[4, 8]{8, 1}, %w: f32[8, 16]{16, 1}, %b: f32[4, 16]{16, 1}) {\n"
+        "  %3 = matmul(%x, %w) : f32[4, 16]{16, 1}\n"
+        "  %4 = add(%3, %b) : f32[4, 16]{16, 1}\n"
+        "  return (%4)\n}\n",
+        "graph(%x: f32[4, 8]{8, 1}, %w: f32[8, 16]{16, 1}, %b: f32[4, 1]{1, 1}) {\n"
+        "  %3 = matmul(%x, %w) : f32[4, 16]{16, 1}\n"
+        "  %4 = add(%3, %b) : f32[4, 16]{16, 1}\n"
+        "  return (%4)\n}\n",
+        /* a bias that widens the result */
+        "graph(%x: f32[4, 8]{8, 1}, %w: f32[8, 16]{16, 1}, %b: f32[3, 1, 16]{16, 16, 1}) {\n"
+        "  %3 = matmul(%x, %w) : f32[4, 16]{16, 1}\n"
+        "  %4 = add(%3, %b) : f32[3, 4, 16]{64, 16, 1}\n"
+        "  return (%4)\n}\n",
+        /* a product added to itself */
+        "graph(%x: f32[4, 8]{8, 1}, %w: f32[8, 16]{16, 1}) {\n"
+        "  %2 = matmul(%x, %w) : f32[4, 16]{16, 1}\n"
+        "  %3 = add(%2, %2) : f32[4, 16]{16, 1}\n"
+        "  return (%3)\n}\n",
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        int n = -1;
+        char *t = linear_of(cases[i], &n);
+        ck_assert_msg(t == NULL && n == 0, "case %zu rewritten:\n%s", i, t ? t : "");
+    }
+}
+END_TEST
+
 START_TEST(golden_mlp) {
     tr_graph *g = mlp_graph(NULL);
     char *t = text_of(g);
@@ -955,6 +1051,8 @@ static Suite *suite(void) {
     tcase_add_checked_fixture(tc, tu_setup, tu_teardown);
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, golden_mlp);
+    tcase_add_test(tc, linear_pass_golden);
+    tcase_add_test(tc, linear_pass_leaves_non_bias_adds);
     tcase_add_test(tc, golden_attrs);
     tcase_add_test(tc, golden_odd_names_and_devices);
     tcase_add_test(tc, golden_inputs_by_number);

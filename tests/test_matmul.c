@@ -3,6 +3,7 @@
 #include "testutil.h"
 
 #include "cpu.h" /* em_blas_core_warning */
+#include "eager.h" /* em_dispatch: the linear op has no public wrapper */
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -267,6 +268,69 @@ START_TEST(test_large) {
 }
 END_TEST
 
+/* ---- linear: a @ w + bias (the op the linear pass makes) ---- */
+
+/* linear(a, w, bias) against the float64 product plus the bias. */
+static void check_linear_at(int line, em_tensor *a, em_tensor *w, em_tensor *bias) {
+    int nd;
+    int64_t osz[EM_MAX_DIMS];
+    double *ref = matmul_ref(a, w, &nd, osz), *bv = tu_values(bias);
+    int64_t n = 1, N = osz[nd - 1];
+    for (int d = 0; d < nd; d++) n *= osz[d];
+    for (int64_t i = 0; i < n; i++) ref[i] += bv[i % N];
+    em_tensor *in[3] = {a, w, bias};
+    em_tensor *r = em_dispatch(EM_OP_LINEAR, 3, in, NULL);
+    ck_assert_msg(r != NULL, "line %d: linear failed: %s", line, em_last_error());
+    em_dtype dt = em_dtype_of(a);
+    double tol = dt == EM_F64 ? 1e-12 : dt == EM_F32 ? 1e-5 : dt == EM_BF16 ? 2e-2 : 0;
+    tu_check_close_at(__FILE__, line, r, ref, nd, osz, tol, tol * (double)(em_size(a, -1) + 1));
+    /* the same bits as the matmul and the add it stands for */
+    double *rv = tu_values(r), *uv = tu_values(em_add(em_matmul(a, w), bias));
+    for (int64_t i = 0; i < n; i++) ck_assert_msg(rv[i] == uv[i] || (rv[i] != rv[i] && uv[i] != uv[i]), "line %d", line);
+    free(rv), free(uv), free(ref), free(bv);
+}
+#define check_linear(a, w, bias) check_linear_at(__LINE__, a, w, bias)
+
+START_TEST(test_linear) {
+    for (int t = 0; t < NNUM4; t++) {
+        em_dtype dt = NUM4[t];
+        check_linear(RND(1, dt, 5, 7), RND(2, dt, 7, 9), RND(3, dt, 9));
+        check_linear(RND(4, dt, 2, 1, 3), RND(5, dt, 3, 4), RND(6, dt, 1, 1, 4)); /* batched, [1, 1, N] */
+    }
+    check_linear(RND(7, EM_BF16, 3, 16), RND(8, EM_BF16, 16, 8), RND(9, EM_BF16, 8));
+    /* non-contiguous operands and a strided bias (a column of a matrix) */
+    em_tensor *at = em_transpose(RND(10, EM_F32, 6, 4), 0, 1);
+    em_tensor *bias = em_transpose(em_slice(RND(11, EM_F32, 5, 3), 1, 2, 3, 1), 0, 1); /* [1, 5], stride 3 */
+    check_linear(at, RND(12, EM_F32, 6, 5), bias);
+    /* size 0 and 1: no rows, an empty inner dim (the bias alone), one column */
+    check_linear(RND(13, EM_F32, 0, 3), RND(14, EM_F32, 3, 4), RND(15, EM_F32, 4));
+    check_linear(RND(16, EM_F32, 2, 0), RND(17, EM_F32, 0, 4), RND(18, EM_F32, 4));
+    check_linear(RND(19, EM_F32, 1, 3), RND(20, EM_F32, 3, 1), RND(21, EM_F32, 1));
+}
+END_TEST
+
+START_TEST(test_linear_errors) {
+    em_tensor *a = RND(30, EM_F32, 2, 3), *w = RND(31, EM_F32, 3, 4);
+    em_tensor *bad[][3] = {{a, w, RND(32, EM_F32, 2, 4)},  /* a full-size addend */
+                           {a, w, RND(33, EM_F32, 2, 1)},  /* along the columns */
+                           {a, w, RND(34, EM_F32, 5)},     /* the wrong width */
+                           {a, w, RND(35, EM_F32, 1, 1, 4)}}; /* more dims than the product */
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        ck_assert_ptr_null(em_dispatch(EM_OP_LINEAR, 3, bad[i], NULL));
+        ck_assert_int_eq(em_last_status(), EM_ERR_SHAPE);
+        ck_assert_msg(strstr(em_last_error(), "does not add along the rows"), "%s", em_last_error());
+    }
+    em_tensor *f64[3] = {a, w, RND(36, EM_F64, 4)};
+    ck_assert_ptr_null(em_dispatch(EM_OP_LINEAR, 3, f64, NULL));
+    ck_assert_int_eq(em_last_status(), EM_ERR_DTYPE);
+    em_tensor *inner[3] = {a, RND(37, EM_F32, 2, 4), RND(38, EM_F32, 4)};
+    ck_assert_ptr_null(em_dispatch(EM_OP_LINEAR, 3, inner, NULL));
+    ck_assert_int_eq(em_last_status(), EM_ERR_SHAPE);
+    em_tensor *null[3] = {a, w, NULL};
+    ck_assert_ptr_null(em_dispatch(EM_OP_LINEAR, 3, null, NULL));
+}
+END_TEST
+
 START_TEST(test_errors) {
     em_tensor *a = RND(130, EM_F32, 2, 3);
     tu_check_fails(em_matmul(a, RND(131, EM_F32, 4, 5)), EM_ERR_SHAPE);      /* inner */
@@ -376,6 +440,8 @@ static Suite *suite(void) {
         {"mixed_dtypes", test_mixed_dtypes},
         {"large", test_large},
         {"errors", test_errors},
+        {"linear", test_linear},
+        {"linear_errors", test_linear_errors},
         {"blas_core_warning", test_blas_core_warning},
         {"blas_choice", test_blas_choice},
     };

@@ -563,6 +563,19 @@ em_status cpu_matmul(const em_op_call *c, em_tensor *out) {
     return st;
 }
 
+/* The product, then the bias added in place by add's own kernel: the same
+ * bits as the matmul and add it stands for (the CPU gains nothing from
+ * the fused form, which only the linear pass makes, for devices whose
+ * matmul kernels add the bias: src/trace/linear.c). */
+em_status cpu_linear(const em_op_call *c, em_tensor *out) {
+    em_op_call mm = {.op = EM_OP_MATMUL, .nin = 2, .in = c->in, .attrs = c->attrs};
+    em_status s = cpu_matmul(&mm, out);
+    if (s != EM_OK) return s;
+    em_tensor *in[2] = {out, c->in[2]};
+    em_op_call add = {.op = EM_OP_ADD, .nin = 2, .in = in, .attrs = c->attrs};
+    return cpu_add(&add, out);
+}
+
 bool em_blas_ready(void) { return em_blas_in_use(NULL, 0) != EM_BLAS_NONE; }
 
 void em_sgemm_tile(bool transb, int m, int n, int k, float alpha, const float *a, int lda,

@@ -232,6 +232,12 @@ void em_end_host_read(em_dispatch_hook saved);
 em_status em_attention_sizes(const char *fn, const em_tensor *q, const em_tensor *k,
                              const em_tensor *v, const em_tensor *mask, em_meta *m);
 
+/* Whether a tensor of sizes (ndim of them) adds along the rows of a
+ * result of meta m, as a linear layer's bias: sizes 1 but its last, which
+ * is m's last, and at most m's dims (infer.c: the linear op's rule, and
+ * the linear pass's). */
+bool em_is_row_bias(const em_meta *m, int ndim, const int64_t *sizes);
+
 /* ---- Per-thread context ---- */
 typedef struct em_scope_frame {
     em_tensor **items;

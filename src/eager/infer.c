@@ -530,6 +530,30 @@ em_status infer_matmul(const em_op_call *c, em_meta *m) {
     return check_size(c, m);
 }
 
+/* Whether bias adds along the rows of a result of meta m: sizes 1 but
+ * its last, which is m's last, and no more dims than m. */
+bool em_is_row_bias(const em_meta *m, int ndim, const int64_t *sizes) {
+    if (ndim < 1 || ndim > m->ndim || sizes[ndim - 1] != m->sizes[m->ndim - 1]) return false;
+    for (int d = 0; d < ndim - 1; d++)
+        if (sizes[d] != 1) return false;
+    return true;
+}
+
+em_status infer_linear(const em_op_call *c, em_meta *m) {
+    em_status s = infer_matmul(c, m);
+    if (s != EM_OK) return s;
+    const em_tensor *bias = c->in[2];
+    char s1[160], s2[160];
+    if (bias->dtype != m->dtype)
+        return em_error(EM_ERR_DTYPE, "linear: bias is %s, the product %s", em_dtype_name(bias->dtype),
+                        em_dtype_name(m->dtype));
+    if (!em_is_row_bias(m, bias->ndim, bias->sizes))
+        return em_error(EM_ERR_SHAPE, "linear: bias %s does not add along the rows of %s",
+                        em_shape_str(bias->ndim, bias->sizes, s1, sizeof s1),
+                        em_shape_str(m->ndim, m->sizes, s2, sizeof s2));
+    return EM_OK;
+}
+
 /* ---- attention ---- */
 
 /* Whether n batch dims of t (right-aligned to the last nb of the result,

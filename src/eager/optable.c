@@ -12,4 +12,4 @@ const em_op_info em_op_table[EM_OP_COUNT] = {
 };
 
 /* Adding an op means adding its row: this catches a table edited halfway. */
-_Static_assert(EM_OP_COUNT == 52, "ops.def changed: update this count and the op docs");
+_Static_assert(EM_OP_COUNT == 53, "ops.def changed: update this count and the op docs");

@@ -261,18 +261,12 @@ static bool rewrite(tr_graph *g, int i, const attn_match *m) {
     return true;
 }
 
-static int *count_uses(const tr_graph *g) {
-    int *uses = em_calloc((size_t)g->nnodes + 1, sizeof *uses);
-    if (!uses) return NULL;
-    for (int i = 0; i < g->nnodes; i++)
-        for (int k = 0; g->nodes[i].kind == TR_CALL && k < g->nodes[i].nin; k++) uses[g->nodes[i].in[k]]++;
-    for (int o = 0; o < g->noutputs; o++) uses[g->outputs[o]]++;
-    return uses;
-}
+/* tr_rewrite_fn: node i as its match (ctx: the matches by node). */
+static bool rewrite_at(tr_graph *g, int i, void *ctx) { return rewrite(g, i, &((const attn_match *)ctx)[i]); }
 
 tr_graph *tr_fuse_attention_map(const tr_graph *g, int *nfused, int *map) {
     *nfused = -1;
-    attn_graph a = {g, count_uses(g)};
+    attn_graph a = {g, tr_count_uses(g)};
     attn_match *ms = a.uses ? em_malloc(sizeof *ms * ((size_t)g->nnodes + 1)) : NULL;
     bool *hit = ms ? em_calloc((size_t)g->nnodes + 1, sizeof *hit) : NULL;
     tr_graph *c = NULL;
@@ -284,18 +278,7 @@ tr_graph *tr_fuse_attention_map(const tr_graph *g, int *nfused, int *map) {
         n++;
     }
     if (hit) *nfused = n;
-    if (n > 0 && (c = tr_graph_copy(g))) {
-        for (int i = 0; c && i < g->nnodes; i++) {
-            if (hit[i] && !rewrite(c, i, &ms[i])) {
-                tr_graph_free(c);
-                c = NULL;
-            }
-        }
-        if (c && tr_dce_map(c, map) < 0) {
-            tr_graph_free(c);
-            c = NULL;
-        }
-    }
+    if (n > 0) c = tr_copy_rewritten(g, hit, rewrite_at, ms, map);
     if (n > 0 && !c) *nfused = -1;
     em_free(a.uses);
     em_free(ms);

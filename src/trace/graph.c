@@ -243,3 +243,26 @@ tr_graph *tr_graph_copy(const tr_graph *g) {
     }
     return c;
 }
+
+int *tr_count_uses(const tr_graph *g) {
+    int *uses = em_calloc((size_t)g->nnodes + 1, sizeof *uses);
+    if (!uses) return NULL;
+    for (int i = 0; i < g->nnodes; i++)
+        for (int k = 0; g->nodes[i].kind == TR_CALL && k < g->nodes[i].nin; k++) uses[g->nodes[i].in[k]]++;
+    for (int o = 0; o < g->noutputs; o++) uses[g->outputs[o]]++;
+    return uses;
+}
+
+tr_graph *tr_copy_rewritten(const tr_graph *g, const bool *hit, tr_rewrite_fn rewrite, void *ctx, int *map) {
+    tr_graph *c = tr_graph_copy(g);
+    for (int i = 0; c && i < g->nnodes; i++)
+        if (hit[i] && !rewrite(c, i, ctx)) {
+            tr_graph_free(c);
+            c = NULL;
+        }
+    if (c && tr_dce_map(c, map) < 0) {
+        tr_graph_free(c);
+        c = NULL;
+    }
+    return c;
+}

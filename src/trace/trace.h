@@ -51,6 +51,14 @@ void tr_graph_free(tr_graph *g);
 /* A deep copy of g (its own nodes, names and input arrays; one more
  * reference to each constant), or NULL (out of memory). */
 tr_graph *tr_graph_copy(const tr_graph *g);
+/* Readers of each node of g, outputs counted (em_calloc'd, g->nnodes + 1
+ * slots; NULL: out of memory): what rewriting passes ask of a value. */
+int *tr_count_uses(const tr_graph *g);
+/* A rewriting pass's result: a copy of g with rewrite(copy, i, ctx)
+ * applied to each node i where hit[i], then the dead nodes dropped
+ * (tr_dce_map, with map); NULL when out of memory or a rewrite failed. */
+typedef bool (*tr_rewrite_fn)(tr_graph *g, int i, void *ctx);
+tr_graph *tr_copy_rewritten(const tr_graph *g, const bool *hit, tr_rewrite_fn rewrite, void *ctx, int *map);
 /* Each returns the new node's index, or -1 (error set). */
 int tr_add_input(tr_graph *g, const char *name, const em_meta *m);
 int tr_add_const(tr_graph *g, em_tensor *t); /* takes a new reference to t */
@@ -132,6 +140,16 @@ tr_graph *tr_fuse_attention(const tr_graph *g, int *nfused);
  * is in the result (-1: removed), for data that names g's nodes
  * (dynamic shapes' attribute sizes). */
 tr_graph *tr_fuse_attention_map(const tr_graph *g, int *nfused, int *map);
+/* linear.c: each add(matmul(a, w), bias) (either order) whose matmul
+ * nothing else reads, bias of sizes 1 but its last, one dtype, becomes one
+ * linear node (ops.def), where want(ctx, g, matmul node, bias node) says
+ * yes (NULL: always).  Not in tr_optimize: the engine runs it for devices
+ * that add the bias in their matmul kernels (jit_device's fuse_linear).
+ * Returns the rewritten copy (caller frees) with *nfused > 0; NULL with
+ * *nfused 0 when nothing matched, -1 when out of memory; map as
+ * tr_fuse_attention_map's. */
+typedef bool (*tr_linear_want)(void *ctx, const tr_graph *g, int matmul, int bias);
+tr_graph *tr_fuse_linear_map(const tr_graph *g, tr_linear_want want, void *ctx, int *nfused, int *map);
 /* Invariants (tr_verify): nodes in topological order (inputs < index);
  * inputs numbered 0..ninputs-1 once each, with unique names; constants in
  * range and present; calls with a valid op, the table's arity, and a meta

@@ -363,16 +363,38 @@ static em_status capturable(cuda_device *d, const em_op_call *c) {
     return EM_OK;
 }
 
+static em_status cuda_run(const em_op_call *c, em_tensor *out);
+
+/* out = a @ w + bias as the matmul and the add it stands for, when the
+ * skinny kernel cannot add the bias itself (alignment, a size it does not
+ * take): the same bits as the unfused graph. */
+static em_status linear_unfused(const em_op_call *c, em_tensor *out) {
+    em_op_call mm = {.op = EM_OP_MATMUL, .nin = 2, .in = c->in, .attrs = c->attrs};
+    em_meta m;
+    memset(&m, 0, sizeof m);
+    m.device = out->device;
+    em_status s = em_op_table[EM_OP_MATMUL].infer(&mm, &m);
+    if (s != EM_OK) return s;
+    em_scope_begin();
+    em_tensor *p = em_dispatch_eager(&mm, &m);
+    em_tensor *in[2] = {p, c->in[2]};
+    em_op_call add = {.op = EM_OP_ADD, .nin = 2, .in = in, .attrs = c->attrs};
+    s = p ? cuda_run(&add, out) : em_last_status();
+    em_scope_end(); /* the product is freed in stream order, after the add */
+    return s;
+}
+
 static em_status cuda_run(const em_op_call *c, em_tensor *out) {
     cuda_device *d = cuda_device_get(out->device.index);
     if (!d) return em_last_status();
     if (c->op == EM_OP_EMPTY || em_numel(out) == 0) return EM_OK;
     em_status cs = capturable(d, c);
     if (cs != EM_OK) return cs;
-    if (c->op == EM_OP_MATMUL) {
+    if (c->op == EM_OP_MATMUL || c->op == EM_OP_LINEAR) {
         em_status s = cuda_native_skinny_matmul(d, c, out, &eager_stats);
         if (s != EM_ERR_UNSUPPORTED) return s;
         em_clear_error();
+        if (c->op == EM_OP_LINEAR) return linear_unfused(c, out);
         s = cuda_matmul(d, c, out);
         if (s != EM_ERR_UNSUPPORTED) return s;
         em_clear_error();

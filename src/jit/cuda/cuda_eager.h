@@ -62,11 +62,17 @@ char *cuda_native_copy_text(size_t esize, int nd, em_dtype idx, bool scatter);
 char *cuda_native_arange_text(em_dtype d, bool exact);
 char *cuda_native_rand_text(em_dtype d, bool normal);
 char *cuda_native_argmax_text(em_dtype d, int nd, int pass);
-/* out = a @ b by cuda_native.c's skinny kernels (f32, a of at most 8 rows,
- * b a row-major [K, N] with N % 4 == 0): EM_ERR_UNSUPPORTED (no error
- * worth keeping) for anything else, which cuBLAS then runs. */
+/* out = a @ b (matmul) or a @ b + bias (linear) by cuda_native.c's
+ * skinny kernels (f32, a of at most 8 rows, b a row-major [K, N] with
+ * N % 4 == 0, b and bias 16-byte aligned, the bias's last stride 1):
+ * EM_ERR_UNSUPPORTED (no error worth keeping) for anything else, which
+ * cuBLAS then runs. */
 em_status cuda_native_skinny_matmul(cuda_device *d, const em_op_call *c, em_tensor *out,
                                     struct cuda_get_stats *stats);
+/* Whether the skinny kernel takes a @ b (+ bias, NULL: none) by their
+ * metas, alignment aside: what the CUDA device asks before the linear
+ * pass fuses a bias into a matmul. */
+bool cuda_native_skinny_takes(const em_meta *a, const em_meta *b, const em_meta *bias);
 /* Its kernel's text, for m rows (1..8). */
 char *cuda_native_skinny_text(int m);
 /* Column reductions: sum, mean, amax, amin over one block of leading or

@@ -163,6 +163,13 @@ static void cuda_add(int index, const kc_key *key, jit_kernel *k) {
  * fewer rows than the GPU has SMs and long rows: the eager CUDA op runs it
  * in two launches (cuda_eager.c's split scheme) where one kernel would
  * use a block per row.  -1 otherwise. */
+/* The skinny matmul kernel adds a bias as it writes (cuda_native.c);
+ * cuBLAS's gemms do not, and their bias add fuses with its readers. */
+static bool cuda_fuse_linear(int index, const em_meta *a, const em_meta *w, const em_meta *bias) {
+    (void)index;
+    return cuda_native_skinny_takes(a, w, bias);
+}
+
 static int cuda_prefer_eager(int index, const sc_schedule *s, int gi) {
     const tr_graph *g = s->g;
     /* a group of one node: from the group's member list (a scan of the
@@ -246,6 +253,7 @@ const char *jit_cuda_nvrtc_version(void) { return NULL; }
 #define cuda_find NULL
 #define cuda_add NULL
 #define cuda_prefer_eager NULL
+#define cuda_fuse_linear NULL
 #define cuda_graph_capture_begin NULL
 #define cuda_graph_capture_end NULL
 #define cuda_graph_launch NULL
@@ -267,6 +275,7 @@ const jit_device jit_cuda_device = {
     .add = cuda_add,
     .prefer_eager = cuda_prefer_eager,
     .fused_attention = true, /* cuda_attention.c */
+    .fuse_linear = cuda_fuse_linear,
     .half_kernels = true,    /* computed in f32; cuda_emit.c converts */
     .capture_begin = cuda_graph_capture_begin, /* CUDA graphs: cuda_graph.c */
     .capture_end = cuda_graph_capture_end,

@@ -42,6 +42,7 @@
 #include "cuda_emit.h" /* cuda_half_helpers */
 #include "cuda_source.h"
 #include "schedule.h" /* JIT_KERNEL_NAME */
+#include "trace.h"    /* tr_meta_of */
 
 enum { BLOCK = 256 };
 
@@ -874,9 +875,17 @@ static const char skinny_body[] =
     "  }\n"
     "  return off;\n"
     "}\n"
-    "/* part: [S, M, N] (out itself when S is 1); sem: a counter a tile */\n"
+    "/* t + bias[col..col+4) (a linear layer's bias; NULL: none) */\n"
+    "__device__ __forceinline__ float4 em_biased(float4 t, const float *bias, long long col) {\n"
+    "  if (!bias) return t;\n"
+    "  const float4 u = *(const float4 *)(bias + col);\n"
+    "  return make_float4(t.x + u.x, t.y + u.y, t.z + u.z, t.w + u.w);\n"
+    "}\n"
+    "/* part: [S, M, N] (out itself when S is 1); sem: a counter a tile;\n"
+    "   bias: added to the result (NULL: none) */\n"
     "extern \"C\" __global__ void __launch_bounds__(256) EM_NAME(const float *__restrict__ a,\n"
-    "    const float *__restrict__ b, float *part, float *__restrict__ out, unsigned *sem, em_mm g) {\n"
+    "    const float *__restrict__ b, const float *__restrict__ bias, float *part, float *__restrict__ out,\n"
+    "    unsigned *sem, em_mm g) {\n"
     "  EM_AFTER_PRIOR();\n"
     "  __shared__ float sa[M][KC_MAX];\n"
     "  __shared__ float4 red[8][M][32];\n"
@@ -924,6 +933,7 @@ static const char skinny_body[] =
     "      const float4 u = red[j][m][l];\n"
     "      t.x += u.x, t.y += u.y, t.z += u.z, t.w += u.w;\n"
     "    }\n"
+    "    if (g.S == 1) t = em_biased(t, bias, col);\n"
     "    *(float4 *)(part + (s * M + m) * g.N + col) = t;\n"
     "  }\n"
     "  if (g.S == 1) return;\n"
@@ -955,7 +965,7 @@ static const char skinny_body[] =
     "      const float4 u = ((float4 *)red[j])[o];\n"
     "      t.x += u.x, t.y += u.y, t.z += u.z, t.w += u.w;\n"
     "    }\n"
-    "    *(float4 *)(out + (long long)m * g.N + col) = t;\n"
+    "    *(float4 *)(out + (long long)m * g.N + col) = em_biased(t, bias, col);\n"
     "  }\n"
     "  if (threadIdx.x == 0) sem[tile] = 0; /* for the next kernel that counts */\n"
     "}\n";
@@ -974,42 +984,70 @@ typedef struct skinny_args { /* the kernel's struct em_mm, field for field */
     long long asz[8], ast[8]; /* A's dims but the last (ast[7]: the last's stride) */
 } skinny_args;
 
-/* Whether out = a @ b fits the kernel (the file's comment), and its
- * geometry: a's rows, merged. */
-static bool skinny_fits(const em_tensor *a, const em_tensor *b, const em_tensor *out, skinny_args *g, int64_t *M) {
-    if (a->dtype != EM_F32 || b->dtype != EM_F32 || out->dtype != EM_F32 || b->ndim != 2 || a->ndim < 2 ||
-        !em_is_contiguous(out))
+static bool skinny_off(void) {
+    char off[8];
+    return em_getenv("EMBER_CUDA_GEMV", off, sizeof off) && !strcmp(off, "0");
+}
+
+/* Whether a @ b fits the kernel by shapes, dtypes and strides (the
+ * file's comment), and its geometry: a's rows, merged. */
+static bool skinny_shape(const em_meta *a, const em_meta *b, skinny_args *g, int64_t *M) {
+    if (a->dtype != EM_F32 || b->dtype != EM_F32 || b->ndim != 2 || a->ndim < 2 || a->ndim - 1 > 7)
         return false;
     int64_t K = b->sizes[0], N = b->sizes[1];
     if (a->sizes[a->ndim - 1] != K || K < 1 || N < 4 || N % 4 || b->strides[1] != 1 || b->strides[0] % 4 ||
-        b->strides[0] < N || ((uintptr_t)em_data(b) & 15))
+        b->strides[0] < N)
         return false;
     memset(g, 0, sizeof *g);
     *M = 1;
     for (int d = 0; d < a->ndim - 1; d++) {
         *M *= a->sizes[d];
-        if (d < 7) g->asz[d] = a->sizes[d], g->ast[d] = a->strides[d];
+        g->asz[d] = a->sizes[d], g->ast[d] = a->strides[d];
     }
-    if (*M < 1 || *M > SKINNY_MAX_M || a->ndim - 1 > 7) return false;
+    if (*M < 1 || *M > SKINNY_MAX_M) return false;
     g->nd = a->ndim - 1;
     g->ast[7] = a->strides[a->ndim - 1];
     g->K = K, g->N = N, g->ldb = b->strides[0];
     return true;
 }
 
+bool cuda_native_skinny_takes(const em_meta *a, const em_meta *b, const em_meta *bias) {
+    skinny_args g;
+    int64_t M;
+    return !skinny_off() && skinny_shape(a, b, &g, &M) &&
+           (!bias || (bias->dtype == EM_F32 && bias->strides[bias->ndim - 1] == 1));
+}
+
+/* Whether the call fits the kernel: its shapes, out contiguous, b and
+ * the bias (linear's third input) 16-byte aligned for float4 loads. */
+static bool skinny_fits(const em_op_call *c, const em_tensor *out, skinny_args *g, int64_t *M) {
+    em_meta a, b, bias;
+    tr_meta_of(c->in[0], &a), tr_meta_of(c->in[1], &b);
+    const em_tensor *bt = c->op == EM_OP_LINEAR ? c->in[2] : NULL;
+    if (bt) tr_meta_of(bt, &bias);
+    return out->dtype == EM_F32 && em_is_contiguous(out) && !((uintptr_t)em_data(c->in[1]) & 15) &&
+           (!bt || !((uintptr_t)em_data(bt) & 15)) && cuda_native_skinny_takes(&a, &b, bt ? &bias : NULL) &&
+           skinny_shape(&a, &b, g, M);
+}
+
 em_status cuda_native_skinny_matmul(cuda_device *d, const em_op_call *c, em_tensor *out,
                                     struct cuda_get_stats *stats) {
     skinny_args g;
     int64_t M;
-    char off[8];
-    if (c->op != EM_OP_MATMUL || !skinny_fits(c->in[0], c->in[1], out, &g, &M) ||
-        (em_getenv("EMBER_CUDA_GEMV", off, sizeof off) && !strcmp(off, "0")))
+    if ((c->op != EM_OP_MATMUL && c->op != EM_OP_LINEAR) || !skinny_fits(c, out, &g, &M))
         return em_error(EM_ERR_UNSUPPORTED, "cuda: not a skinny matmul");
-    /* enough blocks for ~2 an SM; a chunk of K is a multiple of the 8
-     * warps, at most KC_MAX rows (a lane holds its rows' loads in
-     * registers); one chunk when there are more tiles than counters */
+    /* enough blocks for ~1 an SM (EMBER_CUDA_GEMV_BLOCKS: 1 to 16; on
+     * the H200 a GPT-2 decode step was fastest at 1, 1-3% ahead of 2 and
+     * 20% ahead of 3: fewer, longer chunks leave fewer partials to add,
+     * and a block's 256 lanes already keep 64 KiB of loads in flight); a
+     * chunk of K is a multiple of the 8 warps, at most KC_MAX rows (a lane
+     * holds its rows' loads in registers); one chunk when there are more
+     * tiles than counters */
     g.nt = (g.N + 127) / 128;
-    int64_t want = 2 * (int64_t)(d->sm_count > 0 ? d->sm_count : 1), S = (want + g.nt - 1) / g.nt;
+    char per[8];
+    int64_t f = em_getenv("EMBER_CUDA_GEMV_BLOCKS", per, sizeof per) ? atoi(per) : 1;
+    f = f < 1 || f > 16 ? 1 : f;
+    int64_t want = f * (int64_t)(d->sm_count > 0 ? d->sm_count : 1), S = (want + g.nt - 1) / g.nt;
     int64_t kc = (g.K + S - 1) / S;
     kc = (kc + 7) / 8 * 8;
     if (kc > SKINNY_KC_MAX) kc = SKINNY_KC_MAX;
@@ -1017,6 +1055,7 @@ em_status cuda_native_skinny_matmul(cuda_device *d, const em_op_call *c, em_tens
     if (g.nt * S > INT32_MAX || (S > 1 && g.nt > CUDA_NSEMS))
         return em_error(EM_ERR_UNSUPPORTED, "cuda: skinny matmul too large");
     void *ap = em_data(c->in[0]), *bp = em_data(c->in[1]), *op = em_data(out);
+    void *biasp = c->op == EM_OP_LINEAR ? em_data(c->in[2]) : NULL;
     CUdeviceptr sem = d->sems;
     em_meta pm;
     memset(&pm, 0, sizeof pm);
@@ -1026,7 +1065,7 @@ em_status cuda_native_skinny_matmul(cuda_device *d, const em_op_call *c, em_tens
     void *pp = S > 1 ? (part ? em_data(part) : NULL) : op;
     const cuda_kernel *k = NULL;
     em_status s = pp ? get_kernel(d, cuda_native_skinny_text((int)M), stats, &k) : em_last_status();
-    void *args[] = {&ap, &bp, &pp, &op, &sem, &g};
+    void *args[] = {&ap, &bp, &biasp, &pp, &op, &sem, &g};
     if (s == EM_OK) s = cuda_source_launch(d, k, (unsigned)(g.nt * S), 256, 0, args);
     em_scope_end(); /* the partials are freed in stream order */
     return s;

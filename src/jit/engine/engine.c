@@ -397,19 +397,56 @@ static void store_plan(jit_env *env, const kc_key *gkey, const kc_manifest *why,
     em_clear_error(); /* a plan not stored only costs the next process a compile */
 }
 
+/* Whether st's device adds bias b in the kernel of matmul m of g
+ * (tr_linear_want). */
+static bool device_takes_linear(void *ctx, const tr_graph *g, int m, int b) {
+    const jit_compiled *st = ctx;
+    const tr_node *mm = &g->nodes[m];
+    return st->dev->fuse_linear(st->index, &g->nodes[mm->in[0]].meta, &g->nodes[mm->in[1]].meta,
+                                &g->nodes[b].meta);
+}
+
+/* What the device rewrites fused (fused_graph). */
+typedef struct fused_counts {
+    int attention, linear;
+} fused_counts;
+
+/* f (g with attention fused, or NULL: g) with each matmul's bias add
+ * fused where the device takes it, for a static compile; NULL: nothing
+ * fused or out of memory (unfused is still correct).  Takes f. */
+static tr_graph *with_linear(const jit_compiled *st, const tr_graph *g, tr_graph *f, fused_counts *n) {
+    if (!st->dev->fuse_linear) return f;
+    tr_graph *l = tr_fuse_linear_map(f ? f : g, device_takes_linear, (void *)st, &n->linear, NULL);
+    if (n->linear < 0) {
+        em_clear_error();
+        n->linear = 0;
+    }
+    if (!l) return f;
+    tr_graph_free(f);
+    return l;
+}
+
 /* g with attention fused, when st's device runs the fused op and some
- * attention matched (map, when not NULL, gets where g's nodes went), or
- * NULL: g as it is (also out of memory: unfused is still correct). */
-static tr_graph *fused_graph(const jit_compiled *st, const tr_graph *g, int *map, int *nfused,
+ * attention matched (map, when not NULL, gets where g's nodes went), and
+ * with linear (static compiles: map NULL), or NULL: g as it is (also out
+ * of memory: unfused is still correct). */
+static tr_graph *fused_graph(const jit_compiled *st, const tr_graph *g, int *map, fused_counts *n,
                              const jit_env *env) {
-    *nfused = 0;
-    if (!st->dev->fused_attention) return NULL;
-    tr_graph *f = tr_fuse_attention_map(g, nfused, map);
-    if (*nfused < 0) em_clear_error();
+    *n = (fused_counts){0, 0};
+    tr_graph *f = NULL;
+    if (st->dev->fused_attention) {
+        f = tr_fuse_attention_map(g, &n->attention, map);
+        if (n->attention < 0) {
+            em_clear_error();
+            n->attention = 0;
+        }
+    }
+    if (!map) f = with_linear(st, g, f, n);
     /* the rewrite is checked as every pass is (once per compile, linear in
      * the nodes): a graph it broke runs unfused, never wrong */
     if (f && tr_verify(f) != EM_OK) {
-        jit_logf(env->log, JIT_LOG_CODE, "attention rewrite rejected by the verifier: %s", em_last_error());
+        jit_logf(env->log, JIT_LOG_CODE, "attention or linear rewrite rejected by the verifier: %s",
+                 em_last_error());
         em_clear_error();
         tr_graph_free(f);
         return NULL;
@@ -418,10 +455,13 @@ static tr_graph *fused_graph(const jit_compiled *st, const tr_graph *g, int *map
 }
 
 /* Keeps f as the graph st runs, logged under EMBER_LOG=graph. */
-static const tr_graph *keep_graph(jit_compiled *st, tr_graph *f, int nfused, const jit_env *env) {
+static const tr_graph *keep_graph(jit_compiled *st, tr_graph *f, const fused_counts *n, const jit_env *env) {
     st->graph = f;
-    jit_logf(env->log, JIT_LOG_GRAPH, "%s: %d attention pattern%s fused:", st->dev->name, nfused,
-             nfused == 1 ? "" : "s");
+    if (n->linear > 0)
+        jit_logf(env->log, JIT_LOG_GRAPH, "%s: %d linear layer%s (a matmul's bias add) fused", st->dev->name,
+                 n->linear, n->linear == 1 ? "" : "s");
+    jit_logf(env->log, JIT_LOG_GRAPH, "%s: %d attention pattern%s fused:", st->dev->name, n->attention,
+             n->attention == 1 ? "" : "s");
     if (env->log && (env->log->flags & JIT_LOG_GRAPH)) tr_print(f, env->log->f);
     return f;
 }
@@ -430,9 +470,9 @@ static const tr_graph *keep_graph(jit_compiled *st, tr_graph *f, int nfused, con
  * else g fused for the device (fused_graph), else g. */
 static const tr_graph *device_graph(jit_compiled *st, const tr_graph *g, const jit_env *env) {
     if (st->graph) return st->graph;
-    int nfused;
-    tr_graph *f = fused_graph(st, g, NULL, &nfused, env);
-    return f ? keep_graph(st, f, nfused, env) : g;
+    fused_counts n;
+    tr_graph *f = fused_graph(st, g, NULL, &n, env);
+    return f ? keep_graph(st, f, &n, env) : g;
 }
 
 /* The same for a dynamic compile, whose attribute sizes (dyn) name g's
@@ -444,7 +484,7 @@ static const tr_graph *device_graph(jit_compiled *st, const tr_graph *g, const j
 static const tr_graph *dynamic_graph(jit_compiled *st, const tr_graph *g, const jit_dyn *dyn,
                                      jit_dyn *fd, const jit_dyn **use, const jit_env *env) {
     *use = dyn;
-    int nfused;
+    fused_counts nfused;
     int *map = st->dev->fused_attention ? em_malloc(sizeof(int) * ((size_t)g->nnodes + 1)) : NULL;
     tr_graph *f = map ? fused_graph(st, g, map, &nfused, env) : NULL;
     em_clear_error(); /* out of memory for map: unfused */
@@ -467,7 +507,7 @@ static const tr_graph *dynamic_graph(jit_compiled *st, const tr_graph *g, const 
         return g;
     }
     *use = fd;
-    return keep_graph(st, f, nfused, env);
+    return keep_graph(st, f, &nfused, env);
 }
 
 /* The static compile: plan from the cache, else build (and store the

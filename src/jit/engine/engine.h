@@ -154,6 +154,11 @@ typedef struct jit_device {
      * rewrites attention into it (tr_fuse_attention) before scheduling,
      * static and dynamic compiles alike. */
     bool fused_attention;
+    /* Optional (NULL: never): whether the device's matmul kernel adds a
+     * bias as it writes a @ w's product (metas of a, w, bias), so that the
+     * engine rewrites such a matmul and its bias add into one linear node
+     * (tr_fuse_linear_map) before scheduling a static compile. */
+    bool (*fuse_linear)(int index, const em_meta *a, const em_meta *w, const em_meta *bias);
     /* Optional (false): its generator takes f16/bf16 buffers, loads, stores
      * and conversions, so the scheduler fuses half values (computed in
      * f32: sched/lower.c); otherwise they run as eager steps. */

@@ -543,12 +543,21 @@ static em_status eager_step(builder *b, int i) {
 /* In-place writes (EM_KIND_UPDATE, eager steps) keep the graph's order of
  * reads and writes: eager_step closes the open group before one, and a
  * value computed before one and read after it is stored, since computing
- * it again after the write could read what the write changed. */
-static void store_across_updates(builder *b) {
+ * it again after the write could read what the write changed -- unless it
+ * reads no memory at all (a fill, an arange, arithmetic on them: layer
+ * norm's epsilon), which any kernel recomputes for free.  reads: scratch,
+ * one per node. */
+static void store_across_updates(builder *b, bool *reads) {
     sc_schedule *s = b->s;
+    const tr_graph *g = s->g;
+    for (int v = 0; v < b->n; v++) { /* nodes are in topological order */
+        const tr_node *nd = &g->nodes[v];
+        reads[v] = nd->kind != TR_CALL || !s->fusible[v];
+        for (int k = 0; k < nd->nin && !reads[v]; k++) reads[v] = reads[nd->in[k]];
+    }
     int next = b->n; /* the first update after node v */
     for (int v = b->n - 1; v >= 0; v--) {
-        if (s->fusible[v] && b->lastuse[v] > next) s->materialized[v] = true;
+        if (s->fusible[v] && reads[v] && b->lastuse[v] > next) s->materialized[v] = true;
         const tr_node *nd = &s->g->nodes[v];
         if (nd->kind == TR_CALL && em_op_table[nd->op].kind == EM_KIND_UPDATE) next = v;
     }
@@ -607,7 +616,10 @@ sc_schedule *sc_build_for(const tr_graph *g, bool half) {
     for (int i = 0; ok && i < n; i++)
         if (!s->fusible[i])
             for (int k = 0; k < g->nodes[i].nin; k++) s->materialized[g->nodes[i].in[k]] = true;
-    if (ok) store_across_updates(&b);
+    bool *reads = ok ? em_malloc((size_t)n + 1) : NULL;
+    ok = ok && reads;
+    if (ok) store_across_updates(&b, reads);
+    em_free(reads);
     ok = ok && build_groups(&b) == EM_OK && list_members(s) == EM_OK &&
          (s->tables = sc_lower_tables_new(n)) != NULL;
     builder_free(&b);
