@@ -4,8 +4,9 @@
  *
  *   bench_blas [LIBRARY ...]
  *
- * Each LIBRARY is a shared object exporting cblas_sgemm, loaded on its own
- * (RTLD_LOCAL); without arguments, OpenBLAS and BLIS at their Debian paths.
+ * Each LIBRARY is a shared object exporting cblas_sgemm (or oneDNN's
+ * dnnl_sgemm), loaded on its own (RTLD_LOCAL); without arguments,
+ * OpenBLAS, BLIS and oneDNN at their Debian paths.
  * For each it prints the kernel set it chose (openblas_get_corename,
  * bli_arch_string) and, per shape, the median GFLOP/s of one thread.  Ember
  * runs the BLAS single-threaded inside its own pool (src/eager/cpu_matmul.c),
@@ -14,6 +15,7 @@
 #include "bench_stats.h"
 
 #include <dlfcn.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -45,14 +47,28 @@ static const shape shapes[] = {
 static const char *const default_libs[] = {
     "libopenblas.so.0",
     "/usr/lib/x86_64-linux-gnu/blis-serial/libblis.so.4",
+    "libdnnl.so.2",
 };
+
+/* oneDNN has no cblas_sgemm: dnnl_sgemm (row-major, 64-bit sizes) on one
+ * OpenMP thread, behind the cblas signature. */
+typedef int dnnl_sgemm_fn(char, char, int64_t, int64_t, int64_t, float, const float *, int64_t,
+                          const float *, int64_t, float, float *, int64_t);
+static dnnl_sgemm_fn *dnnl_sgemm;
+
+static void dnnl_as_cblas(int order, int ta, int tb, int m, int n, int k, float alpha, const float *a,
+                          int lda, const float *b, int ldb, float beta, float *c, int ldc) {
+    (void)order, (void)ta, (void)tb; /* row-major, no transposes: all this bench asks */
+    dnnl_sgemm('N', 'N', m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
 
 /* The kernel set lib chose, as it names it. */
 static const char *core_of(void *h, char *buf, size_t n) {
     char *(*corename)(void) = (char *(*)(void))dlsym(h, "openblas_get_corename");
     int (*arch_id)(void) = (int (*)(void))dlsym(h, "bli_arch_query_id");
     const char *(*arch_str)(int) = (const char *(*)(int))dlsym(h, "bli_arch_string");
-    if (corename) snprintf(buf, n, "OpenBLAS core %s", corename());
+    if (dlsym(h, "dnnl_sgemm")) snprintf(buf, n, "oneDNN (JIT kernels for this CPU's ISA)");
+    else if (corename) snprintf(buf, n, "OpenBLAS core %s", corename());
     else if (arch_id && arch_str) snprintf(buf, n, "BLIS arch %s", arch_str(arch_id()));
     else snprintf(buf, n, "unknown");
     return buf;
@@ -91,12 +107,14 @@ int main(int argc, char **argv) {
     for (int l = 0; l < nlibs; l++) {
         void *h = dlopen(libs[l], RTLD_NOW | RTLD_LOCAL);
         sgemm_fn *sgemm = h ? (sgemm_fn *)dlsym(h, "cblas_sgemm") : NULL;
+        if (h && !sgemm && (dnnl_sgemm = (dnnl_sgemm_fn *)dlsym(h, "dnnl_sgemm"))) sgemm = dnnl_as_cblas;
         if (!sgemm) {
             printf("%s: not loaded (%s)\n", libs[l], h ? "no cblas_sgemm" : dlerror());
             status = 1;
             continue;
         }
         void (*threads)(int) = (void (*)(int))dlsym(h, "openblas_set_num_threads");
+        if (!threads) threads = (void (*)(int))dlsym(h, "omp_set_num_threads"); /* oneDNN's */
         if (threads) threads(1);
         char core[128];
         printf("%s: %s\n", libs[l], core_of(h, core, sizeof core));

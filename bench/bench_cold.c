@@ -44,77 +44,23 @@
 
 #include "../examples/minilm/minilm.h"
 #include "bench_stats.h"
+#include "gpt2_small.h"
 #include "synth.h"
 
-enum { B = 2, T = 64, C = 768, NH = 12, HD = C / NH, NL = 12 };
+enum { B = G2_B, T = G2_T, C = G2_C, NL = G2_NL };
 
 
-/* ---- GPT-2 small, as examples/gpt_block.c writes a block ---- */
-
-typedef struct block {
-    em_tensor *ln1_w, *ln1_b, *w_qkv, *b_qkv, *w_proj, *b_proj;
-    em_tensor *ln2_w, *ln2_b, *w_fc, *b_fc, *w_out, *b_out;
-} block;
-
-typedef struct gpt2 {
-    block layer[NL];
-    em_tensor *lnf_w, *lnf_b;
-} gpt2;
-
-static em_tensor *param(em_generator *g, int64_t rows, int64_t cols, double scale) {
-    int64_t sizes[2] = {rows, cols};
-    return em_mul_scalar(em_randn(g, cols ? 2 : 1, sizes, EM_F32, em_cpu()), scale);
-}
-
-static bool block_init(block *w, em_generator *g) {
-    *w = (block){
-        param(g, C, 0, 0.1), param(g, C, 0, 0.1), param(g, C, 3 * C, 1 / sqrt(C)), param(g, 3 * C, 0, 0.1),
-        param(g, C, C, 1 / sqrt(C)), param(g, C, 0, 0.1), param(g, C, 0, 0.1), param(g, C, 0, 0.1),
-        param(g, C, 4 * C, 1 / sqrt(C)), param(g, 4 * C, 0, 0.1), param(g, 4 * C, C, 1 / sqrt(4 * C)),
-        param(g, C, 0, 0.1),
-    };
-    em_tensor **all = (em_tensor **)w;
-    for (size_t i = 0; i < sizeof *w / sizeof *all; i++)
-        if (!all[i]) return false;
-    return true;
-}
-
-static em_tensor *heads(em_tensor *qkv, int which) {
-    em_tensor *t = em_slice(qkv, -1, which * C, (which + 1) * C, 1);
-    return em_transpose(em_reshape(t, 4, (int64_t[]){B, T, NH, HD}), 1, 2);
-}
-
-/* Causal self-attention: a key after the query gets -inf before the softmax. */
-static em_tensor *attention(const block *w, em_tensor *h) {
-    em_tensor *qkv = em_add(em_matmul(h, w->w_qkv), w->b_qkv);
-    em_tensor *q = heads(qkv, 0), *k = heads(qkv, 1), *v = heads(qkv, 2);
-    em_tensor *pos = em_arange(0, (double)T, 1, EM_I64, em_cpu());
-    em_tensor *future = em_gt(em_unsqueeze(pos, 0), em_unsqueeze(pos, 1));
-    em_tensor *att = em_mul_scalar(em_matmul(q, em_transpose(k, -2, -1)), 1.0 / sqrt(HD));
-    att = em_softmax(em_where(future, em_scalar(-INFINITY, EM_F32, em_cpu()), att), -1);
-    em_tensor *y = em_reshape(em_transpose(em_matmul(att, v), 1, 2), 3, (int64_t[]){B, T, C});
-    return em_add(em_matmul(y, w->w_proj), w->b_proj);
-}
-
-static em_tensor *block_fwd(const block *w, em_tensor *x) {
-    x = em_add(x, attention(w, em_layer_norm(x, 1, w->ln1_w, w->ln1_b, 1e-5)));
-    em_tensor *h = em_layer_norm(x, 1, w->ln2_w, w->ln2_b, 1e-5);
-    h = em_gelu_tanh(em_add(em_matmul(h, w->w_fc), w->b_fc));
-    return em_add(x, em_add(em_matmul(h, w->w_out), w->b_out));
-}
+/* GPT-2 small: bench/gpt2_small.h */
 
 static em_status block_fn(void *ctx, em_tensor *const *in, const double *s, em_tensor **out) {
     (void)s;
-    out[0] = block_fwd(ctx, in[0]);
+    out[0] = g2_block_fwd(ctx, in[0]);
     return out[0] ? EM_OK : em_last_status();
 }
 
 static em_status gpt2_fn(void *ctx, em_tensor *const *in, const double *s, em_tensor **out) {
     (void)s;
-    const gpt2 *m = ctx;
-    em_tensor *x = in[0];
-    for (int l = 0; l < NL; l++) x = block_fwd(&m->layer[l], x);
-    out[0] = em_layer_norm(x, 1, m->lnf_w, m->lnf_b, 1e-5);
+    out[0] = g2_forward(ctx, in[0]);
     return out[0] ? EM_OK : em_last_status();
 }
 
@@ -214,19 +160,16 @@ static bool async; /* a case named *_async: EMBER_ASYNC_COMPILE=1 */
 
 static int run_gpt2(const char *which, result *r) {
     em_generator *g = em_generator_new(22);
-    static gpt2 m;
+    static g2_model m;
     bool whole = !strncmp(which, "gpt2", 4) && (!which[4] || !strcmp(which + 4, "_async"));
     bool blocks = !strncmp(which, "gpt2_blocks", 11);
-    int nl = whole || blocks ? NL : 1;
-    for (int l = 0; l < nl; l++)
-        if (!block_init(&m.layer[l], g)) return 1;
-    m.lnf_w = param(g, C, 0, 0.1), m.lnf_b = param(g, C, 0, 0.1);
+    if (!g2_model_init(&m, whole || blocks ? NL : 1, g)) return 1;
     em_tensor *x = em_randn(g, 3, (int64_t[]){B, T, C}, EM_F32, em_cpu());
     size_t nbytes = sizeof(float) * B * T * C;
     float *y = malloc(nbytes);
     em_fn fn = whole ? gpt2_fn : block_fn;
     void *ctx = whole ? (void *)&m : (void *)&m.layer[0];
-    if (!x || !y || !m.lnf_w || !m.lnf_b || !call_once(NULL, fn, ctx, x, y, nbytes)) return 1;
+    if (!x || !y || !call_once(NULL, fn, ctx, x, y, nbytes)) return 1;
     em_compile_options o = {.ninputs = 1, .noutputs = 1, .name = which};
     em_compiled *f[NL] = {0};
     for (int l = 0; l < (blocks ? NL : 1); l++)

@@ -97,7 +97,19 @@ def workloads():
                              rnd(E, 4 * E, scale=E ** -0.5), rnd(4 * E),
                              rnd(4 * E, E, scale=(4 * E) ** -0.5), rnd(E), mask)),
         "tiny_chain": (tiny_chain, (rnd(16), rnd(16))),
+        **({"gpt2_small": gpt2_small()} if DEV == "cpu" and DTYPE == torch.float32 else {}),
     }
+
+
+def gpt2_small():
+    """GPT-2 small's forward (torch_cold.py's modules, as bench/gpt2_small.h
+    writes it): batch 2 x 64 tokens, CPU f32 only, as bench_eager runs it."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from torch_cold import gpt2_modules
+    model, (x,) = gpt2_modules(torch, 12)
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model, (x,)
 
 
 def sync():

@@ -915,7 +915,7 @@ static double loops_error(const ref_in *r) {
  * limit that leaves OpenBLAS no room (cpu_matmul.c): exit 2 if BLAS is
  * in use anyway, 1 on a wrong value, 0 when every case matches. */
 static int loops_child(void) {
-    if (em_blas_ready()) return 2;
+    if (em_blas_ready(EM_F32)) return 2;
     em_scope_begin();
     em_generator *g = em_generator_new(5);
     em_tensor *q = em_randn(g, 3, TU_SIZES(2, 130, 24), EM_F32, em_cpu());

@@ -171,6 +171,33 @@ START_TEST(test_batched_broadcast) {
 }
 END_TEST
 
+/* x[.., M, K] @ w[K, N] whose batches follow one another is one product
+ * of all the rows (cpu_matmul.c fold_batches); batches that do not line up
+ * (a batch slice with a step, permuted batch dims, an expanded batch, a
+ * transposed matrix) or a w with batches of its own are products a batch
+ * at a time.  Every case against the float64 product. */
+START_TEST(test_folded_batches) {
+    for (int t = 0; t < NNUM4; t++) {
+        em_dtype dt = NUM4[t];
+        check_matmul(RND(300, dt, 4, 7, 5), RND(301, dt, 5, 3));           /* folds */
+        check_matmul(RND(302, dt, 2, 3, 4, 5), RND(303, dt, 5, 6));        /* two batch dims */
+        check_matmul(RND(304, dt, 6, 1, 4), RND(305, dt, 4, 3));           /* M = 1 */
+        check_matmul(RND(306, dt, 8, 37, 64), RND(307, dt, 64, 33));       /* odd, split rows */
+        check_matmul(RND(308, dt, 3, 5, 4), RND(309, dt, 1, 4, 2));        /* w's batch of 1 */
+        /* rows 10 apart, batches 30 apart: still one run of rows */
+        check_matmul(em_slice(RND(310, dt, 2, 3, 10), 2, 0, 4, 1), RND(311, dt, 4, 5));
+        /* do not fold */
+        check_matmul(em_slice(RND(312, dt, 6, 3, 4), 0, 0, 6, 2), RND(313, dt, 4, 5));
+        check_matmul(em_permute(RND(314, dt, 3, 2, 4, 5), 4, (int[]){1, 0, 2, 3}), RND(315, dt, 5, 2));
+        check_matmul(em_expand(RND(316, dt, 1, 3, 4), 3, TU_SIZES(5, 3, 4)), RND(317, dt, 4, 2));
+        check_matmul(em_transpose(RND(318, dt, 3, 4, 3), 1, 2), RND(319, dt, 4, 6));
+        check_matmul(RND(320, dt, 3, 5, 4), RND(321, dt, 3, 4, 2));
+        check_matmul(RND(322, dt, 0, 5, 4), RND(323, dt, 4, 2));           /* no batches */
+        check_matmul(RND(324, dt, 3, 0, 4), RND(325, dt, 4, 2));           /* no rows */
+    }
+}
+END_TEST
+
 START_TEST(test_noncontiguous) {
     for (int t = 0; t < NNUM4; t++) {
         em_dtype dt = NUM4[t];
@@ -414,6 +441,7 @@ START_TEST(test_blas_choice) {
         {NULL, NULL, false, true, EM_ISA_AVX2, EM_BLAS_BLIS, NULL},  /* no OpenBLAS */
         {NULL, NULL, false, false, EM_ISA_AVX2, EM_BLAS_NONE, NULL},
         {"mkl", "Zen", false, true, EM_ISA_AVX2, EM_BLAS_OPENBLAS, "EMBER_BLAS=mkl is not auto"},
+        {"onednn", "Zen", false, true, EM_ISA_AVX2, EM_BLAS_OPENBLAS, NULL}, /* the cblas side */
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char msg[512];
@@ -422,6 +450,29 @@ START_TEST(test_blas_choice) {
         ck_assert_msg(lib == cases[i].lib, "case %zu: %d", i, (int)lib);
         if (cases[i].msg) ck_assert_msg(strstr(msg, cases[i].msg), "case %zu: %s", i, msg);
         else ck_assert_msg(!msg[0], "case %zu: %s", i, msg);
+    }
+    /* oneDNN for f32: auto where the CPU has AVX2 or more and it loads */
+    static const struct {
+        const char *want;
+        em_isa cpu;
+        bool have, use;
+        const char *msg;
+    } dn[] = {
+        {NULL, EM_ISA_AVX2, true, true, NULL},
+        {"auto", EM_ISA_AVX512, true, true, NULL},
+        {NULL, EM_ISA_AVX, true, false, NULL},       /* its JIT kernels start at AVX2 */
+        {NULL, EM_ISA_AVX512, false, false, NULL},   /* not installed: nothing to say */
+        {"onednn", EM_ISA_AVX, true, true, NULL},    /* asked for */
+        {"onednn", EM_ISA_AVX2, false, false, "does not load"},
+        {"openblas", EM_ISA_AVX512, true, false, NULL},
+        {"blis", EM_ISA_AVX512, true, false, NULL},
+    };
+    for (size_t i = 0; i < sizeof dn / sizeof dn[0]; i++) {
+        char msg[256] = "";
+        bool use = em_blas_choose_onednn(dn[i].want, dn[i].cpu, dn[i].have, msg, sizeof msg);
+        ck_assert_msg(use == dn[i].use, "onednn case %zu", i);
+        if (dn[i].msg) ck_assert_msg(strstr(msg, dn[i].msg), "onednn case %zu: %s", i, msg);
+        else ck_assert_msg(!msg[0], "onednn case %zu: %s", i, msg);
     }
     /* this process's: whichever it is, it names its kernels */
     char kernels[64];
@@ -435,6 +486,7 @@ static Suite *suite(void) {
         {"2d_every_dtype", test_2d_every_dtype},
         {"1d_operands", test_1d_operands},
         {"batched_broadcast", test_batched_broadcast},
+        {"folded_batches", test_folded_batches},
         {"noncontiguous", test_noncontiguous},
         {"empty", test_empty},
         {"mixed_dtypes", test_mixed_dtypes},
@@ -454,17 +506,25 @@ int main(void) {
     /* LeakSanitizer's tracer dies (SIGSEGV) scanning Ember's pool threads
      * once they have run the dlopen'ed BLIS (its thread-local storage,
      * allocated late), whatever was leaked; valgrind checks these runs */
-    printf("SKIP: BLIS under AddressSanitizer: LeakSanitizer's tracer crashes on BLIS's "
-           "thread-local storage in Ember's pool threads (make check-valgrind covers it)\n");
-    return 77;
-#endif
-    setenv("EMBER_BLAS", TEST_BLAS, 1);
-    char kernels[64];
-    if (em_blas_in_use(kernels, sizeof kernels) != EM_BLAS_BLIS) {
-        printf("SKIP: BLIS (libblis.so.4, Debian's libblis4-serial) does not load here\n");
+    if (!strcmp(TEST_BLAS, "blis")) {
+        printf("SKIP: BLIS under AddressSanitizer: LeakSanitizer's tracer crashes on BLIS's "
+               "thread-local storage in Ember's pool threads (make check-valgrind covers it)\n");
         return 77;
     }
-    printf("matmuls on BLIS, arch %s\n", kernels);
+#endif
+    setenv("EMBER_BLAS", TEST_BLAS, 1);
+    char kernels[128];
+    bool blis = !strcmp(TEST_BLAS, "blis");
+    if (em_blas_in_use(kernels, sizeof kernels) != (blis ? EM_BLAS_BLIS : EM_BLAS_OPENBLAS)) {
+        printf("SKIP: %s does not load here\n",
+               blis ? "BLIS (libblis.so.4, Debian's libblis4-serial)" : "OpenBLAS");
+        return 77;
+    }
+    printf("matmuls on %s, kernels %s\n", TEST_BLAS, kernels);
+#else
+    char kernels[128];
+    em_blas_in_use(kernels, sizeof kernels);
+    printf("matmuls on %s\n", kernels);
 #endif
     return tu_run(suite());
 }

@@ -152,27 +152,38 @@ em_isa em_cpu_isa(void);
 bool em_blas_core_warning(const char *core, em_isa cpu, char *buf, size_t n);
 
 /* The BLAS matmuls run on. */
-typedef enum em_blas_lib { EM_BLAS_NONE, EM_BLAS_OPENBLAS, EM_BLAS_BLIS } em_blas_lib;
-/* Which BLAS to use, from EMBER_BLAS (want: NULL or "auto", "openblas",
- * "blis"), the core OpenBLAS chose (NULL: no OpenBLAS), whether the user
- * set OPENBLAS_CORETYPE, the CPU's ISA and whether BLIS loads.  Auto takes
- * OpenBLAS unless it runs a generic core below the CPU (em_blas_core_warning)
- * that nobody chose, and then BLIS, which picks its kernels at run time.
- * msg: what to say once, or empty. */
+typedef enum em_blas_lib { EM_BLAS_NONE, EM_BLAS_OPENBLAS, EM_BLAS_BLIS, EM_BLAS_ONEDNN } em_blas_lib;
+/* Which cblas library to use (f64 products, small f32 ones, and every f32
+ * one where oneDNN is not used), from EMBER_BLAS (want: NULL or "auto",
+ * "onednn", "openblas", "blis"), the core OpenBLAS chose (NULL: no
+ * OpenBLAS), whether the user set OPENBLAS_CORETYPE, the CPU's ISA and
+ * whether BLIS loads.  Auto (and onednn) takes OpenBLAS unless it runs a
+ * generic core below the CPU (em_blas_core_warning) that nobody chose, and
+ * then BLIS, which picks its kernels at run time.  msg: what to say once,
+ * or empty. */
 em_blas_lib em_blas_choose(const char *want, const char *core, bool coretype_set, em_isa cpu,
                            bool have_blis, char *msg, size_t n);
+/* Whether f32 products run on oneDNN's sgemm: EMBER_BLAS (want, as above)
+ * auto on a CPU with AVX2 or more, or onednn, when oneDNN loads
+ * (have_onednn).  msg: what to say once (onednn asked for and missing),
+ * or left as it was. */
+bool em_blas_choose_onednn(const char *want, em_isa cpu, bool have_onednn, char *msg, size_t n);
 /* The BLAS matmuls run on in this process and the kernels it runs (a
  * core or arch name), into buf; loads it if no matmul did yet. */
 em_blas_lib em_blas_in_use(char *buf, size_t n);
 
-/* Whether a BLAS is loaded and usable (it loads at the first call). */
-bool em_blas_ready(void);
-/* c[m x n] = alpha * a[m x k] @ b' + beta * c, row-major f32, where b' is
- * b [k x n] or, with transb, b [n x k] transposed: one single-threaded
- * call of the BLAS in use (em_blas_in_use), for kernels that multiply tiles inside Ember's thread
- * pool (cpu_attention.c).  Only after em_blas_ready() said true. */
-void em_sgemm_tile(bool transb, int m, int n, int k, float alpha, const float *a, int lda,
-                   const float *b, int ldb, float beta, float *c, int ldc);
+/* Whether products of dtype dt (f32 or f64) have a BLAS, loaded and
+ * usable (it loads at the first call). */
+bool em_blas_ready(em_dtype dt);
+/* c[m x n] = alpha * a' @ b' + beta * c, row-major, where a' is a [m x k]
+ * or, with ta, a [k x m] transposed, and b' is b [k x n] or, with tb,
+ * b [n x k] transposed: one single-threaded product on the BLAS in use
+ * (em_blas_in_use), for code that splits work over Ember's thread pool
+ * (cpu_matmul.c, cpu_attention.c).  Only after em_blas_ready(dt) said true. */
+void em_sgemm(bool ta, bool tb, int m, int n, int k, float alpha, const float *a, int lda,
+              const float *b, int ldb, float beta, float *c, int ldc);
+void em_dgemm(bool ta, bool tb, int m, int n, int k, double alpha, const double *a, int lda,
+              const double *b, int ldb, double beta, double *c, int ldc);
 
 /* EM_VMATH_CLONES: the F32 loops of vmath.h's functions are compute bound:
  * on x86-64 with glibc (ifunc), gcc also builds them for AVX2 and AVX-512 and picks one

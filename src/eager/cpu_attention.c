@@ -8,8 +8,8 @@
  * output rows it accumulates (in the result itself) when the max grows.
  * The Tq x Tk scores never exist: only one tile per thread.  A causal task
  * stops at the first key block after its last query.  Tasks are split over
- * Ember's thread pool; OpenBLAS runs single-threaded inside it, as for
- * matmul.  Exponentials are em_vexpf (vmath.h), which gcc vectorizes.
+ * Ember's thread pool; the BLAS runs single-threaded inside it, as for
+ * matmul (cpu_blas.c).  Exponentials are em_vexpf (vmath.h), which gcc vectorizes.
  *
  * Operands are read in place when their rows are contiguous (a qkv split,
  * heads permuted: only the row stride differs); otherwise each tile is
@@ -107,7 +107,7 @@ static void scores_tile(const attn_ctx *X, int64_t m, int64_t n, const float *qt
         return;
     }
     if (X->blas) {
-        em_sgemm_tile(true, (int)m, (int)n, (int)X->D, X->scale, qt, (int)ldq, kt, (int)ldk, 0.0f, s, BK);
+        em_sgemm(false, true, (int)m, (int)n, (int)X->D, X->scale, qt, (int)ldq, kt, (int)ldk, 0.0f, s, BK);
         return;
     }
     for (int64_t i = 0; i < m; i++)
@@ -122,7 +122,7 @@ static void scores_tile(const attn_ctx *X, int64_t m, int64_t n, const float *qt
 static void accumulate_tile(const attn_ctx *X, int64_t m, int64_t n, const float *p,
                             const float *vt, int64_t ldv, float *o) {
     if (X->blas) {
-        em_sgemm_tile(false, (int)m, (int)X->Dv, (int)n, 1.0f, p, BK, vt, (int)ldv, 1.0f, o, (int)X->Dv);
+        em_sgemm(false, false, (int)m, (int)X->Dv, (int)n, 1.0f, p, BK, vt, (int)ldv, 1.0f, o, (int)X->Dv);
         return;
     }
     for (int64_t i = 0; i < m; i++)
@@ -156,7 +156,19 @@ ALWAYS_INLINE static float row_max(const float *s, int64_t n) {
     return mx;
 }
 
+/* n rounded up to whole vectors of 16 floats (never past the tile's BK
+ * columns): the columns past n are set to -inf, whose exponentials are 0,
+ * so the exp and sum loops run no scalar tail.  A scalar tail was half of
+ * the kernel's time at T = 24 (MiniLM's sentences): 8 of every 24 keys. */
+ALWAYS_INLINE static int64_t pad_row(float *s, int64_t n) {
+    int64_t n16 = (n + 15) & ~(int64_t)15;
+    if (n16 > BK) n16 = BK;
+    for (int64_t c = n; c < n16; c++) s[c] = -INFINITY;
+    return n16;
+}
+
 ALWAYS_INLINE static void softmax_row(const attn_ctx *X, float *s, int64_t n, float *m, float *l, float *o) {
+    n = pad_row(s, n);
     float mx = row_max(s, n);
     float mnew = mx > *m ? mx : *m;
     if (mnew == -INFINITY) { /* every key so far dropped: nothing to add */
@@ -275,7 +287,7 @@ em_status cpu_attention(const em_op_call *c, em_tensor *out) {
     X.causal = c->attrs->causal;
     int64_t nbatch = em_shape_numel(X.nb, X.bsz);
     if (nbatch == 0 || X.Tq == 0 || X.Dv == 0) return EM_OK;
-    X.blas = X.D <= INT32_MAX && X.Dv <= INT32_MAX && em_blas_ready();
+    X.blas = X.D <= INT32_MAX && X.Dv <= INT32_MAX && em_blas_ready(EM_F32);
     operand_of(&X.q, q, X.nb);
     operand_of(&X.k, k, X.nb);
     operand_of(&X.v, v, X.nb);
