@@ -4,6 +4,7 @@
 #include "eager.h" /* em_parallel_for, the device registry */
 
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -364,6 +365,48 @@ static void count_free(void *ud, void *p) {
     ((counting *)ud)->frees++;
     free(p);
 }
+
+/* The default allocator keeps freed blocks of 64 KiB and more (a thread's
+ * cache, size classes of 64 KiB) and hands them out again, so that a
+ * compiled graph's intermediates cost no page faults from the second call
+ * on; more sizes than it keeps still allocate, and every block is usable. */
+START_TEST(freed_big_blocks_are_handed_out_again) {
+    static const size_t sizes[][2] = {{64 << 10, 64 << 10},   {100 << 10, 120 << 10},
+                                      {128 << 10, 128 << 10}, {512 << 10, 500 << 10},
+                                      {3 << 20, 3 << 20}};
+    enum { HOLD = 40 }; /* more than the cache keeps: none of the class is left in it */
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        unsigned char *hold[HOLD];
+        for (int h = 0; h < HOLD; h++) {
+            hold[h] = em_malloc(sizes[i][0]);
+            ck_assert_ptr_nonnull(hold[h]);
+            ck_assert_uint_eq((uintptr_t)hold[h] % 64, 0);
+            hold[h][0] = 1, hold[h][sizes[i][0] - 1] = 2;
+        }
+        em_free(hold[0]);
+        unsigned char *q = em_malloc(sizes[i][1]); /* the same 64 KiB class */
+        ck_assert_ptr_eq(q, hold[0]);              /* the kept block */
+        q[sizes[i][1] - 1] = 3;
+        em_free(q);
+        for (int h = 1; h < HOLD; h++) em_free(hold[h]);
+    }
+    /* 80 sizes at once, more than the cache keeps: all usable, all freed */
+    enum { N = 80 };
+    unsigned char *blk[N];
+    for (int i = 0; i < N; i++) {
+        size_t n = ((size_t)(i + 1) << 16) + 17;
+        blk[i] = em_malloc(n);
+        ck_assert_ptr_nonnull(blk[i]);
+        blk[i][0] = (unsigned char)i, blk[i][n - 1] = (unsigned char)(i + 1);
+    }
+    for (int i = 0; i < N; i++) {
+        size_t n = ((size_t)(i + 1) << 16) + 17;
+        ck_assert_uint_eq(blk[i][0], (unsigned char)i);
+        ck_assert_uint_eq(blk[i][n - 1], (unsigned char)(i + 1));
+        em_free(blk[i]);
+    }
+}
+END_TEST
 
 /* A chain of ops, each allocation failing in turn: every failure must come
  * back as EM_ERR_NOMEM (or the NULL it causes), and nothing may leak. */
@@ -742,6 +785,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, release_of_scope_tensor_is_refused);
     tcase_add_test(tc, views_outlive_base_reference);
     tcase_add_test(tc, failing_allocations_are_reported_and_leak_nothing);
+    tcase_add_test(tc, freed_big_blocks_are_handed_out_again);
     suite_add_tcase(s, tc);
     tc = tcase_create("views");
     tcase_add_checked_fixture(tc, tu_setup, tu_teardown);

@@ -110,15 +110,18 @@ const char *em_status_name(em_status s) {
 /* ---- Allocation ---- */
 
 /* The default allocator keeps a few freed blocks per thread and hands them
- * out again.  Big blocks: a fresh multi-megabyte block costs a page fault
- * per 4 KiB on first touch (2 ms for 16 MiB here), which would dominate a
- * memory-bound kernel.  Small blocks (tensor headers, lazy mode's pending
+ * out again.  Big blocks: a fresh block of 64 KiB or more costs a page
+ * fault per 4 KiB on first touch (2 ms for 16 MiB here), which would
+ * dominate a memory-bound kernel; glibc maps such blocks afresh on each
+ * malloc (its mmap threshold) or trims them back, so a compiled GPT-2 block
+ * at 128 tokens, whose intermediates are 128-512 KiB, took 260 page faults
+ * a call (10-15% of its time) before blocks of that size were kept too.  Small blocks (tensor headers, lazy mode's pending
  * tensors): posix_memalign and free cost about 60 ns a pair here, 40% of
  * recording an op in lazy mode; a per-thread free list costs a few ns.
  * Each block carries a 64-byte header with its size class. */
-#define BIG_BLOCK (1u << 20)       /* blocks this large are kept when freed */
+#define BIG_BLOCK ((size_t)64 << 10) /* blocks this large are kept when freed */
 #define BIG_GRAIN ((size_t)64 << 10) /* size classes: multiples of 64 KiB */
-#define BIG_SLOTS 8
+#define BIG_SLOTS 32 /* a model's live intermediates: a few of each size */
 #define BIG_KEEP ((size_t)256 << 20) /* at most this much kept per thread */
 #define HEADER 64
 #define SMALL_GRAIN 64               /* small size classes: multiples of 64 bytes */

@@ -239,6 +239,12 @@ static void *onednn_open(void) {
     return NULL;
 }
 
+/* Whether LeakSanitizer runs in this process (a program built with
+ * -fsanitize=address): its exit-time scan crashes (SIGSEGV in its tracer)
+ * on the thread-local storage oneDNN and libgomp give Ember's pool threads,
+ * as it does on BLIS's, so auto leaves oneDNN out there. */
+static bool leak_sanitizer(void) { return dlsym(RTLD_DEFAULT, "__lsan_do_leak_check") != NULL; }
+
 static void onednn_use(void *h) {
     onednn_sgemm = (dnnl_sgemm_fn *)dlsym(h, "dnnl_sgemm");
     omp_set_threads = (void (*)(int))dlsym(h, "omp_set_num_threads");
@@ -309,7 +315,8 @@ static void blas_load(void) {
         snprintf(blas_kernels, sizeof blas_kernels, "%s", core);
     }
     if (blis && lib != EM_BLAS_BLIS) dlclose(blis);
-    bool may_onednn = !(w && (!strcmp(w, "openblas") || !strcmp(w, "blis")));
+    bool may_onednn = !(w && (!strcmp(w, "openblas") || !strcmp(w, "blis"))) &&
+                      (!leak_sanitizer() || (w && !strcmp(w, "onednn")));
     void *dnnl = may_onednn ? onednn_open() : NULL;
     char dmsg[256] = "";
     if (em_blas_choose_onednn(w, em_cpu_isa(), dnnl != NULL, dmsg, sizeof dmsg)) {

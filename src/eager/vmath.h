@@ -84,45 +84,56 @@
 #include <stdint.h>
 #include <string.h>
 
+/* Always inlined: the callers are loops gcc vectorizes only when the whole
+ * function is in them, and gcc's size limits dropped em_vgeluf to a scalar
+ * call (a third of eager MiniLM's time) when exp grew by one select. */
+#define EM_VM_INLINE static inline __attribute__((always_inline))
+
 /* Bit casts (memcpy compiles to a register move and vectorizes). */
-static inline uint32_t em_vm_bits(float x) {
+EM_VM_INLINE uint32_t em_vm_bits(float x) {
     uint32_t u;
     memcpy(&u, &x, sizeof u);
     return u;
 }
-static inline float em_vm_float(uint32_t u) {
+EM_VM_INLINE float em_vm_float(uint32_t u) {
     float x;
     memcpy(&x, &u, sizeof x);
     return x;
 }
-static inline float em_vm_abs(float x) { return em_vm_float(em_vm_bits(x) & 0x7fffffffu); }
+EM_VM_INLINE float em_vm_abs(float x) { return em_vm_float(em_vm_bits(x) & 0x7fffffffu); }
 /* c ? a : b, for c 0 or 1, through a bit mask.  Not a C ternary: gcc
  * lowers ternaries to branches, and jump threading then duplicates the code
  * after a select whose arm is a constant (x > 88.8 ? 88.8 : x) and folds
  * it, leaving float operations that "could trap" in conditional blocks,
  * which the vectorizer's if-conversion refuses.  Masks keep the code
  * straight-line; the vectorizer turns them into and/andnot/or or blends. */
-static inline float em_vm_sel(int c, float a, float b) {
+EM_VM_INLINE float em_vm_sel(int c, float a, float b) {
     uint32_t m = 0u - (uint32_t)c;
     return em_vm_float((em_vm_bits(a) & m) | (em_vm_bits(b) & ~m));
 }
-static inline int32_t em_vm_seli(int c, int32_t a, int32_t b) {
+EM_VM_INLINE int32_t em_vm_seli(int c, int32_t a, int32_t b) {
     uint32_t m = 0u - (uint32_t)c;
     return (int32_t)(((uint32_t)a & m) | ((uint32_t)b & ~m));
 }
 /* |m| with the sign of s. */
-static inline float em_vm_copysign(float m, float s) {
+EM_VM_INLINE float em_vm_copysign(float m, float s) {
     return em_vm_float((em_vm_bits(m) & 0x7fffffffu) | (em_vm_bits(s) & 0x80000000u));
 }
 
 /* exp(x + lo) for a small correction lo (|lo| <= ulp(x), 0 when x is not
  * finite), added to the reduced argument; em_vexpf passes -0, which gcc
  * folds away (r + -0 == r for every r). */
-static inline float em_vm_exp_lo(float x, float lo) {
+EM_VM_INLINE float em_vm_exp_lo(float x, float lo) {
     /* Clamp so that n stays in [-150, 128] (NaN passes through: every
-     * comparison with NaN is false, and NaN propagates to the result). */
+     * comparison with NaN is false, and NaN propagates to the result).
+     * Below -104 the result is 0 (exp(-104) < 2^-150 rounds to it): such
+     * lanes compute exp(0) and are set to 0 at the end, so that a masked
+     * score (-inf) never runs the multiply into the subnormal range, which
+     * costs a microcode assist on Intel cores (about 100 cycles a vector:
+     * most of fused attention's softmax time under a causal mask). */
+    int under = x < -104.0f;
     float xc = em_vm_sel(x > 88.8f, 88.8f, x);
-    xc = em_vm_sel(xc < -104.0f, -104.0f, xc);
+    xc = em_vm_sel(under, 0.0f, xc);
     /* n = round(x / ln2): adding 1.5*2^23 rounds to an integer, which then
      * sits in the low bits of kf. */
     float kf = xc * 0x1.715476p+0f + 0x1.8p23f;
@@ -145,14 +156,14 @@ static inline float em_vm_exp_lo(float x, float lo) {
     int32_t n1 = ni >> 1, n2 = ni - n1;
     float s1 = em_vm_float((uint32_t)(n1 + 127) << 23);
     float s2 = em_vm_float((uint32_t)(n2 + 127) << 23);
-    return p * s1 * s2;
+    return em_vm_sel(under, 0.0f, p * s1 * s2);
 }
 
 /* exp(x): Cephes expf's reduction and polynomial. */
-static inline float em_vexpf(float x) { return em_vm_exp_lo(x, -0.0f); }
+EM_VM_INLINE float em_vexpf(float x) { return em_vm_exp_lo(x, -0.0f); }
 
 /* log(x): fdlibm's logf. */
-static inline float em_vlogf(float x) {
+EM_VM_INLINE float em_vlogf(float x) {
     /* Positive subnormals (and +0, handled below): scale by 2^23. */
     int sub = em_vm_bits(x) < 0x00800000u;
     float xs = em_vm_sel(sub, x * 0x1p23f, x);
@@ -176,7 +187,7 @@ static inline float em_vlogf(float x) {
 }
 
 /* tanh(x). */
-static inline float em_vtanhf(float x) {
+EM_VM_INLINE float em_vtanhf(float x) {
     float ax = em_vm_abs(x);
     float x2 = x * x;
     float p = 0x1.3837c4p-9f;    /*  2.382033039e-03 */
@@ -193,7 +204,7 @@ static inline float em_vtanhf(float x) {
 }
 
 /* 1 / (1 + exp(-x)). */
-static inline float em_vsigmoidf(float x) {
+EM_VM_INLINE float em_vsigmoidf(float x) {
     float e = em_vexpf(-em_vm_abs(x));
     float num = em_vm_sel(x >= 0, 1.0f, e); /* NaN: e, a NaN */
     return num / (1.0f + e);
@@ -201,7 +212,7 @@ static inline float em_vsigmoidf(float x) {
 
 /* erf's two pieces: *small = erf(x) for |x| < 0.921875, and the return
  * value erfc(|x|) for 0.921875 <= |x| <= 3.925 (meaningless outside). */
-static inline float em_vm_erf_parts(float x, float *small) {
+EM_VM_INLINE float em_vm_erf_parts(float x, float *small) {
     float x2 = x * x;
     float p = 0x1.6e4ee2p-14f;   /*  8.733466530e-05 */
     p = p * x2 - 0x1.afd1ccp-11f; /* -8.236303693e-04 */
@@ -225,7 +236,7 @@ static inline float em_vm_erf_parts(float x, float *small) {
 }
 
 /* erf(x). */
-static inline float em_verff(float x) {
+EM_VM_INLINE float em_verff(float x) {
     float small;
     float ec = em_vm_erf_parts(x, &small);
     float ax = em_vm_abs(x);
@@ -235,7 +246,7 @@ static inline float em_verff(float x) {
 }
 
 /* gelu, erf form: x/2 (1 + erf(x / sqrt 2)). */
-static inline float em_vgeluf(float x) {
+EM_VM_INLINE float em_vgeluf(float x) {
     float z = x * 0x1.6a09e6p-1f; /* x / sqrt(2) */
     float small;
     float ec = em_vm_erf_parts(z, &small);
@@ -252,7 +263,7 @@ static inline float em_vgeluf(float x) {
  * = x * sigmoid(y), y = 2 sqrt(2/pi) x (1 + 0.044715 x^2).  y is formed in
  * double and passed to exp as hi + lo floats: rounded to float, its error
  * would be amplified |y| times by exp (tens of ulp for x around -3). */
-static inline float em_vgelu_tanhf(float x) {
+EM_VM_INLINE float em_vgelu_tanhf(float x) {
     double xd = x;
     double yd = xd * (1.5957691216057308 + 0.07135481627260025 * (xd * xd));
     float hi = (float)yd;

@@ -81,7 +81,7 @@ static const char *const CODE_OPTIONS[] = {"-fno-math-errno", "-fno-trapping-mat
                                            "-fno-inline-functions-called-once"};
 /* Bumped when the generated code changes for the same kernel IR (cached
  * shared objects of older generators are then not reused). */
-#define CODEGEN_VERSION 5
+#define CODEGEN_VERSION 6
 
 static gcc_jit_context *new_context(void) {
     gcc_jit_context *ctx = gcc_jit_context_acquire();

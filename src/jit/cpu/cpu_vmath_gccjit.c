@@ -177,8 +177,10 @@ static cg_val call(cg *g, cg_math *m, cg_mathfn f, int n, cg_val a, cg_val b) {
 /* ---- the ports (vmath.h) ---- */
 
 static void build_exp_lo(cg *g, cg_val x, cg_val lo) {
+    /* below -104: exp(0), then 0 (vmath.h says why) */
+    cg_val under = LET(lt(g, x, F(-104.0f)));
     cg_val xc = sel(g, gt(g, x, F(88.8f)), F(88.8f), x);
-    xc = sel(g, lt(g, xc, F(-104.0f)), F(-104.0f), xc);
+    xc = sel(g, under, F(0.0f), xc);
     cg_val kf = LET(add(g, mul(g, xc, F(0x1.715476p+0f)), F(0x1.8p23f)));
     cg_val n = LET(sub(g, kf, F(0x1.8p23f)));
     cg_val ni = LET(cg_cast(g, sub(g, bits(g, kf), U(0x4b400000u)), g->t->i32));
@@ -196,7 +198,7 @@ static void build_exp_lo(cg *g, cg_val x, cg_val lo) {
     cg_val n1 = LET(shr(g, ni, I(1))), n2 = LET(sub(g, ni, n1));
     cg_val s1 = LET(flt(g, shl(g, cg_cast(g, add(g, n1, I(127)), g->t->u32), U(23))));
     cg_val s2 = LET(flt(g, shl(g, cg_cast(g, add(g, n2, I(127)), g->t->u32), U(23))));
-    gcc_jit_block_end_with_return(g->b, NULL, mul(g, mul(g, p, s1), s2));
+    gcc_jit_block_end_with_return(g->b, NULL, sel(g, under, F(0.0f), mul(g, mul(g, p, s1), s2)));
 }
 
 static void build_log(cg *g, cg_val x) {
