@@ -184,6 +184,8 @@ def main():
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     ap.add_argument("--first-call", default="", help=argparse.SUPPRESS)
+    ap.add_argument("--no-warm", action="store_true",
+                    help="skip the warm first call (a new process each: tens of seconds on many cores)")
     a = ap.parse_args()
     global DTYPE
     DTYPE = getattr(torch, a.dtype)
@@ -218,7 +220,7 @@ def main():
             te, tc = wall_per_call(fn, args), wall_per_call(cf, args)
         else:
             te, tc = median_time(fn, args, reps), median_time(cf, args, reps)
-        warm = warm_first_call(name, a.threads)
+        warm = None if a.no_warm else warm_first_call(name, a.threads)
         rows.append(dict(name=name, eager_ms=te * 1e3, compiled_ms=tc * 1e3, cold_first_ms=cold * 1e3,
                          warm_first_ms=None if warm is None else warm * 1e3, rel_err=err))
         ws = f"{warm * 1e3:8.1f} ms" if warm is not None else "       n/a"

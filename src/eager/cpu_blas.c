@@ -26,6 +26,9 @@
 #include <strings.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
+#ifdef HAVE_VALGRIND_VALGRIND_H
+#include <valgrind/valgrind.h> /* RUNNING_ON_VALGRIND: a no-op outside valgrind */
+#endif
 
 /* OpenBLAS is loaded with dlopen at the first matmul, not linked, because
  * its library constructor starts a thread pool (cores - 1 threads) and each
@@ -245,6 +248,18 @@ static void *onednn_open(void) {
  * as it does on BLIS's, so auto leaves oneDNN out there. */
 static bool leak_sanitizer(void) { return dlsym(RTLD_DEFAULT, "__lsan_do_leak_check") != NULL; }
 
+/* Whether the process runs under valgrind, whose memcheck reports reads of
+ * uninitialised values inside oneDNN's JIT-generated kernels and its own
+ * code (its sgemm on operands that OpenBLAS multiplies without a report):
+ * auto leaves oneDNN out there too, so that valgrind checks Ember's code. */
+static bool under_valgrind(void) {
+#ifdef RUNNING_ON_VALGRIND
+    return RUNNING_ON_VALGRIND != 0;
+#else
+    return false;
+#endif
+}
+
 static void onednn_use(void *h) {
     onednn_sgemm = (dnnl_sgemm_fn *)dlsym(h, "dnnl_sgemm");
     omp_set_threads = (void (*)(int))dlsym(h, "omp_set_num_threads");
@@ -316,7 +331,7 @@ static void blas_load(void) {
     }
     if (blis && lib != EM_BLAS_BLIS) dlclose(blis);
     bool may_onednn = !(w && (!strcmp(w, "openblas") || !strcmp(w, "blis"))) &&
-                      (!leak_sanitizer() || (w && !strcmp(w, "onednn")));
+                      ((!leak_sanitizer() && !under_valgrind()) || (w && !strcmp(w, "onednn")));
     void *dnnl = may_onednn ? onednn_open() : NULL;
     char dmsg[256] = "";
     if (em_blas_choose_onednn(w, em_cpu_isa(), dnnl != NULL, dmsg, sizeof dmsg)) {
