@@ -8,7 +8,7 @@
  *            on CUDA the generated flash kernel).
  *
  *   bench_attention [--device cpu|cuda] [--reps N] [--max-t T] [--batch B]
- *                   [--heads H] [--json FILE] [--no-eager]
+ *                   [--heads H] [--json FILE] [--no-eager] [--dtype f32|bf16|f16]
  *   bench_attention --memory       peak RSS of compiled causal attention
  *                                  at T = 1024 ... 8192 (CPU, fused only;
  *                                  the tracing call records lazily)
@@ -31,6 +31,7 @@ typedef struct point {
     int64_t B, T, D;
     bool causal;
     em_device dev;
+    em_dtype dtype; /* of q, k and v: f32, bf16 or f16 */
     double host; /* on a GPU: the last run's host seconds per call, before its wait */
 } point;
 
@@ -104,7 +105,10 @@ static double time_calls(em_compiled *f, point *p, em_tensor *const *in, int rep
 /* q, k, v [B, H, T, D] and the mask into in. */
 static bool make_inputs(em_generator *g, const point *p, int64_t H, em_tensor **in) {
     int64_t sz[4] = {p->B, H, p->T, p->D};
-    for (int i = 0; i < 3; i++) in[i] = em_randn(g, 4, sz, EM_F32, p->dev);
+    for (int i = 0; i < 3; i++) {
+        in[i] = em_randn(g, 4, sz, EM_F32, p->dev);
+        if (p->dtype != EM_F32) in[i] = em_contiguous(em_cast(in[i], p->dtype));
+    }
     in[3] = padding_mask(p);
     return in[0] && in[1] && in[2] && in[3];
 }
@@ -130,7 +134,7 @@ static int memory_sweep(int64_t H) {
     em_generator *g = em_generator_new(0);
     printf("peak RSS of compiled (fused) causal attention, B=1 H=%lld D=64\n", (long long)H);
     for (int64_t T = 1024; T <= 8192; T *= 2) {
-        point p = {1, T, 64, true, em_cpu(), 0};
+        point p = {1, T, 64, true, em_cpu(), EM_F32, 0};
         em_scope_begin();
         em_tensor *in[4];
         em_compiled *f = make_inputs(g, &p, H, in) ? compile_point(&p, true) : NULL;
@@ -149,7 +153,7 @@ static int memory_sweep(int64_t H) {
 int main(int argc, char **argv) {
     int reps = 5;
     int64_t max_t = -1, H = -1, batch = -1;
-    const char *json = NULL, *device = "cpu";
+    const char *json = NULL, *device = "cpu", *dtype_name = "f32";
     bool memory = false, no_eager = false;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
@@ -160,15 +164,22 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--json") && i + 1 < argc) json = argv[++i];
         else if (!strcmp(argv[i], "--memory")) memory = true;
         else if (!strcmp(argv[i], "--no-eager")) no_eager = true;
+        else if (!strcmp(argv[i], "--dtype") && i + 1 < argc) dtype_name = argv[++i];
         else {
             fprintf(stderr, "usage: %s [--device cpu|cuda] [--reps N] [--max-t T] [--batch B] "
-                    "[--heads H] [--json FILE] [--no-eager] [--memory]\n", argv[0]);
+                    "[--heads H] [--json FILE] [--no-eager] [--dtype f32|bf16|f16] [--memory]\n", argv[0]);
             return 2;
         }
     }
     bool gpu = !strcmp(device, "cuda");
     if (!gpu && strcmp(device, "cpu")) {
         fprintf(stderr, "bench_attention: --device is cpu or cuda, not '%s'\n", device);
+        return 2;
+    }
+    em_dtype dtype = !strcmp(dtype_name, "f32") ? EM_F32 : !strcmp(dtype_name, "bf16") ? EM_BF16
+                   : !strcmp(dtype_name, "f16") ? EM_F16 : EM_DTYPE_COUNT;
+    if (dtype == EM_DTYPE_COUNT) {
+        fprintf(stderr, "bench_attention: --dtype is f32, bf16 or f16, not '%s'\n", dtype_name);
         return 2;
     }
     /* the GPU's defaults give 64 heads: a T = 128 sweep point fills it */
@@ -192,15 +203,15 @@ int main(int argc, char **argv) {
     }
     if (jf) fprintf(jf, "[\n");
     em_generator *g = em_generator_new(0);
-    printf("attention sweep on %s, B=%lld H=%lld, f32, %d threads, median of %d (ms)\n", device,
-           (long long)batch, (long long)H, em_num_threads(), reps);
+    printf("attention sweep on %s, B=%lld H=%lld, %s, %d threads, median of %d (ms)\n", device,
+           (long long)batch, (long long)H, dtype_name, em_num_threads(), reps);
     printf("%-6s %-4s %-8s %10s %10s %8s%s\n", "T", "D", "mask", "eager", "compiled", "speedup",
            gpu ? "   host/call (us)" : "");
     int rc = 0, first = 1;
     for (int64_t T = 128; T <= max_t && rc == 0; T = T == 128 ? 512 : T * 2) {
         for (int64_t D = 64; D <= 128 && rc == 0; D *= 2) {
             for (int causal = 1; causal >= 0 && rc == 0; causal--) {
-                point p = {batch, T, D, causal, dev, 0};
+                point p = {batch, T, D, causal, dev, dtype, 0};
                 em_scope_begin();
                 em_tensor *in[4];
                 em_compiled *f = make_inputs(g, &p, H, in) ? compile_point(&p, false) : NULL;

@@ -12,7 +12,7 @@ bench_attention's; TF32 off):
             into the same kernel
 
   python3 bench/torch_attention.py [--device cpu|cuda] [--reps N] [--max-t T]
-          [--batch B] [--heads H] [--threads N] [--no-compile]
+          [--batch B] [--heads H] [--threads N] [--no-compile] [--dtype f32|bf16|f16]
           [--ember bench/attention.json]
 
 Medians after one untimed call (two for torch.compile, whose first call
@@ -76,6 +76,7 @@ def main():
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--no-compile", action="store_true")
     ap.add_argument("--ember", default=None)
+    ap.add_argument("--dtype", default="f32", choices=("f32", "bf16", "f16"))
     a = ap.parse_args()
     gpu = a.device == "cuda"
     a.max_t = a.max_t or (8192 if gpu else 4096)
@@ -90,8 +91,9 @@ def main():
     if a.ember:
         for r in json.load(open(a.ember)):
             ember[(r["T"], r["D"], r["mask"])] = r
+    dtype = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}[a.dtype]
     torch.manual_seed(0)
-    print(f"attention sweep on {a.device}, B={a.batch} H={a.heads}, f32, torch {torch.__version__}, "
+    print(f"attention sweep on {a.device}, B={a.batch} H={a.heads}, {a.dtype}, torch {torch.__version__}, "
           f"{torch.get_num_threads()} threads, median of {a.reps} (ms)")
     hdr = f"{'T':<6} {'D':<4} {'mask':<8} {'sdpa':>9} {'t.compile':>10}"
     if ember:
@@ -101,7 +103,8 @@ def main():
     for T in Ts:
         for D in (64, 128):
             for causal in (True, False):
-                q, k, v = (torch.randn(a.batch, a.heads, T, D, device=a.device) for _ in range(3))
+                q, k, v = (torch.randn(a.batch, a.heads, T, D, device=a.device, dtype=dtype)
+                           for _ in range(3))
                 mask = (torch.arange(T, device=a.device) < 3 * T // 4).reshape(1, 1, 1, T)
                 mask = mask.expand(a.batch, 1, 1, T).contiguous()
                 ts = timed(lambda: F.scaled_dot_product_attention(
