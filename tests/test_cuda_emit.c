@@ -498,6 +498,47 @@ START_TEST(attention_kernel_compiles) {
     ck_assert_ptr_null(cuda_attention_decode_text(64, 129, 0, 0, 2));
 }
 END_TEST
+
+/* The fused attention kernel for f16 and bf16 operands (m16n8k16 tensor
+ * cores, sm_80 on) compiles for sm_90 in each specialization: both
+ * dtypes with each mask kind (none, strided, unit-stride columns),
+ * causal or not, head dims 64, 128, 256 (the largest taken) and odd ones
+ * (padded to 16), Dv from 1 to 128, 0 to 8 batch dims; other dtypes and
+ * head sizes past the kernel's are EM_ERR_ARG. */
+START_TEST(attention_half_kernels_compile) {
+    static const struct { em_dtype dt; int64_t D, Dv; int causal, mask, nb; } cases[] = {
+        {EM_BF16, 64, 64, 1, 0, 2},  {EM_BF16, 128, 128, 0, 2, 1}, {EM_BF16, 17, 100, 1, 1, 8},
+        {EM_BF16, 256, 128, 0, 1, 0}, {EM_F16, 64, 64, 0, 2, 2},    {EM_F16, 128, 128, 1, 0, 2},
+        {EM_F16, 80, 8, 1, 1, 3},    {EM_F16, 1, 1, 0, 0, 0}};
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char *text = cuda_attention_half_text(cases[i].dt, cases[i].D, cases[i].Dv, cases[i].causal,
+                                              cases[i].mask, cases[i].nb);
+        ck_assert_ptr_nonnull(text);
+        char want[32];
+        snprintf(want, sizeof want, "#define HALF %d\n", cases[i].dt == EM_BF16 ? 2 : 1);
+        ck_assert_msg(strstr(text, want) && strstr(text, "m16n8k16") && strstr(text, "em_to_bf16"), "%s", text);
+        void *bin = NULL;
+        size_t n = 0;
+        ck_assert_msg(nvrtc(text, "k", 90, false, &bin, &n) == EM_OK, "case %zu: %s", i, em_last_error());
+        ck_assert(n > 100);
+        em_free(bin);
+        em_free(text);
+    }
+    /* the f32 text differs (another cache key): its own operand part */
+    char *f32 = cuda_attention_text(64, 64, 1, 0, 2, true), *bf = cuda_attention_half_text(EM_BF16, 64, 64, 1, 0, 2);
+    ck_assert(f32 && bf && strcmp(f32, bf) && strstr(f32, "#define HALF 0\n") && !strstr(f32, "m16n8k16"));
+    em_free(f32);
+    em_free(bf);
+    ck_assert_ptr_null(cuda_attention_half_text(EM_F32, 64, 64, 0, 0, 2));
+    ck_assert_int_eq(em_last_status(), EM_ERR_ARG);
+    ck_assert_ptr_null(cuda_attention_half_text(EM_F64, 64, 64, 0, 0, 2));
+    ck_assert_ptr_null(cuda_attention_half_text(EM_BF16, 257, 64, 0, 0, 2));
+    ck_assert_ptr_null(cuda_attention_half_text(EM_BF16, 0, 64, 0, 0, 2));
+    ck_assert_ptr_null(cuda_attention_half_text(EM_F16, 64, 129, 0, 0, 2));
+    ck_assert_ptr_null(cuda_attention_half_text(EM_F16, 64, 64, 0, 0, EM_MAX_DIMS + 1));
+    ck_assert_int_eq(em_last_status(), EM_ERR_ARG);
+}
+END_TEST
 #endif
 
 /* Without a GPU (CI), asking for one fails with a reason, never aborts. */
@@ -593,6 +634,7 @@ int main(void) {
         {"warmup_for_a_named_gpu_needs_no_gpu", warmup_for_a_named_gpu_needs_no_gpu},
 #ifdef EMBER_HAVE_CUDA
         {"kernel_table", kernel_table}, {"attention_kernel_compiles", attention_kernel_compiles},
+        {"attention_half_kernels_compile", attention_half_kernels_compile},
 #endif
     };
     return tu_run(tu_suite("cuda_emit", tests, sizeof tests / sizeof tests[0], 120));

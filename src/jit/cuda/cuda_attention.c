@@ -68,24 +68,34 @@ static const char attention_prelude[] =
     "  float scale;\n"
     "  int vec;\n"
     "};\n"
-    "/* dst[r][c] = src row r0 + r, column c, times mul, for ROWS x COLS4\n"
-    " * (zero past nrows or COLS); vec: 16-byte loads (unit column stride,\n"
-    " * rows and base 16-byte aligned, COLS a multiple of 4). */\n"
-    "template <int ROWS, int COLS, int COLS4, int PITCH>\n"
-    "__device__ __forceinline__ void load_tile(float *dst, const float *__restrict__ src,\n"
+    "/* x times mul: f32 elements scaled (the q tile), half ones moved as\n"
+    " * they are (their kernel scales the scores instead) */\n"
+    "__device__ __forceinline__ float scaled(float x, float mul) { return x * mul; }\n"
+    "__device__ __forceinline__ unsigned short scaled(unsigned short x, float) { return x; }\n"
+    "__device__ __forceinline__ uint4 scaled(uint4 x, float mul, const float *) {\n"
+    "  return make_uint4(__float_as_uint(__uint_as_float(x.x) * mul), __float_as_uint(__uint_as_float(x.y) * mul),\n"
+    "                    __float_as_uint(__uint_as_float(x.z) * mul), __float_as_uint(__uint_as_float(x.w) * mul));\n"
+    "}\n"
+    "__device__ __forceinline__ uint4 scaled(uint4 x, float, const unsigned short *) { return x; }\n"
+    "/* dst[r][c] = src row r0 + r, column c, times mul, for ROWS x COLSV\n"
+    " * elements E (zero past nrows or COLS); vec: 16-byte loads (unit column\n"
+    " * stride, rows and base 16-byte aligned, COLS a multiple of a vector's\n"
+    " * 16 / sizeof(E) elements). */\n"
+    "template <int ROWS, int COLS, int COLSV, int PITCH, typename E>\n"
+    "__device__ __forceinline__ void load_tile(E *dst, const E *__restrict__ src,\n"
     "    long long r0, long long nrows, long long rs, long long cs, float mul, bool vec) {\n"
+    "  const int W = 16 / sizeof(E);\n"
     "  if (vec) {\n"
-    "    for (int e = threadIdx.x; e < ROWS * (COLS4 / 4); e += NT) {\n"
-    "      int r = e / (COLS4 / 4), c = e % (COLS4 / 4) * 4;\n"
-    "      float4 x = make_float4(0.f, 0.f, 0.f, 0.f);\n"
-    "      if (r0 + r < nrows && c < COLS) x = *(const float4 *)(src + (r0 + r) * rs + c);\n"
-    "      x.x *= mul, x.y *= mul, x.z *= mul, x.w *= mul;\n"
-    "      *(float4 *)&dst[r * PITCH + c] = x;\n"
+    "    for (int e = threadIdx.x; e < ROWS * (COLSV / W); e += NT) {\n"
+    "      int r = e / (COLSV / W), c = e % (COLSV / W) * W;\n"
+    "      uint4 x = make_uint4(0u, 0u, 0u, 0u);\n"
+    "      if (r0 + r < nrows && c < COLS) x = scaled(*(const uint4 *)(src + (r0 + r) * rs + c), mul, src);\n"
+    "      *(uint4 *)&dst[r * PITCH + c] = x;\n"
     "    }\n"
     "  } else {\n"
-    "    for (int e = threadIdx.x; e < ROWS * COLS4; e += NT) {\n"
-    "      int r = e / COLS4, c = e % COLS4;\n"
-    "      dst[r * PITCH + c] = r0 + r < nrows && c < COLS ? src[(r0 + r) * rs + c * cs] * mul : 0.f;\n"
+    "    for (int e = threadIdx.x; e < ROWS * COLSV; e += NT) {\n"
+    "      int r = e / COLSV, c = e % COLSV;\n"
+    "      dst[r * PITCH + c] = r0 + r < nrows && c < COLS ? scaled(src[(r0 + r) * rs + c * cs], mul) : (E)0;\n"
     "    }\n"
     "  }\n"
     "}\n"
@@ -407,7 +417,19 @@ static const char attention_simt[] =
     "  }\n"
     "}\n";
 
-static const char attention_mma[] =
+/* The tensor-core kernel's operand types, one of them in front of its
+ * body: T (the elements of q, k, v, the mask and out), FROM_T and TO_T
+ * (to and from f32), QMUL (what the q tile is multiplied by as it is
+ * loaded), scores_of (a tile of scores, scaled, into the mma's C
+ * fragments) and pv_of (o += p v from those fragments). */
+static const char attention_mma_f32[] =
+    "/* f32 operands: the q tile pre-scaled as it is loaded, products on tf32\n"
+    " * tensor cores three at a time (3xTF32, about f32's accuracy) */\n"
+    "typedef float T;\n"
+    "#define FROM_T(x) (x)\n"
+    "#define TO_T(x) (x)\n"
+    "#define QMUL(a) (a).scale\n"
+    "#define KSTEP 8\n"
     "/* x as a tf32 pair: big (the top 19 bits) and small (the rest, which\n"
     " * the tensor core truncates to tf32 in turn) */\n"
     "__device__ __forceinline__ void split(float x, unsigned &big, unsigned &small) {\n"
@@ -432,22 +454,136 @@ static const char attention_mma[] =
     "  mma(c, ab, bs);\n"
     "  mma(c, ab, bb);\n"
     "}\n"
-    "extern \"C\" __global__ void __launch_bounds__(NT) k(const float *__restrict__ q,\n"
-    "    const float *__restrict__ kk, const float *__restrict__ v,\n"
-    "    const float *__restrict__ mask, float *__restrict__ out, attn_args a) {\n"
+    "/* s[n] = the scores of the warp's queries m0 + g, + 8 and keys 8n + 2t,\n"
+    " * + 1 of the tile (the mma's C; q came scaled) */\n"
+    "__device__ __forceinline__ void scores_of(float (*s)[4], const float *Qs, const float *Ks, int m0, int g,\n"
+    "                                          int t, float) {\n"
+    "#pragma unroll 2\n"
+    "  for (int k0 = 0; k0 < D8; k0 += 8) {\n"
+    "    const float *qr = Qs + (m0 + g) * QP + k0 + t;\n"
+    "    float af[4] = {qr[0], qr[8 * QP], qr[4], qr[8 * QP + 4]};\n"
+    "#pragma unroll\n"
+    "    for (int n = 0; n < BK / 8; n++) {\n"
+    "      const float *kr = Ks + (8 * n + g) * QP + k0 + t;\n"
+    "      float bf[2] = {kr[0], kr[4]};\n"
+    "      mma3(s[n], af, bf);\n"
+    "    }\n"
+    "  }\n"
+    "}\n"
+    "/* o += p v over the tile's keys, 8 at a time: the A operand's k = t,\n"
+    " * t + 4 are the keys 2t, 2t + 1 the scores' C fragment holds, so v's rows\n"
+    " * are read in that order (no shuffle) */\n"
+    "__device__ __forceinline__ void pv_of(float (*o)[4], float (*s)[4], const float *Vs, int g, int t, int) {\n"
+    "#pragma unroll\n"
+    "  for (int kb = 0; kb < BK / 8; kb++) {\n"
+    "    float af[4] = {s[kb][0], s[kb][2], s[kb][1], s[kb][3]};\n"
+    "    const float *vr = Vs + (8 * kb + 2 * t) * VP + g;\n"
+    "#pragma unroll\n"
+    "    for (int n = 0; n < DV8 / 8; n++) {\n"
+    "      float bf[2] = {vr[8 * n], vr[VP + 8 * n]};\n"
+    "      mma3(o[n], af, bf);\n"
+    "    }\n"
+    "  }\n"
+    "}\n";
+
+static const char attention_mma_half[] =
+    "/* f16/bf16 operands (HALF 1, 2; the bits as unsigned short): one\n"
+    " * m16n8k16 product with f32 accumulation for q k^T and for p v, the\n"
+    " * probabilities rounded to the half type for the second (as\n"
+    " * FlashAttention does); the scores scaled in f32 after the product.\n"
+    " * Fragments (PTX ISA, mma.m16n8k16 with .bf16/.f16): A's registers hold\n"
+    " * rows g, g + 8 and columns 2t, 2t + 1 (registers 0, 1) and 2t + 8, 2t + 9\n"
+    " * (2, 3); B's columns g and rows 2t, 2t + 1 (0) and 2t + 8, 2t + 9 (1); C\n"
+    " * as for m16n8k8, the lower index in a register's lower 16 bits. */\n"
+    "typedef unsigned short T;\n"
+    "#if HALF == 2\n"
+    "#define FROM_T(x) em_from_bf16(x)\n"
+    "#define TO_T(x) em_to_bf16(x)\n"
+    "#define MMA_HALF \"bf16\"\n"
+    "#else\n"
+    "#define FROM_T(x) em_from_f16(x)\n"
+    "#define TO_T(x) em_to_f16(x)\n"
+    "#define MMA_HALF \"f16\"\n"
+    "#endif\n"
+    "#define QMUL(a) 1.f\n"
+    "#define KSTEP 16\n"
+    "__device__ __forceinline__ void mma16(float *c, const unsigned *a, const unsigned *b) {\n"
+    "  asm volatile(\"mma.sync.aligned.m16n8k16.row.col.f32.\" MMA_HALF \".\" MMA_HALF \".f32 {%0,%1,%2,%3}, \"\n"
+    "      \"{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\"\n"
+    "      : \"+f\"(c[0]), \"+f\"(c[1]), \"+f\"(c[2]), \"+f\"(c[3])\n"
+    "      : \"r\"(a[0]), \"r\"(a[1]), \"r\"(a[2]), \"r\"(a[3]), \"r\"(b[0]), \"r\"(b[1]));\n"
+    "}\n"
+    "/* Two adjacent halves as one register (the first in the lower bits) */\n"
+    "__device__ __forceinline__ unsigned pair_at(const T *p) { return *(const unsigned *)p; }\n"
+    "__device__ __forceinline__ unsigned pack_pair(float lo, float hi) {\n"
+    "  return (unsigned)TO_T(lo) | (unsigned)TO_T(hi) << 16;\n"
+    "}\n"
+    "/* B fragments of two 8-column blocks of v: ldmatrix .x4 .trans gives\n"
+    " * thread (g, t) rows 2t, 2t + 1 and column g of each of the four 8 x 8\n"
+    " * matrices whose rows lanes 8i .. 8i + 7 address (i = lane / 8) */\n"
+    "__device__ __forceinline__ void ldmatrix_t4(unsigned *r, const T *p) {\n"
+    "  unsigned a = (unsigned)__cvta_generic_to_shared(p);\n"
+    "  asm volatile(\"ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\"\n"
+    "      : \"=r\"(r[0]), \"=r\"(r[1]), \"=r\"(r[2]), \"=r\"(r[3]) : \"r\"(a));\n"
+    "}\n"
+    "/* s[n] = the scores of the warp's queries m0 + g, + 8 and keys 8n + 2t,\n"
+    " * + 1 of the tile (the mma's C), times scale (* log2 e) */\n"
+    "__device__ __forceinline__ void scores_of(float (*s)[4], const T *Qs, const T *Ks, int m0, int g, int t,\n"
+    "                                          float scale) {\n"
+    "#pragma unroll 2\n"
+    "  for (int k0 = 0; k0 < D8; k0 += 16) {\n"
+    "    const T *qr = Qs + (m0 + g) * QP + k0 + 2 * t;\n"
+    "    unsigned af[4] = {pair_at(qr), pair_at(qr + 8 * QP), pair_at(qr + 8), pair_at(qr + 8 * QP + 8)};\n"
+    "#pragma unroll\n"
+    "    for (int n = 0; n < BK / 8; n++) {\n"
+    "      const T *kr = Ks + (8 * n + g) * QP + k0 + 2 * t;\n"
+    "      unsigned bf[2] = {pair_at(kr), pair_at(kr + 8)};\n"
+    "      mma16(s[n], af, bf);\n"
+    "    }\n"
+    "  }\n"
+    "#pragma unroll\n"
+    "  for (int n = 0; n < BK / 8; n++) s[n][0] *= scale, s[n][1] *= scale, s[n][2] *= scale, s[n][3] *= scale;\n"
+    "}\n"
+    "/* o += p v over the tile's keys, 16 at a time: the scores' C fragments\n"
+    " * of keys 16kb .. + 7 and + 8 .. + 15 are the A fragment of p (rounded\n"
+    " * to T); v's B fragments from its row-major tile by ldmatrix .trans\n"
+    " * (matrix i: keys 16kb + 8 (i & 1) .., columns 8 (n + i / 2) ..) */\n"
+    "__device__ __forceinline__ void pv_of(float (*o)[4], float (*s)[4], const T *Vs, int, int, int lane) {\n"
+    "#pragma unroll\n"
+    "  for (int kb = 0; kb < BK / 16; kb++) {\n"
+    "    const float *s0 = s[2 * kb], *s1 = s[2 * kb + 1];\n"
+    "    unsigned af[4] = {pack_pair(s0[0], s0[1]), pack_pair(s0[2], s0[3]), pack_pair(s1[0], s1[1]),\n"
+    "                      pack_pair(s1[2], s1[3])};\n"
+    "    const T *vr = Vs + (16 * kb + (lane & 7) + (lane & 8)) * VP + 8 * (lane >> 4);\n"
+    "#pragma unroll\n"
+    "    for (int n = 0; n < DV8 / 8; n += 2) {\n"
+    "      unsigned bf[4];\n"
+    "      ldmatrix_t4(bf, vr + 8 * n);\n"
+    "      mma16(o[n], af, bf);\n"
+    "      mma16(o[n + 1], af, bf + 2);\n"
+    "    }\n"
+    "  }\n"
+    "}\n";
+
+/* The tensor-core kernel's body (either operand type): each of 4 warps
+ * takes 16 queries of the block's 64 and every key of a 64-key tile. */
+static const char attention_mma[] =
+    "extern \"C\" __global__ void __launch_bounds__(NT) k(const T *__restrict__ q,\n"
+    "    const T *__restrict__ kk, const T *__restrict__ v,\n"
+    "    const T *__restrict__ mask, T *__restrict__ out, attn_args a) {\n"
     "  EM_AFTER_PRIOR();\n"
     "  extern __shared__ float4 smem4[];\n"
-    "  float *Qs = (float *)smem4, *Ks = Qs + BQ * QP, *Vs = Ks + BK * QP;\n"
+    "  T *Qs = (T *)smem4, *Ks = Qs + BQ * QP, *Vs = Ks + BK * QP;\n"
     "  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;\n"
     "  const int m0 = (threadIdx.x >> 5) * 16; /* the warp's 16 queries */\n"
     "  long long b, i0, qo, ko, vo, mo;\n"
     "  block_of(a, &b, &i0, &qo, &ko, &vo, &mo);\n"
-    "  load_tile<BQ, D, D8, QP>(Qs, q + qo, i0, a.Tq, a.qr, a.qc, a.scale, a.vec & 1);\n"
+    "  load_tile<BQ, D, D8, QP>(Qs, q + qo, i0, a.Tq, a.qr, a.qc, QMUL(a), a.vec & 1);\n"
     "  const long long iq[2] = {i0 + m0 + g, i0 + m0 + g + 8}; /* this thread's two queries */\n"
     "  /* their mask rows (row 0 past Tq: never read there); MASK 2: unit\n"
     "   * column stride */\n"
-    "  const float *mrow[2] = {mask + mo + (iq[0] < a.Tq ? iq[0] : 0) * a.mr,\n"
-    "                          mask + mo + (iq[1] < a.Tq ? iq[1] : 0) * a.mr};\n"
+    "  const T *mrow[2] = {mask + mo + (iq[0] < a.Tq ? iq[0] : 0) * a.mr,\n"
+    "                      mask + mo + (iq[1] < a.Tq ? iq[1] : 0) * a.mr};\n"
     "#define MCOL(j) (MASK == 2 ? (j) : (j) * a.mc)\n"
     "  float o[DV8 / 8][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};\n"
     "#pragma unroll\n"
@@ -468,7 +604,7 @@ static const char attention_mma[] =
     "          for (int e = 0; e < 2; e++) {\n"
     "            long long j = j0 + 8 * n + 2 * t + e;\n"
     "            if (iq[h] < a.Tq && j < a.Tk && !(CAUSAL && j > iq[h]))\n"
-    "              live |= mrow[h][MCOL(j)] != -INFINITY;\n"
+    "              live |= FROM_T(mrow[h][MCOL(j)]) != -INFINITY;\n"
     "          }\n"
     "      if (!__syncthreads_or(live)) continue;\n"
     "    } else {\n"
@@ -481,17 +617,7 @@ static const char attention_mma[] =
     "    float s[BK / 8][4];\n"
     "#pragma unroll\n"
     "    for (int n = 0; n < BK / 8; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;\n"
-    "#pragma unroll 2\n"
-    "    for (int k0 = 0; k0 < D8; k0 += 8) {\n"
-    "      const float *qr = Qs + (m0 + g) * QP + k0 + t;\n"
-    "      float af[4] = {qr[0], qr[8 * QP], qr[4], qr[8 * QP + 4]};\n"
-    "#pragma unroll\n"
-    "      for (int n = 0; n < BK / 8; n++) {\n"
-    "        const float *kr = Ks + (8 * n + g) * QP + k0 + t;\n"
-    "        float bf[2] = {kr[0], kr[4]};\n"
-    "        mma3(s[n], af, bf);\n"
-    "      }\n"
-    "    }\n"
+    "    scores_of(s, Qs, Ks, m0, g, t, a.scale);\n"
     "    /* a tile on the diagonal or past the keys drops some scores */\n"
     "    bool edge = j0 + BK > a.Tk || (CAUSAL && j0 + BK - 1 > i0) || MASK;\n"
     "    float alpha[2];\n"
@@ -506,7 +632,7 @@ static const char attention_mma[] =
     "          if (edge) {\n"
     "            long long j = j0 + 8 * n + 2 * t + e;\n"
     "            if (j >= a.Tk || (CAUSAL && j > iq[h])) x = -INFINITY;\n"
-    "            else if (MASK && iq[h] < a.Tq) x += mrow[h][MCOL(j)] * LOG2E;\n"
+    "            else if (MASK && iq[h] < a.Tq) x += FROM_T(mrow[h][MCOL(j)]) * LOG2E;\n"
     "          }\n"
     "          mx = fmaxf(mx, x);\n"
     "        }\n"
@@ -536,38 +662,28 @@ static const char attention_mma[] =
     "    for (int n = 0; n < DV8 / 8; n++) {\n"
     "      o[n][0] *= alpha[0], o[n][1] *= alpha[0], o[n][2] *= alpha[1], o[n][3] *= alpha[1];\n"
     "    }\n"
-    "    /* out += p v over the tile's keys, 8 at a time: the A operand's k\n"
-    "     * = t, t + 4 are the keys 2t, 2t + 1 the scores' C fragment holds,\n"
-    "     * so v's rows are read in that order (no shuffle) */\n"
-    "#pragma unroll\n"
-    "    for (int kb = 0; kb < BK / 8; kb++) {\n"
-    "      float af[4] = {s[kb][0], s[kb][2], s[kb][1], s[kb][3]};\n"
-    "      const float *vr = Vs + (8 * kb + 2 * t) * VP + g;\n"
-    "#pragma unroll\n"
-    "      for (int n = 0; n < DV8 / 8; n++) {\n"
-    "        float bf[2] = {vr[8 * n], vr[VP + 8 * n]};\n"
-    "        mma3(o[n], af, bf);\n"
-    "      }\n"
-    "    }\n"
+    "    pv_of(o, s, Vs, g, t, lane);\n"
     "  }\n"
     "#pragma unroll\n"
     "  for (int h = 0; h < 2; h++) {\n"
     "    if (iq[h] >= a.Tq) continue;\n"
     "    float f = a.Tk == 0 ? 0.f : m[h] == -INFINITY ? __int_as_float(0x7fc00000) : 1.f / l[h];\n"
-    "    float *row = out + (b * a.Tq + iq[h]) * DV;\n"
+    "    T *row = out + (b * a.Tq + iq[h]) * DV;\n"
     "#pragma unroll\n"
     "    for (int n = 0; n < DV8 / 8; n++)\n"
     "#pragma unroll\n"
     "      for (int e = 0; e < 2; e++) {\n"
     "        int col = 8 * n + 2 * t + e;\n"
-    "        if (col < DV) row[col] = a.Tk == 0 ? 0.f : o[n][2 * h + e] * f;\n"
+    "        if (col < DV) row[col] = TO_T(a.Tk == 0 ? 0.f : o[n][2 * h + e] * f);\n"
     "      }\n"
     "  }\n"
     "}\n";
 
 /* How a call runs: which kernel, its tiling, its launch. */
 typedef struct attn_plan {
-    bool mma;       /* tensor cores (sm_80 on): 3xTF32, else CUDA cores */
+    bool mma;       /* tensor cores (sm_80 on): 3xTF32 or half, else CUDA cores */
+    int half;       /* operands f32 (0), f16 (1) or bf16 (2): the text's HALF */
+    int esize;      /* bytes an element */
     int tr, rm, cn; /* CUDA cores: 8 x tr threads, each rm queries x cn keys */
     int nt, bq, bk; /* threads, queries and keys of a block's tiles */
     int64_t D, Dv, dp, dvp, qp, vp; /* head sizes, their tile widths, row pitches */
@@ -582,6 +698,21 @@ static int64_t pitch_of(int64_t w, bool mod16) {
     int64_t p = w + 4;
     while (p % (mod16 ? 16 : 8) != 4) p += 4;
     return p;
+}
+
+/* The same for tiles of w halves (w a multiple of 8): 8 mod 16 halves, so
+ * that a row is 16-byte aligned (vector stores, ldmatrix) and the rows
+ * 32-bit fragment loads and ldmatrix read together (8 rows, 16 bytes
+ * each at most) fall in 8 different 4-bank groups. */
+static int64_t half_pitch_of(int64_t w) {
+    int64_t p = w + 8;
+    while (p % 16 != 8) p += 8;
+    return p;
+}
+
+/* The text's HALF for dtype dt: 0 f32, 1 f16, 2 bf16; -1 any other. */
+static int half_of(em_dtype dt) {
+    return dt == EM_F32 ? 0 : dt == EM_F16 ? 1 : dt == EM_BF16 ? 2 : -1;
 }
 
 /* EMBER_CUDA_ATTENTION: "simt" runs the CUDA-core tiled kernel (the only
@@ -605,13 +736,19 @@ static bool use_decode(int64_t Tq) {
     return Tq <= 8 && !attention_env_is("simt") && !attention_env_is("tiled");
 }
 
-/* The plan for head sizes D, Dv.  Tensor cores: 4 warps of 16 queries, 64
- * keys a tile (the C fragments of the scores are the A fragments of
- * p v).  CUDA cores: 8 x 8 scores a thread for head sizes up to 64 (a
+/* The plan for head sizes D, Dv and operands half (half_of).  Tensor
+ * cores (always for half operands): 4 warps of 16 queries, 64 keys a
+ * tile (the C fragments of the scores are the A fragments of p v).  CUDA cores: 8 x 8 scores a thread for head sizes up to 64 (a
  * 128 x 64 tile), else 4 x 4 (the output's registers, rm x Dv/8, and the
  * tiles' shared memory). */
-static attn_plan plan_for(bool mma, int64_t D, int64_t Dv) {
-    attn_plan p = {.mma = mma, .D = D, .Dv = Dv};
+static attn_plan plan_for(bool mma, int half, int64_t D, int64_t Dv) {
+    attn_plan p = {.mma = mma || half, .half = half, .esize = half ? 2 : 4, .D = D, .Dv = Dv};
+    if (half) { /* m16n8k16: the head sizes in 16s; v's tile as ldmatrix reads it */
+        p.nt = 128, p.bq = 64, p.bk = 64;
+        p.dp = up(D, 16), p.dvp = up(Dv, 16);
+        p.qp = half_pitch_of(p.dp), p.vp = half_pitch_of(p.dvp);
+        return p;
+    }
     if (p.mma) {
         p.nt = 128, p.bq = 64, p.bk = 64;
         p.dp = up(D, 8), p.dvp = up(Dv, 8);
@@ -631,7 +768,7 @@ static attn_plan plan_for(bool mma, int64_t D, int64_t Dv) {
 static unsigned smem_bytes(const attn_plan *p) {
     int64_t n = p->bq * p->qp + p->bk * p->qp + p->bk * p->vp;
     if (!p->mma) n += p->bq * (p->bk + 4);
-    return (unsigned)(n * (int64_t)sizeof(float));
+    return (unsigned)(n * p->esize);
 }
 
 /* The defines of p's kernel text, into buf. */
@@ -647,30 +784,58 @@ static void plan_defines(const attn_plan *p, char *buf, size_t n) {
                  (long long)p->qp);
 }
 
-/* p's kernel text as parts (the defines into head, the prelude and the
- * body as they are); mask 0: none, 1: any strides, 2: unit column
- * stride. */
-static void plan_parts(const attn_plan *p, bool causal, int mask, int nb, char *head, size_t n,
-                       const char *parts[3]) {
+/* p's kernel text as parts (the defines into head, then the conversions
+ * of half operands, the prelude, the operand type's part and the body as
+ * they are); mask 0: none, 1: any strides, 2: unit column stride.
+ * Returns the number of parts (at most ATTN_PARTS). */
+enum { ATTN_PARTS = 5 };
+static int plan_parts(const attn_plan *p, bool causal, int mask, int nb, char *head, size_t n,
+                      const char *parts[ATTN_PARTS]) {
     char defs[512];
     plan_defines(p, defs, sizeof defs);
     snprintf(head, n, "/* ember fused attention */\n#define D %lld\n#define DV %lld\n#define CAUSAL %d\n"
-             "#define MASK %d\n#define NB %d\n%s", (long long)p->D, (long long)p->Dv, causal, mask, nb,
-             defs);
-    parts[0] = head;
-    parts[1] = attention_prelude;
-    parts[2] = p->mma ? attention_mma : attention_simt;
+             "#define MASK %d\n#define NB %d\n#define HALF %d\n%s", (long long)p->D, (long long)p->Dv, causal,
+             mask, nb, p->half, defs);
+    int k = 0;
+    parts[k++] = head;
+    if (p->half) parts[k++] = cuda_half_helpers;
+    parts[k++] = attention_prelude;
+    if (p->mma) parts[k++] = p->half ? attention_mma_half : attention_mma_f32;
+    parts[k++] = p->mma ? attention_mma : attention_simt;
+    return k;
+}
+
+/* The n parts as one string (em_free), or NULL (out of memory). */
+static char *joined(const char *const *parts, int n) {
+    size_t len = 0;
+    for (int i = 0; i < n; i++) len += strlen(parts[i]);
+    char *text = em_malloc(len + 1);
+    if (!text) return NULL;
+    for (size_t at = 0, i = 0; i < (size_t)n; at += strlen(parts[i]), i++) memcpy(text + at, parts[i], strlen(parts[i]));
+    text[len] = '\0';
+    return text;
+}
+
+static char *plan_text(const attn_plan *p, bool causal, int mask, int nb) {
+    char head[768];
+    const char *parts[ATTN_PARTS];
+    return joined(parts, plan_parts(p, causal, mask, nb, head, sizeof head, parts));
 }
 
 char *cuda_attention_text(int64_t D, int64_t Dv, bool causal, int mask, int nb, bool mma) {
-    attn_plan p = plan_for(mma, D, Dv);
-    char head[768];
-    const char *parts[3];
-    plan_parts(&p, causal, mask, nb, head, sizeof head, parts);
-    size_t n = strlen(head) + strlen(parts[1]) + strlen(parts[2]);
-    char *text = em_malloc(n + 1);
-    if (text) snprintf(text, n + 1, "%s%s%s", head, parts[1], parts[2]);
-    return text;
+    attn_plan p = plan_for(mma, 0, D, Dv);
+    return plan_text(&p, causal, mask, nb);
+}
+
+char *cuda_attention_half_text(em_dtype dt, int64_t D, int64_t Dv, bool causal, int mask, int nb) {
+    int half = half_of(dt);
+    if (half < 1 || D < 1 || D > MAX_D || Dv < 0 || Dv > MAX_DV || nb < 0 || nb > EM_MAX_DIMS) {
+        em_error(EM_ERR_ARG, "attention half kernel: dtype %s, head sizes %lld/%lld, %d batch dims",
+                 em_dtype_name(dt), (long long)D, (long long)Dv, nb);
+        return NULL;
+    }
+    attn_plan p = plan_for(true, half, D, Dv);
+    return plan_text(&p, causal, mask, nb);
 }
 
 static int64_t pow2_at_least(int64_t x) {
@@ -702,10 +867,7 @@ char *cuda_attention_decode_text(int64_t D, int64_t Dv, bool causal, int mask, i
     char head[512];
     const char *parts[3];
     if (!decode_parts(D, Dv, causal, mask, nb, head, sizeof head, parts)) return NULL;
-    size_t n = strlen(head) + strlen(parts[1]) + strlen(parts[2]);
-    char *text = em_malloc(n + 1);
-    if (text) snprintf(text, n + 1, "%s%s%s", head, parts[1], parts[2]);
-    return text;
+    return joined(parts, 3);
 }
 
 /* Runs the decode kernel on a's problem (ptrs: q, k, v, mask, out):
@@ -756,23 +918,40 @@ static void strides_of(const em_tensor *t, int nb, long long *bst, long long *rs
     *cs = nd >= 1 && t->sizes[nd - 1] != 1 ? t->strides[nd - 1] : 0;
 }
 
-/* Whether t's rows of cols elements can be read as 16-byte vectors: unit
- * column stride, every other stride and the base 16-byte aligned. */
+/* Whether t's rows of cols elements can be read as 16-byte vectors (w
+ * elements: 4 floats, 8 halves): unit column stride, every other stride
+ * and the base 16-byte aligned. */
 static bool vector_rows(const em_tensor *t, int nb, const long long *bst, long long rs, long long cs,
-                        int64_t cols) {
-    bool ok = cols % 4 == 0 && (cs == 1 || cols == 1) && rs % 4 == 0 &&
+                        int64_t cols, int w) {
+    bool ok = cols % w == 0 && (cs == 1 || cols == 1) && rs % w == 0 &&
               (uintptr_t)em_data(t) % 16 == 0;
-    for (int i = 0; ok && i < nb; i++) ok = bst[i] % 4 == 0;
+    for (int i = 0; ok && i < nb; i++) ok = bst[i] % w == 0;
     return ok;
+}
+
+/* Whether the device takes half operands: m16n8k16 with bf16 is sm_80 on
+ * (cuda_attention_takes asks the same). */
+static bool half_device(const cuda_device *d) { return d->major >= 8; }
+
+bool cuda_attention_takes(int index, em_dtype dt, int64_t D, int64_t Dv) {
+    if (dt == EM_F32) return true;
+    if (half_of(dt) < 1 || D < 1 || D > MAX_D || Dv < 0 || Dv > MAX_DV) return false;
+    int arch = cuda_device_arch(index); /* no context made for a question */
+    if (arch < 0) em_clear_error();        /* no device: unfused; the error comes where it runs */
+    return arch >= 80;
 }
 
 em_status cuda_attention(cuda_device *d, const em_op_call *c, em_tensor *out, cuda_get_stats *stats) {
     const em_tensor *q = c->in[0], *k = c->in[1], *v = c->in[2];
     const em_tensor *mask = c->nin == 4 ? c->in[3] : NULL;
     int64_t D = q->sizes[q->ndim - 1], Dv = v->sizes[v->ndim - 1];
-    if (out->dtype != EM_F32 || D < 1 || D > MAX_D || Dv > MAX_DV)
-        return em_error(EM_ERR_UNSUPPORTED, "attention on CUDA: head sizes %lld/%lld (at most %d/%d)",
-                        (long long)D, (long long)Dv, MAX_D, MAX_DV);
+    int half = half_of(out->dtype);
+    if (half < 0 || D < 1 || D > MAX_D || Dv > MAX_DV)
+        return em_error(EM_ERR_UNSUPPORTED, "attention on CUDA: %s, head sizes %lld/%lld (at most %d/%d)",
+                        em_dtype_name(out->dtype), (long long)D, (long long)Dv, MAX_D, MAX_DV);
+    if (half && !half_device(d))
+        return em_error(EM_ERR_UNSUPPORTED, "attention on CUDA: %s needs sm_80 or later (this is sm_%d%d)",
+                        em_dtype_name(out->dtype), d->major, d->minor);
     attn_args a;
     memset(&a, 0, sizeof a);
     int nb = out->ndim - 2;
@@ -780,7 +959,7 @@ em_status cuda_attention(cuda_device *d, const em_op_call *c, em_tensor *out, cu
     a.Tq = out->sizes[nb];
     a.Tk = k->sizes[k->ndim - 2];
     a.nbatch = em_shape_numel(nb, out->sizes);
-    attn_plan p = plan_for(use_mma(d), D, Dv);
+    attn_plan p = plan_for(use_mma(d), half, D, Dv);
     a.nqblk = (a.Tq + p.bq - 1) / p.bq;
     a.scale = (float)(c->attrs->value * 1.4426950408889634);
     if (a.nbatch * a.nqblk > INT32_MAX)
@@ -791,19 +970,20 @@ em_status cuda_attention(cuda_device *d, const em_op_call *c, em_tensor *out, cu
     strides_of(k, nb, a.kb, &a.kr, &a.kc);
     strides_of(v, nb, a.vb, &a.vr, &a.vc);
     if (mask) strides_of(mask, nb, a.mb, &a.mr, &a.mc);
-    a.vec = vector_rows(q, nb, a.qb, a.qr, a.qc, D) | vector_rows(k, nb, a.kb, a.kr, a.kc, D) << 1 |
-            vector_rows(v, nb, a.vb, a.vr, a.vc, Dv) << 2;
+    int w = 16 / p.esize;
+    a.vec = vector_rows(q, nb, a.qb, a.qr, a.qc, D, w) | vector_rows(k, nb, a.kb, a.kr, a.kc, D, w) << 1 |
+            vector_rows(v, nb, a.vb, a.vr, a.vc, Dv, w) << 2;
     /* MASK 2: the mask's columns are adjacent, no multiply per score */
     int mkind = !mask ? 0 : a.mc == 1 ? 2 : 1;
     CUdeviceptr ptrs[5] = {(CUdeviceptr)(uintptr_t)em_data(q), (CUdeviceptr)(uintptr_t)em_data(k),
                            (CUdeviceptr)(uintptr_t)em_data(v), mask ? (CUdeviceptr)(uintptr_t)em_data(mask) : 0,
                            (CUdeviceptr)(uintptr_t)em_data(out)};
-    if (use_decode(a.Tq)) return run_decode(d, c, mask != NULL, nb, &a, ptrs, stats);
+    if (!half && use_decode(a.Tq)) return run_decode(d, c, mask != NULL, nb, &a, ptrs, stats);
     char head[768];
-    const char *parts[3];
-    plan_parts(&p, c->attrs->causal, mkind, nb, head, sizeof head, parts);
+    const char *parts[ATTN_PARTS];
+    int nparts = plan_parts(&p, c->attrs->causal, mkind, nb, head, sizeof head, parts);
     const cuda_kernel *ck = NULL;
-    em_status s = cuda_source_get_parts(d, parts, 3, cuda_eager_cache(), cuda_eager_log(), stats, &ck);
+    em_status s = cuda_source_get_parts(d, parts, nparts, cuda_eager_cache(), cuda_eager_log(), stats, &ck);
     if (s != EM_OK) return s;
     void *args[] = {&ptrs[0], &ptrs[1], &ptrs[2], &ptrs[3], &ptrs[4], &a};
     return cuda_source_launch(d, ck, (unsigned)(a.nbatch * a.nqblk), (unsigned)p.nt, smem_bytes(&p),

@@ -18,13 +18,23 @@ em_status cuda_matmul(cuda_device *d, const em_op_call *c, em_tensor *out);
 /* out = c's fused attention (the attention op) on device d, one generated
  * kernel (cuda_attention.c); its compile or load is counted in stats.
  * EM_ERR_UNSUPPORTED for head sizes it does not take (the caller then
- * uses the host). */
+ * uses the host, whose kernel takes f32 only: half operands past the
+ * kernel's sizes, or before sm_80, fail there; the attention pass asks
+ * cuda_attention_takes first). */
 em_status cuda_attention(cuda_device *d, const em_op_call *c, em_tensor *out, cuda_get_stats *stats);
 /* The kernel's CUDA C for head sizes D (q, k) and Dv (v), causal, an
  * additive mask (0: none, 1: any strides, 2: unit column stride) and nb
  * batch dims, for tensor cores (mma: sm_80 on) or CUDA cores (em_malloc'd;
  * exposed for tests, which compile it with NVRTC alone). */
 char *cuda_attention_text(int64_t D, int64_t Dv, bool causal, int mask, int nb, bool mma);
+/* The tensor-core kernel's text for f16 or bf16 operands (dt); NULL
+ * (EM_ERR_ARG) for another dtype or past its head sizes. */
+char *cuda_attention_half_text(em_dtype dt, int64_t D, int64_t Dv, bool causal, int mask, int nb);
+/* Whether cuda:index runs the fused attention op on dt operands with head
+ * sizes D, Dv on the device (f32: always, past the kernel's head sizes on
+ * the host; f16/bf16: sm_80 on, within the kernel's head sizes), so the
+ * attention pass may make it (jit_device.fused_attention_takes). */
+bool cuda_attention_takes(int index, em_dtype dt, int64_t D, int64_t Dv);
 /* The decode kernel's (at most 8 queries: keys split over blocks), mask
  * 0 or 1; NULL (EM_ERR_ARG) past its head sizes. */
 char *cuda_attention_decode_text(int64_t D, int64_t Dv, bool causal, int mask, int nb);
