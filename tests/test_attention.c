@@ -382,6 +382,17 @@ START_TEST(fused_op_errors) {
     tu_check_fails(em_dispatch(EM_OP_ATTENTION, 4, (em_tensor *[]){q, k, v, m6}, &a), EM_ERR_SHAPE);
     a.value = INFINITY;
     tu_check_fails(em_dispatch(EM_OP_ATTENTION, 3, (em_tensor *[]){q, k, v}, &a), EM_ERR_ARG);
+    /* half: one dtype for all (a bf16 q with f32 k, a f32 mask), and the
+     * CPU kernel takes f32 only (the pass leaves half attention unfused
+     * on the CPU) */
+    a.value = 0.5;
+    em_tensor *qh = em_cast(q, EM_BF16), *kh = em_cast(k, EM_BF16), *vh = em_cast(v, EM_BF16);
+    tu_check_fails(em_dispatch(EM_OP_ATTENTION, 3, (em_tensor *[]){qh, k, vh}, &a), EM_ERR_DTYPE);
+    em_tensor *m5 = rnd(7, 2, TU_SIZES(5, 7));
+    tu_check_fails(em_dispatch(EM_OP_ATTENTION, 4, (em_tensor *[]){qh, kh, vh, m5}, &a), EM_ERR_DTYPE);
+    tu_check_fails(em_dispatch(EM_OP_ATTENTION, 3, (em_tensor *[]){em_cast(q, EM_F16), kh, vh}, &a),
+                   EM_ERR_DTYPE);
+    tu_check_fails(em_dispatch(EM_OP_ATTENTION, 3, (em_tensor *[]){qh, kh, vh}, &a), EM_ERR_UNSUPPORTED);
 }
 END_TEST
 
@@ -464,7 +475,7 @@ static em_tensor *gpt_attention(em_tensor *qkv) {
     heads_of(qkv, h);
     em_tensor *future = future_mask(PT, em_cpu());
     em_tensor *att = em_mul_scalar(em_matmul(h[0], em_transpose(h[1], -2, -1)), 1.0 / sqrt(PD));
-    att = em_softmax(em_where(future, em_scalar(-INFINITY, EM_F32, em_cpu()), att), -1);
+    att = em_softmax(em_where(future, em_scalar(-INFINITY, em_dtype_of(qkv), em_cpu()), att), -1);
     return em_matmul(att, h[2]);
 }
 static void gpt_fn(em_tensor *const *in, em_tensor **out) { out[0] = gpt_attention(in[0]); }
@@ -549,6 +560,87 @@ START_TEST(pass_rewrites_gpt_bert_and_the_op) {
     em_tensor *bm = tu_random(78, 2, TU_SIZES(PT, PT), EM_BOOL, 1);
     em_free(check_pass(sdpa_fn, 3, (em_tensor *[]){x, bias, bm}, 4, 4));
     em_free(check_pass(scaled_early_fn, 2, (em_tensor *[]){x, bias}, 1, 1));
+}
+END_TEST
+
+/* What a device's fused_attention_takes saw, and what it answers. */
+typedef struct takes_log {
+    bool answer;
+    int calls;
+    em_dtype dt;
+    int64_t D, Dv;
+} takes_log;
+
+static bool takes_logged(void *ctx, em_dtype dt, int64_t D, int64_t Dv) {
+    takes_log *t = ctx;
+    t->calls++, t->dt = dt, t->D = D, t->Dv = Dv;
+    return t->answer;
+}
+
+/* fn's graph in half dtype dt through the pass with takes answering yes:
+ * want fused nodes of dtype dt (none of the softmax's casts or exp left),
+ * each asked about once with head sizes PD. */
+static void check_half_pass(attn_fn fn, int nin, em_tensor *const *in, int nout, em_dtype dt, int want) {
+    tr_graph *g = record(fn, nin, in, nout);
+    takes_log tl = {.answer = true};
+    int n = -2;
+    tr_graph *f = tr_fuse_attention_for(g, takes_logged, &tl, &n, NULL);
+    ck_assert_int_eq(n, want);
+    ck_assert_int_eq(tl.calls, want);
+    if (want) {
+        ck_assert_ptr_nonnull(f);
+        ck_assert_int_eq(tr_verify(f), EM_OK);
+        ck_assert_int_eq(count_op(f, EM_OP_ATTENTION), want);
+        ck_assert_int_eq(count_op(f, EM_OP_EXP), 0);
+        ck_assert_int_eq(count_op(f, EM_OP_CAST), 0);
+        ck_assert(tl.dt == dt && tl.D == PD && tl.Dv == PD);
+        for (int i = 0; i < f->nnodes; i++)
+            if (f->nodes[i].kind == TR_CALL && f->nodes[i].op == EM_OP_ATTENTION)
+                for (int j = 0; j < f->nodes[i].nin; j++)
+                    ck_assert_int_eq(f->nodes[f->nodes[i].in[j]].meta.dtype, dt);
+    }
+    tr_graph_free(f);
+    tr_graph_free(g);
+}
+
+/* Half graphs: the pass's decision.  The CPU's (tr_fuse_attention, f32
+ * only: its kernel takes f32) leaves bf16 and f16 attention alone; a
+ * device that takes half operands (tr_fuse_attention_for, as CUDA on
+ * sm_80) gets them fused, the f32 softmax's two casts included, unless it
+ * says no for their dtype and head sizes.  A mask of another dtype (an
+ * f32 bias on bf16 scores promotes the softmax's input to f32) is left
+ * alone.  The values are checked on a GPU (fused_on_cuda_half_*). */
+START_TEST(pass_half_graphs) {
+    for (int d = 0; d < 2; d++) {
+        em_dtype dt = d ? EM_F16 : EM_BF16;
+        em_tensor *x = em_cast(pass_qkv(), dt);
+        tr_graph *g = record(gpt_fn, 1, &x, 1);
+        int n = -2;
+        ck_assert_ptr_null(tr_fuse_attention(g, &n));
+        ck_assert_int_eq(n, 0);
+        takes_log no = {.answer = false};
+        ck_assert_ptr_null(tr_fuse_attention_for(g, takes_logged, &no, &n, NULL));
+        ck_assert(n == 0 && no.calls == 1 && no.dt == dt);
+        tr_graph_free(g);
+        check_half_pass(gpt_fn, 1, &x, 1, dt, 1);
+        check_half_pass(gpt2_fn, 1, &x, 1, dt, 2);
+        double pad[PB * PT] = {0};
+        for (int j = 6; j < PT; j++) pad[PT + j] = -1e9;
+        em_tensor *bias = tu_tensor(pad, 4, TU_SIZES(PB, 1, 1, PT), dt);
+        check_half_pass(bert_fn, 2, (em_tensor *[]){x, bias}, 1, dt, 1);
+        em_tensor *bm = tu_random(78, 2, TU_SIZES(PT, PT), EM_BOOL, 1);
+        check_half_pass(sdpa_fn, 3, (em_tensor *[]){x, bias, bm}, 4, dt, 4);
+        em_tensor *fbias = tu_tensor(pad, 4, TU_SIZES(PB, 1, 1, PT), EM_F32);
+        check_half_pass(bert_fn, 2, (em_tensor *[]){x, fbias}, 1, dt, 0);
+        /* f32 attention is fused whatever takes says (it is not asked) */
+        em_tensor *xf = pass_qkv();
+        g = record(gpt_fn, 1, &xf, 1);
+        no.calls = 0;
+        tr_graph *f = tr_fuse_attention_for(g, takes_logged, &no, &n, NULL);
+        ck_assert(f && n == 1 && no.calls == 0);
+        tr_graph_free(f);
+        tr_graph_free(g);
+    }
 }
 END_TEST
 
@@ -721,7 +813,7 @@ static em_tensor *layer(const model *m, int l, em_tensor *x, em_tensor *bias) {
     em_tensor *s = em_mul_scalar(em_matmul(q, em_transpose(k, -2, -1)), 1.0 / sqrt((double)HD));
     if (m->causal_gpt) {
         em_tensor *future = future_mask(T, em_device_of(x));
-        s = em_where(future, em_scalar(-INFINITY, EM_F32, em_device_of(x)), s);
+        s = em_where(future, em_scalar(-INFINITY, em_dtype_of(x), em_device_of(x)), s);
     } else {
         s = em_add(s, bias);
     }
@@ -749,6 +841,17 @@ static void model_init(model *m, int64_t C, int64_t NH, bool gpt) {
     m->ln_b = tu_random(131, 1, TU_SIZES(C), EM_F32, 0.1);
 }
 
+/* m's weights as dtype dt (on the device they are on). */
+static void model_cast(model *m, em_dtype dt) {
+    for (int l = 0; l < CL; l++) {
+        m->w_qkv[l] = em_cast(m->w_qkv[l], dt);
+        m->b_qkv[l] = em_cast(m->b_qkv[l], dt);
+        m->w_o[l] = em_cast(m->w_o[l], dt);
+    }
+    m->ln_w = em_cast(m->ln_w, dt);
+    m->ln_b = em_cast(m->ln_b, dt);
+}
+
 static char *slurp(const char *path) {
     FILE *f = fopen(path, "rb");
     ck_assert_ptr_nonnull(f);
@@ -773,7 +876,7 @@ static int count_str(const char *s, const char *w) {
  * rewritten for device dev ("cpu", "cuda"), and the values match eager
  * mode within tol. */
 static void check_compiled_on(const model *m, int nin, em_tensor *const *in, const char *dev,
-                              double tol) {
+                              double tol, int want) {
     char path[] = "/tmp/ember-attn-log-XXXXXX";
     int fd = mkstemp(path);
     ck_assert_int_ge(fd, 0);
@@ -796,11 +899,11 @@ static void check_compiled_on(const model *m, int nin, em_tensor *const *in, con
     char *log = slurp(path);
     unlink(path);
     ck_assert_msg(strstr(log, "captured graph of layers"), "%s", log);
-    char want[64];
-    snprintf(want, sizeof want, "%s: 2 attention patterns fused:", dev);
-    ck_assert_msg(strstr(log, want), "%s", log);
-    ck_assert_msg(count_str(log, " = attention(") == CL, "%s", log);
-    ck_assert_msg(count_str(log, m->causal_gpt ? "causal=true" : "causal=false") == CL, "%s", log);
+    char line[64];
+    snprintf(line, sizeof line, "%s: %d attention patterns fused:", dev, want);
+    ck_assert_msg(!want || strstr(log, line), "%s", log);
+    ck_assert_msg(count_str(log, " = attention(") == want, "%s", log);
+    ck_assert_msg(count_str(log, m->causal_gpt ? "causal=true" : "causal=false") == want, "%s", log);
     free(log);
     double *ev = tu_values(ye);
     tu_check_close(yc, ev, em_ndim(ye), em_sizes(ye), tol, tol);
@@ -808,7 +911,7 @@ static void check_compiled_on(const model *m, int nin, em_tensor *const *in, con
 }
 
 static void check_compiled(const model *m, int nin, em_tensor *const *in) {
-    check_compiled_on(m, nin, in, "cpu", 1e-4);
+    check_compiled_on(m, nin, in, "cpu", 1e-4, CL);
 }
 
 /* Dynamic shapes: compiled with every dim dynamic from the first call
@@ -864,10 +967,10 @@ END_TEST
 
 /* t's values in a new tensor on dev. */
 static em_tensor *on_device(const em_tensor *t, em_device dev) {
-    size_t n = sizeof(float) * (size_t)em_numel(t);
-    float *buf = malloc(n + 1);
+    size_t n = em_dtype_size(em_dtype_of(t)) * (size_t)em_numel(t);
+    void *buf = malloc(n + 1);
     ck_assert_int_eq(em_copy_to_host(t, buf, n), EM_OK);
-    em_tensor *r = em_from_data(buf, EM_F32, em_ndim(t), em_sizes(t), dev);
+    em_tensor *r = em_from_data(buf, em_dtype_of(t), em_ndim(t), em_sizes(t), dev);
     free(buf);
     ck_assert_ptr_nonnull(r);
     return r;
@@ -891,6 +994,29 @@ START_TEST(compiled_minilm_layers_fuse_each_layer) {
     free(pad);
     em_tensor *in[2] = {tu_random(141, 3, TU_SIZES(B, T, 256), EM_F32, 1), bias};
     check_compiled(&m, 2, in);
+}
+END_TEST
+
+/* A bf16 GPT-2 block and an f16 MiniLM layer compiled on the CPU keep
+ * their attention unfused (the CPU's fused kernel takes f32 only) and
+ * match eager mode.  Tolerance: compiled kernels compute chains of
+ * pointwise ops in f32 and round once where eager rounds after each op:
+ * a few roundings (2^-9 relative for bf16) of values up to ~4 in the
+ * residual stream, over two layers. */
+START_TEST(compiled_half_on_cpu_stays_unfused) {
+    for (int gpt = 1; gpt >= 0; gpt--) {
+        em_dtype dt = gpt ? EM_BF16 : EM_F16;
+        model m;
+        model_init(&m, 128, 2, gpt);
+        model_cast(&m, dt);
+        int64_t B = 2, T = gpt ? 67 : 21;
+        double *pad = calloc((size_t)(B * T), sizeof(double));
+        for (int64_t j = T - 6; j < T; j++) pad[T + j] = -1e4;
+        em_tensor *in[2] = {tu_random(142, 3, TU_SIZES(B, T, 128), dt, 1),
+                            tu_tensor(pad, 4, TU_SIZES(B, 1, 1, T), dt)};
+        free(pad);
+        check_compiled_on(&m, gpt ? 1 : 2, in, "cpu", 6e-2, 0);
+    }
 }
 END_TEST
 
@@ -1118,6 +1244,234 @@ START_TEST(fused_on_cuda_decode_queries) {
 }
 END_TEST
 
+/* ---- half operands on CUDA (f16, bf16: m16n8k16 tensor cores) ---- */
+
+/* A random tensor of dtype dt made on the GPU (the CPU's f32 values,
+ * rounded to dt). */
+static em_tensor *hrnd(em_dtype dt, uint64_t seed, int ndim, const int64_t *sizes, double scale) {
+    return gpu(tu_random(seed, ndim, sizes, dt, scale));
+}
+
+/* The unit roundoff of half dtype dt: 2^-9 for bf16 (8 significant bits),
+ * 2^-11 for f16 (11). */
+static double unit_roundoff(em_dtype dt) { return dt == EM_BF16 ? 0x1p-9 : 0x1p-11; }
+
+static double max_abs_of(const em_tensor *t) {
+    double *v = tu_values(t), mx = 0;
+    for (int64_t i = 0; i < em_numel(t); i++) mx = fabs(v[i]) > mx ? fabs(v[i]) : mx;
+    free(v);
+    return mx;
+}
+
+/* The largest absolute and relative (to max(|want|, 1e-3)) differences
+ * of got from want over n values, and whether every one is within atol +
+ * rtol |want| (NaN must meet NaN); *at: the worst place by the bound. */
+static bool compare(const double *got, const double *want, int64_t n, double atol, double rtol, double *abs_err,
+                    double *rel_err, int64_t *at) {
+    bool ok = true;
+    double worst = -1;
+    *abs_err = *rel_err = 0, *at = -1;
+    for (int64_t i = 0; i < n; i++) {
+        if (isnan(want[i]) || isnan(got[i])) {
+            if (isnan(want[i]) != isnan(got[i])) ok = false, *at = i, worst = INFINITY;
+            continue;
+        }
+        double e = fabs(got[i] - want[i]), over = e - (atol + rtol * fabs(want[i]));
+        *abs_err = e > *abs_err ? e : *abs_err;
+        *rel_err = e / fmax(fabs(want[i]), 1e-3) > *rel_err ? e / fmax(fabs(want[i]), 1e-3) : *rel_err;
+        if (over > worst) worst = over, *at = i;
+        ok = ok && over <= 0;
+    }
+    return ok;
+}
+
+/* The fused op on r's half operands (dtype dt) against the float64
+ * reference computed from their rounded values, and against the unfused
+ * decomposition on the GPU; prints label's errors, and fails with them.
+ *
+ * Tolerance against the reference, with u the unit roundoff: the
+ * products accumulate in f32 and the softmax runs in f32 (errors ~1e-6,
+ * negligible); the probabilities are rounded to the half type for p v,
+ * each by at most u relative, which moves out = sum p_j v_j / l by at
+ * most u max|v| (l sums the unrounded p, as FlashAttention's does); the
+ * result is rounded once, u |out|.  So atol = 1.5 u max|v|, rtol = 1.5 u
+ * (the half for exp2f and the scale's rounding to f32).  The unfused
+ * graph rounds the scores, their scaling and masking to the half type too
+ * (logits off by a few u times their size, ~1-4 here): 10 u both. */
+static void check_half(const char *label, const ref_in *r) {
+    em_dtype dt = em_dtype_of(r->q);
+    double u = unit_roundoff(dt), vmax = max_abs_of(r->v);
+    em_tensor *y = fused(r);
+    ck_assert_msg(y != NULL, "%s: %s", label, em_last_error());
+    ck_assert_int_eq(em_dtype_of(y), dt);
+    int nd;
+    int64_t sizes[EM_MAX_DIMS + 2];
+    double *ref = ref_attention(r, &nd, sizes), *got = tu_values(y);
+    ck_assert_int_eq(nd, em_ndim(y));
+    ck_assert_int_eq(memcmp(sizes, em_sizes(y), sizeof(int64_t) * (size_t)nd), 0);
+    double ae, re;
+    int64_t at, n = em_numel(y);
+    bool ok = compare(got, ref, n, 1.5 * u * vmax + 1e-6, 1.5 * u, &ae, &re, &at);
+    printf("%s (%s): max abs error %.3g, max rel error %.3g (atol %.3g, rtol %.3g)\n", label,
+           em_dtype_name(dt), ae, re, 1.5 * u * vmax + 1e-6, 1.5 * u);
+    ck_assert_msg(ok, "%s (%s): max abs error %.3g, max rel error %.3g; worst at %lld: %g, want %g", label,
+                  em_dtype_name(dt), ae, re, (long long)at, at >= 0 ? got[at] : 0, at >= 0 ? ref[at] : 0);
+    free(ref);
+    if (!(r->mask && r->causal)) { /* the op refuses both; the reference covered it */
+        em_tensor *un = em_scaled_dot_product_attention(r->q, r->k, r->v, r->mask, r->causal, r->scale);
+        ck_assert_msg(un != NULL, "%s: %s", label, em_last_error());
+        double *uv = tu_values(un);
+        ok = compare(got, uv, n, 10 * u * fmax(vmax, 1), 10 * u, &ae, &re, &at);
+        ck_assert_msg(ok, "%s (%s) against the unfused graph: max abs error %.3g, max rel error %.3g; worst at "
+                      "%lld: %g, unfused %g", label, em_dtype_name(dt), ae, re, (long long)at,
+                      at >= 0 ? got[at] : 0, at >= 0 ? uv[at] : 0);
+        free(uv);
+    }
+    free(got);
+}
+
+/* Shapes around and across the 64 x 64 tiles, head dims 64 and 128, odd
+ * ones (padded to 16) and 256, T = 1, odd T, Tq != Tk, causal or not
+ * (causal blocks skipped), in bf16 and f16. */
+START_TEST(fused_on_cuda_half_shapes) {
+    if (!gpu_or_skip("fused_on_cuda_half_shapes")) return;
+    int64_t shapes[][4] = {{1, 1, 64, 64},      {7, 7, 64, 64},     {63, 65, 64, 64},  {129, 129, 64, 64},
+                           {130, 600, 128, 128}, {600, 130, 128, 128}, {257, 257, 64, 64}, {3, 520, 32, 32},
+                           {33, 5, 17, 17},      {1, 300, 128, 128}, {100, 1, 80, 80},  {65, 64, 256, 128},
+                           {70, 90, 64, 8},      {1000, 1000, 64, 64}};
+    for (int d = 0; d < 2; d++) {
+        em_dtype dt = d ? EM_F16 : EM_BF16;
+        for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+            int64_t Tq = shapes[s][0], Tk = shapes[s][1], D = shapes[s][2], Dv = shapes[s][3];
+            em_scope_begin();
+            em_tensor *q = hrnd(dt, 40 + s, 4, TU_SIZES(1, 2, Tq, D), 1);
+            em_tensor *k = hrnd(dt, 50 + s, 4, TU_SIZES(1, 2, Tk, D), 1);
+            em_tensor *v = hrnd(dt, 60 + s, 4, TU_SIZES(1, 2, Tk, Dv), 1);
+            for (int causal = 0; causal < 2; causal++) {
+                char label[96];
+                snprintf(label, sizeof label, "Tq %lld Tk %lld D %lld Dv %lld%s", (long long)Tq, (long long)Tk,
+                         (long long)D, (long long)Dv, causal ? " causal" : "");
+                check_half(label, &(ref_in){q, k, v, NULL, causal, EM_SCALE_DEFAULT});
+            }
+            em_scope_end();
+        }
+    }
+}
+END_TEST
+
+/* Additive masks in the half type: padding [B, 1, 1, Tk] (-1e4: finite in
+ * f16), a full [Tq, Tk] one with and without causal, a per-key row, an
+ * expanded column (stride 0), -inf over whole key tiles (skipped) and
+ * over every key of some queries (NaN rows), with head dims 64 and 128. */
+START_TEST(fused_on_cuda_half_masks) {
+    if (!gpu_or_skip("fused_on_cuda_half_masks")) return;
+    for (int d = 0; d < 2; d++) {
+        em_dtype dt = d ? EM_F16 : EM_BF16;
+        for (int64_t D = 64; D <= 128; D *= 2) {
+            em_scope_begin();
+            em_tensor *q = hrnd(dt, 1, 4, TU_SIZES(2, 3, 140, D), 1), *k = hrnd(dt, 2, 4, TU_SIZES(2, 3, 300, D), 1);
+            em_tensor *v = hrnd(dt, 3, 4, TU_SIZES(2, 3, 300, D), 1);
+            double *pad = calloc(600, sizeof(double));
+            for (int j = 200; j < 300; j++) pad[300 + j] = -1e4;
+            check_half("padding mask", &(ref_in){q, k, v, gpu(tu_tensor(pad, 4, TU_SIZES(2, 1, 1, 300), dt)), false,
+                                                 EM_SCALE_DEFAULT});
+            free(pad);
+            em_tensor *full = hrnd(dt, 4, 2, TU_SIZES(140, 300), 2);
+            check_half("full mask", &(ref_in){q, k, v, full, false, 0.2});
+            check_half("full mask, causal", &(ref_in){q, k, v, full, true, 0.2});
+            check_half("row mask", &(ref_in){q, k, v, hrnd(dt, 5, 1, TU_SIZES(300), 2), false, EM_SCALE_DEFAULT});
+            em_tensor *ex = em_expand(hrnd(dt, 6, 2, TU_SIZES(140, 1), 2), 2, TU_SIZES(140, 300));
+            check_half("expanded mask", &(ref_in){q, k, v, ex, false, EM_SCALE_DEFAULT});
+            double *drop = calloc(140 * 300, sizeof(double));
+            for (int j = 0; j < 300; j++) drop[3 * 300 + j] = drop[139 * 300 + j] = -INFINITY;
+            for (int j = 0; j < 256; j++) drop[70 * 300 + j] = -INFINITY;
+            for (int i = 0; i < 140; i++)
+                for (int j = 64; j < 192; j++) drop[i * 300 + j] = -INFINITY; /* two whole key tiles */
+            em_tensor *dm = gpu(tu_tensor(drop, 2, TU_SIZES(140, 300), dt));
+            free(drop);
+            check_half("-inf mask", &(ref_in){q, k, v, dm, false, EM_SCALE_DEFAULT});
+            check_half("-inf mask, causal", &(ref_in){q, k, v, dm, true, EM_SCALE_DEFAULT});
+            em_scope_end();
+        }
+    }
+}
+END_TEST
+
+/* Layouts: a qkv split read in place (rows strided by 3C, heads
+ * permuted: 16-byte vector loads), one whose rows are not 16-byte
+ * aligned (D 20: element loads), columns strided (a transposed k and v),
+ * broadcast batch and an expanded k; the edges: no keys (zeros), an
+ * empty batch; and head sizes past the kernel's (Dv 200), which the host
+ * cannot run in half: EM_ERR_UNSUPPORTED, never a wrong value. */
+START_TEST(fused_on_cuda_half_layouts_and_edges) {
+    if (!gpu_or_skip("fused_on_cuda_half_layouts_and_edges")) return;
+    for (int d = 0; d < 2; d++) {
+        em_dtype dt = d ? EM_F16 : EM_BF16;
+        const int64_t heads[][2] = {{2, 64}, {3, 128}, {1, 20}};
+        for (int c = 0; c < 3; c++) {
+            int64_t B = 2, T = 277, H = heads[c][0], D = heads[c][1];
+            em_tensor *all = hrnd(dt, 7 + c, 3, TU_SIZES(B, T, 3 * H * D), 1), *qkv[3];
+            for (int w = 0; w < 3; w++) {
+                em_tensor *t = em_slice(all, -1, w * H * D, (w + 1) * H * D, 1);
+                qkv[w] = em_transpose(em_reshape(t, 4, TU_SIZES(B, T, H, D)), 1, 2);
+            }
+            ck_assert(!em_is_contiguous(qkv[0]));
+            char label[64];
+            snprintf(label, sizeof label, "qkv split, D %lld", (long long)D);
+            check_half(label, &(ref_in){qkv[0], qkv[1], qkv[2], NULL, true, EM_SCALE_DEFAULT});
+            check_half(label, &(ref_in){qkv[0], qkv[1], qkv[2], NULL, false, 0.3});
+        }
+        em_tensor *q = hrnd(dt, 8, 3, TU_SIZES(2, 9, 16), 1);
+        em_tensor *k = em_transpose(hrnd(dt, 9, 3, TU_SIZES(2, 16, 300), 1), 1, 2);
+        em_tensor *v = em_transpose(hrnd(dt, 10, 3, TU_SIZES(2, 8, 300), 1), 1, 2);
+        check_half("columns strided", &(ref_in){q, k, v, NULL, false, EM_SCALE_DEFAULT});
+        em_tensor *kb = em_expand(hrnd(dt, 11, 3, TU_SIZES(1, 1, 16), 1), 3, TU_SIZES(3, 20, 16));
+        check_half("broadcast", &(ref_in){hrnd(dt, 12, 4, TU_SIZES(2, 3, 9, 16), 1), kb,
+                                          hrnd(dt, 13, 2, TU_SIZES(20, 4), 1), NULL, false, EM_SCALE_DEFAULT});
+        /* no keys: zeros, as the f32 kernel; an empty batch: nothing */
+        em_tensor *y = fused(&(ref_in){hrnd(dt, 17, 2, TU_SIZES(3, 8), 1), hrnd(dt, 18, 2, TU_SIZES(0, 8), 1),
+                                       hrnd(dt, 19, 2, TU_SIZES(0, 4), 1), NULL, false, EM_SCALE_DEFAULT});
+        ck_assert_msg(y != NULL, "%s", em_last_error());
+        ck_assert_double_eq(max_abs_of(y), 0);
+        y = fused(&(ref_in){hrnd(dt, 14, 3, TU_SIZES(0, 4, 8), 1), hrnd(dt, 15, 3, TU_SIZES(0, 4, 8), 1),
+                            hrnd(dt, 16, 3, TU_SIZES(0, 4, 8), 1), NULL, true, EM_SCALE_DEFAULT});
+        ck_assert_msg(y != NULL && em_numel(y) == 0, "%s", em_last_error());
+        tu_check_fails(fused(&(ref_in){hrnd(dt, 23, 2, TU_SIZES(70, 8), 1), hrnd(dt, 24, 2, TU_SIZES(90, 8), 1),
+                                       hrnd(dt, 25, 2, TU_SIZES(90, 200), 1), NULL, true, EM_SCALE_DEFAULT}),
+                       EM_ERR_UNSUPPORTED);
+    }
+}
+END_TEST
+
+/* Compiled on CUDA: a bf16 GPT-2 block and an f16 MiniLM layer (its
+ * padding bias in f16) run with one fused node per layer and match eager
+ * mode on the GPU (tolerance as compiled_half_on_cpu_stays_unfused's,
+ * and the fused scores stay f32 where eager rounds them to half). */
+START_TEST(compiled_half_on_cuda_fuses_each_layer) {
+    if (!gpu_or_skip("compiled_half_on_cuda_fuses_each_layer")) return;
+    for (int gpt = 1; gpt >= 0; gpt--) {
+        em_dtype dt = gpt ? EM_BF16 : EM_F16;
+        model m;
+        model_init(&m, gpt ? 128 : 256, 2, gpt);
+        for (int l = 0; l < CL; l++) {
+            m.w_qkv[l] = gpu(m.w_qkv[l]);
+            m.b_qkv[l] = gpu(m.b_qkv[l]);
+            m.w_o[l] = gpu(m.w_o[l]);
+        }
+        m.ln_w = gpu(m.ln_w);
+        m.ln_b = gpu(m.ln_b);
+        model_cast(&m, dt);
+        int64_t Bn = 2, T = gpt ? 67 : 21;
+        double *pad = calloc((size_t)(Bn * T), sizeof(double));
+        for (int64_t j = T - 6; j < T; j++) pad[T + j] = -1e4;
+        em_tensor *in[2] = {hrnd(dt, 140, 3, TU_SIZES(Bn, T, m.C), 1),
+                            gpu(tu_tensor(pad, 4, TU_SIZES(Bn, 1, 1, T), dt))};
+        free(pad);
+        check_compiled_on(&m, gpt ? 1 : 2, in, "cuda", 6e-2, CL);
+    }
+}
+END_TEST
+
 /* Compiled on CUDA, the same GPT-2 and MiniLM-style layers run with one
  * fused node per layer and match eager mode on the GPU. */
 START_TEST(compiled_on_cuda_fuses_each_layer) {
@@ -1138,7 +1492,7 @@ START_TEST(compiled_on_cuda_fuses_each_layer) {
         em_tensor *in[2] = {grnd(140, 3, TU_SIZES(Bn, T, m.C)),
                             gpu(tu_tensor(pad, 4, TU_SIZES(Bn, 1, 1, T), EM_F32))};
         free(pad);
-        check_compiled_on(&m, gpt ? 1 : 2, in, "cuda", 1e-4);
+        check_compiled_on(&m, gpt ? 1 : 2, in, "cuda", 1e-4, CL);
     }
 }
 END_TEST
@@ -1158,17 +1512,23 @@ int main(int argc, char **argv) {
         {"fused_op_errors", fused_op_errors},
         {"fused_without_blas_uses_its_loops", fused_without_blas_uses_its_loops},
         {"pass_rewrites_gpt_bert_and_the_op", pass_rewrites_gpt_bert_and_the_op},
+        {"pass_half_graphs", pass_half_graphs},
         {"pass_leaves_near_misses", pass_leaves_near_misses},
         {"pass_text_round_trip", pass_text_round_trip},
         {"pass_golden_text", pass_golden_text},
         {"compiled_gpt_block_fuses_each_layer", compiled_gpt_block_fuses_each_layer},
         {"compiled_minilm_layers_fuse_each_layer", compiled_minilm_layers_fuse_each_layer},
         {"compiled_dynamic_sizes_stay_fused", compiled_dynamic_sizes_stay_fused},
+        {"compiled_half_on_cpu_stays_unfused", compiled_half_on_cpu_stays_unfused},
         {"fused_on_cuda_shapes_and_head_dims", fused_on_cuda_shapes_and_head_dims},
         {"fused_on_cuda_masks", fused_on_cuda_masks},
         {"fused_on_cuda_layouts_and_edges", fused_on_cuda_layouts_and_edges},
         {"fused_on_cuda_decode_queries", fused_on_cuda_decode_queries},
         {"compiled_on_cuda_fuses_each_layer", compiled_on_cuda_fuses_each_layer},
+        {"fused_on_cuda_half_shapes", fused_on_cuda_half_shapes},
+        {"fused_on_cuda_half_masks", fused_on_cuda_half_masks},
+        {"fused_on_cuda_half_layouts_and_edges", fused_on_cuda_half_layouts_and_edges},
+        {"compiled_half_on_cuda_fuses_each_layer", compiled_half_on_cuda_fuses_each_layer},
     };
     return tu_run(tu_suite("attention", tests, sizeof tests / sizeof tests[0], 120));
 }

@@ -276,6 +276,9 @@ static int64_t piece_count(const attn_ctx *X) {
 
 em_status cpu_attention(const em_op_call *c, em_tensor *out) {
     const em_tensor *q = c->in[0], *k = c->in[1], *v = c->in[2];
+    if (out->dtype != EM_F32) /* half: the CUDA kernel's; on the CPU the pass leaves it unfused */
+        return em_error(EM_ERR_UNSUPPORTED, "attention on the CPU: %s operands (f32 only)",
+                        em_dtype_name(out->dtype));
     attn_ctx X = {0};
     X.nb = out->ndim - 2;
     for (int d = 0; d < X.nb; d++) X.bsz[d] = out->sizes[d];

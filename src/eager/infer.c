@@ -620,14 +620,18 @@ em_status em_attention_sizes(const char *fn, const em_tensor *q, const em_tensor
     return EM_OK;
 }
 
-/* attention(q, k, v [, mask]): f32 only (the fused CPU kernel's type);
- * the additive mask, when given, is f32 too. */
+/* attention(q, k, v [, mask]): f32, or f16/bf16 (the CUDA kernel's, on
+ * sm_80 on; the CPU kernel takes f32 only, and the attention pass makes
+ * half nodes only for a device that takes them); the additive mask, when
+ * given, has q's dtype too. */
 em_status infer_attention(const em_op_call *c, em_meta *m) {
     if (c->nin != 3 && c->nin != 4)
         return em_error(EM_ERR_ARG, "attention: takes q, k, v and an optional mask, not %d inputs",
                         c->nin);
+    em_dtype dt = c->in[0]->dtype;
     for (int i = 0; i < c->nin; i++)
-        if (c->in[i]->dtype != EM_F32) return dtype_error(c, c->in[i]->dtype, "f32");
+        if (c->in[i]->dtype != dt || (dt != EM_F32 && !em_is_half(dt)))
+            return dtype_error(c, c->in[i]->dtype, "one of f32, f16, bf16 for q, k, v and the mask");
     if (!(c->attrs->value == c->attrs->value) || isinf(c->attrs->value))
         return em_error(EM_ERR_ARG, "attention: scale %g is not finite", c->attrs->value);
     em_status s = em_attention_sizes("attention", c->in[0], c->in[1], c->in[2],

@@ -19,9 +19,17 @@
  * stays -inf only under a positive scale: both are left alone.  Every
  * value between S and out must have no other reader and not be an
  * output (the probabilities returned, the scores reused): then nothing is
- * fused, since the unfused values would be computed anyway.  Everything
- * must be f32 (the fused kernel's type).  The attention node takes out's
- * place (its inputs all come before it) and tr_dce drops what died. */
+ * fused, since the unfused values would be computed anyway.  q, k, v,
+ * the mask and out share one dtype: f32, or f16/bf16 where the device's
+ * fused op takes it (tr_fuse_attention_for), whose softmax em_softmax
+ * computes in f32 between two casts, both matched too:
+ *
+ *   out = matmul(cast(P, half), v),  P = softmax(cast(X, f32)),  X half
+ *
+ * The fused kernel keeps the scores in f32 (FlashAttention's rounding,
+ * not the graph's, which rounds S, its scaling and masking to half).  The
+ * attention node takes out's place (its inputs all come before it) and
+ * tr_dce drops what died. */
 #include "trace.h"
 
 #include <math.h>
@@ -30,6 +38,7 @@
 /* What a match found: the fused node's inputs and attributes. */
 typedef struct attn_match {
     int q, k, v, mask; /* mask -1: none */
+    em_dtype dt;       /* of q, k, v, the mask and out */
     double scale;
     bool causal;
     bool scaled;       /* a scale was seen (walking from the softmax back) */
@@ -42,6 +51,8 @@ typedef struct attn_match {
 typedef struct attn_graph {
     const tr_graph *g;
     int *uses;         /* readers of each node, outputs counted */
+    tr_attention_takes takes; /* half attention (NULL: f32 only) */
+    void *ctx;         /* takes' */
 } attn_graph;
 
 static const tr_node *node(const attn_graph *a, int i) { return &a->g->nodes[i]; }
@@ -117,7 +128,7 @@ static int causal_kind(const attn_graph *a, int c, int64_t Tq, int64_t Tk) {
     }
 }
 
-static bool is_f32(const attn_graph *a, int i) { return node(a, i)->meta.dtype == EM_F32; }
+static bool is_dtype(const attn_graph *a, int i, em_dtype dt) { return node(a, i)->meta.dtype == dt; }
 
 /* k' of S = matmul(q', b): b is k'^T (a permute swapping the last two
  * dims), possibly scaled before or after the permute. */
@@ -185,7 +196,7 @@ static bool chain_of(const attn_graph *a, int x, int readers, attn_match *m) {
             attn_match t = *m;
             int c = n->in[1 - s], mk = n->in[s];
             t.mask = mk;
-            if (is_f32(a, mk) && same_sizes(sz, &node(a, c)->meta) && chain_of(a, c, 1, &t)) {
+            if (is_dtype(a, mk, m->dt) && same_sizes(sz, &node(a, c)->meta) && chain_of(a, c, 1, &t)) {
                 *m = t;
                 return true;
             }
@@ -231,17 +242,45 @@ static bool gives_sizes_of(const attn_graph *a, const attn_match *m, int out) {
     return same_sizes(&want, &node(a, out)->meta);
 }
 
+/* For half out = matmul(P', v): P' = cast(P, dt) of f32 P, read once;
+ * *p = P. */
+static bool half_probs(const attn_graph *a, int pc, em_dtype dt, int *p) {
+    if (!is_call(a, pc, EM_OP_CAST) || !is_dtype(a, pc, dt) || !private_value(a, pc, 1)) return false;
+    *p = node(a, pc)->in[0];
+    return is_dtype(a, *p, EM_F32);
+}
+
+/* For half scores: softmax's input xc = cast(X, f32) of X of dtype dt,
+ * read twice (amax, sub); *x = X. */
+static bool half_scores(const attn_graph *a, int xc, em_dtype dt, int *x) {
+    if (!is_call(a, xc, EM_OP_CAST) || !private_value(a, xc, 2)) return false;
+    *x = node(a, xc)->in[0];
+    return is_dtype(a, *x, dt);
+}
+
+/* Whether the device takes m's half operands (the head sizes of q, v). */
+static bool device_takes(const attn_graph *a, const attn_match *m) {
+    const em_meta *q = &node(a, m->q)->meta, *v = &node(a, m->v)->meta;
+    return a->takes(a->ctx, m->dt, q->sizes[q->ndim - 1], v->sizes[v->ndim - 1]);
+}
+
 /* Whether the node at out is attention, into m. */
 static bool match_at(const attn_graph *a, int out, attn_match *m) {
     *m = (attn_match){.mask = -1, .scale = 1};
-    int x;
-    if (!is_call(a, out, EM_OP_MATMUL) || !is_f32(a, out)) return false;
+    if (!is_call(a, out, EM_OP_MATMUL)) return false;
+    m->dt = node(a, out)->meta.dtype;
+    bool half = m->dt == EM_F16 || m->dt == EM_BF16;
+    if (m->dt != EM_F32 && !(half && a->takes)) return false;
+    int p = node(a, out)->in[0], x;
+    if (half && !half_probs(a, p, m->dt, &p)) return false;
     m->v = node(a, out)->in[1];
-    if (!softmax_of(a, node(a, out)->in[0], &x) || !chain_of(a, x, 2, m)) return false;
-    if (!is_f32(a, m->q) || !is_f32(a, m->k) || !is_f32(a, m->v) || node(a, m->v)->meta.ndim < 2)
+    if (!softmax_of(a, p, &x) || (half && !half_scores(a, x, m->dt, &x)) || !chain_of(a, x, half ? 1 : 2, m))
         return false;
-    if (!isfinite(m->scale)) return false;
-    return gives_sizes_of(a, m, out);
+    if (!is_dtype(a, m->q, m->dt) || !is_dtype(a, m->k, m->dt) || !is_dtype(a, m->v, m->dt) ||
+        node(a, m->v)->meta.ndim < 2)
+        return false;
+    if (!isfinite(m->scale) || !gives_sizes_of(a, m, out)) return false;
+    return !half || device_takes(a, m);
 }
 
 /* Makes node i of g the attention call m describes. */
@@ -264,9 +303,10 @@ static bool rewrite(tr_graph *g, int i, const attn_match *m) {
 /* tr_rewrite_fn: node i as its match (ctx: the matches by node). */
 static bool rewrite_at(tr_graph *g, int i, void *ctx) { return rewrite(g, i, &((const attn_match *)ctx)[i]); }
 
-tr_graph *tr_fuse_attention_map(const tr_graph *g, int *nfused, int *map) {
+tr_graph *tr_fuse_attention_for(const tr_graph *g, tr_attention_takes takes, void *ctx, int *nfused,
+                                int *map) {
     *nfused = -1;
-    attn_graph a = {g, tr_count_uses(g)};
+    attn_graph a = {g, tr_count_uses(g), takes, ctx};
     attn_match *ms = a.uses ? em_malloc(sizeof *ms * ((size_t)g->nnodes + 1)) : NULL;
     bool *hit = ms ? em_calloc((size_t)g->nnodes + 1, sizeof *hit) : NULL;
     tr_graph *c = NULL;
@@ -286,6 +326,10 @@ tr_graph *tr_fuse_attention_map(const tr_graph *g, int *nfused, int *map) {
     return c;
 }
 
+tr_graph *tr_fuse_attention_map(const tr_graph *g, int *nfused, int *map) {
+    return tr_fuse_attention_for(g, NULL, NULL, nfused, map);
+}
+
 tr_graph *tr_fuse_attention(const tr_graph *g, int *nfused) {
-    return tr_fuse_attention_map(g, nfused, NULL);
+    return tr_fuse_attention_for(g, NULL, NULL, nfused, NULL);
 }

@@ -140,6 +140,14 @@ tr_graph *tr_fuse_attention(const tr_graph *g, int *nfused);
  * is in the result (-1: removed), for data that names g's nodes
  * (dynamic shapes' attribute sizes). */
 tr_graph *tr_fuse_attention_map(const tr_graph *g, int *nfused, int *map);
+/* The same, and f16/bf16 attention too (the softmax computed in f32
+ * between two casts, as em_softmax records it for half scores: q, k, v,
+ * the mask and the result of one half dtype) where takes(ctx, dtype, D,
+ * Dv) says the fused op runs on such operands with head sizes D and Dv
+ * (NULL: f32 only, as tr_fuse_attention_map). */
+typedef bool (*tr_attention_takes)(void *ctx, em_dtype dt, int64_t D, int64_t Dv);
+tr_graph *tr_fuse_attention_for(const tr_graph *g, tr_attention_takes takes, void *ctx, int *nfused,
+                                int *map);
 /* linear.c: each add(matmul(a, w), bias) (either order) whose matmul
  * nothing else reads, bias of sizes 1 but its last, one dtype, becomes one
  * linear node (ops.def), where want(ctx, g, matmul node, bias node) says

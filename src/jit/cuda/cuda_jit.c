@@ -254,6 +254,7 @@ const char *jit_cuda_nvrtc_version(void) { return NULL; }
 #define cuda_add NULL
 #define cuda_prefer_eager NULL
 #define cuda_fuse_linear NULL
+#define cuda_attention_takes NULL
 #define cuda_graph_capture_begin NULL
 #define cuda_graph_capture_end NULL
 #define cuda_graph_launch NULL
@@ -275,6 +276,7 @@ const jit_device jit_cuda_device = {
     .add = cuda_add,
     .prefer_eager = cuda_prefer_eager,
     .fused_attention = true, /* cuda_attention.c */
+    .fused_attention_takes = cuda_attention_takes, /* f16/bf16 on sm_80 on */
     .fuse_linear = cuda_fuse_linear,
     .half_kernels = true,    /* computed in f32; cuda_emit.c converts */
     .capture_begin = cuda_graph_capture_begin, /* CUDA graphs: cuda_graph.c */

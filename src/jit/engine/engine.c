@@ -426,6 +426,12 @@ static tr_graph *with_linear(const jit_compiled *st, const tr_graph *g, tr_graph
     return l;
 }
 
+/* tr_attention_takes over st's device (ctx: st). */
+static bool device_takes(void *ctx, em_dtype dt, int64_t D, int64_t Dv) {
+    const jit_compiled *st = ctx;
+    return st->dev->fused_attention_takes(st->index, dt, D, Dv);
+}
+
 /* g with attention fused, when st's device runs the fused op and some
  * attention matched (map, when not NULL, gets where g's nodes went), and
  * with linear (static compiles: map NULL), or NULL: g as it is (also out
@@ -435,7 +441,8 @@ static tr_graph *fused_graph(const jit_compiled *st, const tr_graph *g, int *map
     *n = (fused_counts){0, 0};
     tr_graph *f = NULL;
     if (st->dev->fused_attention) {
-        f = tr_fuse_attention_map(g, &n->attention, map);
+        tr_attention_takes takes = st->dev->fused_attention_takes ? device_takes : NULL;
+        f = tr_fuse_attention_for(g, takes, (void *)st, &n->attention, map);
         if (n->attention < 0) {
             em_clear_error();
             n->attention = 0;

@@ -154,6 +154,10 @@ typedef struct jit_device {
      * rewrites attention into it (tr_fuse_attention) before scheduling,
      * static and dynamic compiles alike. */
     bool fused_attention;
+    /* Optional (NULL: f32 only): whether device index's fused attention
+     * op takes dt operands (f16, bf16) with head sizes D, Dv, so the
+     * attention pass fuses half attention too (tr_fuse_attention_for). */
+    bool (*fused_attention_takes)(int index, em_dtype dt, int64_t D, int64_t Dv);
     /* Optional (NULL: never): whether the device's matmul kernel adds a
      * bias as it writes a @ w's product (metas of a, w, bias), so that the
      * engine rewrites such a matmul and its bias add into one linear node
