@@ -1244,6 +1244,17 @@ START_TEST(fused_on_cuda_decode_queries) {
 }
 END_TEST
 
+/* m's weights copied to the GPU. */
+static void model_to_gpu(model *m) {
+    for (int l = 0; l < CL; l++) {
+        m->w_qkv[l] = gpu(m->w_qkv[l]);
+        m->b_qkv[l] = gpu(m->b_qkv[l]);
+        m->w_o[l] = gpu(m->w_o[l]);
+    }
+    m->ln_w = gpu(m->ln_w);
+    m->ln_b = gpu(m->ln_b);
+}
+
 /* ---- half operands on CUDA (f16, bf16: m16n8k16 tensor cores) ---- */
 
 /* A random tensor of dtype dt made on the GPU (the CPU's f32 values,
@@ -1330,71 +1341,74 @@ static void check_half(const char *label, const ref_in *r) {
     free(got);
 }
 
+/* Runs test(dt) for bf16 and f16 when there is a GPU. */
+static void on_gpu_in_half(const char *name, void (*test)(em_dtype dt)) {
+    if (!gpu_or_skip(name)) return;
+    test(EM_BF16);
+    test(EM_F16);
+}
+
 /* Shapes around and across the 64 x 64 tiles, head dims 64 and 128, odd
  * ones (padded to 16) and 256, T = 1, odd T, Tq != Tk, causal or not
  * (causal blocks skipped), in bf16 and f16. */
-START_TEST(fused_on_cuda_half_shapes) {
-    if (!gpu_or_skip("fused_on_cuda_half_shapes")) return;
+static void half_shapes(em_dtype dt) {
     int64_t shapes[][4] = {{1, 1, 64, 64},      {7, 7, 64, 64},     {63, 65, 64, 64},  {129, 129, 64, 64},
                            {130, 600, 128, 128}, {600, 130, 128, 128}, {257, 257, 64, 64}, {3, 520, 32, 32},
                            {33, 5, 17, 17},      {1, 300, 128, 128}, {100, 1, 80, 80},  {65, 64, 256, 128},
                            {70, 90, 64, 8},      {1000, 1000, 64, 64}};
-    for (int d = 0; d < 2; d++) {
-        em_dtype dt = d ? EM_F16 : EM_BF16;
-        for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
-            int64_t Tq = shapes[s][0], Tk = shapes[s][1], D = shapes[s][2], Dv = shapes[s][3];
-            em_scope_begin();
-            em_tensor *q = hrnd(dt, 40 + s, 4, TU_SIZES(1, 2, Tq, D), 1);
-            em_tensor *k = hrnd(dt, 50 + s, 4, TU_SIZES(1, 2, Tk, D), 1);
-            em_tensor *v = hrnd(dt, 60 + s, 4, TU_SIZES(1, 2, Tk, Dv), 1);
-            for (int causal = 0; causal < 2; causal++) {
-                char label[96];
-                snprintf(label, sizeof label, "Tq %lld Tk %lld D %lld Dv %lld%s", (long long)Tq, (long long)Tk,
-                         (long long)D, (long long)Dv, causal ? " causal" : "");
-                check_half(label, &(ref_in){q, k, v, NULL, causal, EM_SCALE_DEFAULT});
-            }
-            em_scope_end();
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+        int64_t Tq = shapes[s][0], Tk = shapes[s][1], D = shapes[s][2], Dv = shapes[s][3];
+        em_scope_begin();
+        em_tensor *q = hrnd(dt, 40 + s, 4, TU_SIZES(1, 2, Tq, D), 1);
+        em_tensor *k = hrnd(dt, 50 + s, 4, TU_SIZES(1, 2, Tk, D), 1);
+        em_tensor *v = hrnd(dt, 60 + s, 4, TU_SIZES(1, 2, Tk, Dv), 1);
+        for (int causal = 0; causal < 2; causal++) {
+            char label[96];
+            snprintf(label, sizeof label, "Tq %lld Tk %lld D %lld Dv %lld%s", (long long)Tq, (long long)Tk,
+                     (long long)D, (long long)Dv, causal ? " causal" : "");
+            check_half(label, &(ref_in){q, k, v, NULL, causal, EM_SCALE_DEFAULT});
         }
+        em_scope_end();
     }
 }
+
+START_TEST(fused_on_cuda_half_shapes) { on_gpu_in_half("fused_on_cuda_half_shapes", half_shapes); }
 END_TEST
 
 /* Additive masks in the half type: padding [B, 1, 1, Tk] (-1e4: finite in
  * f16), a full [Tq, Tk] one with and without causal, a per-key row, an
  * expanded column (stride 0), -inf over whole key tiles (skipped) and
  * over every key of some queries (NaN rows), with head dims 64 and 128. */
-START_TEST(fused_on_cuda_half_masks) {
-    if (!gpu_or_skip("fused_on_cuda_half_masks")) return;
-    for (int d = 0; d < 2; d++) {
-        em_dtype dt = d ? EM_F16 : EM_BF16;
-        for (int64_t D = 64; D <= 128; D *= 2) {
-            em_scope_begin();
-            em_tensor *q = hrnd(dt, 1, 4, TU_SIZES(2, 3, 140, D), 1), *k = hrnd(dt, 2, 4, TU_SIZES(2, 3, 300, D), 1);
-            em_tensor *v = hrnd(dt, 3, 4, TU_SIZES(2, 3, 300, D), 1);
-            double *pad = calloc(600, sizeof(double));
-            for (int j = 200; j < 300; j++) pad[300 + j] = -1e4;
-            check_half("padding mask", &(ref_in){q, k, v, gpu(tu_tensor(pad, 4, TU_SIZES(2, 1, 1, 300), dt)), false,
-                                                 EM_SCALE_DEFAULT});
-            free(pad);
-            em_tensor *full = hrnd(dt, 4, 2, TU_SIZES(140, 300), 2);
-            check_half("full mask", &(ref_in){q, k, v, full, false, 0.2});
-            check_half("full mask, causal", &(ref_in){q, k, v, full, true, 0.2});
-            check_half("row mask", &(ref_in){q, k, v, hrnd(dt, 5, 1, TU_SIZES(300), 2), false, EM_SCALE_DEFAULT});
-            em_tensor *ex = em_expand(hrnd(dt, 6, 2, TU_SIZES(140, 1), 2), 2, TU_SIZES(140, 300));
-            check_half("expanded mask", &(ref_in){q, k, v, ex, false, EM_SCALE_DEFAULT});
-            double *drop = calloc(140 * 300, sizeof(double));
-            for (int j = 0; j < 300; j++) drop[3 * 300 + j] = drop[139 * 300 + j] = -INFINITY;
-            for (int j = 0; j < 256; j++) drop[70 * 300 + j] = -INFINITY;
-            for (int i = 0; i < 140; i++)
-                for (int j = 64; j < 192; j++) drop[i * 300 + j] = -INFINITY; /* two whole key tiles */
-            em_tensor *dm = gpu(tu_tensor(drop, 2, TU_SIZES(140, 300), dt));
-            free(drop);
-            check_half("-inf mask", &(ref_in){q, k, v, dm, false, EM_SCALE_DEFAULT});
-            check_half("-inf mask, causal", &(ref_in){q, k, v, dm, true, EM_SCALE_DEFAULT});
-            em_scope_end();
-        }
+static void half_masks(em_dtype dt) {
+    for (int64_t D = 64; D <= 128; D *= 2) {
+        em_scope_begin();
+        em_tensor *q = hrnd(dt, 1, 4, TU_SIZES(2, 3, 140, D), 1), *k = hrnd(dt, 2, 4, TU_SIZES(2, 3, 300, D), 1);
+        em_tensor *v = hrnd(dt, 3, 4, TU_SIZES(2, 3, 300, D), 1);
+        double *pad = calloc(600, sizeof(double));
+        for (int j = 200; j < 300; j++) pad[300 + j] = -1e4;
+        check_half("padding mask", &(ref_in){q, k, v, gpu(tu_tensor(pad, 4, TU_SIZES(2, 1, 1, 300), dt)), false,
+                                             EM_SCALE_DEFAULT});
+        free(pad);
+        em_tensor *full = hrnd(dt, 4, 2, TU_SIZES(140, 300), 2);
+        check_half("full mask", &(ref_in){q, k, v, full, false, 0.2});
+        check_half("full mask, causal", &(ref_in){q, k, v, full, true, 0.2});
+        check_half("row mask", &(ref_in){q, k, v, hrnd(dt, 5, 1, TU_SIZES(300), 2), false, EM_SCALE_DEFAULT});
+        em_tensor *ex = em_expand(hrnd(dt, 6, 2, TU_SIZES(140, 1), 2), 2, TU_SIZES(140, 300));
+        check_half("expanded mask", &(ref_in){q, k, v, ex, false, EM_SCALE_DEFAULT});
+        double *drop = calloc(140 * 300, sizeof(double));
+        for (int j = 0; j < 300; j++) drop[3 * 300 + j] = drop[139 * 300 + j] = -INFINITY;
+        for (int j = 0; j < 256; j++) drop[70 * 300 + j] = -INFINITY;
+        for (int i = 0; i < 140; i++)
+            for (int j = 64; j < 192; j++) drop[i * 300 + j] = -INFINITY; /* two whole key tiles */
+        em_tensor *dm = gpu(tu_tensor(drop, 2, TU_SIZES(140, 300), dt));
+        free(drop);
+        check_half("-inf mask", &(ref_in){q, k, v, dm, false, EM_SCALE_DEFAULT});
+        check_half("-inf mask, causal", &(ref_in){q, k, v, dm, true, EM_SCALE_DEFAULT});
+        em_scope_end();
     }
 }
+
+START_TEST(fused_on_cuda_half_masks) { on_gpu_in_half("fused_on_cuda_half_masks", half_masks); }
 END_TEST
 
 /* Layouts: a qkv split read in place (rows strided by 3C, heads
@@ -1403,43 +1417,43 @@ END_TEST
  * broadcast batch and an expanded k; the edges: no keys (zeros), an
  * empty batch; and head sizes past the kernel's (Dv 200), which the host
  * cannot run in half: EM_ERR_UNSUPPORTED, never a wrong value. */
-START_TEST(fused_on_cuda_half_layouts_and_edges) {
-    if (!gpu_or_skip("fused_on_cuda_half_layouts_and_edges")) return;
-    for (int d = 0; d < 2; d++) {
-        em_dtype dt = d ? EM_F16 : EM_BF16;
-        const int64_t heads[][2] = {{2, 64}, {3, 128}, {1, 20}};
-        for (int c = 0; c < 3; c++) {
-            int64_t B = 2, T = 277, H = heads[c][0], D = heads[c][1];
-            em_tensor *all = hrnd(dt, 7 + c, 3, TU_SIZES(B, T, 3 * H * D), 1), *qkv[3];
-            for (int w = 0; w < 3; w++) {
-                em_tensor *t = em_slice(all, -1, w * H * D, (w + 1) * H * D, 1);
-                qkv[w] = em_transpose(em_reshape(t, 4, TU_SIZES(B, T, H, D)), 1, 2);
-            }
-            ck_assert(!em_is_contiguous(qkv[0]));
-            char label[64];
-            snprintf(label, sizeof label, "qkv split, D %lld", (long long)D);
-            check_half(label, &(ref_in){qkv[0], qkv[1], qkv[2], NULL, true, EM_SCALE_DEFAULT});
-            check_half(label, &(ref_in){qkv[0], qkv[1], qkv[2], NULL, false, 0.3});
+static void half_layouts_and_edges(em_dtype dt) {
+    const int64_t heads[][2] = {{2, 64}, {3, 128}, {1, 20}};
+    for (int c = 0; c < 3; c++) {
+        int64_t B = 2, T = 277, H = heads[c][0], D = heads[c][1];
+        em_tensor *all = hrnd(dt, 7 + c, 3, TU_SIZES(B, T, 3 * H * D), 1), *qkv[3];
+        for (int w = 0; w < 3; w++) {
+            em_tensor *t = em_slice(all, -1, w * H * D, (w + 1) * H * D, 1);
+            qkv[w] = em_transpose(em_reshape(t, 4, TU_SIZES(B, T, H, D)), 1, 2);
         }
-        em_tensor *q = hrnd(dt, 8, 3, TU_SIZES(2, 9, 16), 1);
-        em_tensor *k = em_transpose(hrnd(dt, 9, 3, TU_SIZES(2, 16, 300), 1), 1, 2);
-        em_tensor *v = em_transpose(hrnd(dt, 10, 3, TU_SIZES(2, 8, 300), 1), 1, 2);
-        check_half("columns strided", &(ref_in){q, k, v, NULL, false, EM_SCALE_DEFAULT});
-        em_tensor *kb = em_expand(hrnd(dt, 11, 3, TU_SIZES(1, 1, 16), 1), 3, TU_SIZES(3, 20, 16));
-        check_half("broadcast", &(ref_in){hrnd(dt, 12, 4, TU_SIZES(2, 3, 9, 16), 1), kb,
-                                          hrnd(dt, 13, 2, TU_SIZES(20, 4), 1), NULL, false, EM_SCALE_DEFAULT});
-        /* no keys: zeros, as the f32 kernel; an empty batch: nothing */
-        em_tensor *y = fused(&(ref_in){hrnd(dt, 17, 2, TU_SIZES(3, 8), 1), hrnd(dt, 18, 2, TU_SIZES(0, 8), 1),
-                                       hrnd(dt, 19, 2, TU_SIZES(0, 4), 1), NULL, false, EM_SCALE_DEFAULT});
-        ck_assert_msg(y != NULL, "%s", em_last_error());
-        ck_assert_double_eq(max_abs_of(y), 0);
-        y = fused(&(ref_in){hrnd(dt, 14, 3, TU_SIZES(0, 4, 8), 1), hrnd(dt, 15, 3, TU_SIZES(0, 4, 8), 1),
-                            hrnd(dt, 16, 3, TU_SIZES(0, 4, 8), 1), NULL, true, EM_SCALE_DEFAULT});
-        ck_assert_msg(y != NULL && em_numel(y) == 0, "%s", em_last_error());
-        tu_check_fails(fused(&(ref_in){hrnd(dt, 23, 2, TU_SIZES(70, 8), 1), hrnd(dt, 24, 2, TU_SIZES(90, 8), 1),
-                                       hrnd(dt, 25, 2, TU_SIZES(90, 200), 1), NULL, true, EM_SCALE_DEFAULT}),
-                       EM_ERR_UNSUPPORTED);
+        ck_assert(!em_is_contiguous(qkv[0]));
+        char label[64];
+        snprintf(label, sizeof label, "qkv split, D %lld", (long long)D);
+        check_half(label, &(ref_in){qkv[0], qkv[1], qkv[2], NULL, true, EM_SCALE_DEFAULT});
+        check_half(label, &(ref_in){qkv[0], qkv[1], qkv[2], NULL, false, 0.3});
     }
+    em_tensor *q = hrnd(dt, 8, 3, TU_SIZES(2, 9, 16), 1);
+    em_tensor *k = em_transpose(hrnd(dt, 9, 3, TU_SIZES(2, 16, 300), 1), 1, 2);
+    em_tensor *v = em_transpose(hrnd(dt, 10, 3, TU_SIZES(2, 8, 300), 1), 1, 2);
+    check_half("columns strided", &(ref_in){q, k, v, NULL, false, EM_SCALE_DEFAULT});
+    em_tensor *kb = em_expand(hrnd(dt, 11, 3, TU_SIZES(1, 1, 16), 1), 3, TU_SIZES(3, 20, 16));
+    check_half("broadcast", &(ref_in){hrnd(dt, 12, 4, TU_SIZES(2, 3, 9, 16), 1), kb,
+                                      hrnd(dt, 13, 2, TU_SIZES(20, 4), 1), NULL, false, EM_SCALE_DEFAULT});
+    /* no keys: zeros, as the f32 kernel; an empty batch: nothing */
+    em_tensor *y = fused(&(ref_in){hrnd(dt, 17, 2, TU_SIZES(3, 8), 1), hrnd(dt, 18, 2, TU_SIZES(0, 8), 1),
+                                   hrnd(dt, 19, 2, TU_SIZES(0, 4), 1), NULL, false, EM_SCALE_DEFAULT});
+    ck_assert_msg(y != NULL, "%s", em_last_error());
+    ck_assert_double_eq(max_abs_of(y), 0);
+    y = fused(&(ref_in){hrnd(dt, 14, 3, TU_SIZES(0, 4, 8), 1), hrnd(dt, 15, 3, TU_SIZES(0, 4, 8), 1),
+                        hrnd(dt, 16, 3, TU_SIZES(0, 4, 8), 1), NULL, true, EM_SCALE_DEFAULT});
+    ck_assert_msg(y != NULL && em_numel(y) == 0, "%s", em_last_error());
+    tu_check_fails(fused(&(ref_in){hrnd(dt, 23, 2, TU_SIZES(70, 8), 1), hrnd(dt, 24, 2, TU_SIZES(90, 8), 1),
+                                   hrnd(dt, 25, 2, TU_SIZES(90, 200), 1), NULL, true, EM_SCALE_DEFAULT}),
+                   EM_ERR_UNSUPPORTED);
+}
+
+START_TEST(fused_on_cuda_half_layouts_and_edges) {
+    on_gpu_in_half("fused_on_cuda_half_layouts_and_edges", half_layouts_and_edges);
 }
 END_TEST
 
@@ -1453,13 +1467,7 @@ START_TEST(compiled_half_on_cuda_fuses_each_layer) {
         em_dtype dt = gpt ? EM_BF16 : EM_F16;
         model m;
         model_init(&m, gpt ? 128 : 256, 2, gpt);
-        for (int l = 0; l < CL; l++) {
-            m.w_qkv[l] = gpu(m.w_qkv[l]);
-            m.b_qkv[l] = gpu(m.b_qkv[l]);
-            m.w_o[l] = gpu(m.w_o[l]);
-        }
-        m.ln_w = gpu(m.ln_w);
-        m.ln_b = gpu(m.ln_b);
+        model_to_gpu(&m);
         model_cast(&m, dt);
         int64_t Bn = 2, T = gpt ? 67 : 21;
         double *pad = calloc((size_t)(Bn * T), sizeof(double));
@@ -1479,13 +1487,7 @@ START_TEST(compiled_on_cuda_fuses_each_layer) {
     for (int gpt = 1; gpt >= 0; gpt--) {
         model m;
         model_init(&m, gpt ? 128 : 256, 2, gpt);
-        for (int l = 0; l < CL; l++) {
-            m.w_qkv[l] = gpu(m.w_qkv[l]);
-            m.b_qkv[l] = gpu(m.b_qkv[l]);
-            m.w_o[l] = gpu(m.w_o[l]);
-        }
-        m.ln_w = gpu(m.ln_w);
-        m.ln_b = gpu(m.ln_b);
+        model_to_gpu(&m);
         int64_t Bn = 2, T = gpt ? 67 : 21;
         double *pad = calloc((size_t)(Bn * T), sizeof(double));
         for (int64_t j = T - 6; j < T; j++) pad[T + j] = -1e9;

@@ -500,10 +500,12 @@ static const char attention_mma_half[] =
     "#define FROM_T(x) em_from_bf16(x)\n"
     "#define TO_T(x) em_to_bf16(x)\n"
     "#define MMA_HALF \"bf16\"\n"
+    "#define CVT_HALF2 \"bf16x2\"\n"
     "#else\n"
     "#define FROM_T(x) em_from_f16(x)\n"
     "#define TO_T(x) em_to_f16(x)\n"
     "#define MMA_HALF \"f16\"\n"
+    "#define CVT_HALF2 \"f16x2\"\n"
     "#endif\n"
     "#define QMUL(a) 1.f\n"
     "#define KSTEP 16\n"
@@ -515,8 +517,12 @@ static const char attention_mma_half[] =
     "}\n"
     "/* Two adjacent halves as one register (the first in the lower bits) */\n"
     "__device__ __forceinline__ unsigned pair_at(const T *p) { return *(const unsigned *)p; }\n"
+    "/* lo and hi rounded to nearest even (TO_T's rounding, one instruction\n"
+    " * for both), lo in the lower bits: cvt puts its first source high */\n"
     "__device__ __forceinline__ unsigned pack_pair(float lo, float hi) {\n"
-    "  return (unsigned)TO_T(lo) | (unsigned)TO_T(hi) << 16;\n"
+    "  unsigned r;\n"
+    "  asm(\"cvt.rn.\" CVT_HALF2 \".f32 %0, %2, %1;\" : \"=r\"(r) : \"f\"(lo), \"f\"(hi));\n"
+    "  return r;\n"
     "}\n"
     "/* B fragments of two 8-column blocks of v: ldmatrix .x4 .trans gives\n"
     " * thread (g, t) rows 2t, 2t + 1 and column g of each of the four 8 x 8\n"
@@ -568,7 +574,7 @@ static const char attention_mma_half[] =
 /* The tensor-core kernel's body (either operand type): each of 4 warps
  * takes 16 queries of the block's 64 and every key of a 64-key tile. */
 static const char attention_mma[] =
-    "extern \"C\" __global__ void __launch_bounds__(NT) k(const T *__restrict__ q,\n"
+    "extern \"C\" __global__ void BOUNDS k(const T *__restrict__ q,\n"
     "    const T *__restrict__ kk, const T *__restrict__ v,\n"
     "    const T *__restrict__ mask, T *__restrict__ out, attn_args a) {\n"
     "  EM_AFTER_PRIOR();\n"
@@ -789,13 +795,29 @@ static void plan_defines(const attn_plan *p, char *buf, size_t n) {
  * they are); mask 0: none, 1: any strides, 2: unit column stride.
  * Returns the number of parts (at most ATTN_PARTS). */
 enum { ATTN_PARTS = 5 };
+
+/* The tensor-core kernel's __launch_bounds__ (the text's BOUNDS), into
+ * buf.  Half kernels: the blocks an SM should hold, registers capped at
+ * 64K / (128 x blocks), as many as fit without spilling (ptxas for sm_90:
+ * 128 registers for head dims up to 64, 168 up to 128, 254 past; a
+ * mask's loads need more: fewer blocks; 3 with a mask at 64 spilled 16
+ * bytes).  f32: threads only (a minimum of 1 block made ptxas take 218
+ * registers instead of 162). */
+static void launch_bounds(const attn_plan *p, int mask, char *buf, size_t n) {
+    int b = p->dp <= 64 ? 4 : p->dp <= 128 ? 3 : 2;
+    if (mask) b = p->dp <= 128 ? 2 : 1;
+    if (p->half) snprintf(buf, n, "__launch_bounds__(NT, %d)", b);
+    else snprintf(buf, n, "__launch_bounds__(NT)");
+}
+
 static int plan_parts(const attn_plan *p, bool causal, int mask, int nb, char *head, size_t n,
                       const char *parts[ATTN_PARTS]) {
-    char defs[512];
+    char defs[512], bounds[64];
     plan_defines(p, defs, sizeof defs);
+    launch_bounds(p, mask, bounds, sizeof bounds);
     snprintf(head, n, "/* ember fused attention */\n#define D %lld\n#define DV %lld\n#define CAUSAL %d\n"
-             "#define MASK %d\n#define NB %d\n#define HALF %d\n%s", (long long)p->D, (long long)p->Dv, causal,
-             mask, nb, p->half, defs);
+             "#define MASK %d\n#define NB %d\n#define HALF %d\n#define BOUNDS %s\n%s", (long long)p->D,
+             (long long)p->Dv, causal, mask, nb, p->half, bounds, defs);
     int k = 0;
     parts[k++] = head;
     if (p->half) parts[k++] = cuda_half_helpers;
@@ -811,8 +833,13 @@ static char *joined(const char *const *parts, int n) {
     for (int i = 0; i < n; i++) len += strlen(parts[i]);
     char *text = em_malloc(len + 1);
     if (!text) return NULL;
-    for (size_t at = 0, i = 0; i < (size_t)n; at += strlen(parts[i]), i++) memcpy(text + at, parts[i], strlen(parts[i]));
-    text[len] = '\0';
+    char *at = text;
+    for (int i = 0; i < n; i++) {
+        size_t k = strlen(parts[i]);
+        memcpy(at, parts[i], k);
+        at += k;
+    }
+    *at = '\0';
     return text;
 }
 
