@@ -503,13 +503,13 @@ END_TEST
  * cores, sm_80 on) compiles for sm_90 in each specialization: both
  * dtypes with each mask kind (none, strided, unit-stride columns),
  * causal or not, head dims 64, 128, 256 (the largest taken) and odd ones
- * (padded to 16), Dv from 1 to 128, 0 to 8 batch dims; other dtypes and
- * head sizes past the kernel's are EM_ERR_ARG. */
+ * (padded to 16), Dv from 8 to 128, 0 to 8 batch dims (six texts: about a
+ * minute each under valgrind); other dtypes and head sizes past the
+ * kernel's are EM_ERR_ARG. */
 START_TEST(attention_half_kernels_compile) {
     static const struct { em_dtype dt; int64_t D, Dv; int causal, mask, nb; } cases[] = {
-        {EM_BF16, 64, 64, 1, 0, 2},  {EM_BF16, 128, 128, 0, 2, 1}, {EM_BF16, 17, 100, 1, 1, 8},
-        {EM_BF16, 256, 128, 0, 1, 0}, {EM_F16, 64, 64, 0, 2, 2},    {EM_F16, 128, 128, 1, 0, 2},
-        {EM_F16, 80, 8, 1, 1, 3},    {EM_F16, 1, 1, 0, 0, 0}};
+        {EM_BF16, 64, 64, 1, 0, 2}, {EM_BF16, 128, 128, 0, 2, 1}, {EM_BF16, 256, 128, 0, 1, 0},
+        {EM_F16, 64, 64, 0, 2, 2},  {EM_F16, 17, 100, 1, 1, 8},   {EM_F16, 80, 8, 1, 0, 3}};
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         char *text = cuda_attention_half_text(cases[i].dt, cases[i].D, cases[i].Dv, cases[i].causal,
                                               cases[i].mask, cases[i].nb);

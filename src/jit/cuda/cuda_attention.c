@@ -797,15 +797,17 @@ static void plan_defines(const attn_plan *p, char *buf, size_t n) {
 enum { ATTN_PARTS = 5 };
 
 /* The tensor-core kernel's __launch_bounds__ (the text's BOUNDS), into
- * buf.  Half kernels: the blocks an SM should hold, registers capped at
- * 64K / (128 x blocks), as many as fit without spilling (ptxas for sm_90:
- * 128 registers for head dims up to 64, 168 up to 128, 254 past; a
- * mask's loads need more: fewer blocks; 3 with a mask at 64 spilled 16
- * bytes).  f32: threads only (a minimum of 1 block made ptxas take 218
+ * buf.  Half kernels: the blocks an SM should hold (registers capped at
+ * 64K / (128 x blocks); each block loads its tiles synchronously, so the
+ * other blocks hide that), as many as fit with ptxas for sm_90: without a
+ * mask 4 at head dims up to 64 (128 registers), 3 up to 128 (156), 2
+ * past, none spilling; a mask's loads take more registers: 3 at 64 (168,
+ * 16 bytes spilled, against 224 registers and 2 blocks), 2 up to 128, 1
+ * past.  f32: threads only (a minimum of 1 block made ptxas take 218
  * registers instead of 162). */
 static void launch_bounds(const attn_plan *p, int mask, char *buf, size_t n) {
     int b = p->dp <= 64 ? 4 : p->dp <= 128 ? 3 : 2;
-    if (mask) b = p->dp <= 128 ? 2 : 1;
+    if (mask) b--;
     if (p->half) snprintf(buf, n, "__launch_bounds__(NT, %d)", b);
     else snprintf(buf, n, "__launch_bounds__(NT)");
 }
