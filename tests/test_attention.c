@@ -563,6 +563,27 @@ START_TEST(pass_rewrites_gpt_bert_and_the_op) {
 }
 END_TEST
 
+/* fn run under autocast to dt. */
+static void autocast_run(attn_fn fn, em_dtype dt, em_tensor *const *in, em_tensor **out) {
+    ck_assert_int_eq(em_autocast_begin(dt), EM_OK);
+    fn(in, out);
+    em_autocast_end();
+}
+
+static void causal_sdpa_fn(em_tensor *const *in, em_tensor **out) {
+    em_tensor *h[3];
+    heads_of(in[0], h);
+    out[0] = em_scaled_dot_product_attention(h[0], h[1], h[2], NULL, true, EM_SCALE_DEFAULT);
+}
+static void autocast_bf16_gpt_fn(em_tensor *const *in, em_tensor **out) { autocast_run(gpt_fn, EM_BF16, in, out); }
+static void autocast_f16_gpt_fn(em_tensor *const *in, em_tensor **out) { autocast_run(gpt_fn, EM_F16, in, out); }
+static void autocast_bf16_sdpa_fn(em_tensor *const *in, em_tensor **out) {
+    autocast_run(causal_sdpa_fn, EM_BF16, in, out);
+}
+static void autocast_f16_sdpa_fn(em_tensor *const *in, em_tensor **out) {
+    autocast_run(causal_sdpa_fn, EM_F16, in, out);
+}
+
 /* What a device's fused_attention_takes saw, and what it answers. */
 typedef struct takes_log {
     bool answer;
@@ -578,9 +599,11 @@ static bool takes_logged(void *ctx, em_dtype dt, int64_t D, int64_t Dv) {
 }
 
 /* fn's graph in half dtype dt through the pass with takes answering yes:
- * want fused nodes of dtype dt (none of the softmax's casts or exp left),
- * each asked about once with head sizes PD. */
-static void check_half_pass(attn_fn fn, int nin, em_tensor *const *in, int nout, em_dtype dt, int want) {
+ * want fused nodes of dtype dt (no exp left, and of the casts only
+ * `casts`: none of the softmax's), each asked about once with head sizes
+ * PD. */
+static void check_half_pass(attn_fn fn, int nin, em_tensor *const *in, int nout, em_dtype dt, int want,
+                            int casts) {
     tr_graph *g = record(fn, nin, in, nout);
     takes_log tl = {.answer = true};
     int n = -2;
@@ -592,7 +615,7 @@ static void check_half_pass(attn_fn fn, int nin, em_tensor *const *in, int nout,
         ck_assert_int_eq(tr_verify(f), EM_OK);
         ck_assert_int_eq(count_op(f, EM_OP_ATTENTION), want);
         ck_assert_int_eq(count_op(f, EM_OP_EXP), 0);
-        ck_assert_int_eq(count_op(f, EM_OP_CAST), 0);
+        ck_assert_int_eq(count_op(f, EM_OP_CAST), casts);
         ck_assert(tl.dt == dt && tl.D == PD && tl.Dv == PD);
         for (int i = 0; i < f->nnodes; i++)
             if (f->nodes[i].kind == TR_CALL && f->nodes[i].op == EM_OP_ATTENTION)
@@ -607,9 +630,11 @@ static void check_half_pass(attn_fn fn, int nin, em_tensor *const *in, int nout,
  * only: its kernel takes f32) leaves bf16 and f16 attention alone; a
  * device that takes half operands (tr_fuse_attention_for, as CUDA on
  * sm_80) gets them fused, the f32 softmax's two casts included, unless it
- * says no for their dtype and head sizes.  A mask of another dtype (an
- * f32 bias on bf16 scores promotes the softmax's input to f32) is left
- * alone.  The values are checked on a GPU (fused_on_cuda_half_*). */
+ * says no for their dtype and head sizes; so does an f32 program under
+ * autocast (k^T cast after its transpose, the -inf fill cast).  A mask of
+ * another dtype (an f32 bias on bf16 scores promotes the softmax's input
+ * to f32) is left alone.  The values are checked on a GPU
+ * (fused_on_cuda_half_*, compiled_half_on_cuda_fuses_each_layer). */
 START_TEST(pass_half_graphs) {
     for (int d = 0; d < 2; d++) {
         em_dtype dt = d ? EM_F16 : EM_BF16;
@@ -622,18 +647,22 @@ START_TEST(pass_half_graphs) {
         ck_assert_ptr_null(tr_fuse_attention_for(g, takes_logged, &no, &n, NULL));
         ck_assert(n == 0 && no.calls == 1 && no.dt == dt);
         tr_graph_free(g);
-        check_half_pass(gpt_fn, 1, &x, 1, dt, 1);
-        check_half_pass(gpt2_fn, 1, &x, 1, dt, 2);
+        check_half_pass(gpt_fn, 1, &x, 1, dt, 1, 0);
+        check_half_pass(gpt2_fn, 1, &x, 1, dt, 2, 0);
         double pad[PB * PT] = {0};
         for (int j = 6; j < PT; j++) pad[PT + j] = -1e9;
         em_tensor *bias = tu_tensor(pad, 4, TU_SIZES(PB, 1, 1, PT), dt);
-        check_half_pass(bert_fn, 2, (em_tensor *[]){x, bias}, 1, dt, 1);
+        check_half_pass(bert_fn, 2, (em_tensor *[]){x, bias}, 1, dt, 1, 0);
         em_tensor *bm = tu_random(78, 2, TU_SIZES(PT, PT), EM_BOOL, 1);
-        check_half_pass(sdpa_fn, 3, (em_tensor *[]){x, bias, bm}, 4, dt, 4);
+        check_half_pass(sdpa_fn, 3, (em_tensor *[]){x, bias, bm}, 4, dt, 4, 0);
         em_tensor *fbias = tu_tensor(pad, 4, TU_SIZES(PB, 1, 1, PT), EM_F32);
-        check_half_pass(bert_fn, 2, (em_tensor *[]){x, fbias}, 1, dt, 0);
+        check_half_pass(bert_fn, 2, (em_tensor *[]){x, fbias}, 1, dt, 0, 0);
         /* f32 attention is fused whatever takes says (it is not asked) */
         em_tensor *xf = pass_qkv();
+        /* under autocast: an f32 program whose matmuls cast q, k^T, p and
+         * v to dt (k^T's cast becomes k's: the casts of q, k and v stay) */
+        check_half_pass(dt == EM_BF16 ? autocast_bf16_gpt_fn : autocast_f16_gpt_fn, 1, &xf, 1, dt, 1, 3);
+        check_half_pass(dt == EM_BF16 ? autocast_bf16_sdpa_fn : autocast_f16_sdpa_fn, 1, &xf, 1, dt, 1, 3);
         g = record(gpt_fn, 1, &xf, 1);
         no.calls = 0;
         tr_graph *f = tr_fuse_attention_for(g, takes_logged, &no, &n, NULL);
@@ -794,6 +823,7 @@ enum { CL = 2 };
 typedef struct model {
     int64_t C, NH;
     bool causal_gpt;          /* GPT-2 blocks; else MiniLM encoder layers (padding bias) */
+    em_dtype autocast;        /* EM_F32: none; else compiled and run under autocast to it */
     em_tensor *w_qkv[CL], *b_qkv[CL], *w_o[CL], *ln_w, *ln_b;
 } model;
 
@@ -883,13 +913,16 @@ static void check_compiled_on(const model *m, int nin, em_tensor *const *in, con
     close(fd);
     setenv("EMBER_LOG", "graph", 1);
     setenv("EMBER_LOG_FILE", path, 1);
-    em_compile_options o = {.ninputs = nin, .noutputs = 1, .name = "layers", .dynamic = -1};
+    em_compile_options o = {.ninputs = nin, .noutputs = 1, .name = "layers", .dynamic = -1,
+                            .autocast = m->autocast};
     em_compiled *f = em_compile(model_fn, (void *)m, &o);
     unsetenv("EMBER_LOG");
     unsetenv("EMBER_LOG_FILE");
     ck_assert_ptr_nonnull(f);
     em_tensor *ye = NULL, *yc = NULL;
+    if (m->autocast != EM_F32) ck_assert_int_eq(em_autocast_begin(m->autocast), EM_OK);
     ck_assert_int_eq(model_fn((void *)m, in, NULL, &ye), EM_OK);
+    if (m->autocast != EM_F32) em_autocast_end();
     for (int r = 0; r < 2; r++) /* the trace, then the compiled plan */
         ck_assert_msg(em_call(f, in, NULL, &yc) == EM_OK, "%s", em_last_error());
     em_compile_stats st;
@@ -1457,23 +1490,27 @@ START_TEST(fused_on_cuda_half_layouts_and_edges) {
 }
 END_TEST
 
-/* Compiled on CUDA: a bf16 GPT-2 block and an f16 MiniLM layer (its
- * padding bias in f16) run with one fused node per layer and match eager
- * mode on the GPU (tolerance as compiled_half_on_cpu_stays_unfused's,
- * and the fused scores stay f32 where eager rounds them to half). */
+/* Compiled on CUDA: a bf16 GPT-2 block, an f16 MiniLM layer (its
+ * padding bias in f16) and an f32 GPT-2 block under autocast to bf16 run
+ * with one fused node per layer and match eager mode on the GPU
+ * (tolerance as compiled_half_on_cpu_stays_unfused's, and the fused
+ * scores stay f32 where eager rounds them to half). */
 START_TEST(compiled_half_on_cuda_fuses_each_layer) {
     if (!gpu_or_skip("compiled_half_on_cuda_fuses_each_layer")) return;
-    for (int gpt = 1; gpt >= 0; gpt--) {
-        em_dtype dt = gpt ? EM_BF16 : EM_F16;
+    for (int c = 0; c < 3; c++) {
+        bool gpt = c != 1;
+        em_dtype dt = c == 1 ? EM_F16 : EM_BF16;
         model m;
         model_init(&m, gpt ? 128 : 256, 2, gpt);
         model_to_gpu(&m);
-        model_cast(&m, dt);
+        if (c == 2) m.autocast = dt; /* the weights and input stay f32 */
+        else model_cast(&m, dt);
         int64_t Bn = 2, T = gpt ? 67 : 21;
         double *pad = calloc((size_t)(Bn * T), sizeof(double));
         for (int64_t j = T - 6; j < T; j++) pad[T + j] = -1e4;
-        em_tensor *in[2] = {hrnd(dt, 140, 3, TU_SIZES(Bn, T, m.C), 1),
-                            gpu(tu_tensor(pad, 4, TU_SIZES(Bn, 1, 1, T), dt))};
+        em_dtype in_dt = c == 2 ? EM_F32 : dt;
+        em_tensor *in[2] = {hrnd(in_dt, 140, 3, TU_SIZES(Bn, T, m.C), 1),
+                            gpu(tu_tensor(pad, 4, TU_SIZES(Bn, 1, 1, T), in_dt))};
         free(pad);
         check_compiled_on(&m, gpt ? 1 : 2, in, "cuda", 6e-2, CL);
     }

@@ -27,9 +27,12 @@
  *   out = matmul(cast(P, half), v),  P = softmax(cast(X, f32)),  X half
  *
  * The fused kernel keeps the scores in f32 (FlashAttention's rounding,
- * not the graph's, which rounds S, its scaling and masking to half).  The
- * attention node takes out's place (its inputs all come before it) and
- * tr_dce drops what died. */
+ * not the graph's, which rounds S, its scaling and masking to half).
+ * Under autocast an f32 program's matmuls cast their operands, so k^T is
+ * cast(permute(k)) and the causal fill cast(full(-inf)): matched too, the
+ * cast (read by the scores only) rewritten into the cast of k itself,
+ * the fused node's k.  The attention node takes out's place (its inputs
+ * all come before it) and tr_dce drops what died. */
 #include "trace.h"
 
 #include <math.h>
@@ -39,6 +42,7 @@
 typedef struct attn_match {
     int q, k, v, mask; /* mask -1: none */
     em_dtype dt;       /* of q, k, v, the mask and out */
+    int kcast;         /* autocast's cast(permute(k)) to dt, or -1 (k is k) */
     double scale;
     bool causal;
     bool scaled;       /* a scale was seen (walking from the softmax back) */
@@ -96,6 +100,14 @@ static double scalar_value(const attn_graph *a, int i) {
     const tr_node *n = node(a, i);
     if (!is_call(a, i, EM_OP_FULL) || em_shape_numel(n->meta.ndim, n->meta.sizes) != 1) return NAN;
     return n->attrs.value;
+}
+
+/* A where's fill: scalar_value, or an infinite one through a cast
+ * (autocast's of the -inf fill, which any float type keeps). */
+static double fill_value(const attn_graph *a, int i) {
+    if (!is_call(a, i, EM_OP_CAST)) return scalar_value(a, i);
+    double v = scalar_value(a, node(a, i)->in[0]);
+    return isinf(v) && em_dtype_is_float(node(a, i)->meta.dtype) ? v : NAN;
 }
 
 /* unsqueeze(arange(0, n, 1), dim): the index along dim (0: a row of key
@@ -160,10 +172,22 @@ static bool swaps_last_two(const tr_node *n) {
     return n->attrs.dims[nd - 2] == nd - 1 && n->attrs.dims[nd - 1] == nd - 2;
 }
 
+/* Autocast's k^T: c = cast(permute(k), m->dt) read by the scores only,
+ * k of a float type. */
+static bool cast_key_of(const attn_graph *a, int c, attn_match *m) {
+    if (!is_call(a, c, EM_OP_CAST) || !is_dtype(a, c, m->dt) || !private_value(a, c, 1)) return false;
+    int p = node(a, c)->in[0];
+    if (!is_call(a, p, EM_OP_PERMUTE) || !swaps_last_two(node(a, p))) return false;
+    m->kcast = c;
+    m->k = node(a, p)->in[0];
+    return em_dtype_is_float(node(a, m->k)->meta.dtype);
+}
+
 static bool key_of(const attn_graph *a, int b, attn_match *m) {
     int inner;
     if (++m->steps > MAX_STEPS) return false;
     if (peel_scale(a, b, m, &inner)) return key_of(a, inner, m);
+    if (is_call(a, b, EM_OP_CAST)) return cast_key_of(a, b, m);
     if (!is_call(a, b, EM_OP_PERMUTE) || !swaps_last_two(node(a, b))) return false;
     int k = node(a, b)->in[0];
     while (peel_scale(a, k, m, &inner)) k = inner;
@@ -208,8 +232,8 @@ static bool chain_of(const attn_graph *a, int x, int readers, attn_match *m) {
         int64_t Tq = sz->sizes[sz->ndim - 2], Tk = sz->sizes[sz->ndim - 1];
         int cond = n->in[0], fa = n->in[1], fb = n->in[2];
         int kind = causal_kind(a, cond, Tq, Tk);
-        int chain = kind > 0 && scalar_value(a, fa) == -INFINITY ? fb
-                  : kind < 0 && scalar_value(a, fb) == -INFINITY ? fa : -1;
+        int chain = kind > 0 && fill_value(a, fa) == -INFINITY ? fb
+                  : kind < 0 && fill_value(a, fb) == -INFINITY ? fa : -1;
         if (chain < 0 || !same_sizes(sz, &node(a, chain)->meta)) return false;
         m->causal = true;
         return chain_of(a, chain, 1, m);
@@ -266,7 +290,7 @@ static bool device_takes(const attn_graph *a, const attn_match *m) {
 
 /* Whether the node at out is attention, into m. */
 static bool match_at(const attn_graph *a, int out, attn_match *m) {
-    *m = (attn_match){.mask = -1, .scale = 1};
+    *m = (attn_match){.mask = -1, .kcast = -1, .scale = 1};
     if (!is_call(a, out, EM_OP_MATMUL)) return false;
     m->dt = node(a, out)->meta.dtype;
     bool half = m->dt == EM_F16 || m->dt == EM_BF16;
@@ -276,11 +300,24 @@ static bool match_at(const attn_graph *a, int out, attn_match *m) {
     m->v = node(a, out)->in[1];
     if (!softmax_of(a, p, &x) || (half && !half_scores(a, x, m->dt, &x)) || !chain_of(a, x, half ? 1 : 2, m))
         return false;
-    if (!is_dtype(a, m->q, m->dt) || !is_dtype(a, m->k, m->dt) || !is_dtype(a, m->v, m->dt) ||
+    if (!is_dtype(a, m->q, m->dt) || !is_dtype(a, m->kcast >= 0 ? m->kcast : m->k, m->dt) ||
+        !is_dtype(a, m->v, m->dt) ||
         node(a, m->v)->meta.ndim < 2)
         return false;
     if (!isfinite(m->scale) || !gives_sizes_of(a, m, out)) return false;
     return !half || device_takes(a, m);
+}
+
+/* Makes the cast node c of g (autocast's, of k^T) the cast of k itself:
+ * a fresh contiguous result of k's sizes, as the cast's rule gives. */
+static void cast_key(tr_graph *g, int c, int k) {
+    tr_node *n = &g->nodes[c];
+    em_dtype dt = n->meta.dtype;
+    n->in[0] = k;
+    n->meta = g->nodes[k].meta;
+    n->meta.dtype = dt;
+    n->meta.offset = 0;
+    em_contiguous_strides(n->meta.ndim, n->meta.sizes, n->meta.strides);
 }
 
 /* Makes node i of g the attention call m describes. */
@@ -289,7 +326,8 @@ static bool rewrite(tr_graph *g, int i, const attn_match *m) {
     int nin = m->mask >= 0 ? 4 : 3;
     int *in = em_malloc(sizeof(int) * 4);
     if (!in) return false;
-    in[0] = m->q, in[1] = m->k, in[2] = m->v, in[3] = m->mask;
+    if (m->kcast >= 0) cast_key(g, m->kcast, m->k);
+    in[0] = m->q, in[1] = m->kcast >= 0 ? m->kcast : m->k, in[2] = m->v, in[3] = m->mask;
     em_free(n->in);
     n->in = in;
     n->nin = nin;
