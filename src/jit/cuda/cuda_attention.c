@@ -1,5 +1,5 @@
 /* cuda_attention.c - fused attention on CUDA (the attention op of ops.def:
- * out = softmax(q k^T * scale + mask [causal]) v, f32), as one generated
+ * out = softmax(q k^T * scale + mask [causal]) v, f32, f16 or bf16), as one generated
  * kernel compiled through NVRTC (cuda_source.h): FlashAttention's schedule
  * (Dao et al. 2022), so the Tq x Tk scores never reach global memory.
  *
@@ -18,13 +18,21 @@
  * A causal block stops at its last query's key tile, and blocks run the
  * longest query blocks first (causal work grows with the query index).
  * f32 on CUDA cores: TF32 stays off for f32 (docs/cuda.md), as for matmul.
+ * On sm_80 on the tiled kernel runs on tensor cores instead
+ * (attention_mma, below: 3xTF32 for f32; for f16 and bf16 operands the
+ * same body with another operand part, m16n8k16 with f32 accumulation,
+ * and the only kernel half operands take); at most 8 queries take the
+ * decode kernel (f32).
  *
- * The text is specialized on the head sizes, causal, the mask and the
- * number of batch dims; strides and lengths are arguments, so one kernel
+ * The text is specialized on the operand dtype, the head sizes, causal,
+ * the mask and the number of batch dims (so each has its own cache key);
+ * strides and lengths are arguments, so one kernel
  * serves every sequence length and layout (q, k, v and the mask read
  * through their strides: a qkv split or heads permuted need no copy).
- * Head sizes past MAX_D / MAX_DV (registers, shared memory) are
- * EM_ERR_UNSUPPORTED: the caller then runs the CPU kernel on a copy. */
+ * Head sizes past MAX_D / MAX_DV (registers, shared memory), and half
+ * operands before sm_80, are EM_ERR_UNSUPPORTED: the caller then runs the
+ * CPU kernel on a copy (f32 only: a half one fails there; the attention
+ * pass asks cuda_attention_takes before it makes a half node). */
 #include "cuda_eager.h"
 
 #ifdef EMBER_HAVE_CUDA
