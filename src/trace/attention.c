@@ -300,8 +300,8 @@ static bool match_at(const attn_graph *a, int out, attn_match *m) {
     m->v = node(a, out)->in[1];
     if (!softmax_of(a, p, &x) || (half && !half_scores(a, x, m->dt, &x)) || !chain_of(a, x, half ? 1 : 2, m))
         return false;
-    if (!is_dtype(a, m->q, m->dt) || !is_dtype(a, m->kcast >= 0 ? m->kcast : m->k, m->dt) ||
-        !is_dtype(a, m->v, m->dt) ||
+    int k = m->kcast >= 0 ? m->kcast : m->k; /* the fused node's k */
+    if (!is_dtype(a, m->q, m->dt) || !is_dtype(a, k, m->dt) || !is_dtype(a, m->v, m->dt) ||
         node(a, m->v)->meta.ndim < 2)
         return false;
     if (!isfinite(m->scale) || !gives_sizes_of(a, m, out)) return false;

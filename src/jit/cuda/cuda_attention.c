@@ -752,7 +752,8 @@ static bool use_decode(int64_t Tq) {
 
 /* The plan for head sizes D, Dv and operands half (half_of).  Tensor
  * cores (always for half operands): 4 warps of 16 queries, 64 keys a
- * tile (the C fragments of the scores are the A fragments of p v).  CUDA cores: 8 x 8 scores a thread for head sizes up to 64 (a
+ * tile (the C fragments of the scores are the A fragments of p v).  CUDA
+ * cores: 8 x 8 scores a thread for head sizes up to 64 (a
  * 128 x 64 tile), else 4 x 4 (the output's registers, rm x Dv/8, and the
  * tiles' shared memory). */
 static attn_plan plan_for(bool mma, int half, int64_t D, int64_t Dv) {
@@ -798,11 +799,7 @@ static void plan_defines(const attn_plan *p, char *buf, size_t n) {
                  (long long)p->qp);
 }
 
-/* p's kernel text as parts (the defines into head, then the conversions
- * of half operands, the prelude, the operand type's part and the body as
- * they are); mask 0: none, 1: any strides, 2: unit column stride.
- * Returns the number of parts (at most ATTN_PARTS). */
-enum { ATTN_PARTS = 5 };
+enum { ATTN_PARTS = 5 }; /* plan_parts' most */
 
 /* The tensor-core kernel's __launch_bounds__ (the text's BOUNDS), into
  * buf.  Half kernels: the blocks an SM should hold (registers capped at
@@ -820,6 +817,10 @@ static void launch_bounds(const attn_plan *p, int mask, char *buf, size_t n) {
     else snprintf(buf, n, "__launch_bounds__(NT)");
 }
 
+/* p's kernel text as parts (the defines into head, then the conversions
+ * of half operands, the prelude, the operand type's part and the body as
+ * they are); mask 0: none, 1: any strides, 2: unit column stride.
+ * Returns the number of parts. */
 static int plan_parts(const attn_plan *p, bool causal, int mask, int nb, char *head, size_t n,
                       const char *parts[ATTN_PARTS]) {
     char defs[512], bounds[64];
