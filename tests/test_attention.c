@@ -1448,7 +1448,8 @@ END_TEST
 /* Layouts: a qkv split read in place (rows strided by 3C, heads
  * permuted: 16-byte vector loads), one whose rows are not 16-byte
  * aligned (D 20: element loads), columns strided (a transposed k and v),
- * broadcast batch and an expanded k; the edges: no keys (zeros), an
+ * broadcast batch and an expanded k; EMBER_CUDA_ATTENTION=simt (which
+ * half operands ignore); the edges: no keys (zeros), an
  * empty batch; and head sizes past the kernel's (Dv 200), which the host
  * cannot run in half: EM_ERR_UNSUPPORTED, never a wrong value. */
 static void half_layouts_and_edges(em_dtype dt) {
@@ -1466,6 +1467,13 @@ static void half_layouts_and_edges(em_dtype dt) {
         check_half(label, &(ref_in){qkv[0], qkv[1], qkv[2], NULL, true, EM_SCALE_DEFAULT});
         check_half(label, &(ref_in){qkv[0], qkv[1], qkv[2], NULL, false, 0.3});
     }
+    /* EMBER_CUDA_ATTENTION does not apply to half operands (tensor cores only) */
+    setenv("EMBER_CUDA_ATTENTION", "simt", 1);
+    check_half("EMBER_CUDA_ATTENTION=simt", &(ref_in){hrnd(dt, 26, 3, TU_SIZES(2, 1, 64), 1),
+                                                       hrnd(dt, 27, 3, TU_SIZES(2, 77, 64), 1),
+                                                       hrnd(dt, 28, 3, TU_SIZES(2, 77, 64), 1), NULL, true,
+                                                       EM_SCALE_DEFAULT});
+    unsetenv("EMBER_CUDA_ATTENTION");
     em_tensor *q = hrnd(dt, 8, 3, TU_SIZES(2, 9, 16), 1);
     em_tensor *k = em_transpose(hrnd(dt, 9, 3, TU_SIZES(2, 16, 300), 1), 1, 2);
     em_tensor *v = em_transpose(hrnd(dt, 10, 3, TU_SIZES(2, 8, 300), 1), 1, 2);
