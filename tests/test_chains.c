@@ -350,6 +350,54 @@ START_TEST(a_view_output_is_a_view_of_a_stored_value) {
 }
 END_TEST
 
+/* Slices that together cover a fused value, each read by a matmul (q, k
+ * and v of a qkv projection plus bias): storing them would cost what
+ * storing the value does, so the value is stored once and the slices are
+ * views of it, as before; one slice alone is stored narrow. */
+static em_status qkv_products(void *c, em_tensor *const *in, const double *s, em_tensor **out) {
+    (void)c, (void)s;
+    em_tensor *qkv = em_add(in[0], in[1]); /* [T, 3E] */
+    int64_t e = em_size(in[0], 1) / 3;
+    em_tensor *q = em_slice(qkv, 1, 0, e, 1), *k = em_slice(qkv, 1, e, 2 * e, 1), *v = em_slice(qkv, 1, 2 * e, 3 * e, 1);
+    RETURN(em_matmul(em_matmul(q, em_transpose(k, 0, 1)), v));
+}
+
+static em_status q_product(void *c, em_tensor *const *in, const double *s, em_tensor **out) {
+    (void)c, (void)s;
+    em_tensor *q = em_slice(em_add(in[0], in[1]), 1, 0, em_size(in[0], 1) / 3, 1);
+    RETURN(em_matmul(q, em_transpose(q, 0, 1)));
+}
+
+START_TEST(slices_that_cover_a_value_read_by_matmuls_keep_it_whole) {
+    const int64_t T = 5, E = 4;
+    em_tensor *in[2] = {tu_random(85, 2, TU_SIZES(T, 3 * E), EM_F32, 1.0), tu_random(86, 1, TU_SIZES(3 * E), EM_F32, 1.0)};
+    plan_info p = plan_of(qkv_products, 2, in);
+    ck_assert_int_eq(p.kernels, 1);
+    ck_assert_int_eq(p.max_stored, T * 3 * E);
+    /* q and q.T, each [T, E] stored by a kernel: 2/3 of the projection */
+    plan_info p1 = plan_of(q_product, 2, in);
+    ck_assert_int_eq(p1.kernels, 2);
+    ck_assert_int_eq(p1.max_stored, T * E);
+    double *x = tu_values(in[0]), *b = tu_values(in[1]), qkv[5 * 12], att[5 * 5], ref[5 * 4], refq[5 * 5];
+    for (int t = 0; t < T; t++)
+        for (int j = 0; j < 3 * E; j++) qkv[t * 3 * E + j] = x[t * 3 * E + j] + b[j];
+    for (int i = 0; i < T; i++)
+        for (int j = 0; j < T; j++) {
+            att[i * T + j] = refq[i * T + j] = 0;
+            for (int d = 0; d < E; d++) att[i * T + j] += qkv[i * 3 * E + d] * qkv[j * 3 * E + E + d];
+            for (int d = 0; d < E; d++) refq[i * T + j] += qkv[i * 3 * E + d] * qkv[j * 3 * E + d];
+        }
+    for (int i = 0; i < T; i++)
+        for (int d = 0; d < E; d++) {
+            ref[i * E + d] = 0;
+            for (int j = 0; j < T; j++) ref[i * E + d] += att[i * T + j] * qkv[j * 3 * E + 2 * E + d];
+        }
+    check_values(qkv_products, 2, in, ref, 1e-4);
+    check_values(q_product, 2, in, refq, 1e-4);
+    free(x), free(b);
+}
+END_TEST
+
 /* ---- dynamic shapes ---- */
 
 /* The unsqueezed mean and the slice of a log_softmax, dynamic in the rows:
@@ -389,6 +437,7 @@ int main(void) {
     tcase_add_test(tc, transposed_expanded_and_reshaped_views_are_recomputed);
     tcase_add_test(tc, the_cost_model_counts_what_a_view_reads);
     tcase_add_test(tc, a_view_output_is_a_view_of_a_stored_value);
+    tcase_add_test(tc, slices_that_cover_a_value_read_by_matmuls_keep_it_whole);
     tcase_add_test(tc, chains_take_dynamic_rows);
     suite_add_tcase(s, tc);
     return tu_run(s);

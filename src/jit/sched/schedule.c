@@ -32,6 +32,7 @@
  * budget. */
 #include "schedule.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -693,6 +694,48 @@ static int view_base(const sc_schedule *s, int v) {
     return v;
 }
 
+static double numel_of(const tr_node *n) { return (double)em_shape_numel(n->meta.ndim, n->meta.sizes); }
+
+/* Makes view v and the fused views below it eager steps: their base is
+ * stored. */
+static void unfuse_views(sc_schedule *s, int v) {
+    for (; sc_is_view(&s->g->nodes[v]) && s->fusible[v]; v = s->g->nodes[v].in[0]) s->fusible[v] = false;
+}
+
+/* A fused view that an op which is not fused reads must be in memory:
+ * either stored by a kernel (contiguous) or made eagerly from its stored
+ * base.  Storing it saves bytes only when it narrows its base and the
+ * views of that base read so are, together, smaller than the base (q, k
+ * and v, three slices that cover a qkv projection, cost no less than the
+ * projection) and the base is not stored anyway (an output, an operand
+ * of a matmul); a reshape, permute or expand never does.  need: scratch,
+ * one per node, zeroed.  Readers come after their inputs, so backward
+ * walks settle chains of views. */
+static void settle_eager_views(sc_schedule *s, double *need) {
+    const tr_graph *g = s->g;
+    for (int i = g->nnodes - 1; i >= 0; i--)
+        for (int k = 0; g->nodes[i].kind == TR_CALL && !s->fusible[i] && k < g->nodes[i].nin; k++) {
+            int u = g->nodes[i].in[k];
+            if (sc_is_view(&g->nodes[u]) && s->fusible[u] &&
+                numel_of(&g->nodes[u]) >= numel_of(&g->nodes[view_base(s, u)]))
+                s->fusible[u] = false;
+        }
+    for (int o = 0; o < g->noutputs; o++) need[g->outputs[o]] = INFINITY;
+    for (int i = 0; i < g->nnodes; i++)
+        for (int k = 0; g->nodes[i].kind == TR_CALL && !s->fusible[i] && k < g->nodes[i].nin; k++) {
+            int u = g->nodes[i].in[k];
+            bool view = sc_is_view(&g->nodes[u]) && s->fusible[u];
+            need[view ? view_base(s, u) : u] += view ? numel_of(&g->nodes[u]) : INFINITY;
+        }
+    for (int i = g->nnodes - 1; i >= 0; i--)
+        for (int k = 0; g->nodes[i].kind == TR_CALL && !s->fusible[i] && k < g->nodes[i].nin; k++) {
+            int u = g->nodes[i].in[k];
+            if (!sc_is_view(&g->nodes[u]) || !s->fusible[u]) continue;
+            int base = view_base(s, u);
+            if (need[base] >= numel_of(&g->nodes[base])) unfuse_views(s, u);
+        }
+}
+
 /* Views of values that kernels compute are fused too: a kernel that reads
  * one computes the viewed value at the positions the view maps to
  * (lower.c), so log_softmax(x)[:, :1000] recomputes the 1,000 columns it
@@ -700,11 +743,8 @@ static int view_base(const sc_schedule *s, int v) {
  * a view reads, decides).  A view stays an eager step (with its input
  * stored, as before) when it is an output (its caller gets its strides),
  * when no kernel computes its input, or when an op that is not fused
- * reads it and it does not narrow its input: a narrowing view read so is
- * stored by a kernel, fewer bytes than its input; a reshape, permute or
- * expand costs nothing as an eager view of a stored input.  Readers come
- * after their inputs, so one backward walk settles chains of views. */
-static void choose_views(sc_schedule *s, bool half) {
+ * reads it and storing it would not save bytes (settle_eager_views). */
+static em_status choose_views(sc_schedule *s, bool half) {
     const tr_graph *g = s->g;
     for (int i = 0; i < g->nnodes; i++) {
         const tr_node *n = &g->nodes[i];
@@ -712,15 +752,11 @@ static void choose_views(sc_schedule *s, bool half) {
     }
     for (int o = 0; o < g->noutputs; o++)
         if (sc_is_view(&g->nodes[g->outputs[o]])) s->fusible[g->outputs[o]] = false;
-    for (int i = g->nnodes - 1; i >= 0; i--) {
-        const tr_node *n = &g->nodes[i];
-        for (int k = 0; n->kind == TR_CALL && !s->fusible[i] && k < n->nin; k++) {
-            int u = n->in[k];
-            if (!sc_is_view(&g->nodes[u]) || !s->fusible[u]) continue;
-            const em_meta *m = &g->nodes[u].meta, *base = &g->nodes[view_base(s, u)].meta;
-            if (em_shape_numel(m->ndim, m->sizes) >= em_shape_numel(base->ndim, base->sizes)) s->fusible[u] = false;
-        }
-    }
+    double *need = em_calloc((size_t)g->nnodes + 1, sizeof(double));
+    if (!need) return em_last_status();
+    settle_eager_views(s, need);
+    em_free(need);
+    return EM_OK;
 }
 
 sc_schedule *sc_build(const tr_graph *g) { return sc_build_for(g, false); }
@@ -741,7 +777,7 @@ sc_schedule *sc_build_for(const tr_graph *g, bool half) {
         s->group[i] = -1;
         s->fusible[i] = fusible(g, &g->nodes[i], half);
     }
-    if (ok) choose_views(s, half);
+    ok = ok && choose_views(s, half) == EM_OK;
     /* what must be in memory: outputs, and inputs of ops that are not fused */
     for (int i = 0; ok && i < g->noutputs; i++) s->materialized[g->outputs[i]] = true;
     for (int i = 0; ok && i < n; i++)
