@@ -243,6 +243,32 @@ START_TEST(an_unsqueezed_or_reshaped_mean_fuses_with_its_reader) {
 }
 END_TEST
 
+/* layer_norm written with reductions without keepdim and an epsilon:
+ * (x - mean.unsqueeze(-1)) * rsqrt(var + eps).unsqueeze(-1) */
+static em_status norm_without_keepdim(void *c, em_tensor *const *in, const double *s, em_tensor **out) {
+    (void)c, (void)s;
+    em_tensor *m = em_mean(in[0], 1, &last_dim, false), *v = em_var(in[0], 1, &last_dim, 0, false);
+    RETURN(em_mul(em_sub(in[0], em_unsqueeze(m, -1)), em_unsqueeze(em_rsqrt(em_add_scalar(v, 1e-5)), -1)));
+}
+
+START_TEST(a_norm_written_without_keepdim_is_one_kernel) {
+    int64_t sizes[][2] = {{5, 7}, {1, 1}, {64, 33}, {2, 4099}};
+    for (int i = 0; i < 4; i++) {
+        em_tensor *x = tu_random(45 + (uint64_t)i, 2, sizes[i], EM_F32, 2.0);
+        ck_assert_int_eq(plan_of(norm_without_keepdim, 1, &x).kernels, 1);
+        int64_t R = sizes[i][0], C = sizes[i][1];
+        double *ref = tu_values(x);
+        for (int64_t r = 0; r < R; r++) {
+            double *a = ref + r * C, m = ref_row_mean(a, C), var = 0;
+            for (int64_t c = 0; c < C; c++) var += (a[c] - m) * (a[c] - m) / (double)C;
+            for (int64_t c = 0; c < C; c++) a[c] = (a[c] - m) / sqrt(var + 1e-5);
+        }
+        check_values(norm_without_keepdim, 1, &x, ref, 1e-4);
+        free(ref);
+    }
+}
+END_TEST
+
 START_TEST(two_reductions_of_a_row_without_keepdim_are_one_kernel) {
     int64_t sizes[][2] = {{5, 7}, {1, 2}, {64, 33}, {2, 4099}};
     for (int i = 0; i < 4; i++) {
@@ -434,6 +460,7 @@ int main(void) {
     tcase_add_test(tc, a_sliced_value_read_by_an_eager_op_is_stored_narrow);
     tcase_add_test(tc, an_unsqueezed_or_reshaped_mean_fuses_with_its_reader);
     tcase_add_test(tc, two_reductions_of_a_row_without_keepdim_are_one_kernel);
+    tcase_add_test(tc, a_norm_written_without_keepdim_is_one_kernel);
     tcase_add_test(tc, transposed_expanded_and_reshaped_views_are_recomputed);
     tcase_add_test(tc, the_cost_model_counts_what_a_view_reads);
     tcase_add_test(tc, a_view_output_is_a_view_of_a_stored_value);

@@ -172,6 +172,8 @@ static int node_weight(const tr_node *n) {
     return node_ops(n) >= 10 ? SC_INLINED_WEIGHT : 1;
 }
 
+static double numel_of(const tr_node *n) { return (double)em_shape_numel(n->meta.ndim, n->meta.sizes); }
+
 /* Bytes of v's value in memory (0 on overflow: an empty or absurd value). */
 static int64_t value_bytes(const tr_node *n) {
     int64_t e = em_shape_numel(n->meta.ndim, n->meta.sizes);
@@ -267,7 +269,8 @@ static bool compatible(const sc_schedule *s, const sc_group *gr, int i, bool *le
     *lead = false;
     for (int k = 0; k < n->nin; k++) {
         int u = n->in[k];
-        if (s->group[u] != s->ngroups) continue;
+        /* a value of one element laid along F (an epsilon) sits anywhere */
+        if (s->group[u] != s->ngroups || (!s->lead[u] && numel_of(&g->nodes[u]) == 1)) continue;
         lead_in |= s->lead[u];
         placed_in |= !s->lead[u];
     }
@@ -693,8 +696,6 @@ static int view_base(const sc_schedule *s, int v) {
     while (sc_is_view(&s->g->nodes[v]) && s->fusible[v]) v = s->g->nodes[v].in[0];
     return v;
 }
-
-static double numel_of(const tr_node *n) { return (double)em_shape_numel(n->meta.ndim, n->meta.sizes); }
 
 /* Makes view v and the fused views below it eager steps: their base is
  * stored. */
