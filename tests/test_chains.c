@@ -323,6 +323,31 @@ START_TEST(transposed_expanded_and_reshaped_views_are_recomputed) {
 }
 END_TEST
 
+/* A row reduction over a slice of a fused value: its pass computes the
+ * value at the kept columns (one kernel for the exp and the sum). */
+static em_status sum_of_slice(void *c, em_tensor *const *in, const double *s, em_tensor **out) {
+    (void)c, (void)s;
+    em_tensor *e = em_exp(in[0]);
+    RETURN(em_sum(em_slice(e, 1, 1, em_size(e, 1) - 1, 1), 1, &last_dim, true));
+}
+
+START_TEST(a_row_reduction_reads_a_slice_of_a_fused_value) {
+    int64_t sizes[][2] = {{70, 9}, {64, 3}, {100, 301}};
+    for (int i = 0; i < 3; i++) {
+        em_tensor *x = tu_random(75 + (uint64_t)i, 2, sizes[i], EM_F32, 1.0);
+        int64_t R = sizes[i][0], C = sizes[i][1];
+        ck_assert_int_eq(plan_of(sum_of_slice, 1, &x).max_stored, R);
+        double *v = tu_values(x), *ref = malloc(sizeof(double) * (size_t)R);
+        for (int64_t r = 0; r < R; r++) {
+            ref[r] = 0;
+            for (int64_t c = 1; c < C - 1; c++) ref[r] += exp(v[r * C + c]);
+        }
+        check_values(sum_of_slice, 1, &x, ref, 1e-5);
+        free(v), free(ref);
+    }
+}
+END_TEST
+
 /* A costly value read through two halves of it: recomputing both halves
  * costs the whole cone once more, so the cost model stores it; one half
  * read alone is recomputed (half the cone is under the threshold). */
@@ -462,6 +487,7 @@ int main(void) {
     tcase_add_test(tc, two_reductions_of_a_row_without_keepdim_are_one_kernel);
     tcase_add_test(tc, a_norm_written_without_keepdim_is_one_kernel);
     tcase_add_test(tc, transposed_expanded_and_reshaped_views_are_recomputed);
+    tcase_add_test(tc, a_row_reduction_reads_a_slice_of_a_fused_value);
     tcase_add_test(tc, the_cost_model_counts_what_a_view_reads);
     tcase_add_test(tc, a_view_output_is_a_view_of_a_stored_value);
     tcase_add_test(tc, slices_that_cover_a_value_read_by_matmuls_keep_it_whole);
