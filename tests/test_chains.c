@@ -388,6 +388,20 @@ static em_status sliced_output(void *c, em_tensor *const *in, const double *s, e
     RETURN(em_slice(em_exp(in[0]), 1, 1, 4, 1));
 }
 
+/* An empty slice of a fused value, read by a fused op: nothing to do. */
+static em_status empty_slice(void *c, em_tensor *const *in, const double *s, em_tensor **out) {
+    (void)c, (void)s;
+    RETURN(em_mul_scalar(em_slice(em_exp(in[0]), 1, 2, 2, 1), 2.0));
+}
+
+START_TEST(an_empty_slice_of_a_fused_value) {
+    em_tensor *x = tu_random(81, 2, TU_SIZES(4, 6), EM_F32, 1.0);
+    ck_assert_int_le(plan_of(empty_slice, 1, &x).max_stored, 0);
+    double none = 0;
+    check_values(empty_slice, 1, &x, &none, 0);
+}
+END_TEST
+
 START_TEST(a_view_output_is_a_view_of_a_stored_value) {
     em_tensor *x = tu_random(80, 2, TU_SIZES(3, 6), EM_F32, 1.0);
     plan_info p = plan_of(sliced_output, 1, &x);
@@ -490,6 +504,7 @@ int main(void) {
     tcase_add_test(tc, a_row_reduction_reads_a_slice_of_a_fused_value);
     tcase_add_test(tc, the_cost_model_counts_what_a_view_reads);
     tcase_add_test(tc, a_view_output_is_a_view_of_a_stored_value);
+    tcase_add_test(tc, an_empty_slice_of_a_fused_value);
     tcase_add_test(tc, slices_that_cover_a_value_read_by_matmuls_keep_it_whole);
     tcase_add_test(tc, chains_take_dynamic_rows);
     suite_add_tcase(s, tc);
