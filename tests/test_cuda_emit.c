@@ -186,6 +186,30 @@ START_TEST(layernorm_compiles) {
 }
 END_TEST
 
+/* Views of fused values and rows of reductions without keepdim
+ * (schedule.c's choose_views and lead values): kernels that index their
+ * loads by positions of their own (a slice's start and step, a
+ * transpose, a reshape's divisions) print and compile like the others. */
+static em_status views_and_lead_rows(void *c, em_tensor *const *in, const double *s, em_tensor **out) {
+    (void)c, (void)s;
+    int last = -1;
+    em_tensor *l = em_slice(em_log_softmax(in[0], -1), 1, 3, 203, 2); /* [R, 100] */
+    em_tensor *m = em_mean(in[0], 1, &last, false);
+    em_tensor *centered = em_sub(in[0], em_unsqueeze(m, -1)); /* [R, C] */
+    em_tensor *rows = em_add(m, em_var(in[0], 1, &last, 1, false)); /* [R] */
+    em_tensor *t = em_reshape(em_transpose(em_exp(centered), 0, 1), 2,
+                              TU_SIZES(em_size(in[0], 0), em_size(in[0], 1)));
+    out[0] = em_mul_scalar(l, 2);
+    out[1] = em_add(t, em_unsqueeze(rows, -1));
+    return out[0] && out[1] ? EM_OK : em_last_status();
+}
+
+START_TEST(views_and_lead_rows_compile) {
+    em_tensor *in[1] = {tu_random(1, 2, TU_SIZES(37, 301), EM_F32, 1)};
+    ck_assert(compile_all(views_and_lead_rows, 1, in, 2, NULL) & (1u << CU_ROWS));
+}
+END_TEST
+
 START_TEST(every_alu_op) {
     em_dtype dts[] = {EM_F32, EM_F64};
     for (int i = 0; i < 2; i++) {
@@ -626,6 +650,7 @@ int main(void) {
     const tu_test tests[] = {
         {"pointwise_is_flat", pointwise_is_flat}, {"softmax_is_rows", softmax_is_rows},
         {"layernorm_compiles", layernorm_compiles}, {"every_alu_op", every_alu_op},
+        {"views_and_lead_rows_compile", views_and_lead_rows_compile},
         {"transpose_is_tiled", transpose_is_tiled},
         {"half_kernels_compile", half_kernels_compile},
         {"golden_text", golden_text}, {"errors", errors},

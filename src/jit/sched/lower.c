@@ -94,7 +94,35 @@ typedef struct lower {
      * the two innermost dims is contiguous: its parallel range carries the
      * tile hint and such operands' loads are staged (kir.h, K_TILE). */
     bool tile;
+    /* The kernel computes values at positions of their own (views, lead
+     * values: value_at); its loops are then F's dims, unmerged, so that
+     * each dim of F has its index.  memo: the values made at a position. */
+    bool positional;
+    struct at_memo *memo;
+    int nmemo, capmemo;
 } lower;
+
+/* A position in a node's own index space: per dim, an i64 value, or
+ * AT_ZERO (index 0: a unit dim) or AT_NONE (an inner index, outside the
+ * inner loops). */
+enum { AT_ZERO = -1, AT_NONE = -2 };
+typedef struct at_pos {
+    int n;
+    int at[EM_MAX_DIMS];
+} at_pos;
+
+/* A value emitted at a position (valid in its pass when made inside the
+ * inner loops, for the row otherwise). */
+struct at_memo {
+    int v, val;
+    at_pos p;
+    unsigned pass;
+    bool inner;
+};
+
+/* Whether v is a lead value of this kernel (schedule.h): a row value laid
+ * along F's leading dims. */
+static bool is_lead(const lower *L, int v) { return L->s->group[v] == L->gi && L->s->lead[v]; }
 
 static bool is_leaf(const lower *L, int v) {
     const tr_node *n = &L->g->nodes[v];
@@ -125,6 +153,7 @@ static void collect(lower *L, int v) {
         return;
     }
     const tr_node *n = &L->g->nodes[v];
+    if (sc_is_view(n) || (is_lead(L, v) && !sc_is_reduction(n))) L->positional = true;
     for (int i = 0; i < n->nin; i++) collect(L, n->in[i]);
 }
 
@@ -134,18 +163,29 @@ static bool unit_varies(const lower *L, int v, int md) {
     return L->s->vary && (L->s->vary[v] >> md & 1);
 }
 
+/* The strides of node v's value in memory: a view a kernel stored is
+ * contiguous (em_tensor_alloc), whatever strides the view had. */
+static const int64_t *mem_strides(const lower *L, int v, int64_t *cont) {
+    const em_meta *m = &L->g->nodes[v].meta;
+    bool stored = L->s->group[v] >= 0 && L->s->materialized[v];
+    if (!stored || !sc_is_view(&L->g->nodes[v])) return m->strides;
+    em_contiguous_strides(m->ndim, m->sizes, cont);
+    return cont;
+}
+
 /* Strides of buffer b's tensor over the group's dims F (numpy trailing
  * alignment; 0 where b broadcasts), or for stored values, of the
  * contiguous result.  Where a dim of size 1 varies, keep[d] is set. */
 static void buf_strides(const lower *L, int b, const sc_group *gr, int64_t *st, bool *keep) {
     const em_meta *m = &L->g->nodes[L->bufs[b]].meta;
-    int64_t cont[EM_MAX_DIMS];
+    int64_t cont[EM_MAX_DIMS], mem[EM_MAX_DIMS];
     em_contiguous_strides(m->ndim, m->sizes, cont);
+    const int64_t *strides = mem_strides(L, L->bufs[b], mem);
     bool stored = L->s->group[L->bufs[b]] == L->gi;
-    const tr_node *n = &L->g->nodes[L->bufs[b]];
-    /* a reduction stored without keepdim has the outer dims only: it lines
-     * up with F's leading dims, not (as numpy broadcasting would) its last */
-    bool leading = stored && sc_is_reduction(n) && !n->attrs.keepdim;
+    /* a lead value (a reduction without keepdim) has the outer dims only:
+     * it lines up with F's leading dims, not (as numpy broadcasting would)
+     * its last */
+    bool leading = stored && L->s->lead[L->bufs[b]];
     int shift = leading ? 0 : gr->ndim - m->ndim;
     for (int d = 0; d < gr->ndim; d++) {
         int md = d - shift;
@@ -155,7 +195,7 @@ static void buf_strides(const lower *L, int b, const sc_group *gr, int64_t *st, 
                     unit_varies(L, L->bufs[b], md);
         if (unit) keep[d] = true;
         if (md < 0 || md >= m->ndim || (m->sizes[md] == 1 && !unit)) st[d] = 0;
-        else st[d] = stored ? cont[md] : m->strides[md];
+        else st[d] = stored ? cont[md] : strides[md];
     }
 }
 
@@ -163,6 +203,12 @@ static void buf_strides(const lower *L, int b, const sc_group *gr, int64_t *st, 
  * dims and within the k inner ones; size-1 dims walk nowhere and go,
  * unless their size varies (keep). */
 static void merge_dims(lower *L, const sc_group *gr, int k, const bool *keep) {
+    if (L->positional) { /* every dim of F, as it is: value_at indexes them */
+        L->nd = gr->ndim;
+        L->no = gr->ndim - k;
+        memcpy(L->sizes, gr->sizes, sizeof(int64_t) * (size_t)gr->ndim);
+        return;
+    }
     int nd = 0, no = 0;
     bool last_outer = true;
     for (int d = 0; d < gr->ndim; d++) {
@@ -244,7 +290,8 @@ static bool varies_inner(const lower *L, int v) {
     const sc_group *gr = &L->s->groups[L->gi];
     int k = gr->k > 0 ? gr->k : 0;
     int shift = gr->ndim - m->ndim;
-    if (L->s->group[v] == L->gi && sc_is_reduction(&L->g->nodes[v])) return false; /* per row */
+    if (L->s->group[v] == L->gi && (sc_is_reduction(&L->g->nodes[v]) || L->s->lead[v]))
+        return false; /* per row */
     for (int d = gr->ndim - k; d < gr->ndim; d++) {
         int md = d - shift;
         if (md >= 0 && (m->sizes[md] != 1 || (gr->sizes[d] == 1 && unit_varies(L, v, md))))
@@ -273,7 +320,204 @@ static void full_put(lower *L, int v, int r) {
     L->t->full_val[v] = r;
 }
 
-static int compute(lower *L, int v) {
+/* ---- values at positions of their own (views, lead values) ---- */
+
+static int value_at(lower *L, int v, const at_pos *p);
+
+/* The index of F's dim d here: the outer loop's multi-index, an inner
+ * loop's variable, or AT_NONE outside the inner loops (positional
+ * kernels: F's dims are the loops' dims). */
+static int f_index(const lower *L, int d) {
+    if (d < L->no) return L->oidx[d];
+    return L->inner ? L->j[d] : AT_NONE;
+}
+
+/* Node v's position at the kernel's current position: F's leading dims
+ * for a lead value, else numpy's trailing alignment (index 0 where v is
+ * broadcast). */
+static void default_pos(const lower *L, int v, at_pos *p) {
+    const em_meta *m = &L->g->nodes[v].meta;
+    const sc_group *gr = &L->s->groups[L->gi];
+    int shift = is_lead(L, v) ? 0 : gr->ndim - m->ndim;
+    p->n = m->ndim;
+    for (int md = 0; md < m->ndim; md++) {
+        int d = md + shift;
+        bool in = d >= 0 && d < gr->ndim;
+        bool unit = m->sizes[md] == 1 && !(in && gr->sizes[d] == 1 && unit_varies(L, v, md));
+        p->at[md] = !in || unit ? AT_ZERO : f_index(L, d);
+    }
+}
+
+static bool same_pos(const at_pos *a, const at_pos *b) {
+    return a->n == b->n && !memcmp(a->at, b->at, sizeof(int) * (size_t)a->n);
+}
+
+/* Operand u = in[k] of pointwise node v at q, for v at p: numpy's
+ * trailing alignment, index 0 where u is broadcast. */
+static void align_pos(const lower *L, int v, int k, const at_pos *p, at_pos *q) {
+    const em_meta *vm = &L->g->nodes[v].meta, *um = &L->g->nodes[L->g->nodes[v].in[k]].meta;
+    int shift = vm->ndim - um->ndim;
+    q->n = um->ndim;
+    for (int md = 0; md < um->ndim; md++)
+        q->at[md] = um->sizes[md] == 1 && vm->sizes[md + shift] != 1 ? AT_ZERO : p->at[md + shift];
+}
+
+/* start + step * x, for a slice (x an index or AT_ZERO). */
+static int sliced(lower *L, int x, int64_t start, int64_t step) {
+    if (x == AT_ZERO) return start ? ci(L, start) : AT_ZERO;
+    if (step != 1) x = kir_alu(L->k, KA_MUL, x, ci(L, step), -1);
+    return start ? kir_alu(L->k, KA_ADD, x, ci(L, start), -1) : x;
+}
+
+/* A reshape that is not only unit dims: the row-major linear index of p,
+ * taken apart over the input's sizes. */
+static bool reshape_pos(lower *L, int v, const at_pos *p, at_pos *q) {
+    const em_meta *m = &L->g->nodes[v].meta, *um = &L->g->nodes[L->g->nodes[v].in[0]].meta;
+    int64_t cv[EM_MAX_DIMS], cu[EM_MAX_DIMS];
+    em_contiguous_strides(m->ndim, m->sizes, cv);
+    em_contiguous_strides(um->ndim, um->sizes, cu);
+    int lin = -1;
+    for (int d = 0; d < m->ndim; d++) {
+        if (p->at[d] == AT_NONE) return false;
+        if (p->at[d] == AT_ZERO) continue;
+        int t = cv[d] == 1 ? p->at[d] : kir_alu(L->k, KA_MUL, p->at[d], ci(L, cv[d]), -1);
+        lin = lin < 0 ? t : kir_alu(L->k, KA_ADD, lin, t, -1);
+    }
+    if (lin < 0) lin = ci(L, 0);
+    q->n = um->ndim;
+    for (int d = 0; d < um->ndim; d++) {
+        if (um->sizes[d] == 1) {
+            q->at[d] = AT_ZERO;
+            continue;
+        }
+        int x = cu[d] == 1 ? lin : kir_alu(L->k, KA_IDIV, lin, ci(L, cu[d]), -1);
+        q->at[d] = d == 0 ? x : kir_alu(L->k, KA_MOD, x, ci(L, um->sizes[d]), -1);
+    }
+    return true;
+}
+
+/* The position q of view v's input that v's position p shows. */
+static bool view_pos(lower *L, int v, const at_pos *p, at_pos *q) {
+    const tr_node *n = &L->g->nodes[v];
+    const em_meta *um = &L->g->nodes[n->in[0]].meta;
+    int map[EM_MAX_DIMS];
+    q->n = um->ndim;
+    if (sc_view_unit_map(L->g, v, map)) {
+        for (int d = 0; d < um->ndim; d++) q->at[d] = AT_ZERO;
+        for (int d = 0; d < n->meta.ndim; d++)
+            if (map[d] >= 0) q->at[map[d]] = p->at[d];
+        return true;
+    }
+    switch (n->op) {
+    case EM_OP_SLICE:
+        *q = *p;
+        if (p->at[n->attrs.dim] == AT_NONE) return false;
+        q->at[n->attrs.dim] = sliced(L, p->at[n->attrs.dim], n->attrs.start, n->attrs.step);
+        return true;
+    case EM_OP_PERMUTE:
+        for (int d = 0; d < n->attrs.ndims; d++) q->at[n->attrs.dims[d]] = p->at[d];
+        return true;
+    case EM_OP_EXPAND:
+        for (int d = 0; d < um->ndim; d++)
+            q->at[d] = um->sizes[d] == 1 ? AT_ZERO : p->at[d + n->meta.ndim - um->ndim];
+        return true;
+    case EM_OP_RESHAPE: return reshape_pos(L, v, p, q);
+    default: return false;
+    }
+}
+
+/* Operand k of node v at the current position (p NULL), or for v at p:
+ * what a view shows there, or numpy's alignment. */
+static int operand(lower *L, int v, int k, const at_pos *p) {
+    int u = L->g->nodes[v].in[k];
+    if (!p) return value(L, u);
+    at_pos q;
+    if (sc_is_view(&L->g->nodes[v]) ? !view_pos(L, v, p, &q) : (align_pos(L, v, k, p, &q), false)) {
+        fail(L, "a view's position is needed per row");
+        return -1;
+    }
+    return value_at(L, u, &q);
+}
+
+/* Whether operand k of v (at p, or here) is the same along the row. */
+static bool fixed_along_row(const lower *L, int v, int k, const at_pos *p) {
+    if (!p) return !varies_inner(L, L->g->nodes[v].in[k]);
+    at_pos q;
+    align_pos(L, v, k, p, &q);
+    for (int md = 0; md < q.n; md++)
+        for (int d = L->no; d < L->nd; d++)
+            if (q.at[md] == L->j[d]) return false;
+    return true;
+}
+
+static int memo_get(const lower *L, int v, const at_pos *p) {
+    for (int i = L->nmemo - 1; i >= 0; i--) {
+        const struct at_memo *e = &L->memo[i];
+        if (e->v == v && same_pos(&e->p, p) && (!e->inner || (L->inner && e->pass == L->t->pass)))
+            return e->val;
+    }
+    return -1;
+}
+
+static void memo_put(lower *L, int v, const at_pos *p, int val) {
+    if (L->nmemo == L->capmemo) {
+        int cap = L->capmemo ? 2 * L->capmemo : 32;
+        struct at_memo *m = em_malloc(sizeof *m * (size_t)cap);
+        if (!m) { /* no memo: the value is emitted again where needed */
+            em_clear_error();
+            return;
+        }
+        if (L->memo) memcpy(m, L->memo, sizeof *m * (size_t)L->nmemo);
+        em_free(L->memo);
+        L->memo = m;
+        L->capmemo = cap;
+    }
+    L->memo[L->nmemo++] = (struct at_memo){.v = v, .val = val, .p = *p, .pass = L->t->pass, .inner = L->inner};
+}
+
+/* Buffer node v's element at p (its strides in memory). */
+static int load_at(lower *L, int v, const at_pos *p) {
+    int b = L->t->buf_of[v];
+    int64_t mem[EM_MAX_DIMS];
+    const int64_t *st = mem_strides(L, v, mem);
+    int off = -1;
+    for (int md = 0; md < p->n; md++) {
+        if (p->at[md] == AT_ZERO || st[md] == 0) continue;
+        int t = st[md] == 1 ? p->at[md] : kir_alu(L->k, KA_MUL, p->at[md], ci(L, st[md]), -1);
+        off = off < 0 ? t : kir_alu(L->k, KA_ADD, off, t, -1);
+    }
+    int x = kir_load(L->k, L->param[b], off < 0 ? ci(L, 0) : off);
+    em_dtype d = L->g->nodes[v].meta.dtype;
+    return is_half(d) ? kir_convert(L->k, x, EM_F32) : x;
+}
+
+static int compute(lower *L, int v, const at_pos *p);
+
+/* Node v's value at position p of its own: at the current position, the
+ * usual value (and its caches); elsewhere, loaded there or computed
+ * from its operands there.  A reduction of the kernel has its row only. */
+static int value_at(lower *L, int v, const at_pos *p) {
+    if (L->failed) return -1;
+    at_pos here;
+    default_pos(L, v, &here);
+    if (same_pos(p, &here)) return value(L, v);
+    int r = memo_get(L, v, p);
+    if (r >= 0) return r;
+    for (int md = 0; md < p->n; md++)
+        if (p->at[md] == AT_NONE) {
+            fail(L, "a value that varies along the row is needed per row");
+            return -1;
+        }
+    if (is_leaf(L, v) && L->t->buf_of[v] >= 0) r = load_at(L, v, p);
+    else if (is_leaf(L, v) || sc_is_reduction(&L->g->nodes[v])) fail(L, "a row value read at another row");
+    else r = compute(L, v, p);
+    if (r < 0) L->failed = true;
+    else memo_put(L, v, p, r);
+    return r;
+}
+
+/* Node v's value computed at p (NULL: the current position). */
+static int compute(lower *L, int v, const at_pos *p) {
     const tr_node *n = &L->g->nodes[v];
     /* the fill value converted as the eager kernel does (em_f64_to_int) */
     if (n->op == EM_OP_FULL) {
@@ -285,10 +529,10 @@ static int compute(lower *L, int v) {
                                     : kir_const_i(L->k, d, em_f64_to_int(n->attrs.value, d));
     }
     if (n->op == EM_OP_CAST) { /* to a half type: rounded, and computed on in f32 */
-        int x = kir_convert(L->k, value(L, n->in[0]), n->meta.dtype);
+        int x = kir_convert(L->k, operand(L, v, 0, p), n->meta.dtype);
         return is_half(n->meta.dtype) ? kir_convert(L->k, x, EM_F32) : x;
     }
-    if (n->op == EM_OP_CONTIGUOUS) return value(L, n->in[0]);
+    if (n->op == EM_OP_CONTIGUOUS || sc_is_view(n)) return operand(L, v, 0, p);
     if (sc_is_reduction(n)) {
         fail(L, "a reduction used before its pass");
         return -1;
@@ -298,12 +542,12 @@ static int compute(lower *L, int v) {
         fail(L, em_op_table[n->op].name);
         return -1;
     }
-    int x = n->nin > 0 ? value(L, n->in[0]) : -1, y = n->nin > 1 ? value(L, n->in[1]) : -1,
-        z = n->nin > 2 ? value(L, n->in[2]) : -1;
+    int x = n->nin > 0 ? operand(L, v, 0, p) : -1, y = n->nin > 1 ? operand(L, v, 1, p) : -1,
+        z = n->nin > 2 ? operand(L, v, 2, p) : -1;
     /* x / y with y fixed along the row (softmax's sum): x * (1/y), whose
      * 1/y the compiler hoists out of the loop; a division per element costs
      * ~10x a multiply (results may differ from eager in the last bit) */
-    if (a == KA_DIV && L->inner && !varies_inner(L, n->in[1]))
+    if (a == KA_DIV && L->inner && fixed_along_row(L, v, 1, p))
         return kir_alu(L->k, KA_MUL, x,
                        kir_alu(L->k, KA_DIV, kir_const_f(L->k, compute_dtype(n->meta.dtype), 1.0), y, -1),
                        -1);
@@ -322,8 +566,12 @@ static int value(lower *L, int v) {
     if (is_leaf(L, v)) {
         int b = L->t->buf_of[v];
         r = load(L, b, offset(L, b));
+    } else if (sc_is_view(&L->g->nodes[v]) || is_lead(L, v)) {
+        at_pos here; /* its operands are elsewhere than F's alignment says */
+        default_pos(L, v, &here);
+        r = compute(L, v, &here);
     } else {
-        r = compute(L, v);
+        r = compute(L, v, NULL);
     }
     if (r < 0) L->failed = true;
     if (L->inner) full_put(L, v, r);
@@ -463,6 +711,7 @@ static void free_tables(lower *L) {
     em_free(L->strides);
     em_free(L->param);
     em_free(L->row_base);
+    em_free(L->memo);
 }
 
 /* With a stash buffer chosen: keeps the first reduction's input there too,
@@ -588,7 +837,7 @@ k_kernel *sc_lower(const sc_schedule *s, int gi, int *bufs, int *nbufs, int *nou
      * is one flat parallel loop; otherwise its last dim is the inner loop */
     merge_dims(&L, gr, gr->k > 0 ? gr->k : 0, keep);
     if (gr->k <= 0 && L.nd > 1) L.no = L.nd - 1;
-    for (int b = 0; gr->k <= 0 && b < nin; b++) L.tile = L.tile || transposed(&L, b);
+    for (int b = 0; gr->k <= 0 && !L.positional && b < nin; b++) L.tile = L.tile || transposed(&L, b);
     /* Every kernel is called "k": the name is part of the kernel IR's text,
      * hence of the cache key, and a positional name ("k3") gave identical
      * kernels at different places of a graph different keys.  Each kernel

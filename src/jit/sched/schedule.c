@@ -19,8 +19,11 @@
  * fewest bytes cross the cut: kernel code then grows linearly with the
  * graph, and each kernel's compile time stays about constant.
  *
- * Ops that are not fused (matmul, cat, index_select, argmax, random, views,
- * reductions over leading dims) run eagerly between kernels; a kernel
+ * Ops that are not fused (matmul, cat, index_select, argmax, random,
+ * reductions over leading dims, views of what no kernel computes) run
+ * eagerly between kernels; views of fused values are looked through
+ * (choose_views), and reductions without keepdim stay row values of their
+ * kernel (lead values: compatible); a kernel
  * closes before an eager op that reads one of its values, and before any
  * in-place write (index_copy_), which is a fence (store_across_updates).
  *
@@ -29,6 +32,7 @@
  * budget. */
 #include "schedule.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -100,6 +104,27 @@ bool sc_is_reduction(const tr_node *n) {
                                   n->op == EM_OP_AMAX || n->op == EM_OP_AMIN || n->op == EM_OP_VAR);
 }
 
+bool sc_is_view(const tr_node *n) {
+    return n->kind == TR_CALL && em_op_table[n->op].kind == EM_KIND_VIEW;
+}
+
+bool sc_view_unit_map(const tr_graph *g, int v, int *map) {
+    const tr_node *n = &g->nodes[v];
+    if (!sc_is_view(n) || (n->op != EM_OP_RESHAPE && n->op != EM_OP_SQUEEZE && n->op != EM_OP_UNSQUEEZE))
+        return false;
+    const em_meta *in = &g->nodes[n->in[0]].meta, *m = &n->meta;
+    int du = 0;
+    for (int d = 0; d < m->ndim; d++) {
+        map[d] = -1;
+        if (m->sizes[d] == 1) continue;
+        while (du < in->ndim && in->sizes[du] == 1) du++;
+        if (du == in->ndim || in->sizes[du] != m->sizes[d]) return false;
+        map[d] = du++;
+    }
+    while (du < in->ndim && in->sizes[du] == 1) du++;
+    return du == in->ndim;
+}
+
 /* Nodes a kernel can compute. */
 /* Reductions to fewer than SC_MIN_ROWS rows of an input of at least
  * SC_SMALL_REDUCE elements run eagerly (see fusible). */
@@ -131,7 +156,7 @@ static bool fusible(const tr_graph *g, const tr_node *n, bool half) {
 
 /* The ALU cost of computing node n once per element (kir_alu.def). */
 static int node_ops(const tr_node *n) {
-    if (n->op == EM_OP_FULL || n->op == EM_OP_CONTIGUOUS) return 0;
+    if (n->op == EM_OP_FULL || n->op == EM_OP_CONTIGUOUS || sc_is_view(n)) return 0;
     if (n->op == EM_OP_CAST) return 1;
     k_alu a = kir_alu_of_op(n->op);
     return a == KA_NONE ? 1 : kir_alu_info(a)->cost;
@@ -146,6 +171,8 @@ static int node_ops(const tr_node *n) {
 static int node_weight(const tr_node *n) {
     return node_ops(n) >= 10 ? SC_INLINED_WEIGHT : 1;
 }
+
+static double numel_of(const tr_node *n) { return (double)em_shape_numel(n->meta.ndim, n->meta.sizes); }
 
 /* Bytes of v's value in memory (0 on overflow: an empty or absurd value). */
 static int64_t value_bytes(const tr_node *n) {
@@ -188,31 +215,78 @@ static bool storable(const sc_schedule *s, int v) {
     const sc_group *gr = &s->groups[s->group[v]];
     const em_meta *m = &s->g->nodes[v].meta;
     return same_shape(m->ndim, m->sizes, gr->ndim, gr->sizes) || is_row_shape(gr, m) ||
-           sc_is_reduction(&s->g->nodes[v]);
+           sc_is_reduction(&s->g->nodes[v]) || s->lead[v];
 }
 
-/* Whether node i can join group gr. */
-static bool compatible(const sc_schedule *s, const sc_group *gr, int i) {
+/* Whether m has the sizes of the group's kept dims (a lead value's). */
+static bool is_outer_shape(const sc_group *gr, const em_meta *m) {
+    return gr->k > 0 && m->ndim == gr->ndim - gr->k && same_shape(m->ndim, m->sizes, m->ndim, gr->sizes);
+}
+
+/* The dim of F each dim of node v lies along (-1: a unit dim, index 0):
+ * F's leading dims for a lead value, else numpy's trailing alignment. */
+static void placement(const sc_schedule *s, const sc_group *gr, int v, bool lead, int *at) {
+    const em_meta *m = &s->g->nodes[v].meta;
+    int shift = lead ? 0 : gr->ndim - m->ndim;
+    for (int d = 0; d < m->ndim; d++) at[d] = m->sizes[d] == 1 || d + shift < 0 ? -1 : d + shift;
+}
+
+/* Whether a value of node i's shape fits the group as a pointwise value:
+ * of the full or the row shape, or a smaller broadcast one never stored. */
+static bool fits(const sc_schedule *s, const sc_group *gr, int i) {
+    const em_meta *m = &s->g->nodes[i].meta;
+    if (same_shape(m->ndim, m->sizes, gr->ndim, gr->sizes) || is_row_shape(gr, m)) return true;
+    return !s->materialized[i] && broadcasts_to(m->ndim, m->sizes, gr->ndim, gr->sizes);
+}
+
+/* View i of a value of the open group: it joins only when it lays that
+ * value's elements where they already are (a unit dim added or dropped:
+ * mean(x, -1) without keepdim, unsqueezed), as a lead value when its dims
+ * are F's leading ones.  Any other view of the group's values starts a
+ * kernel of its own, which recomputes them at the positions it reads. */
+static bool view_fits(const sc_schedule *s, const sc_group *gr, int i, bool *lead) {
+    const tr_node *n = &s->g->nodes[i];
+    int map[EM_MAX_DIMS], at_in[EM_MAX_DIMS], at[EM_MAX_DIMS], want[EM_MAX_DIMS];
+    if (!sc_view_unit_map(s->g, i, map)) return false;
+    placement(s, gr, n->in[0], s->lead[n->in[0]], at_in);
+    for (int d = 0; d < n->meta.ndim; d++) at[d] = map[d] < 0 ? -1 : at_in[map[d]];
+    size_t bytes = sizeof(int) * (size_t)n->meta.ndim;
+    placement(s, gr, i, false, want);
+    if (!memcmp(at, want, bytes)) return fits(s, gr, i);
+    placement(s, gr, i, true, want);
+    *lead = is_outer_shape(gr, &n->meta) && !memcmp(at, want, bytes);
+    return *lead;
+}
+
+/* Whether node i can join group gr; *lead: as a lead value.  A value
+ * computed from lead values alone is one (mean(x, -1) + var(x, -1), both
+ * without keepdim, is a row value of their kernel); one that mixes them
+ * with values of the group laid along F cannot broadcast inside it. */
+static bool compatible(const sc_schedule *s, const sc_group *gr, int i, bool *lead) {
     const tr_graph *g = s->g;
     const tr_node *n = &g->nodes[i];
-    /* a value of a reduction without keepdim has the row's shape without
-     * its unit dims: it cannot broadcast against F inside the kernel */
+    bool lead_in = false, placed_in = false;
+    *lead = false;
     for (int k = 0; k < n->nin; k++) {
         int u = n->in[k];
-        if (s->group[u] == s->ngroups && sc_is_reduction(&g->nodes[u]) &&
-            !g->nodes[u].attrs.keepdim)
-            return false;
+        /* a value of one element laid along F (an epsilon) sits anywhere */
+        if (s->group[u] != s->ngroups || (!s->lead[u] && numel_of(&g->nodes[u]) == 1)) continue;
+        lead_in |= s->lead[u];
+        placed_in |= !s->lead[u];
     }
+    if (sc_is_view(n) && (lead_in || placed_in)) return view_fits(s, gr, i, lead);
     if (sc_is_reduction(n)) {
         const em_meta *in = &g->nodes[n->in[0]].meta;
         int k = trailing_reduce(g, n);
-        if (!same_shape(in->ndim, in->sizes, gr->ndim, gr->sizes)) return false;
+        if (lead_in || !same_shape(in->ndim, in->sizes, gr->ndim, gr->sizes)) return false;
+        *lead = !n->attrs.keepdim;
         return gr->k < 0 || gr->k == k;
     }
-    if (same_shape(n->meta.ndim, n->meta.sizes, gr->ndim, gr->sizes)) return true;
-    if (is_row_shape(gr, &n->meta)) return true;
-    /* a smaller broadcast value is fine as long as it is never stored */
-    return !s->materialized[i] && broadcasts_to(n->meta.ndim, n->meta.sizes, gr->ndim, gr->sizes);
+    if (lead_in) {
+        *lead = !placed_in && is_outer_shape(gr, &n->meta);
+        return *lead;
+    }
+    return fits(s, gr, i);
 }
 
 /* ---- the builder's state (one per sc_build call) ---- */
@@ -283,11 +357,23 @@ static cone cone_walk(builder *b, int v, int gi, int64_t stop, bool mark) {
 }
 
 /* Whether recomputing v `times` more times in group gi costs more than
- * storing it once and loading it back. */
-static bool worth_storing(builder *b, int v, int gi, int times) {
+ * storing it once and loading it back, where each recomputation computes
+ * a fraction `part` of v's elements (a view's reader: a slice of 1,000 of
+ * a row's 50,257 recomputes 2% of v; a broadcast may recompute more than
+ * all of it). */
+static bool worth_storing(builder *b, int v, int gi, int times, double part) {
     if (times < 1 || !storable(b->s, v)) return false;
-    int64_t budget = traffic_ops(&b->s->g->nodes[v]);
-    return cone_walk(b, v, gi, budget / times, false).ops * times > budget;
+    double budget = (double)traffic_ops(&b->s->g->nodes[v]), per = times * part;
+    int64_t stop = per > 0 ? (int64_t)(budget / per) : -1;
+    return (double)cone_walk(b, v, gi, stop, false).ops * per > budget;
+}
+
+/* The fraction of node u's elements that its reader n reads: less than 1
+ * for a view that narrows it (slice), more for one that broadcasts it. */
+static double part_read(const tr_node *n, const tr_node *u) {
+    if (!sc_is_view(n)) return 1;
+    int64_t all = em_shape_numel(u->meta.ndim, u->meta.sizes), read = em_shape_numel(n->meta.ndim, n->meta.sizes);
+    return all > 0 && read >= 0 ? (double)read / (double)all : 1;
 }
 
 /* Reductions of earlier kernels that node i's value needs are read from
@@ -300,14 +386,16 @@ static int need_earlier(builder *b, int i, int gi) {
     int looked = 0;
     for (int k = 0; k < n->nin; k++) {
         int u = n->in[k];
-        if (b->seen_by[u] == gi + 1 || !s->fusible[u] || s->group[u] == gi) continue;
+        /* a view reads u at positions of its own: each view is one more
+         * recomputation of (part of) u */
+        if ((b->seen_by[u] == gi + 1 && !sc_is_view(n)) || !s->fusible[u] || s->group[u] == gi) continue;
         b->seen_by[u] = gi + 1;
         if (sc_is_reduction(&s->g->nodes[u]) || s->materialized[u]) {
             s->materialized[u] = true;
             continue;
         }
         b->recomputes[u]++;
-        if (worth_storing(b, u, gi, b->recomputes[u])) {
+        if (worth_storing(b, u, gi, b->recomputes[u], part_read(n, &s->g->nodes[u]))) {
             s->materialized[u] = true;
             continue;
         }
@@ -330,7 +418,7 @@ static bool recompute_too_costly(builder *b, int i, int gi) {
     }
     for (int k = 0; k < n->nin; k++) {
         int v = n->in[k];
-        if (b->passed[v] == gi + 1 && storable(s, v) && worth_storing(b, v, gi, 1)) return true;
+        if (b->passed[v] == gi + 1 && storable(s, v) && worth_storing(b, v, gi, 1, 1)) return true;
     }
     return false;
 }
@@ -428,7 +516,10 @@ static em_status cut_at(builder *b, int p, int i) {
     int gi = s->ngroups;
     sc_group *gr = &s->groups[gi];
     for (int m = p; m <= i; m++)
-        if (s->group[m] == gi) s->group[m] = -1;
+        if (s->group[m] == gi) {
+            s->group[m] = -1;
+            s->lead[m] = false;
+        }
     gr->k = -1; /* a reduction left in the group sets it again */
     for (int m = b->start; m < p && gr->k < 0; m++)
         if (s->group[m] == gi && sc_is_reduction(&s->g->nodes[m])) gr->k = trailing_reduce(s->g, &s->g->nodes[m]);
@@ -465,10 +556,16 @@ static void join(builder *b, int i) {
  * node to go on from (i + 1, or a cut before i). */
 static int place(builder *b, int i, em_status *st) {
     sc_schedule *s = b->s;
+    const tr_node *n = &s->g->nodes[i];
     int gi = s->ngroups;
-    if (b->open && (!compatible(s, &s->groups[gi], i) || recompute_too_costly(b, i, gi)))
+    bool lead = false;
+    if (b->open && (!compatible(s, &s->groups[gi], i, &lead) || recompute_too_costly(b, i, gi)))
         if ((*st = close_group(b)) != EM_OK) return i + 1;
-    if (!b->open) open_group(b, i);
+    if (!b->open) {
+        open_group(b, i);
+        lead = sc_is_reduction(n) && !n->attrs.keepdim;
+    }
+    s->lead[i] = lead;
     consider_cut(b, i);
     join(b, i);
     if (b->est <= b->max_weight || b->start == i) return i + 1;
@@ -594,6 +691,75 @@ static em_status list_members(sc_schedule *s) {
     return EM_OK;
 }
 
+/* The input of the views that end at view v: what v's elements are. */
+static int view_base(const sc_schedule *s, int v) {
+    while (sc_is_view(&s->g->nodes[v]) && s->fusible[v]) v = s->g->nodes[v].in[0];
+    return v;
+}
+
+/* Makes view v and the fused views below it eager steps: their base is
+ * stored. */
+static void unfuse_views(sc_schedule *s, int v) {
+    for (; sc_is_view(&s->g->nodes[v]) && s->fusible[v]; v = s->g->nodes[v].in[0]) s->fusible[v] = false;
+}
+
+/* A fused view that an op which is not fused reads must be in memory:
+ * either stored by a kernel (contiguous) or made eagerly from its stored
+ * base.  Storing it saves bytes only when it narrows its base and the
+ * views of that base read so are, together, smaller than the base (q, k
+ * and v, three slices that cover a qkv projection, cost no less than the
+ * projection) and the base is not stored anyway (an output, an operand
+ * of a matmul); a reshape, permute or expand never does.  need: scratch,
+ * one per node, zeroed.  Readers come after their inputs, so backward
+ * walks settle chains of views. */
+static void settle_eager_views(sc_schedule *s, double *need) {
+    const tr_graph *g = s->g;
+    for (int i = g->nnodes - 1; i >= 0; i--)
+        for (int k = 0; g->nodes[i].kind == TR_CALL && !s->fusible[i] && k < g->nodes[i].nin; k++) {
+            int u = g->nodes[i].in[k];
+            if (sc_is_view(&g->nodes[u]) && s->fusible[u] &&
+                numel_of(&g->nodes[u]) >= numel_of(&g->nodes[view_base(s, u)]))
+                s->fusible[u] = false;
+        }
+    for (int o = 0; o < g->noutputs; o++) need[g->outputs[o]] = INFINITY;
+    for (int i = 0; i < g->nnodes; i++)
+        for (int k = 0; g->nodes[i].kind == TR_CALL && !s->fusible[i] && k < g->nodes[i].nin; k++) {
+            int u = g->nodes[i].in[k];
+            bool view = sc_is_view(&g->nodes[u]) && s->fusible[u];
+            need[view ? view_base(s, u) : u] += view ? numel_of(&g->nodes[u]) : INFINITY;
+        }
+    for (int i = g->nnodes - 1; i >= 0; i--)
+        for (int k = 0; g->nodes[i].kind == TR_CALL && !s->fusible[i] && k < g->nodes[i].nin; k++) {
+            int u = g->nodes[i].in[k];
+            if (!sc_is_view(&g->nodes[u]) || !s->fusible[u]) continue;
+            int base = view_base(s, u);
+            if (need[base] >= numel_of(&g->nodes[base])) unfuse_views(s, u);
+        }
+}
+
+/* Views of values that kernels compute are fused too: a kernel that reads
+ * one computes the viewed value at the positions the view maps to
+ * (lower.c), so log_softmax(x)[:, :1000] recomputes the 1,000 columns it
+ * keeps instead of storing all 50,257 (the cost model, with the fraction
+ * a view reads, decides).  A view stays an eager step (with its input
+ * stored, as before) when it is an output (its caller gets its strides),
+ * when no kernel computes its input, or when an op that is not fused
+ * reads it and storing it would not save bytes (settle_eager_views). */
+static em_status choose_views(sc_schedule *s, bool half) {
+    const tr_graph *g = s->g;
+    for (int i = 0; i < g->nnodes; i++) {
+        const tr_node *n = &g->nodes[i];
+        s->fusible[i] |= sc_is_view(n) && dtype_ok(n->meta.dtype, half) && s->fusible[n->in[0]];
+    }
+    for (int o = 0; o < g->noutputs; o++)
+        if (sc_is_view(&g->nodes[g->outputs[o]])) s->fusible[g->outputs[o]] = false;
+    double *need = em_calloc((size_t)g->nnodes + 1, sizeof(double));
+    if (!need) return em_last_status();
+    settle_eager_views(s, need);
+    em_free(need);
+    return EM_OK;
+}
+
 sc_schedule *sc_build(const tr_graph *g) { return sc_build_for(g, false); }
 
 sc_schedule *sc_build_for(const tr_graph *g, bool half) {
@@ -603,14 +769,16 @@ sc_schedule *sc_build_for(const tr_graph *g, bool half) {
     s->g = g;
     s->fusible = em_calloc((size_t)n + 1, sizeof(bool));
     s->materialized = em_calloc((size_t)n + 1, sizeof(bool));
+    s->lead = em_calloc((size_t)n + 1, sizeof(bool));
     s->group = em_malloc(sizeof(int) * ((size_t)n + 1));
     s->groups = em_calloc((size_t)n + 1, sizeof(sc_group));
     builder b;
-    bool ok = builder_init(&b, s) && s->fusible && s->materialized && s->group && s->groups;
+    bool ok = builder_init(&b, s) && s->fusible && s->materialized && s->lead && s->group && s->groups;
     for (int i = 0; ok && i < n; i++) {
         s->group[i] = -1;
         s->fusible[i] = fusible(g, &g->nodes[i], half);
     }
+    ok = ok && choose_views(s, half) == EM_OK;
     /* what must be in memory: outputs, and inputs of ops that are not fused */
     for (int i = 0; ok && i < g->noutputs; i++) s->materialized[g->outputs[i]] = true;
     for (int i = 0; ok && i < n; i++)
@@ -632,6 +800,7 @@ void sc_free(sc_schedule *s) {
     if (!s) return;
     em_free(s->fusible);
     em_free(s->materialized);
+    em_free(s->lead);
     em_free(s->group);
     em_free(s->groups);
     em_free(s->steps);

@@ -26,6 +26,11 @@ typedef struct sc_schedule {
     const tr_graph *g;   /* borrowed */
     bool *fusible;       /* per node */
     bool *materialized;  /* per node: its value goes to memory */
+    /* per node: a value of its group's row (the group's kept dims) laid
+     * along F's leading dims, as a reduction without keepdim and what is
+     * computed from such reductions alone: F=[R, C] holds mean(x, -1) of
+     * sizes [R] as row values, not broadcast along C */
+    bool *lead;
     int *group;          /* per node: its group, or -1 */
     sc_group *groups;
     int ngroups;
@@ -53,12 +58,18 @@ sc_schedule *sc_build(const tr_graph *g);
 sc_schedule *sc_build_for(const tr_graph *g, bool half);
 void sc_free(sc_schedule *s);
 bool sc_is_reduction(const tr_node *n);
+/* A view op (reshape, permute, slice, expand, squeeze, unsqueeze). */
+bool sc_is_view(const tr_node *n);
+/* Whether view node v only adds or drops dims of size 1 (its other sizes
+ * are its input's, in order): then map[d] is the input dim that v's dim d
+ * is, or -1 for a new unit dim. */
+bool sc_view_unit_map(const tr_graph *g, int v, int *map);
 
 /* Version of what schedule.c and lower.c make of a graph: part of the
  * graph-level plan's key (plan.c), so that a plan written by an older
  * scheduler is not reused after a change (it would still be correct, but
  * not the new schedule).  Bump it with any change to either file's output. */
-#define SC_VERSION 8 /* 8: values that read no memory are not stored across updates; 7: in-place updates are fences (issue 20) */
+#define SC_VERSION 9 /* 9: views of fused values recomputed, not stored (fusible views), rows of reductions without keepdim fused; 8: values that read no memory are not stored across updates; 7: in-place updates are fences (issue 20) */
 
 /* The symbol of every kernel lower.c makes (see there). */
 #define JIT_KERNEL_NAME "k"
