@@ -1276,18 +1276,29 @@ static bool cluster_wanted(void) {
     return !e || strcmp(e, "0") != 0;
 }
 
+/* Threads a block of a cluster kernel has at most:
+ * EMBER_CUDA_CLUSTER_THREADS (128 to 1024, a power of 2; a tuning knob),
+ * else 1024. */
+static int cluster_threads(void) {
+    char buf[32];
+    const char *e = em_getenv("EMBER_CUDA_CLUSTER_THREADS", buf, sizeof buf);
+    int v = e ? atoi(e) : 0;
+    return v >= 128 && v <= 1024 && (v & (v - 1)) == 0 ? v : 1024;
+}
+
 /* A rows kernel of one block a row whose longest constant row wants more
- * than 1024 threads at row_elems() elements a thread takes C = that / 1024
- * (rounded up, at most CLUSTER_MAX) blocks a row, each of the fewest
- * threads (a power of 2) that hold its part.  Rows of a size parameter
- * (1024 assumed) keep one block: the text serves every length. */
+ * than 1024 threads at row_elems() elements a thread takes C = that / B
+ * (rounded up, at most CLUSTER_MAX; B = cluster_threads()) blocks a row,
+ * each of the fewest threads (a power of 2) that hold its part.  Rows of
+ * a size parameter (1024 assumed) keep one block: the text serves every
+ * length. */
 static void choose_cluster(egen *G, cuda_src *out) {
     G->cluster = out->cluster = 1;
     if (G->arch < 90 || G->shape != CU_ROWS || G->tile_j >= 0 || G->rpb != 1 || !cluster_wanted()) return;
-    int per = row_elems();
+    int per = row_elems(), B = cluster_threads();
     int64_t need = (G->widest + per - 1) / per; /* threads the row wants */
     if (need <= 1024) return;
-    int64_t c = (need + 1023) / 1024;
+    int64_t c = (need + B - 1) / B;
     if (c > CLUSTER_MAX) c = CLUSTER_MAX; /* longer rows: parts beyond the registers are re-read */
     G->cluster = out->cluster = (int)c;
     G->threads = pow2_at_least((need + c - 1) / c);
