@@ -1267,11 +1267,11 @@ START_TEST(rows_kernels_on_the_gpu) {
 END_TEST
 
 /* Rows longer than one block keeps in registers run over thread-block
- * clusters on sm_90 (2 to 9 blocks a row: cuda_emit.c), every kind of rows
+ * clusters on sm_90 (5 to 9 blocks a row: cuda_emit.c), every kind of rows
  * kernel against float64: odd lengths, 1 and 3 rows (whose reductions run
  * eagerly: the cluster kernel only broadcasts), 64 and more rows (one
  * fused kernel), a sliced (off a 16-byte boundary), a transposed and a
- * broadcast x, bf16. */
+ * broadcast x, bf16 (50257: one block still; 100003, 262147: clusters). */
 START_TEST(long_rows_over_clusters) {
     static const int64_t sz[][2] = {{1, 50257}, {3, 100003}, {256, 50257}, {65, 100003}, {64, 262147}};
     for (size_t i = 0; i < sizeof sz / sizeof sz[0]; i++)
@@ -1292,7 +1292,7 @@ START_TEST(long_row_views_and_bf16_over_clusters) {
         check_rows(kind, em_transpose(to_gpu(xt), 0, 1), em_transpose(xt, 0, 1), EM_F32, 2e-5);
         check_rows(kind, em_expand(to_gpu(em_slice(xe, 0, 0, 1, 1)), 2, TU_SIZES(65, 100003)), xe, EM_F32, 2e-5);
     }
-    static const int64_t hz[][2] = {{64, 50257}, {3, 50257}, {65, 262147}};
+    static const int64_t hz[][2] = {{64, 100003}, {3, 100003}, {65, 262147}, {64, 50257}};
     for (size_t i = 0; i < sizeof hz / sizeof hz[0]; i++)
         for (int kind = 0; kind < ROW_KINDS; kind++) {
             em_tensor *xh = em_cast(tu_random(130 + i, 2, hz[i], EM_F32, 1), EM_BF16);

@@ -1276,32 +1276,39 @@ static bool cluster_wanted(void) {
     return !e || strcmp(e, "0") != 0;
 }
 
-/* Threads a block of a cluster kernel has at most:
+/* Threads a block of a cluster kernel starts from:
  * EMBER_CUDA_CLUSTER_THREADS (128 to 1024, a power of 2; a tuning knob),
- * else 1024. */
+ * else 256.  H200, [256, 50257] f32 softmax (% of copy): 256 threads x 7
+ * blocks 45%, 512 x 4 30%, 1024 x 2 40%; one block of 1024 32%
+ * (docs/benchmarks.md). */
 static int cluster_threads(void) {
     char buf[32];
     const char *e = em_getenv("EMBER_CUDA_CLUSTER_THREADS", buf, sizeof buf);
     int v = e ? atoi(e) : 0;
-    return v >= 128 && v <= 1024 && (v & (v - 1)) == 0 ? v : 1024;
+    return v >= 128 && v <= 1024 && (v & (v - 1)) == 0 ? v : 256;
 }
 
-/* A rows kernel of one block a row whose longest constant row wants more
- * than 1024 threads at row_elems() elements a thread takes C = that / B
- * (rounded up, at most CLUSTER_MAX; B = cluster_threads()) blocks a row,
- * each of the fewest threads (a power of 2) that hold its part.  Rows of
- * a size parameter (1024 assumed) keep one block: the text serves every
- * length. */
-static void choose_cluster(egen *G, cuda_src *out) {
+/* A rows kernel of one block a row whose longest constant row does not
+ * fit one block's registers: more than 1024 threads at the elements a
+ * thread keeps (row_elems(); in a kernel with a vector variant, the
+ * variant's MAX_CACHED_VEC vectors: 32 floats, 64 halves, so a bf16 row of
+ * 50257 still fits one block).  It takes C blocks a row of B threads, B
+ * the first of cluster_threads(), doubled up to 1024, with C <= 8 (the
+ * portable cluster size; past 1024 threads up to CLUSTER_MAX blocks, the
+ * rest of the row re-read each pass).  Rows of a size parameter (1024
+ * assumed) keep one block: the text serves every length. */
+static void choose_cluster(egen *G, cuda_src *out, bool vec) {
     G->cluster = out->cluster = 1;
     if (G->arch < 90 || G->shape != CU_ROWS || G->tile_j >= 0 || G->rpb != 1 || !cluster_wanted()) return;
-    int per = row_elems(), B = cluster_threads();
+    int per = vec ? MAX_CACHED_VEC * G->V : row_elems();
+    if (per < row_elems()) per = row_elems();
     int64_t need = (G->widest + per - 1) / per; /* threads the row wants */
     if (need <= 1024) return;
-    int64_t c = (need + B - 1) / B;
-    if (c > CLUSTER_MAX) c = CLUSTER_MAX; /* longer rows: parts beyond the registers are re-read */
+    int64_t B = cluster_threads(), c;
+    while ((c = (need + B - 1) / B) > CLUSTER_PORTABLE && B < 1024) B *= 2;
+    if (c > CLUSTER_MAX) c = CLUSTER_MAX;
     G->cluster = out->cluster = (int)c;
-    G->threads = pow2_at_least((need + c - 1) / c);
+    G->threads = out->threads = pow2_at_least((need + c - 1) / c);
     G->tpr = G->threads * G->cluster;
 }
 
@@ -1462,13 +1469,13 @@ em_status cuda_emit_for(const k_kernel *k, int arch, cuda_src *out) {
     choose_shape(&G, out);
     G.tile_j = -1;
     if (G.shape != CU_SERIAL && plan_tile(&G)) choose_tile(&G, out);
-    choose_cluster(&G, out);
     out->shape = G.shape;
     out->threads = G.threads;
     out->unroll = G.shape == CU_FLAT ? 4 : G.shape == CU_ROWS ? G.rpb : 1; /* rows: per block */
     out->tiled = G.tile_j >= 0;
     out->vec4 = G.shape == CU_FLAT ? vectorizable(&G) : G.shape == CU_ROWS && !out->tiled && row_vec() && plan_vec(&G, a1, a0);
     if (!out->vec4) memset(G.vacc, 0, nn * sizeof(bool));
+    choose_cluster(&G, out, out->vec4 && G.shape == CU_ROWS);
     out->nbufs = k->nbufs;
     out->nsizes = k->nsizes;
     G.lane = G.cur_split = -1;
