@@ -138,13 +138,39 @@ static em_status log_softmax_rows(void *c, em_tensor *const *in, const double *s
     return out[0] ? EM_OK : em_last_status();
 }
 
+/* A cluster kernel's text with its launch descriptor (whose last word is
+ * the cluster size) compiles to an sm_90 cubin and to PTX that syncs the
+ * cluster and, where it combines partials, reads other blocks' shared
+ * memory (mapa). */
+static void compile_cluster_kernel(const cuda_src *src, const char *name) {
+#ifdef EMBER_HAVE_CUDA
+    static const uint8_t key[16];
+    char *keyed = cuda_text_with_key(src, name, key), launch[64];
+    snprintf(launch, sizeof launch, "%d, %d};", src->nsizes, src->cluster);
+    ck_assert_msg(keyed && strstr(keyed, launch), "%.300s", keyed ? launch : em_last_error());
+    for (int ptx = 0; ptx < 2; ptx++) {
+        void *bin = NULL;
+        size_t n = 0;
+        ck_assert_msg(cuda_nvrtc_compile(keyed, name, 90, ptx, &bin, &n) == EM_OK, "%.3000s", em_last_error());
+        if (ptx)
+            ck_assert(strstr(bin, "barrier.cluster") &&
+                      (!strstr(src->text, "em_cluster_reduce(a") || strstr(bin, "mapa.u64")));
+        em_free(bin);
+    }
+    em_free(keyed);
+#else
+    (void)src, (void)name;
+#endif
+}
+
 /* Prints every kernel of fn's graph for sm_90 (cuda_emit_for) and checks
  * it against cuda_emit's text: a kernel of clusters (the most blocks of
- * any kernel, returned) uses them and compiles, with its launch
- * descriptor, to an sm_90 cubin and to PTX (*reduced counts those that
+ * any kernel, returned) uses them and, when compile is set (NVRTC takes
+ * seconds on these texts, minutes under valgrind), compiles with its
+ * launch descriptor to an sm_90 cubin and to PTX (*reduced counts those that
  * combine partials over the cluster); every other kernel's text is
  * cuda_emit's, as is every kernel's for sm_80. */
-static int cluster_blocks(fn_t fn, int nin, em_tensor **in, int *reduced) {
+static int cluster_blocks(fn_t fn, int nin, em_tensor **in, int *reduced, bool compile) {
     tr_graph *g = record(fn, nin, in, 1);
     sc_schedule *s = sc_build_for(g, true);
     ck_assert_ptr_nonnull(s);
@@ -165,24 +191,7 @@ static int cluster_blocks(fn_t fn, int nin, em_tensor **in, int *reduced) {
             ck_assert_msg(strstr(sm90.text, "__clusterRelativeBlockRank()"), "%.3000s", sm90.text);
             if (strstr(sm90.text, "em_cluster_reduce(a")) ++*reduced;
             ck_assert_int_le(sm90.threads, 1024);
-#ifdef EMBER_HAVE_CUDA
-            static const uint8_t key[16];
-            char *keyed = cuda_text_with_key(&sm90, k->name, key);
-            char launch[64];
-            snprintf(launch, sizeof launch, "%d, %d};", sm90.nsizes, sm90.cluster); /* its last words */
-            ck_assert_msg(keyed && strstr(keyed, launch), "%.300s", keyed ? launch : em_last_error());
-            for (int ptx = 0; ptx < 2; ptx++) {
-                void *bin = NULL;
-                size_t n = 0;
-                em_status st = cuda_nvrtc_compile(keyed, k->name, 90, ptx, &bin, &n);
-                ck_assert_msg(st == EM_OK, "%.3000s", em_last_error());
-                if (ptx) /* partials read from the other blocks' shared memory */
-                    ck_assert(strstr(bin, "barrier.cluster") &&
-                              (!strstr(sm90.text, "em_cluster_reduce(a") || strstr(bin, "mapa.u64")));
-                em_free(bin);
-            }
-            em_free(keyed);
-#endif
+            if (compile) compile_cluster_kernel(&sm90, k->name);
         } else {
             ck_assert_int_eq(sm90.cluster, 1);
             ck_assert_str_eq(sm90.text, plain.text);
@@ -213,26 +222,26 @@ START_TEST(long_rows_use_clusters) {
             /* 64 rows: fewer, on so long a row, reduce eagerly (schedule.c) */
             em_tensor *x[1] = {tu_random(1, 2, TU_SIZES(64, cases[i].n), dt, 1)};
             int reduced = 0;
-            ck_assert_int_eq(cluster_blocks(wl_softmax_fn, 1, x, &reduced), cases[i].blocks[h]);
-            ck_assert_int_eq(cluster_blocks(log_softmax_rows, 1, x, &reduced), cases[i].blocks[h]);
+            ck_assert_int_eq(cluster_blocks(wl_softmax_fn, 1, x, &reduced, true), cases[i].blocks[h]);
+            ck_assert_int_eq(cluster_blocks(log_softmax_rows, 1, x, &reduced, false), cases[i].blocks[h]);
             ck_assert_int_ge(reduced, cases[i].blocks[h] > 1 ? 2 : 0);
             if (i != (size_t)h) continue; /* f32 50257 and bf16 100003 for the rest */
-            ck_assert_int_gt(cluster_blocks(row_sum, 1, x, &reduced), 1);
+            ck_assert_int_gt(cluster_blocks(row_sum, 1, x, &reduced, false), 1);
             em_tensor *ln[3] = {x[0], tu_random(2, 1, TU_SIZES(cases[i].n), dt, 1),
                                 tu_random(3, 1, TU_SIZES(cases[i].n), dt, 1)};
-            ck_assert_int_gt(cluster_blocks(wl_layernorm_fn, 3, ln, &reduced), 1);
+            ck_assert_int_gt(cluster_blocks(wl_layernorm_fn, 3, ln, &reduced, true), 1);
             ck_assert_int_ge(reduced, 4);
         }
     }
     int reduced = 0;
     em_tensor *fits[1] = {tu_random(1, 2, TU_SIZES(2, 32768), EM_F32, 1)};
-    ck_assert_int_eq(cluster_blocks(wl_softmax_fn, 1, fits, &reduced), 1);
+    ck_assert_int_eq(cluster_blocks(wl_softmax_fn, 1, fits, &reduced, false), 1);
     em_tensor *few[1] = {tu_random(1, 2, TU_SIZES(3, 50257), EM_F32, 1)}; /* eager max and sum */
-    ck_assert_int_eq(cluster_blocks(wl_softmax_fn, 1, few, &reduced), 7);
+    ck_assert_int_eq(cluster_blocks(wl_softmax_fn, 1, few, &reduced, true), 7);
     em_tensor *short_rows[1] = {tu_random(1, 2, TU_SIZES(5, 4099), EM_BF16, 1)};
-    ck_assert_int_eq(cluster_blocks(wl_softmax_fn, 1, short_rows, &reduced), 1);
+    ck_assert_int_eq(cluster_blocks(wl_softmax_fn, 1, short_rows, &reduced, false), 1);
     em_tensor *narrow[1] = {tu_random(1, 2, TU_SIZES(9, 37), EM_F32, 1)};
-    ck_assert_int_eq(cluster_blocks(row_sum, 1, narrow, &reduced), 1);
+    ck_assert_int_eq(cluster_blocks(row_sum, 1, narrow, &reduced, false), 1);
     ck_assert_int_eq(reduced, 0);
 }
 END_TEST
