@@ -27,7 +27,11 @@
  *    64 bytes a lane: several rows a warp, shuffles over the row's lanes).
  *    NAME_v4, where vec4 is set, steps each pass by 16-byte vectors of the
  *    row (with a one-element-a-thread head and tail for rows that start or
- *    end off a vector boundary); cuda_emit.c (plan_vec) says when.
+ *    end off a vector boundary); cuda_emit.c (plan_vec) says when.  On
+ *    sm_90 (cuda_emit_for), a row too long for one block's registers is
+ *    split over a thread-block cluster whose blocks act as one block,
+ *    partials combined through distributed shared memory (cuda_emit.c,
+ *    choose_cluster).
  *  - tiled (launched as CU_ROWS, one 32 x 32 tile a block): a pointwise
  *    kernel over (a, j) with lower.c's tile hint (kir.h's K_TILE): the
  *    loads that walk a rather than j (a transposed operand) are read
