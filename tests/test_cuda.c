@@ -1232,6 +1232,23 @@ static void check_rows(int kind, em_tensor *xg, em_tensor *xc, em_dtype d, doubl
     em_compiled_free(f);
 }
 
+/* Every kind on rows starting off 16-byte boundaries (a column slice of
+ * x [sliced]: a view the kernel reads at an offset, or a copy), a
+ * transposed (non-contiguous) x [transposed], a broadcast x ([1, C]
+ * expanded to [expanded]). */
+static void check_row_views(uint64_t seed, const int64_t *sliced, const int64_t *transposed,
+                            const int64_t *expanded) {
+    em_tensor *x = tu_random(seed, 2, sliced, EM_F32, 1);
+    em_tensor *xs = em_slice(x, 1, 1, sliced[1], 1), *xgs = em_slice(to_gpu(x), 1, 1, sliced[1], 1);
+    em_tensor *xt = tu_random(seed + 1, 2, transposed, EM_F32, 1);
+    em_tensor *xe = em_expand(tu_random(seed + 2, 2, TU_SIZES(1, expanded[1]), EM_F32, 1), 2, expanded);
+    for (int kind = 0; kind < ROW_KINDS; kind++) {
+        check_rows(kind, xgs, xs, EM_F32, 2e-5);
+        check_rows(kind, em_transpose(to_gpu(xt), 0, 1), em_transpose(xt, 0, 1), EM_F32, 2e-5);
+        check_rows(kind, em_expand(to_gpu(em_slice(xe, 0, 0, 1, 1)), 2, expanded), xe, EM_F32, 2e-5);
+    }
+}
+
 START_TEST(rows_kernels_on_the_gpu) {
     /* lengths under, at and over a vector, a warp's share and a block's;
      * row counts that fill no block evenly; size 0 and 1 */
@@ -1243,18 +1260,7 @@ START_TEST(rows_kernels_on_the_gpu) {
             em_tensor *x = tu_random(80 + i, 2, sz[i], EM_F32, 1);
             check_rows(kind, to_gpu(x), x, EM_F32, 2e-5);
         }
-    /* rows starting off 16-byte boundaries (a column slice: a view the
-     * kernel reads at an offset, or a copy), a transposed (non-contiguous)
-     * x, a broadcast x ([1, C] expanded) */
-    em_tensor *x = tu_random(90, 2, TU_SIZES(70, 1003), EM_F32, 1);
-    em_tensor *xs = em_slice(x, 1, 1, 1003, 1), *xgs = em_slice(to_gpu(x), 1, 1, 1003, 1);
-    em_tensor *xt = tu_random(91, 2, TU_SIZES(517, 66), EM_F32, 1);
-    em_tensor *xe = em_expand(tu_random(92, 2, TU_SIZES(1, 300), EM_F32, 1), 2, TU_SIZES(65, 300));
-    for (int kind = 0; kind < ROW_KINDS; kind++) {
-        check_rows(kind, xgs, xs, EM_F32, 2e-5);
-        check_rows(kind, em_transpose(to_gpu(xt), 0, 1), em_transpose(xt, 0, 1), EM_F32, 2e-5);
-        check_rows(kind, em_expand(to_gpu(em_slice(xe, 0, 0, 1, 1)), 2, TU_SIZES(65, 300)), xe, EM_F32, 2e-5);
-    }
+    check_row_views(90, TU_SIZES(70, 1003), TU_SIZES(517, 66), TU_SIZES(65, 300));
     /* bf16: 8 halves a step; against float64 on the bf16 inputs (results
      * rounded to bf16, statistics in f32: 2^-8 relative) */
     static const int64_t hz[][2] = {{1, 1}, {130, 37}, {65, 64}, {70, 1000}, {64, 4099}, {65, 4096}};
@@ -1283,15 +1289,7 @@ START_TEST(long_rows_over_clusters) {
 END_TEST
 
 START_TEST(long_row_views_and_bf16_over_clusters) {
-    em_tensor *x = tu_random(120, 2, TU_SIZES(66, 50258), EM_F32, 1);
-    em_tensor *xs = em_slice(x, 1, 1, 50258, 1), *xgs = em_slice(to_gpu(x), 1, 1, 50258, 1);
-    em_tensor *xt = tu_random(121, 2, TU_SIZES(40000, 64), EM_F32, 1);
-    em_tensor *xe = em_expand(tu_random(122, 2, TU_SIZES(1, 100003), EM_F32, 1), 2, TU_SIZES(65, 100003));
-    for (int kind = 0; kind < ROW_KINDS; kind++) {
-        check_rows(kind, xgs, xs, EM_F32, 2e-5);
-        check_rows(kind, em_transpose(to_gpu(xt), 0, 1), em_transpose(xt, 0, 1), EM_F32, 2e-5);
-        check_rows(kind, em_expand(to_gpu(em_slice(xe, 0, 0, 1, 1)), 2, TU_SIZES(65, 100003)), xe, EM_F32, 2e-5);
-    }
+    check_row_views(120, TU_SIZES(66, 50258), TU_SIZES(40000, 64), TU_SIZES(65, 100003));
     static const int64_t hz[][2] = {{64, 100003}, {3, 100003}, {65, 262147}, {64, 50257}};
     for (size_t i = 0; i < sizeof hz / sizeof hz[0]; i++)
         for (int kind = 0; kind < ROW_KINDS; kind++) {
