@@ -1234,7 +1234,7 @@ static void mark_filled(egen *G, int r) {
 
 /* ---- CU_ROWS over a thread-block cluster (sm_90 and up) ----
  * A row longer than a block keeps in registers (more than 1024 threads at
- * row_elems() elements a thread: a 50257-wide vocabulary) was read from
+ * the elements a thread keeps: a 50257-wide f32 vocabulary) was read from
  * memory again on each pass, at about 30% of copy bandwidth on the H200.
  * Such a row is split over the C blocks of a cluster instead: the
  * cluster's threads act as one block of C x T threads (em_t = rank * T +
@@ -1269,7 +1269,9 @@ static const char cluster_helpers[] =
     "}\n";
 
 /* EMBER_CUDA_CLUSTER=0 keeps long rows in one block (a knob for
- * measuring clusters; part of the kernel text, so of the cache key). */
+ * measuring clusters).  It changes the text, not the kernel's key (the IR
+ * and the target): a kernel or plan cached under the other setting is
+ * reused, so measure each setting with its own EMBER_CACHE_DIR. */
 static bool cluster_wanted(void) {
     char buf[8];
     const char *e = em_getenv("EMBER_CUDA_CLUSTER", buf, sizeof buf);
