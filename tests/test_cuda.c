@@ -1163,7 +1163,7 @@ END_TEST
  * part of a warp each, 16-byte steps with a head and a tail for rows that
  * start off a vector boundary, long rows; checked against float64 ---- */
 
-enum { ROW_SOFTMAX, ROW_RMS, ROW_SUM, ROW_LN, ROW_BIAS_GELU, ROW_KINDS };
+enum { ROW_SOFTMAX, ROW_RMS, ROW_SUM, ROW_LN, ROW_BIAS_GELU, ROW_LOGSM, ROW_KINDS };
 
 static em_status rows_fn(void *c, em_tensor *const *in, const double *s, em_tensor **out) {
     (void)s;
@@ -1176,6 +1176,7 @@ static em_status rows_fn(void *c, em_tensor *const *in, const double *s, em_tens
         break;
     case ROW_SUM: out[0] = em_sum(x, 1, (int[]){-1}, false); break;
     case ROW_LN: out[0] = em_layer_norm(x, 1, in[1], in[2], 1e-5); break;
+    case ROW_LOGSM: out[0] = em_log_softmax(x, -1); break;
     default: out[0] = em_gelu_tanh(em_add(x, in[1])); break;
     }
     return out[0] ? EM_OK : em_last_status();
@@ -1198,6 +1199,7 @@ static double *rows_ref(int kind, const em_tensor *x, const em_tensor *w, const 
         for (int64_t j = 0; j < C; j++) {
             double v = row[j], u = v + wv[j];
             if (kind == ROW_SOFTMAX) o[j] = exp(v - m) / se;
+            if (kind == ROW_LOGSM) o[j] = v - m - log(se);
             if (kind == ROW_RMS) o[j] = v / sqrt(acc2 / C + 1e-6) * wv[j];
             if (kind == ROW_LN) o[j] = (v - mean) / sqrt(var + 1e-5) * wv[j] + bv[j];
             if (kind == ROW_BIAS_GELU) o[j] = 0.5 * u * (1 + tanh(sqrt(2 / M_PI) * (u + 0.044715 * u * u * u)));
@@ -1230,6 +1232,23 @@ static void check_rows(int kind, em_tensor *xg, em_tensor *xc, em_dtype d, doubl
     em_compiled_free(f);
 }
 
+/* Every kind on rows starting off 16-byte boundaries (a column slice of
+ * x [sliced]: a view the kernel reads at an offset, or a copy), a
+ * transposed (non-contiguous) x [transposed], a broadcast x ([1, C]
+ * expanded to [expanded]). */
+static void check_row_views(uint64_t seed, const int64_t *sliced, const int64_t *transposed,
+                            const int64_t *expanded) {
+    em_tensor *x = tu_random(seed, 2, sliced, EM_F32, 1);
+    em_tensor *xs = em_slice(x, 1, 1, sliced[1], 1), *xgs = em_slice(to_gpu(x), 1, 1, sliced[1], 1);
+    em_tensor *xt = tu_random(seed + 1, 2, transposed, EM_F32, 1);
+    em_tensor *xe = em_expand(tu_random(seed + 2, 2, TU_SIZES(1, expanded[1]), EM_F32, 1), 2, expanded);
+    for (int kind = 0; kind < ROW_KINDS; kind++) {
+        check_rows(kind, xgs, xs, EM_F32, 2e-5);
+        check_rows(kind, em_transpose(to_gpu(xt), 0, 1), em_transpose(xt, 0, 1), EM_F32, 2e-5);
+        check_rows(kind, em_expand(to_gpu(em_slice(xe, 0, 0, 1, 1)), 2, expanded), xe, EM_F32, 2e-5);
+    }
+}
+
 START_TEST(rows_kernels_on_the_gpu) {
     /* lengths under, at and over a vector, a warp's share and a block's;
      * row counts that fill no block evenly; size 0 and 1 */
@@ -1241,24 +1260,40 @@ START_TEST(rows_kernels_on_the_gpu) {
             em_tensor *x = tu_random(80 + i, 2, sz[i], EM_F32, 1);
             check_rows(kind, to_gpu(x), x, EM_F32, 2e-5);
         }
-    /* rows starting off 16-byte boundaries (a column slice: a view the
-     * kernel reads at an offset, or a copy), a transposed (non-contiguous)
-     * x, a broadcast x ([1, C] expanded) */
-    em_tensor *x = tu_random(90, 2, TU_SIZES(70, 1003), EM_F32, 1);
-    em_tensor *xs = em_slice(x, 1, 1, 1003, 1), *xgs = em_slice(to_gpu(x), 1, 1, 1003, 1);
-    em_tensor *xt = tu_random(91, 2, TU_SIZES(517, 66), EM_F32, 1);
-    em_tensor *xe = em_expand(tu_random(92, 2, TU_SIZES(1, 300), EM_F32, 1), 2, TU_SIZES(65, 300));
-    for (int kind = 0; kind < ROW_KINDS; kind++) {
-        check_rows(kind, xgs, xs, EM_F32, 2e-5);
-        check_rows(kind, em_transpose(to_gpu(xt), 0, 1), em_transpose(xt, 0, 1), EM_F32, 2e-5);
-        check_rows(kind, em_expand(to_gpu(em_slice(xe, 0, 0, 1, 1)), 2, TU_SIZES(65, 300)), xe, EM_F32, 2e-5);
-    }
+    check_row_views(90, TU_SIZES(70, 1003), TU_SIZES(517, 66), TU_SIZES(65, 300));
     /* bf16: 8 halves a step; against float64 on the bf16 inputs (results
      * rounded to bf16, statistics in f32: 2^-8 relative) */
     static const int64_t hz[][2] = {{1, 1}, {130, 37}, {65, 64}, {70, 1000}, {64, 4099}, {65, 4096}};
     for (size_t i = 0; i < sizeof hz / sizeof hz[0]; i++)
         for (int kind = 0; kind < ROW_KINDS; kind++) {
             em_tensor *xh = em_cast(tu_random(100 + i, 2, hz[i], EM_F32, 1), EM_BF16);
+            check_rows(kind, to_gpu(xh), xh, EM_BF16, 1.6e-2);
+        }
+}
+END_TEST
+
+/* Rows longer than one block keeps in registers run over thread-block
+ * clusters on sm_90 (5 to 9 blocks a row: cuda_emit.c), every kind of rows
+ * kernel against float64: odd lengths, 1 and 3 rows (whose reductions run
+ * eagerly: the cluster kernel only broadcasts), 64 and more rows (one
+ * fused kernel), a sliced (off a 16-byte boundary), a transposed and a
+ * broadcast x, bf16 (50257: one block still; 100003, 262147: clusters). */
+START_TEST(long_rows_over_clusters) {
+    static const int64_t sz[][2] = {{1, 50257}, {3, 100003}, {256, 50257}, {65, 100003}, {64, 262147}};
+    for (size_t i = 0; i < sizeof sz / sizeof sz[0]; i++)
+        for (int kind = 0; kind < ROW_KINDS; kind++) {
+            em_tensor *x = tu_random(110 + i, 2, sz[i], EM_F32, 1);
+            check_rows(kind, to_gpu(x), x, EM_F32, 2e-5);
+        }
+}
+END_TEST
+
+START_TEST(long_row_views_and_bf16_over_clusters) {
+    check_row_views(120, TU_SIZES(66, 50258), TU_SIZES(40000, 64), TU_SIZES(65, 100003));
+    static const int64_t hz[][2] = {{64, 100003}, {3, 100003}, {65, 262147}, {64, 50257}};
+    for (size_t i = 0; i < sizeof hz / sizeof hz[0]; i++)
+        for (int kind = 0; kind < ROW_KINDS; kind++) {
+            em_tensor *xh = em_cast(tu_random(130 + i, 2, hz[i], EM_F32, 1), EM_BF16);
             check_rows(kind, to_gpu(xh), xh, EM_BF16, 1.6e-2);
         }
 }
@@ -1620,6 +1655,8 @@ int main(int argc, char **argv) {
         {"compiled_half_graphs", compiled_half_graphs},
         {"transposed_operands_on_the_gpu", transposed_operands_on_the_gpu},
         {"rows_kernels_on_the_gpu", rows_kernels_on_the_gpu},
+        {"long_rows_over_clusters", long_rows_over_clusters},
+        {"long_row_views_and_bf16_over_clusters", long_row_views_and_bf16_over_clusters},
 #ifdef EMBER_HAVE_CUDA
         {"native_texts_compile", native_texts_compile},
 #endif

@@ -132,6 +132,120 @@ static em_status row_sum(void *c, em_tensor *const *in, const double *s, em_tens
     return out[0] ? EM_OK : em_last_status();
 }
 
+static em_status log_softmax_rows(void *c, em_tensor *const *in, const double *s, em_tensor **out) {
+    (void)c, (void)s;
+    out[0] = em_log_softmax(in[0], -1);
+    return out[0] ? EM_OK : em_last_status();
+}
+
+/* A cluster kernel's text with its launch descriptor (whose last word is
+ * the cluster size) compiles to an sm_90 cubin and to PTX that syncs the
+ * cluster and, where it combines partials, reads other blocks' shared
+ * memory (mapa). */
+static void compile_cluster_kernel(const cuda_src *src, const char *name) {
+#ifdef EMBER_HAVE_CUDA
+    static const uint8_t key[16];
+    char *keyed = cuda_text_with_key(src, name, key), launch[64];
+    snprintf(launch, sizeof launch, "%d, %d};", src->nsizes, src->cluster);
+    ck_assert_msg(keyed && strstr(keyed, launch), "%.300s", keyed ? launch : em_last_error());
+    for (int ptx = 0; ptx < 2; ptx++) {
+        void *bin = NULL;
+        size_t n = 0;
+        ck_assert_msg(cuda_nvrtc_compile(keyed, name, 90, ptx, &bin, &n) == EM_OK, "%.3000s", em_last_error());
+        if (ptx)
+            ck_assert(strstr(bin, "barrier.cluster") &&
+                      (!strstr(src->text, "em_cluster_reduce(a") || strstr(bin, "mapa.u64")));
+        em_free(bin);
+    }
+    em_free(keyed);
+#else
+    (void)src, (void)name;
+#endif
+}
+
+/* Prints every kernel of fn's graph for sm_90 (cuda_emit_for) and checks
+ * it against cuda_emit's text: a kernel of clusters (the most blocks of
+ * any kernel, returned) uses them and, when compile is set (NVRTC takes
+ * seconds on these texts, minutes under valgrind), compiles with its
+ * launch descriptor to an sm_90 cubin and to PTX (*reduced counts those that
+ * combine partials over the cluster); every other kernel's text is
+ * cuda_emit's, as is every kernel's for sm_80. */
+static int cluster_blocks(fn_t fn, int nin, em_tensor **in, int *reduced, bool compile) {
+    tr_graph *g = record(fn, nin, in, 1);
+    sc_schedule *s = sc_build_for(g, true);
+    ck_assert_ptr_nonnull(s);
+    int most = 0;
+    for (int gi = 0; gi < s->ngroups; gi++) {
+        int nbufs, nouts;
+        int *bufs = malloc(sizeof(int) * ((size_t)g->nnodes + 1));
+        k_kernel *k = sc_lower(s, gi, bufs, &nbufs, &nouts);
+        ck_assert_msg(k != NULL, "%s", em_last_error());
+        cuda_src plain, sm80, sm90;
+        ck_assert_int_eq(cuda_emit(k, &plain), EM_OK);
+        ck_assert_int_eq(cuda_emit_for(k, 80, &sm80), EM_OK);
+        ck_assert_int_eq(cuda_emit_for(k, 90, &sm90), EM_OK);
+        ck_assert_str_eq(sm80.text, plain.text);
+        ck_assert_int_eq(sm80.cluster, 1);
+        if (sm90.cluster > 1) {
+            ck_assert_int_eq(sm90.shape, CU_ROWS);
+            ck_assert_msg(strstr(sm90.text, "__clusterRelativeBlockRank()"), "%.3000s", sm90.text);
+            if (strstr(sm90.text, "em_cluster_reduce(a")) ++*reduced;
+            ck_assert_int_le(sm90.threads, 1024);
+            if (compile) compile_cluster_kernel(&sm90, k->name);
+        } else {
+            ck_assert_int_eq(sm90.cluster, 1);
+            ck_assert_str_eq(sm90.text, plain.text);
+        }
+        if (sm90.cluster > most) most = sm90.cluster;
+        cuda_src_free(&plain), cuda_src_free(&sm80), cuda_src_free(&sm90);
+        kir_free(k);
+        free(bufs);
+    }
+    sc_free(s);
+    tr_graph_free(g);
+    return most;
+}
+
+/* Rows longer than a block holds in registers (more than 1024 threads at
+ * 32 elements, or in a bf16 kernel's vector variant 64) split over a
+ * cluster for sm_90: blocks of 256 threads, doubled until at most 8 blocks
+ * hold the row (f32 50257: 7 x 256, 100003: 7 x 512), past 1024 threads
+ * more than 8 (262147: 9 x 1024, not portable); bf16 50257 still fits one
+ * block.  softmax, log_softmax, layer_norm, a row sum; shorter rows (4099,
+ * 32768) keep one block and cuda_emit's text. */
+START_TEST(long_rows_use_clusters) {
+    static const struct { int64_t n; int blocks[2]; } cases[] = {
+        {50257, {7, 1}}, {100003, {7, 7}}, {262147, {9, 5}}};
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        for (int h = 0; h < 2; h++) {
+            em_dtype dt = h ? EM_BF16 : EM_F32;
+            /* 64 rows: fewer, on so long a row, reduce eagerly (schedule.c) */
+            em_tensor *x[1] = {tu_random(1, 2, TU_SIZES(64, cases[i].n), dt, 1)};
+            int reduced = 0;
+            ck_assert_int_eq(cluster_blocks(wl_softmax_fn, 1, x, &reduced, true), cases[i].blocks[h]);
+            ck_assert_int_eq(cluster_blocks(log_softmax_rows, 1, x, &reduced, false), cases[i].blocks[h]);
+            ck_assert_int_ge(reduced, cases[i].blocks[h] > 1 ? 2 : 0);
+            if (i != (size_t)h) continue; /* f32 50257 and bf16 100003 for the rest */
+            ck_assert_int_gt(cluster_blocks(row_sum, 1, x, &reduced, false), 1);
+            em_tensor *ln[3] = {x[0], tu_random(2, 1, TU_SIZES(cases[i].n), dt, 1),
+                                tu_random(3, 1, TU_SIZES(cases[i].n), dt, 1)};
+            ck_assert_int_gt(cluster_blocks(wl_layernorm_fn, 3, ln, &reduced, true), 1);
+            ck_assert_int_ge(reduced, 4);
+        }
+    }
+    int reduced = 0;
+    em_tensor *fits[1] = {tu_random(1, 2, TU_SIZES(2, 32768), EM_F32, 1)};
+    ck_assert_int_eq(cluster_blocks(wl_softmax_fn, 1, fits, &reduced, false), 1);
+    em_tensor *few[1] = {tu_random(1, 2, TU_SIZES(3, 50257), EM_F32, 1)}; /* eager max and sum */
+    ck_assert_int_eq(cluster_blocks(wl_softmax_fn, 1, few, &reduced, true), 7);
+    em_tensor *short_rows[1] = {tu_random(1, 2, TU_SIZES(5, 4099), EM_BF16, 1)};
+    ck_assert_int_eq(cluster_blocks(wl_softmax_fn, 1, short_rows, &reduced, false), 1);
+    em_tensor *narrow[1] = {tu_random(1, 2, TU_SIZES(9, 37), EM_F32, 1)};
+    ck_assert_int_eq(cluster_blocks(row_sum, 1, narrow, &reduced, false), 1);
+    ck_assert_int_eq(reduced, 0);
+}
+END_TEST
+
 START_TEST(softmax_is_rows) {
     em_tensor *in[1] = {tu_random(1, 2, TU_SIZES(8, 300), EM_F32, 1)};
     /* rows a warp covers: a warp a row, 8 rows a block, shuffles only */
@@ -651,7 +765,7 @@ int main(void) {
         {"pointwise_is_flat", pointwise_is_flat}, {"softmax_is_rows", softmax_is_rows},
         {"layernorm_compiles", layernorm_compiles}, {"every_alu_op", every_alu_op},
         {"views_and_lead_rows_compile", views_and_lead_rows_compile},
-        {"transpose_is_tiled", transpose_is_tiled},
+        {"transpose_is_tiled", transpose_is_tiled}, {"long_rows_use_clusters", long_rows_use_clusters},
         {"half_kernels_compile", half_kernels_compile},
         {"golden_text", golden_text}, {"errors", errors},
         {"float_to_int_saturates_in_the_ir", float_to_int_saturates_in_the_ir},

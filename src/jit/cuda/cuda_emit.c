@@ -141,6 +141,9 @@ typedef struct egen {
     int tile_j;        /* >= 0: the kernel is tiled, and this is its j range */
     bool *slice;
     bool staging;      /* emitting the compute phase: staged loads read the tile */
+    int arch;          /* the target's compute capability (90: sm_90), 0 unknown */
+    int64_t widest;    /* CU_ROWS: the longest constant split loop (1024 if none) */
+    int cluster;       /* CU_ROWS: blocks a row (a thread-block cluster), else 1 */
 } egen;
 
 static const char *ctype(em_dtype d) {
@@ -464,6 +467,9 @@ static void emit_block_reductions(egen *G, int r) {
         indent(G);
         if (G->rpb > 1) /* a warp a row: shuffles only, no barrier */
             fprintf(G->f, "%s = em_warp_reduce(%s, %s(), %d);\n", NM(a), NM(a), fn, G->tpr);
+        else if (G->cluster > 1) /* the block's, then the cluster's */
+            fprintf(G->f, "%s = em_cluster_reduce(%s, %s(), (%s *)em_sh, em_csh, em_cp, %d);\n", NM(a),
+                    NM(a), fn, ctype(acc->dtype), G->cluster);
         else
             fprintf(G->f, "%s = em_block_reduce(%s, %s(), (%s *)em_sh);\n", NM(a), NM(a), fn,
                     ctype(acc->dtype));
@@ -893,6 +899,7 @@ static void choose_shape(egen *G, cuda_src *out) {
         if (n > widest) widest = n;
         i = G->match[i]; /* deeper loops stay serial */
     }
+    G->widest = widest;
     /* rows: row_elems() elements per thread, from a warp up to 1024
      * threads.  Few elements per thread (4: 1024 threads, 2 rows in flight
      * per SM) left the kernels latency-bound on their passes and barriers. */
@@ -1225,6 +1232,101 @@ static void mark_filled(egen *G, int r) {
         if (G->key_of[i] >= 0) G->key_filled[G->key_of[i]] = true;
 }
 
+/* ---- CU_ROWS over a thread-block cluster (sm_90 and up) ----
+ * A row longer than a block keeps in registers (more than 1024 threads at
+ * the elements a thread keeps: a 50257-wide f32 vocabulary) was read from
+ * memory again on each pass, at about 30% of copy bandwidth on the H200.
+ * Such a row is split over the C blocks of a cluster instead: the
+ * cluster's threads act as one block of C x T threads (em_t = rank * T +
+ * threadIdx.x, j = em_t + it * C * T), so each block keeps its part of the
+ * row in registers as before (plan_row_cache, with tpr = C * T), and an
+ * accumulator is combined over the block, then over the cluster through
+ * distributed shared memory: one kernel, each element read once and
+ * written once.  Row-scope stores are made by the cluster's thread 0. */
+
+enum { CLUSTER_PORTABLE = 8, CLUSTER_MAX = 16 }; /* blocks; above 8 non-portable */
+
+static const char cluster_helpers[] =
+    "/* The blocks of a cluster share a row: each combines its partial over\n"
+    "   its threads, then reads every block's from that block's shared\n"
+    "   memory in rank order, so every block gets the same bits.  csh has\n"
+    "   2 slots used in turn (cp): a slot is written again two reductions\n"
+    "   later, after a cluster barrier that its readers have all passed. */\n"
+    "__device__ __forceinline__ void em_cluster_sync() {\n"
+    "  __cluster_barrier_arrive();\n"
+    "  __cluster_barrier_wait();\n"
+    "}\n"
+    "template <class T, class F>\n"
+    "__device__ __forceinline__ T em_cluster_reduce(T v, F f, T *sh, long long *csh, int &cp, int C) {\n"
+    "  v = em_block_reduce(v, f, sh);\n"
+    "  T *slot = reinterpret_cast<T *>(csh + cp);\n"
+    "  if (threadIdx.x == 0) *slot = v;\n"
+    "  em_cluster_sync();\n"
+    "  v = *(volatile T *)__cluster_map_shared_rank(slot, 0);\n"
+    "  for (int r = 1; r < C; r++) v = f(v, *(volatile T *)__cluster_map_shared_rank(slot, r));\n"
+    "  cp ^= 1;\n"
+    "  return v;\n"
+    "}\n";
+
+/* EMBER_CUDA_CLUSTER=0 keeps long rows in one block (a knob for
+ * measuring clusters).  It changes the text, not the kernel's key (the IR
+ * and the target): a kernel or plan cached under the other setting is
+ * reused, so measure each setting with its own EMBER_CACHE_DIR. */
+static bool cluster_wanted(void) {
+    char buf[8];
+    const char *e = em_getenv("EMBER_CUDA_CLUSTER", buf, sizeof buf);
+    return !e || strcmp(e, "0") != 0;
+}
+
+/* Threads a block of a cluster kernel starts from:
+ * EMBER_CUDA_CLUSTER_THREADS (128 to 1024, a power of 2; a tuning knob),
+ * else 256.  H200, [256, 50257] f32 softmax (% of copy): 256 threads x 7
+ * blocks 45%, 512 x 4 30%, 1024 x 2 40%; one block of 1024 32%
+ * (docs/benchmarks.md). */
+static int cluster_threads(void) {
+    char buf[32];
+    const char *e = em_getenv("EMBER_CUDA_CLUSTER_THREADS", buf, sizeof buf);
+    int v = e ? atoi(e) : 0;
+    return v >= 128 && v <= 1024 && (v & (v - 1)) == 0 ? v : 256;
+}
+
+/* A rows kernel of one block a row whose longest constant row does not
+ * fit one block's registers: more than 1024 threads at the elements a
+ * thread keeps (row_elems(); in a kernel with a vector variant, the
+ * variant's MAX_CACHED_VEC vectors: 32 floats, 64 halves, so a bf16 row of
+ * 50257 still fits one block).  It takes C blocks a row of B threads, B
+ * the first of cluster_threads(), doubled up to 1024, with C <= 8 (the
+ * portable cluster size; past 1024 threads up to CLUSTER_MAX blocks, the
+ * rest of the row re-read each pass).  Rows of a size parameter (1024
+ * assumed) keep one block: the text serves every length. */
+static void choose_cluster(egen *G, cuda_src *out, bool vec) {
+    G->cluster = out->cluster = 1;
+    if (G->arch < 90 || G->shape != CU_ROWS || G->tile_j >= 0 || G->rpb != 1 || !cluster_wanted()) return;
+    int per = vec ? MAX_CACHED_VEC * G->V : row_elems();
+    if (per < row_elems()) per = row_elems();
+    int64_t need = (G->widest + per - 1) / per; /* threads the row wants */
+    if (need <= 1024) return;
+    int64_t B = cluster_threads(), c;
+    while ((c = (need + B - 1) / B) > CLUSTER_PORTABLE && B < 1024) B *= 2;
+    if (c > CLUSTER_MAX) c = CLUSTER_MAX;
+    G->cluster = out->cluster = (int)c;
+    G->threads = out->threads = pow2_at_least((need + c - 1) / c);
+    G->tpr = G->threads * G->cluster;
+}
+
+/* The row loop of a cluster kernel: cluster blockIdx.x / C takes rows
+ * blockIdx.x / C, + gridDim.x / C, ... (the launch's grid is a multiple
+ * of C, and the cluster's blocks are consecutive). */
+static void emit_cluster_loop(egen *G) {
+    FILE *f = G->f;
+    int P = G->par, C = G->cluster;
+    fputs("  __shared__ double em_sh[32];\n  __shared__ long long em_csh[2];\n", f);
+    fprintf(f, "  const int em_t = (int)__clusterRelativeBlockRank() * %d + (int)threadIdx.x;\n", G->threads);
+    fputs("  int em_cp = 0;\n", f);
+    fprintf(f, "  for (long long v%d = blockIdx.x / %d; v%d < %s; v%d += gridDim.x / %d) {\n", P, C, P,
+            G->extent, P, C);
+}
+
 static void emit_rows(egen *G) {
     FILE *f = G->f;
     int P = G->par;
@@ -1242,6 +1344,8 @@ static void emit_rows(egen *G) {
                 "em_r += (long long)gridDim.x * %d) {\n", G->rpb, per_warp, G->extent, G->rpb);
         fprintf(f, "    const bool em_live = em_r + em_s < %s;\n", G->extent);
         fprintf(f, "    const long long v%d = em_live ? em_r + em_s : %s - 1;\n", P, G->extent);
+    } else if (G->cluster > 1) {
+        emit_cluster_loop(G);
     } else {
         fputs("  __shared__ double em_sh[32];\n  const int em_t = threadIdx.x;\n", f);
         fprintf(f, "  for (long long v%d = blockIdx.x; v%d < %s; v%d += gridDim.x) {\n", P, P,
@@ -1264,6 +1368,8 @@ static void emit_rows(egen *G) {
     G->inner = 0;
     emit_seq(G, P + 1, G->match[P]);
     fputs("  }\n", f);
+    if (G->cluster > 1) /* no block leaves while the others may read its shared memory */
+        fputs("  em_cluster_sync();\n", f);
 }
 
 static bool has_half(const k_kernel *k) {
@@ -1285,6 +1391,7 @@ static em_status emit_kernel(egen *G, cuda_src *out, rows_scratch *rs) {
     em_status s;
     fputs(prelude, f);
     if (has_half(k)) fputs(cuda_half_helpers, f);
+    if (G->cluster > 1) fputs(cluster_helpers, f);
     if (out->vec4) {
         fprintf(f, "extern \"C\" __global__ void __launch_bounds__(%d) %s_v4(", G->threads, k->name);
         emit_params(G);
@@ -1327,14 +1434,16 @@ static em_status emit_kernel(egen *G, cuda_src *out, rows_scratch *rs) {
     (KIR_DTYPE(EM_F32) | KIR_DTYPE(EM_F64) | KIR_DTYPE(EM_I32) | KIR_DTYPE(EM_I64) |               \
      KIR_DTYPE(EM_BOOL) | KIR_DTYPE(EM_F16) | KIR_DTYPE(EM_BF16))
 
-em_status cuda_emit(const k_kernel *k, cuda_src *out) {
+em_status cuda_emit(const k_kernel *k, cuda_src *out) { return cuda_emit_for(k, 0, out); }
+
+em_status cuda_emit_for(const k_kernel *k, int arch, cuda_src *out) {
     memset(out, 0, sizeof *out);
     if (kir_verify(k) != EM_OK) return em_error_context("cuda_emit");
     em_status s = kir_check_dtypes(k, CUDA_DTYPES, "cuda_emit");
     if (s == EM_OK) s = kir_check_half_moved(k, "cuda_emit");
     if (s != EM_OK) return s;
     size_t nn = (size_t)k->n + 1;
-    egen G = {.k = k};
+    egen G = {.k = k, .arch = arch};
     G.match = em_calloc(nn, sizeof(int));
     G.split = em_calloc(nn, sizeof(bool));
     G.written = em_calloc(2 * ((size_t)k->nbufs + 1), sizeof(bool)); /* + scratch */
@@ -1368,6 +1477,7 @@ em_status cuda_emit(const k_kernel *k, cuda_src *out) {
     out->tiled = G.tile_j >= 0;
     out->vec4 = G.shape == CU_FLAT ? vectorizable(&G) : G.shape == CU_ROWS && !out->tiled && row_vec() && plan_vec(&G, a1, a0);
     if (!out->vec4) memset(G.vacc, 0, nn * sizeof(bool));
+    choose_cluster(&G, out, out->vec4 && G.shape == CU_ROWS);
     out->nbufs = k->nbufs;
     out->nsizes = k->nsizes;
     G.lane = G.cur_split = -1;
@@ -1432,19 +1542,20 @@ char *cuda_text_with_key(const cuda_src *src, const char *name, const uint8_t ke
         em_error(EM_ERR_STATE, "cuda: a kernel of %s's text does not begin with EM_AFTER_PRIOR()", name);
         return NULL;
     }
+    int cluster = src->cluster > 1 ? src->cluster : 1;
     char bytes[16 * 6 + 1];
     for (int i = 0; i < 16; i++) snprintf(bytes + 6 * i, 7, "0x%02x%s", key[i], i < 15 ? ", " : "");
     const char *fmt = "%s%s\nextern \"C\" __constant__ unsigned char %s" CUDA_KEY_SUFFIX
                       "[16] = {%s};\n"
                       "extern \"C\" __constant__ long long %s" CUDA_LAUNCH_SUFFIX
-                      "[" "%d" "] = {%d, %d, %d, %" PRId64 "ll, %d, %d, %d, %d};\n";
+                      "[" "%d" "] = {%d, %d, %d, %" PRId64 "ll, %d, %d, %d, %d, %d};\n";
     int n = snprintf(NULL, 0, fmt, cuda_after_prior, src->text, name, bytes, name, CUDA_LAUNCH_WORDS,
                      (int)src->shape, src->threads, src->unroll, src->extent, src->extent_size,
-                     (int)src->vec4, src->nbufs, src->nsizes);
+                     (int)src->vec4, src->nbufs, src->nsizes, cluster);
     char *out = n < 0 ? NULL : em_malloc((size_t)n + 1);
     if (out)
         snprintf(out, (size_t)n + 1, fmt, cuda_after_prior, src->text, name, bytes, name, CUDA_LAUNCH_WORDS,
                  (int)src->shape, src->threads, src->unroll, src->extent, src->extent_size,
-                 (int)src->vec4, src->nbufs, src->nsizes);
+                 (int)src->vec4, src->nbufs, src->nsizes, cluster);
     return out;
 }

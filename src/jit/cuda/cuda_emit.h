@@ -27,7 +27,11 @@
  *    64 bytes a lane: several rows a warp, shuffles over the row's lanes).
  *    NAME_v4, where vec4 is set, steps each pass by 16-byte vectors of the
  *    row (with a one-element-a-thread head and tail for rows that start or
- *    end off a vector boundary); cuda_emit.c (plan_vec) says when.
+ *    end off a vector boundary); cuda_emit.c (plan_vec) says when.  On
+ *    sm_90 (cuda_emit_for), a row too long for one block's registers is
+ *    split over a thread-block cluster whose blocks act as one block,
+ *    partials combined through distributed shared memory (cuda_emit.c,
+ *    choose_cluster).
  *  - tiled (launched as CU_ROWS, one 32 x 32 tile a block): a pointwise
  *    kernel over (a, j) with lower.c's tile hint (kir.h's K_TILE): the
  *    loads that walk a rather than j (a transposed operand) are read
@@ -63,6 +67,8 @@ typedef struct cuda_src {
                          buffers that are all 16-byte aligned) */
     bool tiled;       /* a tiled kernel (below), launched as CU_ROWS with
                          one tile a block */
+    int cluster;      /* CU_ROWS: blocks a row, launched as a thread-block
+                         cluster of that many (sm_90 and up), else 1 (or 0) */
 } cuda_src;
 
 /* Prints k as one `extern "C" __global__` function named k->name whose
@@ -71,6 +77,12 @@ typedef struct cuda_src {
  * EM_ERR_ARG for IR that fails kir_verify.  A parallel extent that is
  * neither a constant nor a size parameter gives a CU_SERIAL kernel. */
 em_status cuda_emit(const k_kernel *k, cuda_src *out);
+/* cuda_emit for compute capability arch (90: sm_90; 0: unknown, as
+ * cuda_emit): from 90 on, a rows kernel whose rows are too long for one
+ * block's registers splits each row over a thread-block cluster
+ * (out->cluster blocks, combined through distributed shared memory;
+ * cuda_emit.c says when).  Every other kernel's text is cuda_emit's. */
+em_status cuda_emit_for(const k_kernel *k, int arch, cuda_src *out);
 
 /* CUDA C device functions em_from_f16, em_from_bf16 (exact), em_to_f16 and
  * em_to_bf16 (round to nearest even, as the CPU's conversions): printed
@@ -83,8 +95,9 @@ void cuda_src_free(cuda_src *s);
 extern const char cuda_after_prior[];
 /* cuda_after_prior, then src's text, followed by the definitions of
  *   extern "C" __constant__ unsigned char NAME__key[16] = {key's bytes};
- *   extern "C" __constant__ long long NAME__launch[8] =
- *       {shape, threads, unroll, extent, extent_size, vec4, nbufs, nsizes};
+ *   extern "C" __constant__ long long NAME__launch[9] =
+ *       {shape, threads, unroll, extent, extent_size, vec4, nbufs, nsizes,
+ *        cluster};
  * (em_malloc'd, or NULL).  The key is the cache key the image is compiled
  * for, which a loader reads back from the module (cuModuleGetGlobal) and
  * compares with the key it looked the image up by, so that an image filed
@@ -96,9 +109,9 @@ extern const char cuda_after_prior[];
 char *cuda_text_with_key(const cuda_src *src, const char *name, const uint8_t key[16]);
 #define CUDA_KEY_SUFFIX "__key"
 #define CUDA_LAUNCH_SUFFIX "__launch"
-#define CUDA_LAUNCH_WORDS 8
+#define CUDA_LAUNCH_WORDS 9
 
 /* The version of the generator: part of every cache key. */
-#define CUDA_EMIT_VERSION "cuda-emit-6" /* 6: kernels begin with EM_AFTER_PRIOR (programmatic dependent launch); 5: rows a part of a warp, 16-byte rows steps; 4: tiled transposes; 3: extents as size parameters, launch descriptor */
+#define CUDA_EMIT_VERSION "cuda-emit-7" /* 7: long rows over thread-block clusters, cluster in the launch descriptor; 6: kernels begin with EM_AFTER_PRIOR (programmatic dependent launch); 5: rows a part of a warp, 16-byte rows steps; 4: tiled transposes; 3: extents as size parameters, launch descriptor */
 
 #endif

@@ -179,7 +179,8 @@ static em_status read_launch(cuda_device *d, CUmodule module, const char *name, 
     /* range-checked: a launch with nonsense geometry is refused, not made */
     ok = ok && w[0] >= CU_FLAT && w[0] <= CU_SERIAL && w[1] >= 1 && w[1] <= 1024 && w[2] >= 1 &&
          w[2] <= 64 && w[3] >= 0 && (w[5] == 0 || w[5] == 1) && w[6] >= 0 && w[6] <= 4096 &&
-         w[7] >= 0 && w[7] <= 4096 && w[4] >= -1 && w[4] < w[7];
+         w[7] >= 0 && w[7] <= 4096 && w[4] >= -1 && w[4] < w[7] && w[8] >= 1 && w[8] <= 16 &&
+         (w[8] == 1 || w[0] == CU_ROWS);
     if (!ok) return em_error(EM_ERR_STATE, "cuda: the image has no valid launch descriptor: not loaded");
     ck->shape = (cuda_shape)w[0];
     ck->threads = (int)w[1];
@@ -189,7 +190,21 @@ static em_status read_launch(cuda_device *d, CUmodule module, const char *name, 
     ck->vec4 = w[5] != 0;
     ck->nbufs = (int)w[6];
     ck->nsizes = (int)w[7];
+    ck->cluster = (int)w[8];
     return EM_OK;
+}
+
+/* Clusters of more than 8 blocks (not portable) must be allowed per
+ * function before their launch. */
+static em_status allow_cluster(const cuda_kernel *ck) {
+    const cu_api *cu = cuda_driver();
+    if (ck->cluster <= 8) return EM_OK;
+    em_status s = cuda_check(cu->FuncSetAttribute(ck->fn, CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1),
+                             "cuFuncSetAttribute (clusters above 8 blocks)");
+    if (s == EM_OK && ck->fn_v4)
+        s = cuda_check(cu->FuncSetAttribute(ck->fn_v4, CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1),
+                       "cuFuncSetAttribute (clusters above 8 blocks)");
+    return s;
 }
 
 em_status cuda_kernel_load(cuda_device *d, const void *img, const kc_key *key, cuda_kernel **out) {
@@ -204,6 +219,7 @@ em_status cuda_kernel_load(cuda_device *d, const void *img, const kc_key *key, c
     if (s == EM_OK && ck->vec4)
         s = cuda_check(cu->ModuleGetFunction(&ck->fn_v4, ck->module, JIT_KERNEL_NAME "_v4"),
                        "cuModuleGetFunction");
+    if (s == EM_OK) s = allow_cluster(ck);
     if (s != EM_OK) {
         if (ck->module) cu->ModuleUnload(ck->module);
         free(ck);
@@ -230,7 +246,7 @@ em_status cuda_kernel_compile(const k_kernel *k, const kc_key *key, int arch, vo
     k_kernel named = *k;
     named.name = (char *)JIT_KERNEL_NAME;
     cuda_src src;
-    em_status s = cuda_emit(&named, &src);
+    em_status s = cuda_emit_for(&named, arch, &src);
     if (s != EM_OK) return s;
     s = compile_keyed(&src, key, arch, false, bin, n);
     if (s == EM_ERR_UNSUPPORTED) { /* an NVRTC older than the GPU: PTX for the driver to finish */
@@ -254,6 +270,11 @@ static unsigned grid_of(const cuda_device *d, const cuda_kernel *ck, int64_t ext
     case CU_FLAT: want = (extent + per_block - 1) / per_block; break;
     case CU_ROWS: want = (extent + ck->unroll - 1) / (ck->unroll > 0 ? ck->unroll : 1); break; /* unroll: rows a block */
     default: return 1;
+    }
+    if (ck->cluster > 1) { /* whole clusters, a row each at a time */
+        int64_t clusters = cap / ck->cluster > 0 ? cap / ck->cluster : 1;
+        if (want < clusters) clusters = want;
+        return (unsigned)(clusters * ck->cluster);
     }
     if (want > cap) want = cap;
     return want > 0 ? (unsigned)want : 1;
@@ -286,8 +307,8 @@ em_status cuda_kernel_launch(cuda_device *d, const cuda_kernel *ck, void *const 
     bool v4 = ck->fn_v4 != NULL; /* needs every buffer 16-byte aligned */
     for (int i = 0; v4 && i < ck->nbufs; i++) v4 = (ptrs[i] & 15) == 0;
     if (s == EM_OK)
-        s = cuda_launch_fn(d, v4 ? ck->fn_v4 : ck->fn, grid_of(d, ck, extent, v4), (unsigned)ck->threads, 0,
-                           args);
+        s = cuda_launch_cluster(d, v4 ? ck->fn_v4 : ck->fn, grid_of(d, ck, extent, v4),
+                                (unsigned)ck->threads, (unsigned)ck->cluster, args);
     if (args != args_stack) em_free(args);
     if (ptrs != ptr_stack) em_free(ptrs);
     if (sz != size_stack) em_free(sz);

@@ -28,6 +28,7 @@ typedef struct cuda_kernel {
     int extent_size;
     bool vec4;
     int nbufs, nsizes;
+    int cluster;      /* CU_ROWS: blocks a row, launched as a cluster (>= 1) */
     int device;       /* the index of the device it is loaded on */
     int smem_optin;   /* dynamic shared memory opted into so far (generated
                          kernels, cuda_source_launch; set atomically) */

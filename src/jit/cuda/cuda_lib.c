@@ -198,6 +198,26 @@ em_status cuda_launch_fn(const cuda_device *d, CUfunction fn, unsigned grid, uns
     return cuda_check(cu.LaunchKernelEx(&cfg, fn, args, NULL), "cuLaunchKernelEx");
 }
 
+em_status cuda_launch_cluster(const cuda_device *d, CUfunction fn, unsigned grid, unsigned block,
+                              unsigned cluster, void **args) {
+    if (cluster <= 1) return cuda_launch_fn(d, fn, grid, block, 0, args);
+    if (!cu.LaunchKernelEx || d->major < 9 || grid % cluster != 0)
+        return em_error(EM_ERR_DEVICE, "cuda: a kernel of clusters of %u blocks (sm_90 and up, "
+                        "cuLaunchKernelEx) cannot launch %u blocks on this device", cluster, grid);
+    CUlaunchAttribute attr[2] = {{.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION}};
+    attr[0].value.clusterDim.x = cluster;
+    attr[0].value.clusterDim.y = attr[0].value.clusterDim.z = 1;
+    unsigned n = 1;
+    if (d->pdl) {
+        attr[n].id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        attr[n++].value.programmaticStreamSerializationAllowed = 1;
+    }
+    CUlaunchConfig cfg = {.gridDimX = grid, .gridDimY = 1, .gridDimZ = 1, .blockDimX = block,
+                          .blockDimY = 1, .blockDimZ = 1, .hStream = cuda_stream(d), .attrs = attr,
+                          .numAttrs = n};
+    return cuda_check(cu.LaunchKernelEx(&cfg, fn, args, NULL), "cuLaunchKernelEx (cluster)");
+}
+
 bool cuda_tf32_enabled(void) {
     char buf[32];
     const char *e = em_getenv("EMBER_CUDA_TF32", buf, sizeof buf);

@@ -190,6 +190,13 @@ enum { CUDA_NSEMS = 4096 };
  * run beside its predecessor. */
 em_status cuda_launch_fn(const cuda_device *d, CUfunction fn, unsigned grid, unsigned block, unsigned smem,
                          void **args);
+/* cuda_launch_fn for a kernel of thread-block clusters of `cluster`
+ * blocks along x (CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION; grid a multiple
+ * of it), with programmatic dependent launch where d->pdl; cluster <= 1
+ * is cuda_launch_fn.  EM_ERR_DEVICE below sm_90 or without
+ * cuLaunchKernelEx. */
+em_status cuda_launch_cluster(const cuda_device *d, CUfunction fn, unsigned grid, unsigned block,
+                              unsigned cluster, void **args);
 
 /* Number of devices, or -1 (error set) without a driver. */
 int cuda_device_count(void);
