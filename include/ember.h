@@ -375,6 +375,12 @@ typedef struct em_compile_options {
      * per call (outputs copied out, so kept outputs stay valid).  1: on;
      * -1: off; 0 (default): EMBER_CUDA_GRAPHS (default off). */
     int cuda_graphs;
+    /* Autotuning (docs/cuda.md#autotuning): a kernel with free schedule
+     * parameters is timed in a few candidate schedules at its first
+     * compile on a device model, the fastest kept and remembered in the
+     * kernel cache.  1: on; -1: off; 0 (default): EMBER_AUTOTUNE (default
+     * off). */
+    int autotune;
 } em_compile_options;
 
 typedef struct em_compile_stats {

@@ -46,6 +46,15 @@ bool jit_env_cuda_graphs(const jit_log *log) {
     return false;
 }
 
+bool jit_env_autotune(const jit_log *log) {
+    char buf[64];
+    const char *e = em_getenv("EMBER_AUTOTUNE", buf, sizeof buf);
+    if (!e || !*e || !strcmp(e, "0") || !strcmp(e, "off")) return false;
+    if (!strcmp(e, "1") || !strcmp(e, "on")) return true;
+    jit_logf(log, 0, "EMBER_AUTOTUNE=%s is not 0, 1, on or off: autotuning stays off", e);
+    return false;
+}
+
 bool jit_env_flag(const char *name) {
     char buf[64];
     const char *e = em_getenv(name, buf, sizeof buf);
@@ -568,7 +577,8 @@ void jit_record_entry(const char *path, bool *failed, const jit_log *log, const 
 }
 
 em_status jit_entry_compile_now(jit_owner *o, jit_entry *e, jit_dyn *dyn) {
-    jit_env env = {.cache = o->env->cache, .log = o->log, .graphs = o->env->graphs};
+    jit_env env = {.cache = o->env->cache, .log = o->log, .graphs = o->env->graphs,
+                   .autotune = o->env->autotune};
     void *state = NULL;
     bool dynamic;
     em_status s = compile_state(o, e, dyn, &env, &state, &dynamic);
@@ -593,7 +603,8 @@ static void compile_job_run(void *arg, bool run) {
     jit_owner *o = job->o;
     jit_entry *e = job->e;
     em_set_allocator(o->alloc);
-    jit_env env = {.cache = o->env->cache, .log = o->log, .graphs = o->env->graphs};
+    jit_env env = {.cache = o->env->cache, .log = o->log, .graphs = o->env->graphs,
+                   .autotune = o->env->autotune};
     void *state = NULL;
     bool dynamic = false;
     em_status s = run ? compile_state(o, e, job->dyn, &env, &state, &dynamic) : EM_ERR_STATE;
