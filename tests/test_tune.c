@@ -184,6 +184,21 @@ static jit_compiled *compile(const jit_device *d, const tr_graph *g, jit_env *en
     return st;
 }
 
+/* An env that tunes with cache c under the timing stub s, unbounded. */
+static jit_env tuning(kc_cache *c, stub *s) {
+    return (jit_env){.cache = c, .autotune = true, .tune_budget = NO_LIMIT, .tune_time = stub_time,
+                     .tune_ctx = s};
+}
+
+/* Compiles g on d with env and checks its result on x; its kernel's key. */
+static kc_key compile_and_check(const jit_device *d, const tr_graph *g, const inputs *x, jit_env *env) {
+    jit_compiled *st = compile(d, g, env);
+    kc_key key = only_kernel(st)->key;
+    check_result(st, g, x);
+    jit_engine_free(st);
+    return key;
+}
+
 /* The key the kernel of g has untuned on d (tuning off, no cache). */
 static kc_key plain_key(const jit_device *d, const tr_graph *g) {
     jit_env env = {0};
@@ -231,13 +246,10 @@ START_TEST(stub_chooses_fastest) {
     inputs y = make_inputs(600, 700, false, 3);
     tr_graph *g2 = record(&y, NULL);
     kc_key plain2 = plain_key(&d, g2);
-    jit_env env2 = {.cache = c, .autotune = true, .tune_budget = NO_LIMIT, .tune_time = stub_time,
-                    .tune_ctx = &tie};
-    st = compile(&d, g2, &env2);
+    jit_env env2 = tuning(c, &tie);
+    kc_key got_env2 = compile_and_check(&d, g2, &y, &env2);
     ck_assert_int_eq(env2.tuned, 1);
-    ck_assert(kc_key_equal(&only_kernel(st)->key, &plain2));
-    check_result(st, g2, &y);
-    jit_engine_free(st);
+    ck_assert(kc_key_equal(&got_env2, &plain2));
     kc_close(c);
     tr_graph_free(g);
     tr_graph_free(g2);
@@ -254,39 +266,30 @@ START_TEST(choice_is_reused) {
     tr_graph *g = record(&x, NULL);
     stub s = {{2e-3, 3e-3, 1e-3}, 0};
     kc_cache *c = kc_open(dir, 0);
-    jit_env env = {.cache = c, .autotune = true, .tune_budget = NO_LIMIT, .tune_time = stub_time,
-                   .tune_ctx = &s};
-    jit_compiled *st = compile(&d, g, &env);
+    jit_env env = tuning(c, &s);
+    kc_key chosen = compile_and_check(&d, g, &x, &env);
     ck_assert_int_eq(env.tuned, 1);
-    kc_key chosen = only_kernel(st)->key;
-    jit_engine_free(st);
     kc_close(c);
 
     c = kc_open(dir, 0);
     s.calls = 0;
-    jit_env again = {.cache = c, .autotune = true, .tune_budget = NO_LIMIT, .tune_time = stub_time,
-                     .tune_ctx = &s};
-    st = compile(&d, g, &again);
+    jit_env again = tuning(c, &s);
+    kc_key got_again = compile_and_check(&d, g, &x, &again);
     ck_assert_int_eq(again.plans_loaded, 1); /* the plan names the chosen kernel */
     ck_assert_int_eq(again.timed, 0);
     ck_assert_int_eq(again.tuned, 0);
-    ck_assert(kc_key_equal(&only_kernel(st)->key, &chosen));
-    check_result(st, g, &x);
-    jit_engine_free(st);
+    ck_assert(kc_key_equal(&got_again, &chosen));
 
     /* the same kernel in another graph (its inputs named): a plan miss,
      * the record gives the choice */
     tr_graph *named = record(&x, (const char *const[]){"a", "b"});
-    jit_env other = {.cache = c, .autotune = true, .tune_budget = NO_LIMIT, .tune_time = stub_time,
-                     .tune_ctx = &s};
-    st = compile(&d, named, &other);
+    jit_env other = tuning(c, &s);
+    kc_key got_other = compile_and_check(&d, named, &x, &other);
     ck_assert_int_eq(other.plans_loaded, 0);
     ck_assert_int_eq(other.tune_hits, 1);
     ck_assert_int_eq(other.timed, 0);
     ck_assert_int_eq(s.calls, 0);
-    ck_assert(kc_key_equal(&only_kernel(st)->key, &chosen));
-    check_result(st, named, &x);
-    jit_engine_free(st);
+    ck_assert(kc_key_equal(&got_other, &chosen));
     kc_close(c);
     tr_graph_free(g);
     tr_graph_free(named);
@@ -305,15 +308,12 @@ static void bad_record_gives_default(const jit_device *d, const char *text) {
     kc_close(c);
     c = kc_open(dir, 0);
     stub s = {{3e-3, 2e-3, 1e-3}, 0};
-    jit_env env = {.cache = c, .autotune = true, .tune_budget = NO_LIMIT, .tune_time = stub_time,
-                   .tune_ctx = &s};
-    jit_compiled *st = compile(d, g, &env);
+    jit_env env = tuning(c, &s);
+    kc_key got = compile_and_check(d, g, &x, &env);
     ck_assert_int_eq(s.calls, 0);
     ck_assert_int_eq(env.tune_hits, 0);
     ck_assert_int_eq(env.tuned, 0);
-    ck_assert(kc_key_equal(&only_kernel(st)->key, &plain));
-    check_result(st, g, &x);
-    jit_engine_free(st);
+    ck_assert(kc_key_equal(&got, &plain));
     kc_close(c);
     tr_graph_free(g);
     /* a clean directory for the next record */
@@ -354,8 +354,7 @@ START_TEST(bad_records_give_default) {
     kc_key rk = jit_tune_record_key(&d, "test device", &plain);
     ck_assert_int_eq(kc_put(c, &rk, "tune", text, strlen(text)), EM_OK);
     stub any = {{1, 1, 1}, 0};
-    jit_env env = {.cache = c, .autotune = true, .tune_budget = NO_LIMIT, .tune_time = stub_time,
-                   .tune_ctx = &any};
+    jit_env env = tuning(c, &any);
     jit_compiled *st = compile(&d, g, &env);
     ck_assert_int_eq(env.tune_hits, 1);
     kc_key want = jit_tune_key(&plain, &(jit_params){{1, 0, 0, 0}});
@@ -377,14 +376,11 @@ START_TEST(off_means_no_timing) {
     stub s = {{3e-3, 1e-3, 2e-3}, 0};
     kc_cache *c = kc_open(dir, 0);
     jit_env off = {.cache = c, .tune_time = stub_time, .tune_ctx = &s};
-    jit_compiled *st = compile(&d, g, &off);
+    kc_key got = compile_and_check(&d, g, &x, &off);
     ck_assert_int_eq(s.calls, 0);
     ck_assert_int_eq(off.timed + off.tuned + off.tune_hits, 0);
-    ck_assert(kc_key_equal(&only_kernel(st)->key, &plain));
-    check_result(st, g, &x);
-    jit_engine_free(st);
-    jit_env on = {.cache = c, .autotune = true, .tune_budget = NO_LIMIT, .tune_time = stub_time,
-                  .tune_ctx = &s};
+    ck_assert(kc_key_equal(&got, &plain));
+    jit_env on = tuning(c, &s);
     ck_assert(jit_tune_on(&d, 0, &on));
     jit_env dry = on, target = on;
     dry.dry_run = true;
@@ -397,23 +393,18 @@ START_TEST(off_means_no_timing) {
     ck_assert(!jit_tune_on(&nomodel, 0, &on));
     /* tuned, the plan differs from the untuned one's (its key names the
      * model), so the untuned plan above is not reused */
-    st = compile(&d, g, &on);
+    (void)compile_and_check(&d, g, &x, &on);
     ck_assert_int_eq(on.plans_loaded, 0);
     ck_assert_int_eq(on.tuned, 1);
     ck_assert_int_eq(s.calls, NCANDS);
-    check_result(st, g, &x);
-    jit_engine_free(st);
     /* small: not worth timing */
     inputs small = make_inputs(8, 9, false, 13);
     tr_graph *gs = record(&small, NULL);
     s.calls = 0;
-    jit_env env = {.cache = c, .autotune = true, .tune_budget = NO_LIMIT, .tune_time = stub_time,
-                   .tune_ctx = &s};
-    st = compile(&d, gs, &env);
+    jit_env env = tuning(c, &s);
+    (void)compile_and_check(&d, gs, &small, &env);
     ck_assert_int_eq(s.calls, 0);
     ck_assert_int_eq(env.tuned, 0);
-    check_result(st, gs, &small);
-    jit_engine_free(st);
     kc_close(c);
     tr_graph_free(g);
     tr_graph_free(gs);
@@ -431,23 +422,18 @@ START_TEST(budget_spent) {
     kc_cache *c = kc_open(dir, 0);
     jit_env tight = {.cache = c, .autotune = true, .tune_budget = 1e-9, .tune_time = stub_time,
                      .tune_ctx = &s};
-    jit_compiled *st = compile(&d, g, &tight);
+    kc_key got = compile_and_check(&d, g, &x, &tight);
     ck_assert_int_eq(s.calls, 0);
     ck_assert_int_eq(tight.tuned, 0);
-    ck_assert(kc_key_equal(&only_kernel(st)->key, &plain));
-    check_result(st, g, &x);
-    jit_engine_free(st);
+    ck_assert(kc_key_equal(&got, &plain));
     /* (its plan was stored: a later compile of g would reuse it; another
      * graph with the same kernel finds no record and tunes) */
     tr_graph *named = record(&x, (const char *const[]){"p", "q"});
-    jit_env wide = {.cache = c, .autotune = true, .tune_budget = NO_LIMIT, .tune_time = stub_time,
-                    .tune_ctx = &s};
-    st = compile(&d, named, &wide);
+    jit_env wide = tuning(c, &s);
+    (void)compile_and_check(&d, named, &x, &wide);
     ck_assert_int_eq(wide.tune_hits, 0);
     ck_assert_int_eq(wide.tuned, 1);
     ck_assert_int_eq(s.calls, NCANDS);
-    check_result(st, named, &x);
-    jit_engine_free(st);
     kc_close(c);
     tr_graph_free(g);
     tr_graph_free(named);
@@ -463,17 +449,15 @@ START_TEST(device_timer) {
     kc_key plain = plain_key(&d, g);
     kc_cache *c = kc_open(dir, 0);
     jit_env env = {.cache = c, .autotune = true, .tune_budget = NO_LIMIT};
-    jit_compiled *st = compile(&d, g, &env);
+    kc_key got = compile_and_check(&d, g, &x, &env);
     ck_assert_int_eq(env.tuned, 1);
     ck_assert_int_eq(env.timed, NCANDS);
     bool known = false;
     for (int i = 0; i < NCANDS; i++) {
         kc_key k = jit_tune_key(&plain, &(jit_params){{i, 0, 0, 0}});
-        known |= kc_key_equal(&only_kernel(st)->key, &k);
+        known |= kc_key_equal(&got, &k);
     }
     ck_assert(known);
-    check_result(st, g, &x);
-    jit_engine_free(st);
     kc_close(c);
     tr_graph_free(g);
 }

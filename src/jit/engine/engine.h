@@ -270,7 +270,8 @@ em_status jit_get_kernels_with(const jit_device *d, int index, jit_env *env, k_k
 
 /* ---- autotuning (tune.c) ----
  * A static compile with env->autotune on a device with variants, model and
- * a timer, and no named target or dry run, tunes each kernel worth it
+ * a timer, and no named target or dry run, on a thread that is not a
+ * background compile's (jit_set_background_thread), tunes each kernel worth it
  * (static sizes, at least JIT_TUNE_MIN_BYTES of buffers, at most
  * JIT_TUNE_MAX_KERNELS a graph): its candidates are compiled in one
  * device call, timed on scratch buffers of the real sizes (JIT_TUNE_REPS

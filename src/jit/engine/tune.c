@@ -44,9 +44,13 @@ kc_key jit_tune_key(const kc_key *base, const jit_params *p) {
     return kc_fields_digest(&fl);
 }
 
+/* A background compile (the compile queue) does not tune: its timings
+ * would share the device with the calls running meanwhile, and measure
+ * them too. */
 bool jit_tune_on(const jit_device *d, int index, const jit_env *env) {
     char model[256];
     if (!env->autotune || env->target || env->dry_run || !d->variants || !d->model) return false;
+    if (jit_on_background_thread()) return false;
     if (!d->time && !env->tune_time) return false;
     bool ok = d->model(index, model, sizeof model);
     em_clear_error();

@@ -37,23 +37,20 @@ int jit_env_dynamic(const jit_log *log) {
     return 0;
 }
 
-bool jit_env_cuda_graphs(const jit_log *log) {
+/* An on/off switch: 1 or on true; 0, off or unset false; anything else
+ * logged ("NAME=v is not 0, 1, on or off: <what> stays off") and false. */
+static bool env_switch(const char *name, const char *what, const jit_log *log) {
     char buf[64];
-    const char *e = em_getenv("EMBER_CUDA_GRAPHS", buf, sizeof buf);
+    const char *e = em_getenv(name, buf, sizeof buf);
     if (!e || !*e || !strcmp(e, "0") || !strcmp(e, "off")) return false;
     if (!strcmp(e, "1") || !strcmp(e, "on")) return true;
-    jit_logf(log, 0, "EMBER_CUDA_GRAPHS=%s is not 0, 1, on or off: graphs stay off", e);
+    jit_logf(log, 0, "%s=%s is not 0, 1, on or off: %s off", name, e, what);
     return false;
 }
 
-bool jit_env_autotune(const jit_log *log) {
-    char buf[64];
-    const char *e = em_getenv("EMBER_AUTOTUNE", buf, sizeof buf);
-    if (!e || !*e || !strcmp(e, "0") || !strcmp(e, "off")) return false;
-    if (!strcmp(e, "1") || !strcmp(e, "on")) return true;
-    jit_logf(log, 0, "EMBER_AUTOTUNE=%s is not 0, 1, on or off: autotuning stays off", e);
-    return false;
-}
+bool jit_env_cuda_graphs(const jit_log *log) { return env_switch("EMBER_CUDA_GRAPHS", "graphs stay", log); }
+
+bool jit_env_autotune(const jit_log *log) { return env_switch("EMBER_AUTOTUNE", "autotuning stays", log); }
 
 bool jit_env_flag(const char *name) {
     char buf[64];
