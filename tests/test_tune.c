@@ -440,6 +440,60 @@ START_TEST(budget_spent) {
 }
 END_TEST
 
+/* Two row sums, the second of a matmul of the first (an eager step
+ * between them: two kernels of one IR): sum(exp(x + b)), then
+ * sum(exp(out0[:, None] @ zeros[1, n] + b)). */
+static em_status two_sums(void *c, em_tensor *const *in, const double *s, em_tensor **out) {
+    (void)c, (void)s;
+    out[0] = em_sum(em_exp(em_add(in[0], in[1])), 1, (int[]){1}, false);
+    em_tensor *z = em_matmul(em_reshape(out[0], 2, (int64_t[]){em_size(out[0], 0), 1}), in[2]);
+    out[1] = em_sum(em_exp(em_add(z, in[1])), 1, (int[]){1}, false);
+    return out[0] && out[1] ? EM_OK : em_last_status();
+}
+
+/* Identical kernels of one graph (a model's repeated layers) are timed
+ * once and take one choice. */
+START_TEST(identical_kernels_tuned_once) {
+    jit_device d = test_device();
+    enum { R = 300, C = 1001 };
+    inputs x = make_inputs(R, C, false, 23);
+    double *zeros = calloc(C, sizeof *zeros);
+    em_tensor *in[3] = {x.in[0], x.in[1], tu_tensor(zeros, 2, TU_SIZES(1, C), EM_F32)}, *out[2] = {0};
+    free(zeros);
+    tr_recorder *r = tr_record_begin(3, in, NULL);
+    ck_assert_int_eq(two_sums(NULL, in, NULL, out), EM_OK);
+    char why[256] = "";
+    tr_graph *g = tr_record_end(r, 2, out, why, sizeof why);
+    ck_assert_msg(g != NULL, "%s", why);
+    ck_assert_int_eq(tr_optimize(g, true), EM_OK);
+    stub s = {{3e-3, 2e-3, 1e-3}, 0};
+    kc_cache *c = kc_open(dir, 0);
+    jit_env env = tuning(c, &s);
+    jit_compiled *st = NULL;
+    ck_assert_int_eq(jit_engine_compile(&d, g, &env, &st), EM_OK);
+    ck_assert_int_eq(jit_engine_kernels(st), 2);
+    ck_assert(kc_key_equal(&st->plan.kernels[0].key, &st->plan.kernels[1].key));
+    ck_assert_int_eq(s.calls, NCANDS);
+    ck_assert_int_eq(env.tuned, 1);
+    em_tensor *res[2] = {0};
+    ck_assert_msg(jit_engine_run(st, NULL, g, in, res) == EM_OK, "%s", em_last_error());
+    double *xv = tu_values(in[0]), *bv = tu_values(in[1]), ref0[R], ref1[R];
+    for (int i = 0; i < R; i++) {
+        ref0[i] = ref1[i] = 0;
+        for (int j = 0; j < C; j++) {
+            ref0[i] += exp(xv[i * C + j] + bv[j]);
+            ref1[i] += exp(bv[j]); /* out0 times zeros */
+        }
+    }
+    tu_check_close(res[0], ref0, 1, (int64_t[]){R}, 1e-4, 1e-4);
+    tu_check_close(res[1], ref1, 1, (int64_t[]){R}, 1e-4, 1e-4);
+    free(xv), free(bv);
+    jit_engine_free(st);
+    kc_close(c);
+    tr_graph_free(g);
+}
+END_TEST
+
 /* Without a stub the device's timer runs (the CPU's clock): a choice is
  * made among the candidates and the result is right whichever it is. */
 START_TEST(device_timer) {
@@ -548,6 +602,7 @@ int main(void) {
         {"bad_records_give_default", bad_records_give_default},
         {"off_means_no_timing", off_means_no_timing},
         {"budget_spent", budget_spent},
+        {"identical_kernels_tuned_once", identical_kernels_tuned_once},
         {"device_timer", device_timer},
         {"keys_and_median", keys_and_median},
         {"env_and_option", env_and_option},

@@ -186,6 +186,7 @@ static int64_t kernel_bytes(const tr_graph *g, const jit_plan_kernel *pk) {
 /* A kernel being tuned: its plan kernel, candidates and their times. */
 typedef struct tune_job {
     int i;                                   /* plan kernel */
+    int64_t bytes;                           /* its buffers' (kernel_bytes) */
     jit_params cands[JIT_TUNE_MAX_CANDIDATES];
     int nc;
     jit_kernel *loaded[JIT_TUNE_MAX_CANDIDATES];
@@ -256,7 +257,7 @@ typedef struct tuner {
     char model[256];
     tune_job *jobs;
     int njobs;
-    int *follow; /* per plan kernel: the job of an identical earlier kernel, or -1 */
+    int *follow; /* per plan kernel: an identical earlier kernel with a job, or -1 */
 } tuner;
 
 /* Kernel i: its remembered choice taken, or a job made for it (or it
@@ -266,7 +267,7 @@ static void consider(tuner *T, int i) {
     if (!k || k->nsizes > 0) return; /* dynamic kernels keep their defaults */
     for (int j = 0; j < T->njobs; j++)
         if (kc_key_equal(&T->keys[T->jobs[j].i], &T->keys[i])) {
-            T->follow[i] = j;
+            T->follow[i] = T->jobs[j].i;
             return;
         }
     tune_job job = {.i = i};
@@ -274,7 +275,7 @@ static void consider(tuner *T, int i) {
     em_clear_error();
     if (job.nc <= 1) return;
     if (job.nc > JIT_TUNE_MAX_CANDIDATES) job.nc = JIT_TUNE_MAX_CANDIDATES;
-    if (kernel_bytes(T->g, &T->p->kernels[i]) < JIT_TUNE_MIN_BYTES) {
+    if ((job.bytes = kernel_bytes(T->g, &T->p->kernels[i])) < JIT_TUNE_MIN_BYTES) {
         jit_logf(T->env->log, JIT_LOG_TUNE, "tune: kernel %s: too small to tune", k->name);
         return;
     }
@@ -287,7 +288,16 @@ static void consider(tuner *T, int i) {
         choose(T->p, T->keys, T->params, i, &job.cands[c]);
         return;
     }
-    if (T->njobs < JIT_TUNE_MAX_KERNELS) T->jobs[T->njobs++] = job;
+    if (T->njobs < JIT_TUNE_MAX_KERNELS) {
+        T->jobs[T->njobs++] = job;
+        return;
+    }
+    /* past the cap, the largest kernels are tuned (what they move is
+     * what tuning can win back) */
+    int least = 0;
+    for (int j = 1; j < T->njobs; j++)
+        if (T->jobs[j].bytes < T->jobs[least].bytes) least = j;
+    if (job.bytes > T->jobs[least].bytes) T->jobs[least] = job;
 }
 
 /* Every job's candidates compiled and loaded in one device call; false
@@ -359,7 +369,7 @@ em_status jit_tune_kernels(const jit_device *d, int index, jit_env *env, const t
     for (int i = 0; i < p->nkernels; i++) consider(&T, i);
     if (T.njobs > 0 && load_candidates(&T)) run_jobs(&T, start);
     for (int i = 0; i < p->nkernels; i++) /* identical kernels take the same choice */
-        if (T.follow[i] >= 0) choose(p, keys, params, i, &params[T.jobs[T.follow[i]].i]);
+        if (T.follow[i] >= 0) choose(p, keys, params, i, &params[T.follow[i]]);
     em_free(T.jobs);
     em_free(T.follow);
     return EM_OK;
