@@ -405,6 +405,9 @@ typedef struct em_compile_stats {
     char last_failure[256]; /* why the last non-matching call matched no entry */
     int64_t graphs_captured;  /* device graphs captured (cuda_graphs), over all entries */
     int64_t graph_replays;    /* calls that ran as one replay of such a graph */
+    int64_t kernels_tuned;    /* kernels whose schedule this function chose by timing
+                                 (autotune) */
+    int64_t tune_hits;        /* kernels whose schedule came from a choice in the cache */
 } em_compile_stats;
 
 /* Wraps fn; nothing runs until the first em_call.  NULL on bad options. */

@@ -546,6 +546,7 @@ static em_status scaled(void *c, em_tensor *const *in, const double *s, em_tenso
 }
 
 START_TEST(env_and_option) {
+    setenv("EMBER_CACHE_DIR", dir, 1);
     char *logtext = NULL;
     size_t loglen = 0;
     jit_log log = {.f = open_memstream(&logtext, &loglen)};
@@ -589,9 +590,74 @@ START_TEST(env_and_option) {
             for (int c = 0; c < 5; c++) ref[c] += xv[r * 5 + c] * xv[r * 5 + c];
         tu_check_close(out[0], ref, 1, (int64_t[]){5}, 1e-5, 1e-5);
         free(xv);
+        em_compile_stats st;
+        ck_assert_int_eq(em_compiled_stats(f, &st), EM_OK);
+        ck_assert_int_eq(st.kernels_tuned + st.tune_hits, 0);
+        ck_assert_int_eq(st.kernels_compiled + st.kernels_loaded, 1);
         em_compiled_free(f);
         unsetenv("EMBER_AUTOTUNE");
     }
+}
+END_TEST
+
+/* ---- on a GPU (not in CI: the case is added only where cuda:0 works) ---- */
+
+static em_status softmax_rows(void *c, em_tensor *const *in, const double *s, em_tensor **out) {
+    (void)c, (void)s;
+    out[0] = em_softmax(in[0], 1);
+    return out[0] ? EM_OK : em_last_status();
+}
+
+/* Compiles softmax_rows on cuda:0 with autotune on (input named name),
+ * calls it on x (rows x cols, host values xv), checks the result against
+ * float64 and gives the function's statistics. */
+static em_compile_stats cuda_softmax(const float *xv, int64_t rows, int64_t cols, const char *name) {
+    const char *names[1] = {name};
+    em_compile_options o = {.ninputs = 1, .noutputs = 1, .backend = "cuda", .autotune = 1,
+                            .input_names = names};
+    em_compiled *f = em_compile(softmax_rows, NULL, &o);
+    ck_assert_msg(f != NULL, "%s", em_last_error());
+    em_tensor *in[1] = {em_from_data(xv, EM_F32, 2, (int64_t[]){rows, cols}, em_cuda(0))}, *out[1] = {0};
+    ck_assert_msg(in[0] && em_call(f, in, NULL, out) == EM_OK, "%s", em_last_error());
+    float *got = malloc(sizeof(float) * (size_t)(rows * cols));
+    ck_assert_int_eq(em_copy_to_host(out[0], got, sizeof(float) * (size_t)(rows * cols)), EM_OK);
+    for (int64_t r = 0; r < rows; r++) {
+        const float *x = xv + r * cols;
+        double m = x[0], sum = 0;
+        for (int64_t c = 1; c < cols; c++) m = x[c] > m ? x[c] : m;
+        for (int64_t c = 0; c < cols; c++) sum += exp((double)x[c] - m);
+        for (int64_t c = 0; c < cols; c++) {
+            double want = exp((double)x[c] - m) / sum;
+            ck_assert_msg(fabs(got[r * cols + c] - want) <= 1e-5 * want + 1e-7, "row %lld col %lld: %g, want %g",
+                          (long long)r, (long long)c, got[r * cols + c], want);
+        }
+    }
+    free(got);
+    em_compile_stats st;
+    ck_assert_int_eq(em_compiled_stats(f, &st), EM_OK);
+    em_compiled_free(f);
+    return st;
+}
+
+/* The real path: candidates timed with CUDA events, the choice stored;
+ * a second function (as a second process would) takes the plan, a third
+ * whose graph differs (its input named) the remembered choice. */
+START_TEST(cuda_tunes_rows) {
+    setenv("EMBER_CACHE_DIR", dir, 1);
+    enum { ROWS = 2048, COLS = 4099 }; /* 32 MB; odd rows: head and tail steps */
+    float *xv = malloc(sizeof(float) * ROWS * COLS);
+    for (int64_t i = 0; i < (int64_t)ROWS * COLS; i++) xv[i] = (float)((i * 7919) % 1000) / 250.0f - 2.0f;
+    em_compile_stats first = cuda_softmax(xv, ROWS, COLS, "x");
+    ck_assert_int_ge(first.kernels_tuned, 1);
+    ck_assert_int_eq(first.tune_hits, 0);
+    em_compile_stats again = cuda_softmax(xv, ROWS, COLS, "x");
+    ck_assert_int_eq(again.graphs_loaded, 1);
+    ck_assert_int_eq(again.kernels_tuned, 0);
+    em_compile_stats other = cuda_softmax(xv, ROWS, COLS, "y");
+    ck_assert_int_eq(other.graphs_loaded, 0);
+    ck_assert_int_eq(other.kernels_tuned, 0);
+    ck_assert_int_eq(other.tune_hits, first.kernels_tuned);
+    free(xv);
 }
 END_TEST
 
@@ -606,9 +672,14 @@ int main(void) {
         {"device_timer", device_timer},
         {"keys_and_median", keys_and_median},
         {"env_and_option", env_and_option},
+        {"cuda_tunes_rows", cuda_tunes_rows},
     };
+    char why[512];
+    bool gpu = tu_probe_gpu(why, sizeof why);
+    if (!gpu) printf("no GPU (%s): cuda_tunes_rows not run\n", why);
+    size_t n = sizeof tests / sizeof tests[0] - !gpu; /* the GPU case is the last */
     Suite *s = suite_create("tune");
-    for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++) {
+    for (size_t i = 0; i < n; i++) {
         TCase *tc = tcase_create(tests[i].name);
         tcase_add_checked_fixture(tc, setup, teardown); /* tu_setup's scope, and a cache directory */
         tcase_set_timeout(tc, 120);

@@ -132,12 +132,16 @@ static void count_compile(jit_owner *o, jit_entry *e, jit_compile_end how) {
     f->env.plans_loaded += e->plans_loaded;
     f->env.plans_stored += e->plans_stored;
     f->env.lowered += e->lowered;
+    f->env.tuned += e->tuned;
+    f->env.tune_hits += e->tune_hits;
     if (how == JIT_COMPILED_NOW && e->failed) return;
     f->stats.kernels = e->backend->kernels && e->state ? e->backend->kernels(e->state) : 0;
     f->stats.kernels_compiled = f->env.compiled;
     f->stats.kernels_loaded = f->env.loaded;
     f->stats.graphs_loaded = f->env.plans_loaded;
     f->stats.graphs_lowered = f->env.lowered;
+    f->stats.kernels_tuned = f->env.tuned;
+    f->stats.tune_hits = f->env.tune_hits;
     f->stats.dynamic_entries += e->dynamic;
 }
 

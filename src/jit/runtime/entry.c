@@ -542,6 +542,8 @@ static void publish(jit_owner *o, jit_entry *e, em_status s, void *state, bool d
                     const jit_env *env, jit_compile_end how) {
     e->kernels_compiled += env->compiled;
     e->kernels_loaded += env->loaded;
+    e->tuned += env->tuned;
+    e->tune_hits += env->tune_hits;
     e->plans_loaded += env->plans_loaded;
     e->plans_stored += env->plans_stored;
     e->lowered += env->lowered;
