@@ -628,8 +628,9 @@ static em_compile_stats cuda_softmax(const float *xv, int64_t rows, int64_t cols
         for (int64_t c = 0; c < cols; c++) sum += exp((double)x[c] - m);
         for (int64_t c = 0; c < cols; c++) {
             double want = exp((double)x[c] - m) / sum;
-            ck_assert_msg(fabs(got[r * cols + c] - want) <= 1e-5 * want + 1e-7, "row %lld col %lld: %g, want %g",
-                          (long long)r, (long long)c, got[r * cols + c], want);
+            ck_assert_msg(fabs(got[r * cols + c] - want) <= 1e-5 * want + 1e-7,
+                          "row %lld col %lld: %g, want %g", (long long)r, (long long)c, got[r * cols + c],
+                          want);
         }
     }
     free(got);
