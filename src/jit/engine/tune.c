@@ -183,9 +183,18 @@ static int64_t kernel_bytes(const tr_graph *g, const jit_plan_kernel *pk) {
     return bytes;
 }
 
+/* "k3 (<key>)": plan kernel i, by its plain key, for the log. */
+enum { LABEL_SIZE = 48 };
+static void label_of(int i, const kc_key *plain, char out[LABEL_SIZE]) {
+    char hex[KC_KEY_HEX_SIZE];
+    kc_key_hex(plain, hex);
+    snprintf(out, LABEL_SIZE, "k%d (%s)", i, hex);
+}
+
 /* A kernel being tuned: its plan kernel, candidates and their times. */
 typedef struct tune_job {
     int i;                                   /* plan kernel */
+    char label[LABEL_SIZE];                  /* label_of it */
     int64_t bytes;                           /* its buffers' (kernel_bytes) */
     jit_params cands[JIT_TUNE_MAX_CANDIDATES];
     int nc;
@@ -216,20 +225,20 @@ static bool time_job(const jit_device *d, jit_env *env, const tr_graph *g, const
     for (int c = 0; ok && c < j->nc; c++, env->timed++)
         ok = d->time(j->loaded[c], ptrs, NULL, JIT_TUNE_REPS, &j->t[c]) == EM_OK;
     for (int b = 0; b < pk->nbufs && b < 64; b++) em_release(bufs[b]);
-    if (!ok) jit_logf(env->log, JIT_LOG_TUNE, "tune: kernel %s not timed: %s", k->name,
+    if (!ok) jit_logf(env->log, JIT_LOG_TUNE, "tune: kernel %s not timed: %s", j->label,
                       em_last_error()[0] ? em_last_error() : "too many buffers");
     em_clear_error();
     return ok;
 }
 
 /* The fastest candidate of j (ties: the earlier, so the default wins). */
-static int fastest(const jit_env *env, const k_kernel *k, const tune_job *j) {
+static int fastest(const jit_env *env, const tune_job *j) {
     int best = 0;
     for (int c = 0; c < j->nc; c++) {
         char text[64];
         params_text(&j->cands[c], text, sizeof text);
-        jit_logf(env->log, JIT_LOG_TUNE, "tune: kernel %s: candidate %d [%s]: %.4f ms", k->name, c, text,
-                 1e3 * j->t[c]);
+        jit_logf(env->log, JIT_LOG_TUNE, "tune: kernel %s: candidate %d [%s]: %.4f ms", j->label, c,
+                 text, 1e3 * j->t[c]);
         if (j->t[c] < j->t[best]) best = c;
     }
     return best;
@@ -271,18 +280,19 @@ static void consider(tuner *T, int i) {
             return;
         }
     tune_job job = {.i = i};
+    label_of(i, &T->keys[i], job.label);
     job.nc = T->d->variants(T->index, k, job.cands, JIT_TUNE_MAX_CANDIDATES);
     em_clear_error();
     if (job.nc <= 1) return;
     if (job.nc > JIT_TUNE_MAX_CANDIDATES) job.nc = JIT_TUNE_MAX_CANDIDATES;
     if ((job.bytes = kernel_bytes(T->g, &T->p->kernels[i])) < JIT_TUNE_MIN_BYTES) {
-        jit_logf(T->env->log, JIT_LOG_TUNE, "tune: kernel %s: too small to tune", k->name);
+        jit_logf(T->env->log, JIT_LOG_TUNE, "tune: kernel %s: too small to tune", job.label);
         return;
     }
     int c = recall(T->d, T->env, T->model, &T->keys[i], job.cands, job.nc);
     if (c == -2) return;
     if (c >= 0) {
-        jit_logf(T->env->log, JIT_LOG_TUNE, "tune: kernel %s: candidate %d of %d, remembered", k->name, c,
+        jit_logf(T->env->log, JIT_LOG_TUNE, "tune: kernel %s: candidate %d of %d, remembered", job.label, c,
                  job.nc);
         T->env->tune_hits++;
         choose(T->p, T->keys, T->params, i, &job.cands[c]);
@@ -338,10 +348,10 @@ static void run_jobs(tuner *T, double start) {
         const k_kernel *k = T->ks[i];
         double budget = T->env->tune_budget > 0 ? T->env->tune_budget : JIT_TUNE_BUDGET;
         if (now() - start > budget) {
-            jit_logf(T->env->log, JIT_LOG_TUNE, "tune: kernel %s: time budget spent, default", k->name);
+            jit_logf(T->env->log, JIT_LOG_TUNE, "tune: kernel %s: time budget spent, default", job->label);
         } else if (time_job(T->d, T->env, T->g, &T->p->kernels[i], k, job)) {
-            int c = fastest(T->env, k, job);
-            jit_logf(T->env->log, JIT_LOG_TUNE, "tune: kernel %s: chose candidate %d of %d", k->name, c,
+            int c = fastest(T->env, job);
+            jit_logf(T->env->log, JIT_LOG_TUNE, "tune: kernel %s: chose candidate %d of %d", job->label, c,
                      job->nc);
             remember(T->d, T->env, T->model, &T->keys[i], c, job->nc, &job->cands[c]);
             T->env->tuned++;
