@@ -829,18 +829,19 @@ static int row_elems(const cuda_row_params *p) {
 }
 
 /* A row a warp covers takes the fewest lanes (a power of 2) that hold it
- * at CUDA_ROW_LANE_BYTES a lane (of its widest buffer); rows a block are
- * bounded by the launch descriptor's range (cuda_kernel.c: at most 64). */
-enum { CUDA_MAX_ROWS_PER_BLOCK = 64 };
+ * at SHORT_ROW_BYTES a lane (of its widest buffer; the default of the
+ * schedule's lane bytes); rows a block are bounded by the launch
+ * descriptor's range (cuda_kernel.c: at most 64). */
+enum { SHORT_ROW_BYTES = CUDA_ROW_LANE_BYTES, CUDA_MAX_ROWS_PER_BLOCK = 64 };
 
 /* Bytes a lane of a short row aims for: EMBER_CUDA_ROW_LANE_BYTES (4 to
- * 4096, a forced override), else the schedule's, else CUDA_ROW_LANE_BYTES. */
+ * 4096, a forced override), else the schedule's, else SHORT_ROW_BYTES. */
 static int64_t row_lane_bytes(const cuda_row_params *p) {
     char buf[32];
     const char *e = em_getenv("EMBER_CUDA_ROW_LANE_BYTES", buf, sizeof buf);
     int v = e ? atoi(e) : 0;
     if (v >= 4 && v <= 4096) return v;
-    return p && p->lane_bytes >= 4 && p->lane_bytes <= 4096 ? p->lane_bytes : CUDA_ROW_LANE_BYTES;
+    return p && p->lane_bytes >= 4 && p->lane_bytes <= 4096 ? p->lane_bytes : SHORT_ROW_BYTES;
 }
 
 /* EMBER_CUDA_ROW_VEC=0 drops rows kernels' 16-byte variant (a knob for
@@ -899,7 +900,7 @@ static void choose_shape(egen *G, cuda_src *out) {
         if (n > widest) widest = n;
         i = G->match[i]; /* deeper loops stay serial */
     }
-    /* rows: row_elems(G->params) elements per thread, from a warp up to 1024
+    /* rows: row_elems() elements per thread, from a warp up to 1024
      * threads.  Few elements per thread (4: 1024 threads, 2 rows in flight
      * per SM) left the kernels latency-bound on their passes and barriers. */
     G->tpr = G->threads, G->rpb = 1;
@@ -909,7 +910,7 @@ static void choose_shape(egen *G, cuda_src *out) {
         /* rows a warp covers: a warp each, 8 to a block, which lifts the
          * one-warp blocks' occupancy (at most 32 blocks an SM: half its
          * warps) and drops the block reductions' barriers.  Short rows
-         * share a warp: 1 to 32 lanes a row, CUDA_ROW_LANE_BYTES a lane, so
+         * share a warp: 1 to 32 lanes a row, SHORT_ROW_BYTES a lane, so
          * that a warp has several rows' loads in flight (a warp a 37-wide
          * row kept 27 of its 32 lanes idle on the second load: 46% of copy
          * on the H200.  Lanes a 37-wide f32 softmax row, queued calls:
