@@ -375,6 +375,12 @@ typedef struct em_compile_options {
      * per call (outputs copied out, so kept outputs stay valid).  1: on;
      * -1: off; 0 (default): EMBER_CUDA_GRAPHS (default off). */
     int cuda_graphs;
+    /* Autotuning (docs/cuda.md#autotuning): a kernel with free schedule
+     * parameters is timed in a few candidate schedules at its first
+     * compile on a device model, the fastest kept and remembered in the
+     * kernel cache.  1: on; -1: off; 0 (default): EMBER_AUTOTUNE (default
+     * off). */
+    int autotune;
 } em_compile_options;
 
 typedef struct em_compile_stats {
@@ -399,6 +405,9 @@ typedef struct em_compile_stats {
     char last_failure[256]; /* why the last non-matching call matched no entry */
     int64_t graphs_captured;  /* device graphs captured (cuda_graphs), over all entries */
     int64_t graph_replays;    /* calls that ran as one replay of such a graph */
+    int64_t kernels_tuned;    /* kernels whose schedule this function chose by timing
+                                 (autotune) */
+    int64_t tune_hits;        /* kernels whose schedule came from a choice in the cache */
 } em_compile_stats;
 
 /* Wraps fn; nothing runs until the first em_call.  NULL on bad options. */

@@ -566,6 +566,74 @@ START_TEST(errors) {
 END_TEST
 
 #ifdef EMBER_HAVE_CUDA
+/* Autotuning's candidates (cuda_kernel_variants) of fn's one kernel: each
+ * a distinct text, the default first, each compiled by NVRTC to an sm_90
+ * cubin with its parameters; their count. */
+static int compile_candidates(fn_t fn, int nin, em_tensor **in) {
+    tr_graph *g = record(fn, nin, in, 1);
+    sc_schedule *s = sc_build_for(g, true);
+    ck_assert_ptr_nonnull(s);
+    int *bufs = malloc(sizeof(int) * ((size_t)g->nnodes + 1)), nbufs, nouts, nc = 0;
+    for (int gi = 0; gi < s->ngroups; gi++) {
+        k_kernel *k = sc_lower(s, gi, bufs, &nbufs, &nouts);
+        if (!k) continue; /* a dead group */
+        ck_assert_int_eq(nc, 0); /* one kernel */
+        jit_params cands[JIT_TUNE_MAX_CANDIDATES];
+        nc = cuda_kernel_variants(k, cands, JIT_TUNE_MAX_CANDIDATES);
+        ck_assert(nc >= 1 && nc <= JIT_TUNE_MAX_CANDIDATES);
+        ck_assert(jit_params_default(&cands[0]));
+        char *texts[JIT_TUNE_MAX_CANDIDATES];
+        for (int c = 0; c < nc; c++) {
+            cuda_row_params rp = cuda_row_params_of(&cands[c]);
+            cuda_src src;
+            ck_assert_msg(cuda_emit_with(k, 0, &rp, &src) == EM_OK, "%s", em_last_error());
+            texts[c] = src.text;
+            for (int o = 0; o < c; o++) ck_assert_str_ne(texts[o], texts[c]);
+            kc_key key = {{(uint8_t)c}};
+            void *bin = NULL;
+            size_t n = 0;
+            ck_assert_msg(cuda_kernel_compile(k, &rp, &key, 90, &bin, &n) == EM_OK, "%s\n%s",
+                          em_last_error(), src.text);
+            ck_assert(n > 100);
+            em_free(bin);
+        }
+        for (int c = 0; c < nc; c++) em_free(texts[c]);
+        kir_free(k);
+    }
+    free(bufs);
+    sc_free(s);
+    tr_graph_free(g);
+    return nc;
+}
+
+/* Every rows candidate compiles; long rows vary elements per thread,
+ * short rows lanes per row; other kernels, and parameters the
+ * environment forces, give the default alone. */
+START_TEST(rows_candidates_compile) {
+    em_tensor *wide[1] = {tu_random(1, 2, TU_SIZES(4, 4099), EM_F32, 1)};
+    em_tensor *narrow[1] = {tu_random(2, 2, TU_SIZES(9, 37), EM_F32, 1)};
+    em_tensor *one[1] = {tu_random(3, 2, TU_SIZES(1, 1), EM_F32, 1)};
+    int64_t n = 1000;
+    em_tensor *flat[3] = {tu_random(4, 1, &n, EM_F32, 1), tu_random(5, 1, &n, EM_F32, 1),
+                          tu_random(6, 1, &n, EM_F32, 1)};
+    unsetenv("EMBER_CUDA_ROW_ELEMS");
+    unsetenv("EMBER_CUDA_ROW_LANE_BYTES");
+    ck_assert_int_eq(compile_candidates(wl_softmax_fn, 1, wide), 3);  /* 32, 16, 64 a thread */
+    ck_assert_int_eq(compile_candidates(row_sum, 1, narrow), 3);      /* 4, 8, 2 lanes a row */
+    ck_assert_int_eq(compile_candidates(wl_pointwise_fn, 3, flat), 1); /* not a rows kernel */
+    ck_assert_int_ge(compile_candidates(row_sum, 1, one), 1);
+    setenv("EMBER_CUDA_ROW_ELEMS", "32", 1); /* forced: no candidate differs in it */
+    ck_assert_int_eq(compile_candidates(wl_softmax_fn, 1, wide), 1);
+    ck_assert_int_eq(compile_candidates(row_sum, 1, narrow), 3);
+    setenv("EMBER_CUDA_ROW_LANE_BYTES", "64", 1);
+    ck_assert_int_eq(compile_candidates(row_sum, 1, narrow), 1);
+    unsetenv("EMBER_CUDA_ROW_ELEMS");
+    unsetenv("EMBER_CUDA_ROW_LANE_BYTES");
+}
+END_TEST
+#endif
+
+#ifdef EMBER_HAVE_CUDA
 /* The device's kernel table (no GPU needed: only its table fields). */
 START_TEST(kernel_table) {
     cuda_device *d = calloc(1, sizeof *d);
@@ -774,6 +842,7 @@ int main(void) {
 #ifdef EMBER_HAVE_CUDA
         {"kernel_table", kernel_table}, {"attention_kernel_compiles", attention_kernel_compiles},
         {"attention_half_kernels_compile", attention_half_kernels_compile},
+        {"rows_candidates_compile", rows_candidates_compile},
 #endif
     };
     return tu_run(tu_suite("cuda_emit", tests, sizeof tests / sizeof tests[0], 120));

@@ -8,7 +8,11 @@
 #include "worker.h"
 
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
 
 static bool cpu_target(int index, const jit_env *env, char *buf, size_t n) {
     (void)index;
@@ -64,8 +68,8 @@ static const char *no_compile_here(void) {
  * run (EMBER_JIT_WORKER=0, none installed) or one reports an error does
  * this process compile itself. */
 static em_status cpu_compile(int index, const char *target, k_kernel *const *ks, const kc_key *keys,
-                             int n, jit_env *env, jit_artifact *out) {
-    (void)index, (void)target, (void)keys;
+                             const jit_params *params, int n, jit_env *env, jit_artifact *out) {
+    (void)index, (void)target, (void)keys, (void)params; /* no variants: params are defaults */
     if (jit_workers_exiting())
         return em_error(EM_ERR_STATE, "cpu backend: the process is exiting: %d kernels not compiled", n);
     char **paths = em_calloc((size_t)n + 1, sizeof *paths);
@@ -110,6 +114,46 @@ static em_status cpu_launch(const jit_kernel *k, void *const *bufs, const int64_
 
 static void cpu_unload(jit_kernel *k) { jit_cpu_free((jit_cpu_kernel *)k); }
 
+/* Autotuning's timer and model (engine.h).  The CPU proposes no variants
+ * (its generator has no free parameter worth a compile per candidate: the
+ * thread split is made at each launch), so it tunes nothing by itself; a
+ * device that wraps its kernels (tests/test_tune.c) times them here. */
+static em_status cpu_time(const jit_kernel *k, void *const *bufs, const int64_t *sizes, int reps,
+                          double *seconds) {
+    enum { MAX_REPS = 16 };
+    double t[MAX_REPS];
+    int n = reps < 1 ? 1 : reps > MAX_REPS ? MAX_REPS : reps;
+    em_status s = cpu_launch(k, bufs, sizes); /* untimed: caches, page faults */
+    for (int r = 0; s == EM_OK && r < n; r++) {
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        s = cpu_launch(k, bufs, sizes);
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        t[r] = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+    }
+    if (s == EM_OK) *seconds = jit_median(t, n);
+    return s;
+}
+
+/* The cpuid brand string ("AMD EPYC 7B13"), trimmed; false without one. */
+static bool cpu_model(int index, char *buf, size_t n) {
+    (void)index;
+    unsigned r[12] = {0};
+#if defined(__x86_64__) || defined(__i386__)
+    for (unsigned i = 0; i < 3; i++)
+        if (!__get_cpuid(0x80000002u + i, &r[4 * i], &r[4 * i + 1], &r[4 * i + 2], &r[4 * i + 3]))
+            return false;
+#endif
+    char brand[sizeof r + 1];
+    memcpy(brand, r, sizeof r);
+    brand[sizeof r] = '\0';
+    const char *b = brand;
+    while (*b == ' ') b++;
+    if (!*b) return false;
+    snprintf(buf, n, "%s", b);
+    return true;
+}
+
 const jit_device jit_cpu_device = {
     .name = "cpu",
     .type = EM_CPU,
@@ -122,4 +166,6 @@ const jit_device jit_cpu_device = {
     .unload = cpu_unload,
     .fused_attention = true, /* src/eager/cpu_attention.c */
     .half_kernels = true,    /* computed in f32; cpu_vmath_gccjit.c converts */
+    .time = cpu_time,
+    .model = cpu_model,
 };

@@ -101,6 +101,7 @@ enum { MAX_CACHED_NIT = 32 };
 
 typedef struct egen {
     const k_kernel *k;
+    const cuda_row_params *params; /* the schedule's free parameters (NULL: defaults) */
     FILE *f;
     int *match;        /* K_RANGE -> its K_END */
     int par;           /* the parallel range, or -1 */
@@ -821,36 +822,42 @@ static int pow2_at_least(int64_t n) {
 }
 
 /* Elements per thread a rows kernel aims for: EMBER_CUDA_ROW_ELEMS (1 to
- * 64, a tuning knob), else 32.  Measured on the H200, 32768 x 4096 rows
+ * 64, a forced override), else the schedule's (p->elems, 0: default),
+ * else CUDA_ROW_ELEMS.  Measured on the H200, 32768 x 4096 rows
  * (fraction of copy bandwidth, softmax / layer_norm): 4: 38% / 36%,
  * 8: 84% / 64%, 16: 85% / 88%, 32: 85% / 91%. */
-static int row_elems(void) {
+static int row_elems(const cuda_row_params *p) {
     char buf[32];
     const char *e = em_getenv("EMBER_CUDA_ROW_ELEMS", buf, sizeof buf);
     int v = e ? atoi(e) : 0;
-    return v >= 1 && v <= 64 ? v : 32;
+    if (v >= 1 && v <= 64) return v;
+    return p && p->elems >= 1 && p->elems <= 64 ? p->elems : CUDA_ROW_ELEMS;
 }
 
 /* A row a warp covers takes the fewest lanes (a power of 2) that hold it
- * at SHORT_ROW_BYTES a lane (of its widest buffer); rows a block are
- * bounded by the launch descriptor's range (cuda_kernel.c: at most 64). */
-enum { SHORT_ROW_BYTES = 64, CUDA_MAX_ROWS_PER_BLOCK = 64 };
+ * at SHORT_ROW_BYTES a lane (of its widest buffer; the default of the
+ * schedule's lane bytes); rows a block are bounded by the launch
+ * descriptor's range (cuda_kernel.c: at most 64). */
+enum { SHORT_ROW_BYTES = CUDA_ROW_LANE_BYTES, CUDA_MAX_ROWS_PER_BLOCK = 64 };
 
 /* Bytes a lane of a short row aims for: EMBER_CUDA_ROW_LANE_BYTES (4 to
- * 4096, a tuning knob), else SHORT_ROW_BYTES. */
-static int64_t row_lane_bytes(void) {
+ * 4096, a forced override), else the schedule's, else SHORT_ROW_BYTES. */
+static int64_t row_lane_bytes(const cuda_row_params *p) {
     char buf[32];
     const char *e = em_getenv("EMBER_CUDA_ROW_LANE_BYTES", buf, sizeof buf);
     int v = e ? atoi(e) : 0;
-    return v >= 4 && v <= 4096 ? v : SHORT_ROW_BYTES;
+    if (v >= 4 && v <= 4096) return v;
+    return p && p->lane_bytes >= 4 && p->lane_bytes <= 4096 ? p->lane_bytes : SHORT_ROW_BYTES;
 }
 
 /* EMBER_CUDA_ROW_VEC=0 drops rows kernels' 16-byte variant (a knob for
- * measuring it; part of the kernel text, so of the cache key). */
-static bool row_vec(void) {
+ * measuring it, forced over the schedule's p->vec: 0 default (on), 1 on,
+ * -1 off). */
+static bool row_vec(const cuda_row_params *p) {
     char buf[8];
     const char *e = em_getenv("EMBER_CUDA_ROW_VEC", buf, sizeof buf);
-    return !e || strcmp(e, "0") != 0;
+    if (e) return strcmp(e, "0") != 0;
+    return !p || p->vec >= 0;
 }
 
 static void choose_shape(egen *G, cuda_src *out) {
@@ -905,7 +912,7 @@ static void choose_shape(egen *G, cuda_src *out) {
      * per SM) left the kernels latency-bound on their passes and barriers. */
     G->tpr = G->threads, G->rpb = 1;
     if (G->shape == CU_ROWS) {
-        int per = row_elems();
+        int per = row_elems(G->params);
         G->threads = G->tpr = pow2_at_least((widest + per - 1) / per);
         /* rows a warp covers: a warp each, 8 to a block, which lifts the
          * one-warp blocks' occupancy (at most 32 blocks an SM: half its
@@ -919,7 +926,7 @@ static void choose_shape(egen *G, cuda_src *out) {
          * docs/benchmarks.md) */
         if (G->tpr == 32) {
             int lanes = 1;
-            int64_t lane_bytes = row_lane_bytes();
+            int64_t lane_bytes = row_lane_bytes(G->params);
             while (lanes < 32 && lanes * lane_bytes < widest * (int64_t)widest_elem) lanes *= 2;
             G->tpr = lanes;
             G->rpb = 256 / lanes < CUDA_MAX_ROWS_PER_BLOCK ? 256 / lanes : CUDA_MAX_ROWS_PER_BLOCK;
@@ -1302,8 +1309,8 @@ static int cluster_threads(void) {
 static void choose_cluster(egen *G, cuda_src *out, bool vec) {
     G->cluster = out->cluster = 1;
     if (G->arch < 90 || G->shape != CU_ROWS || G->tile_j >= 0 || G->rpb != 1 || !cluster_wanted()) return;
-    int per = vec ? MAX_CACHED_VEC * G->V : row_elems();
-    if (per < row_elems()) per = row_elems();
+    int per = vec ? MAX_CACHED_VEC * G->V : row_elems(G->params);
+    if (per < row_elems(G->params)) per = row_elems(G->params);
     int64_t need = (G->widest + per - 1) / per; /* threads the row wants */
     if (need <= 1024) return;
     int64_t B = cluster_threads(), c;
@@ -1434,16 +1441,18 @@ static em_status emit_kernel(egen *G, cuda_src *out, rows_scratch *rs) {
     (KIR_DTYPE(EM_F32) | KIR_DTYPE(EM_F64) | KIR_DTYPE(EM_I32) | KIR_DTYPE(EM_I64) |               \
      KIR_DTYPE(EM_BOOL) | KIR_DTYPE(EM_F16) | KIR_DTYPE(EM_BF16))
 
-em_status cuda_emit(const k_kernel *k, cuda_src *out) { return cuda_emit_for(k, 0, out); }
+em_status cuda_emit(const k_kernel *k, cuda_src *out) { return cuda_emit_with(k, 0, NULL, out); }
 
-em_status cuda_emit_for(const k_kernel *k, int arch, cuda_src *out) {
+em_status cuda_emit_for(const k_kernel *k, int arch, cuda_src *out) { return cuda_emit_with(k, arch, NULL, out); }
+
+em_status cuda_emit_with(const k_kernel *k, int arch, const cuda_row_params *params, cuda_src *out) {
     memset(out, 0, sizeof *out);
     if (kir_verify(k) != EM_OK) return em_error_context("cuda_emit");
     em_status s = kir_check_dtypes(k, CUDA_DTYPES, "cuda_emit");
     if (s == EM_OK) s = kir_check_half_moved(k, "cuda_emit");
     if (s != EM_OK) return s;
     size_t nn = (size_t)k->n + 1;
-    egen G = {.k = k, .arch = arch};
+    egen G = {.k = k, .arch = arch, .params = params};
     G.match = em_calloc(nn, sizeof(int));
     G.split = em_calloc(nn, sizeof(bool));
     G.written = em_calloc(2 * ((size_t)k->nbufs + 1), sizeof(bool)); /* + scratch */
@@ -1475,7 +1484,7 @@ em_status cuda_emit_for(const k_kernel *k, int arch, cuda_src *out) {
     out->threads = G.threads;
     out->unroll = G.shape == CU_FLAT ? 4 : G.shape == CU_ROWS ? G.rpb : 1; /* rows: per block */
     out->tiled = G.tile_j >= 0;
-    out->vec4 = G.shape == CU_FLAT ? vectorizable(&G) : G.shape == CU_ROWS && !out->tiled && row_vec() && plan_vec(&G, a1, a0);
+    out->vec4 = G.shape == CU_FLAT ? vectorizable(&G) : G.shape == CU_ROWS && !out->tiled && row_vec(G.params) && plan_vec(&G, a1, a0);
     if (!out->vec4) memset(G.vacc, 0, nn * sizeof(bool));
     choose_cluster(&G, out, out->vec4 && G.shape == CU_ROWS);
     out->nbufs = k->nbufs;

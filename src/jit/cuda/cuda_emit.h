@@ -84,6 +84,19 @@ em_status cuda_emit(const k_kernel *k, cuda_src *out);
  * cuda_emit.c says when).  Every other kernel's text is cuda_emit's. */
 em_status cuda_emit_for(const k_kernel *k, int arch, cuda_src *out);
 
+/* A rows kernel's free schedule parameters (autotuning, docs/cuda.md#autotuning);
+ * 0 in a field: its default.  The environment's knobs override them
+ * (EMBER_CUDA_ROW_ELEMS, EMBER_CUDA_ROW_LANE_BYTES, EMBER_CUDA_ROW_VEC), so
+ * a candidate the knobs fix prints the same text as the default. */
+enum { CUDA_ROW_ELEMS = 32, CUDA_ROW_LANE_BYTES = 64 };
+typedef struct cuda_row_params {
+    int elems;      /* elements per thread a rows kernel aims for, 1..64 */
+    int lane_bytes; /* bytes a lane of a short row aims for, 4..4096 */
+    int vec;        /* the 16-byte variant: 0 default (on), 1 on, -1 off */
+} cuda_row_params;
+/* cuda_emit_for arch with the rows kernels' parameters p (NULL: defaults). */
+em_status cuda_emit_with(const k_kernel *k, int arch, const cuda_row_params *p, cuda_src *out);
+
 /* CUDA C device functions em_from_f16, em_from_bf16 (exact), em_to_f16 and
  * em_to_bf16 (round to nearest even, as the CPU's conversions): printed
  * into every kernel that has half buffers, and into cuda_native's. */

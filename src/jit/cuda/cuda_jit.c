@@ -43,6 +43,7 @@ static bool cuda_key(const k_kernel *k, const char *target, kc_key *key, kc_mani
 typedef struct nvrtc_job {
     k_kernel *const *ks;
     const kc_key *keys;
+    const jit_params *params; /* NULL: defaults */
     jit_artifact *out;
     em_status *res;
     char (*why)[256];
@@ -54,7 +55,8 @@ static void *compile_some(void *arg) {
     const nvrtc_job *j = arg;
     em_set_allocator(j->alloc);
     for (int i = j->first; i < j->n; i += j->step) {
-        j->res[i] = cuda_kernel_compile(j->ks[i], &j->keys[i], j->arch, &j->out[i].bytes, &j->out[i].n);
+        cuda_row_params rp = cuda_row_params_of(j->params ? &j->params[i] : NULL);
+        j->res[i] = cuda_kernel_compile(j->ks[i], &rp, &j->keys[i], j->arch, &j->out[i].bytes, &j->out[i].n);
         if (j->res[i] != EM_OK) snprintf(j->why[i], sizeof j->why[i], "%s", em_last_error());
         em_clear_error();
     }
@@ -64,7 +66,7 @@ static void *compile_some(void *arg) {
 /* NVRTC is thread-safe and single-threaded per program: the kernels of a
  * graph compile in parallel (attention's 8 took 1 s one after another). */
 static em_status cuda_compile(int index, const char *target, k_kernel *const *ks, const kc_key *keys,
-                              int n, jit_env *env, jit_artifact *out) {
+                              const jit_params *params, int n, jit_env *env, jit_artifact *out) {
     (void)index;
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     int nt = n < cores ? n : (int)(cores > 0 ? cores : 1);
@@ -77,7 +79,7 @@ static em_status cuda_compile(int index, const char *target, k_kernel *const *ks
         return em_last_status();
     }
     for (int t = 0; t < nt; t++) {
-        jobs[t] = (nvrtc_job){ks, keys, out, res, why, n, nt, t, cuda_target_arch(target),
+        jobs[t] = (nvrtc_job){ks, keys, params, out, res, why, n, nt, t, cuda_target_arch(target),
                               em_get_allocator()};
         if (t > 0 && pthread_create(&tid[t], NULL, compile_some, &jobs[t]) != 0)
             jobs[t].step = -1; /* not started: its share runs on this thread below */
@@ -135,6 +137,30 @@ static em_status cuda_launch(const jit_kernel *k, void *const *bufs, const int64
     const cuda_kernel *ck = (const cuda_kernel *)k;
     cuda_device *d = cuda_device_get(ck->device);
     return d ? cuda_kernel_launch(d, ck, bufs, sizes) : em_last_status();
+}
+
+/* ---- autotuning (engine.h): rows kernels' parameters ---- */
+
+static int cuda_variants(int index, const k_kernel *k, jit_params *out, int max) {
+    (void)index;
+    return cuda_kernel_variants(k, out, max);
+}
+
+static em_status cuda_time(const jit_kernel *k, void *const *bufs, const int64_t *sizes, int reps,
+                           double *seconds) {
+    const cuda_kernel *ck = (const cuda_kernel *)k;
+    cuda_device *d = cuda_device_get(ck->device);
+    return d ? cuda_kernel_time(d, ck, bufs, sizes, reps, seconds) : em_last_status();
+}
+
+/* "NVIDIA H200 sm_90 132 SMs": what a choice depends on beyond the
+ * architecture (two GPUs of one architecture differ in SMs, clocks and
+ * bandwidth). */
+static bool cuda_model(int index, char *buf, size_t n) {
+    cuda_device_info info;
+    if (cuda_device_info_get(index, &info) != EM_OK) return false;
+    int w = snprintf(buf, n, "%s sm_%d%d %d SMs", info.name, info.major, info.minor, info.sm_count);
+    return w > 0 && (size_t)w < n;
 }
 
 static jit_kernel *cuda_find(int index, const kc_key *key) {
@@ -233,8 +259,8 @@ static bool cuda_key(const k_kernel *k, const char *target, kc_key *key, kc_mani
 }
 
 static em_status cuda_compile(int index, const char *target, k_kernel *const *ks, const kc_key *keys,
-                              int n, jit_env *env, jit_artifact *out) {
-    (void)index, (void)target, (void)ks, (void)keys, (void)n, (void)env, (void)out;
+                              const jit_params *params, int n, jit_env *env, jit_artifact *out) {
+    (void)index, (void)target, (void)ks, (void)keys, (void)params, (void)n, (void)env, (void)out;
     return em_error(EM_ERR_DEVICE, "cuda backend: this build of Ember has no CUDA backend");
 }
 
@@ -260,6 +286,9 @@ const char *jit_cuda_nvrtc_version(void) { return NULL; }
 #define cuda_graph_launch NULL
 #define cuda_graph_bytes NULL
 #define cuda_graph_free NULL
+#define cuda_variants NULL
+#define cuda_time NULL
+#define cuda_model NULL
 
 #endif
 
@@ -284,4 +313,7 @@ const jit_device jit_cuda_device = {
     .graph_launch = cuda_graph_launch,
     .graph_bytes = cuda_graph_bytes,
     .graph_free = cuda_graph_free,
+    .variants = cuda_variants, /* rows kernels' parameters (cuda_kernel.c) */
+    .time = cuda_time,
+    .model = cuda_model,
 };

@@ -2,6 +2,8 @@
  * cuda_kernel.h). */
 #include "cuda_kernel.h"
 
+#include "cuda_jit.h" /* cuda_timer: autotuning's timing */
+
 #ifdef EMBER_HAVE_CUDA
 
 #include <stdlib.h>
@@ -240,13 +242,14 @@ static em_status compile_keyed(const cuda_src *src, const kc_key *key, int arch,
     return s;
 }
 
-em_status cuda_kernel_compile(const k_kernel *k, const kc_key *key, int arch, void **bin, size_t *n) {
+em_status cuda_kernel_compile(const k_kernel *k, const cuda_row_params *p, const kc_key *key, int arch,
+                              void **bin, size_t *n) {
     /* every image names its function JIT_KERNEL_NAME: a loader knows only
      * the key (the name is not part of the computation) */
     k_kernel named = *k;
     named.name = (char *)JIT_KERNEL_NAME;
     cuda_src src;
-    em_status s = cuda_emit_for(&named, arch, &src);
+    em_status s = cuda_emit_with(&named, arch, p, &src);
     if (s != EM_OK) return s;
     s = compile_keyed(&src, key, arch, false, bin, n);
     if (s == EM_ERR_UNSUPPORTED) { /* an NVRTC older than the GPU: PTX for the driver to finish */
@@ -258,6 +261,67 @@ em_status cuda_kernel_compile(const k_kernel *k, const kc_key *key, int arch, vo
         }
     }
     cuda_src_free(&src);
+    return s;
+}
+
+/* ---- autotuning ---- */
+
+cuda_row_params cuda_row_params_of(const jit_params *p) {
+    return (cuda_row_params){.elems = p ? p->v[0] : 0, .lane_bytes = p ? p->v[1] : 0};
+}
+
+/* Whether candidate c prints a rows kernel unlike every one in texts
+ * (then its text joins them). */
+static bool distinct(const k_kernel *k, const jit_params *c, char **texts, int n) {
+    cuda_row_params rp = cuda_row_params_of(c);
+    cuda_src src;
+    if (cuda_emit_with(k, 0, &rp, &src) != EM_OK) {
+        em_clear_error();
+        return false;
+    }
+    bool rows = src.shape == CU_ROWS && !src.tiled, fresh = rows;
+    for (int i = 0; fresh && i < n; i++) fresh = strcmp(texts[i], src.text) != 0;
+    if (fresh) texts[n] = src.text;
+    else cuda_src_free(&src);
+    return fresh;
+}
+
+/* The candidates: elements per thread about the default for rows a block
+ * or more wide (16 was within 3% of 32 on the H200's 4096-wide rows, 64
+ * halves the blocks of the widest), lane bytes about the default for
+ * short rows (lanes a 37-wide row: 4 at 64 bytes, 2 at 128, 8 at 32:
+ * docs/benchmarks.md).  Candidates that print the default's text (an
+ * override in the environment, a row too short or too long for the
+ * parameter to matter) are dropped: every candidate left is a different
+ * kernel. */
+int cuda_kernel_variants(const k_kernel *k, jit_params *out, int max) {
+    static const jit_params cands[] = {
+        {{0, 0, 0, 0}}, {{16, 0, 0, 0}}, {{64, 0, 0, 0}}, {{0, 32, 0, 0}}, {{0, 128, 0, 0}},
+    };
+    char *texts[sizeof cands / sizeof cands[0]];
+    int n = 0;
+    for (size_t c = 0; c < sizeof cands / sizeof cands[0] && n < max; c++)
+        if (distinct(k, &cands[c], texts, n)) out[n++] = cands[c];
+    for (int i = 0; i < n; i++) em_free(texts[i]);
+    if (n == 0 && max > 0) out[n++] = cands[0]; /* not a rows kernel: the default only */
+    return n;
+}
+
+em_status cuda_kernel_time(cuda_device *d, const cuda_kernel *ck, void *const *bufs,
+                           const int64_t *sizes, int reps, double *seconds) {
+    enum { MAX_REPS = 16 };
+    double t[MAX_REPS];
+    int n = reps < 1 ? 1 : reps > MAX_REPS ? MAX_REPS : reps;
+    cuda_timer *timer = cuda_timer_new(d->index);
+    if (!timer) return em_last_status();
+    em_status s = cuda_kernel_launch(d, ck, bufs, sizes); /* untimed: caches, clocks */
+    for (int r = 0; s == EM_OK && r < n; r++) {
+        s = cuda_timer_start(timer);
+        if (s == EM_OK) s = cuda_kernel_launch(d, ck, bufs, sizes);
+        if (s == EM_OK) s = cuda_timer_stop(timer, &t[r]);
+    }
+    cuda_timer_free(timer);
+    if (s == EM_OK) *seconds = jit_median(t, n);
     return s;
 }
 

@@ -55,10 +55,22 @@ em_status cuda_kernel_get(cuda_device *d, const k_kernel *k, kc_cache *cache,
  * sizes[i] size parameter #i (NULL when it has none). */
 em_status cuda_kernel_launch(cuda_device *d, const cuda_kernel *ck, void *const *bufs,
                              const int64_t *sizes);
-/* NVRTC: k (named JIT_KERNEL_NAME) printed with key and its launch
- * descriptor embedded, compiled to a cubin for sm_<arch>, or PTX when
- * NVRTC does not know the architecture.  *bin from em_malloc. */
-em_status cuda_kernel_compile(const k_kernel *k, const kc_key *key, int arch, void **bin, size_t *n);
+/* NVRTC: k (named JIT_KERNEL_NAME) printed with the rows parameters p
+ * (NULL: defaults) and with key and its launch descriptor embedded,
+ * compiled to a cubin for sm_<arch>, or PTX when NVRTC does not know the
+ * architecture.  *bin from em_malloc. */
+em_status cuda_kernel_compile(const k_kernel *k, const cuda_row_params *p, const kc_key *key, int arch,
+                              void **bin, size_t *n);
+/* Autotuning (engine.h's variants): k's distinct rows schedules, the
+ * default first, as engine parameters (v[0] elements per thread, v[1]
+ * lane bytes); 1 for a kernel that is not a rows kernel. */
+int cuda_kernel_variants(const k_kernel *k, jit_params *out, int max);
+/* The engine's parameters p as rows parameters. */
+cuda_row_params cuda_row_params_of(const jit_params *p);
+/* Launches ck reps times after one untimed launch, each between two
+ * events on d's stream, and gives the median seconds. */
+em_status cuda_kernel_time(cuda_device *d, const cuda_kernel *ck, void *const *bufs,
+                           const int64_t *sizes, int reps, double *seconds);
 /* Loads a cubin or PTX image on d, checking its embedded key against key
  * and reading its launch descriptor. */
 em_status cuda_kernel_load(cuda_device *d, const void *img, const kc_key *key, cuda_kernel **out);

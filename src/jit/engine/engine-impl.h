@@ -82,6 +82,18 @@ struct jit_compiled {
     int64_t graphs_captured, graph_replays; /* statistics */
 };
 
+/* tune.c (engine.h's autotuning) */
+/* The plan key's target when d tunes under env: target + " autotune " +
+ * the device model (a tuned plan names tuned kernels, valid on that model
+ * only), else target, into buf. */
+void jit_tune_plan_target(const jit_device *d, int index, const jit_env *env, const char *target,
+                          char *buf, size_t n);
+/* Tunes the kernels ks[i] (NULL: skip) of plan p (its kernels' buffers
+ * are nodes of g): each one's parameters into params[i] (left default
+ * when not tuned) and its key into keys[i] and p->kernels[i].key.  Only
+ * out of memory is an error; a failed timing keeps the default (logged). */
+em_status jit_tune_kernels(const jit_device *d, int index, jit_env *env, const tr_graph *g,
+                           jit_plan *p, k_kernel *const *ks, kc_key *keys, jit_params *params);
 /* exec.c: runs st's plan for the sizes of sp (NULL: the graph as traced). */
 em_status jit_exec(const jit_compiled *st, const tr_graph *g, const jit_spec *sp,
                    em_tensor *const *in, em_tensor **out);

@@ -271,7 +271,7 @@ static void note_shared(const jit_compiled *st, jit_env *env, const kc_key *keys
 /* Compiles the kernels ks (by plan kernel) into st, after the plan's abi
  * of each is set; identical ones once, shared (above). */
 static em_status get_kernels(jit_compiled *st, const tr_graph *g, jit_env *env, k_kernel **ks,
-                             const kc_key *keys) {
+                             const kc_key *keys, const jit_params *params) {
     int n = st->plan.nkernels;
     bool *use = em_calloc((size_t)n + 1, sizeof *use);
     if (!use) return em_last_status();
@@ -283,7 +283,8 @@ static em_status get_kernels(jit_compiled *st, const tr_graph *g, jit_env *env, 
     k_kernel **once = first ? em_calloc((size_t)n + 1, sizeof *once) : NULL;
     if (first && !once) em_clear_error(); /* out of memory: each kernel on its own, as before */
     for (int gi = 0; once && gi < n; gi++) once[gi] = first[gi] == gi ? ks[gi] : NULL;
-    em_status s = jit_get_kernels(st->dev, st->index, env, once ? once : ks, keys, n, st->kernels);
+    em_status s = jit_get_kernels_with(st->dev, st->index, env, once ? once : ks, keys, params, n,
+                                       st->kernels);
     if (s == EM_OK && once && !share_kernels(st, first, use)) s = em_last_status();
     if (s == EM_OK && once) note_shared(st, env, keys);
     if (s == EM_OK) jit_exec_prepare(st, g);
@@ -315,8 +316,14 @@ static em_status build(jit_compiled *st, const tr_graph *g, jit_env *env, const 
             log_kernel(env, st->dev, ks[gi]);
         if (ks[gi]) keys[gi] = pk->key;
     }
-    if (s == EM_OK) s = get_kernels(st, g, env, ks, keys);
+    /* the tuned kernels' keys replace their plain ones, in the plan too;
+     * identical kernels get identical choices, so they still share */
+    jit_params *params = s == EM_OK && jit_tune_on(st->dev, st->index, env)
+                             ? em_calloc((size_t)n + 1, sizeof *params) : NULL;
+    if (params) s = jit_tune_kernels(st->dev, st->index, env, g, &st->plan, ks, keys, params);
+    if (s == EM_OK) s = get_kernels(st, g, env, ks, keys, params);
     for (int gi = 0; ks && gi < n; gi++) kir_free(ks[gi]);
+    em_free(params);
     em_free(ks);
     em_free(keys);
     em_free(scratch);
@@ -528,7 +535,9 @@ static em_status compile_static(jit_compiled *st, const tr_graph *g, jit_env *en
     }
     kc_key gkey;
     kc_manifest why = {0}; /* the key's fields: explain a miss, stored beside the plan */
-    bool keyed = env->cache && jit_graph_key(g, st->dev->name, target, &gkey, &why);
+    char plan_target[512]; /* a tuned plan is its device model's */
+    jit_tune_plan_target(st->dev, st->index, env, target, plan_target, sizeof plan_target);
+    bool keyed = env->cache && jit_graph_key(g, st->dev->name, plan_target, &gkey, &why);
     if (why.failed) kc_manifest_clear(&why); /* out of memory: no manifest */
     em_clear_error();
     if (keyed && load_plan(st, g, env, &gkey, &why)) {
@@ -676,7 +685,7 @@ static em_status build_dynamic(jit_compiled *st, const tr_graph *g, const jit_dy
         s = em_last_status() == EM_ERR_NOMEM ? EM_ERR_NOMEM : EM_ERR_UNSUPPORTED;
         snprintf(why, nwhy, "kernel k%d differs at other sizes in more than its sizes", gi);
     }
-    if (s == EM_OK) s = get_kernels(st, g, env, ks, keys);
+    if (s == EM_OK) s = get_kernels(st, g, env, ks, keys, NULL);
     for (int gi = 0; ks && gi < st->plan.nkernels; gi++) kir_free(ks[gi]);
     em_free(has);
     em_free(ks);

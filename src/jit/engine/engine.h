@@ -37,7 +37,8 @@ enum {
     JIT_LOG_BREAKS = 1 << 3,     /* each graph break */
     JIT_LOG_CODE = 1 << 4,       /* each generated kernel, as kernel IR */
     JIT_LOG_CACHE = 1 << 5,      /* kernel and plan cache hits, misses and writes */
-    JIT_LOG_DEVGRAPHS = 1 << 6   /* device graphs captured, and why an entry runs without */
+    JIT_LOG_DEVGRAPHS = 1 << 6,  /* device graphs captured, and why an entry runs without */
+    JIT_LOG_TUNE = 1 << 7        /* autotuning: each candidate, its time, the choice (tune.c) */
 };
 
 typedef struct jit_log {
@@ -57,6 +58,17 @@ kc_cache *jit_cache_open(const jit_log *l);
  * always).  l may be NULL (nothing printed). */
 void jit_logf(const jit_log *l, unsigned flag, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+
+/* A kernel's free schedule parameters (autotuning, tune.c): what a
+ * device's variants hook proposes and its compile takes, opaque to the
+ * engine.  All 0: the device's defaults (the kernel's plain key). */
+typedef struct jit_params {
+    int32_t v[4];
+} jit_params;
+
+/* A substitute for the device's timing (tests): the time in seconds of
+ * candidate i (params p) of kernel k; ctx is jit_env.tune_ctx. */
+typedef double (*jit_tune_timer)(void *ctx, const k_kernel *k, int i, const jit_params *p);
 
 /* What a compile may use: owned by the compiled function (or lazy state,
  * or warmup). */
@@ -86,6 +98,17 @@ typedef struct jit_env {
      * em_compile sets it (the cuda_graphs option, EMBER_CUDA_GRAPHS); the
      * log must then outlive the states. */
     bool graphs;
+    /* Autotuning (tune.c): a static compile times each kernel's candidate
+     * schedules (the device's variants) on its real sizes and keeps the
+     * fastest, remembered in the cache (kind "tune") per device model.
+     * em_compile and lazy mode set it (the autotune option, EMBER_AUTOTUNE). */
+    bool autotune;
+    jit_tune_timer tune_time;   /* NULL: the device's time hook */
+    void *tune_ctx;
+    double tune_budget;         /* seconds a graph's tuning may take; 0: JIT_TUNE_BUDGET */
+    int64_t tuned;              /* kernels timed and their choice stored */
+    int64_t tune_hits;          /* kernels whose choice came from the cache */
+    int64_t timed;              /* candidate timings taken */
 } jit_env;
 
 /* ---- devices ---- */
@@ -128,11 +151,13 @@ typedef struct jit_device {
      * embeds and load checks); m (NULL: the key only) gets its manifest,
      * the named fields it hashes (kc_fields). */
     bool (*key)(const k_kernel *k, const char *target, kc_key *key, kc_manifest *m);
-    /* Compiles ks[i] (NULL: skip) for target, keyed keys[i], into out[i];
-     * n >= 1.  An item it cannot compile is left empty with the reason
-     * logged (the graph then runs op by op); an error return stops all. */
+    /* Compiles ks[i] (NULL: skip) for target, keyed keys[i], with the
+     * schedule parameters params[i] (params NULL: all defaults; a device
+     * without variants only ever gets defaults), into out[i]; n >= 1.  An
+     * item it cannot compile is left empty with the reason logged (the
+     * graph then runs op by op); an error return stops all. */
     em_status (*compile)(int index, const char *target, k_kernel *const *ks, const kc_key *keys,
-                         int n, jit_env *env, jit_artifact *out);
+                         const jit_params *params, int n, jit_env *env, jit_artifact *out);
     /* Loads the artifact in b for device index, checking that it carries
      * key (the key it was compiled for): EM_ERR_STATE otherwise. */
     em_status (*load)(int index, const jit_blob *b, const kc_key *key, jit_kernel **out);
@@ -185,6 +210,18 @@ typedef struct jit_device {
     em_status (*graph_launch)(jit_graph *g);
     size_t (*graph_bytes)(const jit_graph *g);
     void (*graph_free)(jit_graph *g);
+    /* Optional, for autotuning (tune.c): variants and model, and time
+     * unless the env substitutes a timer.  variants fills out (room for
+     * max) with k's candidate schedules, the default (all 0) first, each
+     * printing a distinct kernel; the count (<= 1: nothing to tune).
+     * time launches k max(reps, 1) times after one untimed launch and
+     * gives the median seconds (jit_median).  model names the device as
+     * its choices depend on it (a GPU's name and architecture, a CPU's
+     * brand string), into buf; false: not known (nothing tuned). */
+    int (*variants)(int index, const k_kernel *k, jit_params *out, int max);
+    em_status (*time)(const jit_kernel *k, void *const *bufs, const int64_t *sizes, int reps,
+                      double *seconds);
+    bool (*model)(int index, char *buf, size_t n);
 } jit_device;
 
 /* EMBER_COMPILE_TIMEOUT (seconds, default JIT_COMPILE_TIMEOUT): the
@@ -227,6 +264,46 @@ void jit_store_manifest(const jit_env *env, const kc_manifest *m, const char *ki
  * each miss with why it missed (jit_explain_miss). */
 em_status jit_get_kernels(const jit_device *d, int index, jit_env *env, k_kernel *const *ks,
                           const kc_key *keys, int n, jit_kernel **out);
+
+/* jit_get_kernels with the schedule parameters params[i] of each kernel
+ * (params NULL: defaults), each keys[i] the key of its parameters
+ * (jit_tune_key). */
+em_status jit_get_kernels_with(const jit_device *d, int index, jit_env *env, k_kernel *const *ks,
+                               const kc_key *keys, const jit_params *params, int n,
+                               jit_kernel **out);
+
+/* ---- autotuning (tune.c) ----
+ * A static compile with env->autotune on a device with variants, model and
+ * a timer, and no named target or dry run, on a thread that is not a
+ * background compile's (jit_set_background_thread), tunes each kernel worth it
+ * (static sizes, at least JIT_TUNE_MIN_BYTES of buffers, at most
+ * JIT_TUNE_MAX_KERNELS a graph): its candidates are compiled in one
+ * device call, timed on scratch buffers of the real sizes (JIT_TUNE_REPS
+ * launches, the median), and the fastest is kept; the choice is stored
+ * as a "tune" record keyed by the device, its model and the kernel's
+ * plain key, which a later compile reuses without timing.  Timing stops
+ * after JIT_TUNE_BUDGET seconds a graph (the rest keep their defaults,
+ * unrecorded).  A record that is bad, another kernel's or device's, or
+ * names a candidate the device no longer proposes is ignored: the
+ * default runs. */
+#define JIT_TUNE_MAX_CANDIDATES 4
+#define JIT_TUNE_MAX_KERNELS 8
+#define JIT_TUNE_REPS 5
+#define JIT_TUNE_MIN_BYTES ((int64_t)1 << 20) /* smaller: launch-bound, nothing to win */
+#define JIT_TUNE_BUDGET 0.2                   /* seconds of timing a graph (+ its compiles) */
+
+/* Whether compiles on d with env tune (above). */
+bool jit_tune_on(const jit_device *d, int index, const jit_env *env);
+/* Whether p is all defaults. */
+bool jit_params_default(const jit_params *p);
+/* The key of kernel k's artifact with parameters p: base (the device's key
+ * of k) for defaults, else the hash of base and p. */
+kc_key jit_tune_key(const kc_key *base, const jit_params *p);
+/* The cache key (kind "tune") of the record of kernel base's choice on
+ * device d of model (d->model's text). */
+kc_key jit_tune_record_key(const jit_device *d, const char *model, const kc_key *base);
+/* The median of x[0..n) (reordered), n >= 1: for devices' time hooks. */
+double jit_median(double *x, int n);
 
 /* The kernels filed under keys[i] (where live[i]), from the device's
  * table or the disk cache, without their IR (a plan cache hit); with

@@ -215,12 +215,16 @@ static void count_missing(jit_env *env, const int *dup, int n, int m) {
  * and checked by the caller. */
 static em_status compile_misses(const jit_device *d, int index, jit_env *env, const char *target,
                                 k_kernel **miss, const kc_key *mkeys, const int *at,
-                                const kc_manifest *mans, jit_artifact *arts, int m,
-                                jit_kernel **out) {
+                                const jit_params *params, const kc_manifest *mans,
+                                jit_artifact *arts, int m, jit_kernel **out) {
     if (m == 0) return EM_OK;
+    jit_params *mp = params ? em_calloc((size_t)m, sizeof *mp) : NULL; /* by miss */
+    if (params && !mp) return em_last_status();
+    for (int t = 0; mp && t < m; t++) mp[t] = params[at[t]];
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
-    em_status s = d->compile(index, target, miss, mkeys, m, env, arts);
+    em_status s = d->compile(index, target, miss, mkeys, mp, m, env, arts);
+    em_free(mp);
     clock_gettime(CLOCK_MONOTONIC, &t1);
     jit_logf(env->log, JIT_LOG_CACHE, "%s: %d kernel%s compiled in %.1f ms", d->name, m, m == 1 ? "" : "s",
              1e3 * (double)(t1.tv_sec - t0.tv_sec) + 1e-6 * (double)(t1.tv_nsec - t0.tv_nsec));
@@ -276,8 +280,8 @@ static int claim_misses(const jit_device *d, int index, jit_env *env, k_kernel *
  * while waiting for another. */
 static em_status await_misses(const jit_device *d, int index, jit_env *env, const char *target,
                               k_kernel **miss, const kc_key *mkeys, const int *at,
-                              const kc_manifest *mans, jit_artifact *arts, int busy,
-                              jit_kernel **out) {
+                              const jit_params *params, const kc_manifest *mans,
+                              jit_artifact *arts, int busy, jit_kernel **out) {
     em_status s = EM_OK;
     double wait = jit_compile_timeout(env->log);
     for (int t = 0; s == EM_OK && t < busy; t++) {
@@ -287,8 +291,8 @@ static em_status await_misses(const jit_device *d, int index, jit_env *env, cons
             jit_logf(env->log, JIT_LOG_CACHE, "kernel %s: compiled by another thread or process",
                      miss[t]->name);
         else
-            s = compile_misses(d, index, env, target, &miss[t], &mkeys[t], &at[t], &mans[t], &arts[t],
-                               1, out);
+            s = compile_misses(d, index, env, target, &miss[t], &mkeys[t], &at[t], params, &mans[t],
+                               &arts[t], 1, out);
         kc_release(fd);
     }
     return s;
@@ -296,6 +300,12 @@ static em_status await_misses(const jit_device *d, int index, jit_env *env, cons
 
 em_status jit_get_kernels(const jit_device *d, int index, jit_env *env, k_kernel *const *ks,
                           const kc_key *keys, int n, jit_kernel **out) {
+    return jit_get_kernels_with(d, index, env, ks, keys, NULL, n, out);
+}
+
+em_status jit_get_kernels_with(const jit_device *d, int index, jit_env *env, k_kernel *const *ks,
+                               const kc_key *keys, const jit_params *params, int n,
+                               jit_kernel **out) {
     char target[256];
     if (!d->target(index, env, target, sizeof target)) return em_last_status();
     k_kernel **miss = em_calloc((size_t)n + 1, sizeof *miss);
@@ -325,11 +335,11 @@ em_status jit_get_kernels(const jit_device *d, int index, jit_env *env, k_kernel
     if (s == EM_OK && env->dry_run) count_missing(env, dup, n, m);
     if (s == EM_OK && m > 0 && !env->dry_run) {
         busy = claim_misses(d, index, env, miss, mkeys, at, mans, claim, &m, out);
-        s = compile_misses(d, index, env, target, miss, mkeys, at, mans, arts, m - busy, out);
+        s = compile_misses(d, index, env, target, miss, mkeys, at, params, mans, arts, m - busy, out);
         for (int t = 0; t < m - busy; t++) kc_release(claim[t]);
         if (s == EM_OK)
             s = await_misses(d, index, env, target, miss + m - busy, mkeys + m - busy, at + m - busy,
-                             mans + m - busy, arts + m - busy, busy, out);
+                             params, mans + m - busy, arts + m - busy, busy, out);
     }
     for (int t = 0; s == EM_OK && !env->dry_run && t < m; t++) /* not compiled (logged): the graph runs op by op */
         if (env->target ? !arts[t].path && !arts[t].bytes && !present(d, env, &mkeys[t]) : !out[at[t]])

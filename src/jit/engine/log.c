@@ -16,8 +16,9 @@ static const struct {
     {"code", JIT_LOG_CODE},
     {"cache", JIT_LOG_CACHE},
     {"cudagraphs", JIT_LOG_DEVGRAPHS},
+    {"tune", JIT_LOG_TUNE},
     {"all", JIT_LOG_GRAPH | JIT_LOG_GUARDS | JIT_LOG_RECOMPILES | JIT_LOG_BREAKS | JIT_LOG_CODE |
-                JIT_LOG_CACHE | JIT_LOG_DEVGRAPHS},
+                JIT_LOG_CACHE | JIT_LOG_DEVGRAPHS | JIT_LOG_TUNE},
 };
 
 void jit_log_open(jit_log *l) {

@@ -80,10 +80,11 @@ static em_status check_options(em_fn fn, const em_compile_options *o) {
         return em_error(EM_ERR_ARG, "em_compile: autocast is EM_F16, EM_BF16 or EM_F32 (none), not %d",
                         (int)o->autocast);
     if (o->dynamic < -1 || o->dynamic > 1 || o->async_compile < -1 || o->async_compile > 1 ||
-        o->lazy_trace < -1 || o->lazy_trace > 1 || o->cuda_graphs < -1 || o->cuda_graphs > 1)
-        return em_error(EM_ERR_ARG, "em_compile: dynamic (%d), async_compile (%d), lazy_trace (%d) "
-                        "and cuda_graphs (%d) are -1, 0 or 1", o->dynamic, o->async_compile,
-                        o->lazy_trace, o->cuda_graphs);
+        o->lazy_trace < -1 || o->lazy_trace > 1 || o->cuda_graphs < -1 || o->cuda_graphs > 1 ||
+        o->autotune < -1 || o->autotune > 1)
+        return em_error(EM_ERR_ARG, "em_compile: dynamic (%d), async_compile (%d), lazy_trace (%d), "
+                        "cuda_graphs (%d) and autotune (%d) are -1, 0 or 1", o->dynamic, o->async_compile,
+                        o->lazy_trace, o->cuda_graphs, o->autotune);
     if (o->nwatch < 0 || (o->nwatch > 0 && !o->watch))
         return em_error(EM_ERR_ARG, "em_compile: %d watched slots but no array", o->nwatch);
     for (int i = 0; i < o->nwatch; i++)
@@ -131,12 +132,16 @@ static void count_compile(jit_owner *o, jit_entry *e, jit_compile_end how) {
     f->env.plans_loaded += e->plans_loaded;
     f->env.plans_stored += e->plans_stored;
     f->env.lowered += e->lowered;
+    f->env.tuned += e->tuned;
+    f->env.tune_hits += e->tune_hits;
     if (how == JIT_COMPILED_NOW && e->failed) return;
     f->stats.kernels = e->backend->kernels && e->state ? e->backend->kernels(e->state) : 0;
     f->stats.kernels_compiled = f->env.compiled;
     f->stats.kernels_loaded = f->env.loaded;
     f->stats.graphs_loaded = f->env.plans_loaded;
     f->stats.graphs_lowered = f->env.lowered;
+    f->stats.kernels_tuned = f->env.tuned;
+    f->stats.tune_hits = f->env.tune_hits;
     f->stats.dynamic_entries += e->dynamic;
 }
 
@@ -160,6 +165,7 @@ em_compiled *em_compile(em_fn fn, void *ctx, const em_compile_options *opts) {
     f->autocast = opts->autocast;
     f->env.log = &f->log;
     f->env.graphs = opts->cuda_graphs ? opts->cuda_graphs > 0 : jit_env_cuda_graphs(&f->log);
+    f->env.autotune = opts->autotune ? opts->autotune > 0 : jit_env_autotune(&f->log);
     f->verify = jit_env_flag("EMBER_VERIFY");
     if (f->backend != &jit_replay_backend) f->env.cache = jit_cache_open(&f->log);
     char rbuf[EM_ENV_MAX];

@@ -67,6 +67,7 @@ struct jit_entry {
     jit_job *job;               /* its background compile's wait handle, or NULL */
     /* what its compile did (per-entry statistics) */
     int64_t kernels_compiled, kernels_loaded, plans_loaded, plans_stored, lowered;
+    int64_t tuned, tune_hits;   /* autotuning: kernels timed, choices read from the cache */
 };
 
 /* ---- entries ---- */

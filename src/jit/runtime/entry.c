@@ -37,14 +37,20 @@ int jit_env_dynamic(const jit_log *log) {
     return 0;
 }
 
-bool jit_env_cuda_graphs(const jit_log *log) {
+/* An on/off switch: 1 or on true; 0, off or unset false; anything else
+ * logged ("NAME=v is not 0, 1, on or off: <what> stays off") and false. */
+static bool env_switch(const char *name, const char *what, const jit_log *log) {
     char buf[64];
-    const char *e = em_getenv("EMBER_CUDA_GRAPHS", buf, sizeof buf);
+    const char *e = em_getenv(name, buf, sizeof buf);
     if (!e || !*e || !strcmp(e, "0") || !strcmp(e, "off")) return false;
     if (!strcmp(e, "1") || !strcmp(e, "on")) return true;
-    jit_logf(log, 0, "EMBER_CUDA_GRAPHS=%s is not 0, 1, on or off: graphs stay off", e);
+    jit_logf(log, 0, "%s=%s is not 0, 1, on or off: %s off", name, e, what);
     return false;
 }
+
+bool jit_env_cuda_graphs(const jit_log *log) { return env_switch("EMBER_CUDA_GRAPHS", "graphs stay", log); }
+
+bool jit_env_autotune(const jit_log *log) { return env_switch("EMBER_AUTOTUNE", "autotuning stays", log); }
 
 bool jit_env_flag(const char *name) {
     char buf[64];
@@ -536,6 +542,8 @@ static void publish(jit_owner *o, jit_entry *e, em_status s, void *state, bool d
                     const jit_env *env, jit_compile_end how) {
     e->kernels_compiled += env->compiled;
     e->kernels_loaded += env->loaded;
+    e->tuned += env->tuned;
+    e->tune_hits += env->tune_hits;
     e->plans_loaded += env->plans_loaded;
     e->plans_stored += env->plans_stored;
     e->lowered += env->lowered;
@@ -568,7 +576,8 @@ void jit_record_entry(const char *path, bool *failed, const jit_log *log, const 
 }
 
 em_status jit_entry_compile_now(jit_owner *o, jit_entry *e, jit_dyn *dyn) {
-    jit_env env = {.cache = o->env->cache, .log = o->log, .graphs = o->env->graphs};
+    jit_env env = {.cache = o->env->cache, .log = o->log, .graphs = o->env->graphs,
+                   .autotune = o->env->autotune};
     void *state = NULL;
     bool dynamic;
     em_status s = compile_state(o, e, dyn, &env, &state, &dynamic);
@@ -593,7 +602,8 @@ static void compile_job_run(void *arg, bool run) {
     jit_owner *o = job->o;
     jit_entry *e = job->e;
     em_set_allocator(o->alloc);
-    jit_env env = {.cache = o->env->cache, .log = o->log, .graphs = o->env->graphs};
+    jit_env env = {.cache = o->env->cache, .log = o->log, .graphs = o->env->graphs,
+                   .autotune = o->env->autotune};
     void *state = NULL;
     bool dynamic = false;
     em_status s = run ? compile_state(o, e, job->dyn, &env, &state, &dynamic) : EM_ERR_STATE;

@@ -136,6 +136,9 @@ bool jit_env_flag(const char *name);
 /* EMBER_CUDA_GRAPHS: 1 (or on) true, 0, off or unset false (the default:
  * docs/cuda.md#cuda-graphs says why); other values are logged. */
 bool jit_env_cuda_graphs(const struct jit_log *log);
+/* EMBER_AUTOTUNE: 1 (or on) true, 0, off or unset false (the default:
+ * a first compile then never spends time timing); other values are logged. */
+bool jit_env_autotune(const struct jit_log *log);
 
 /* ---- lazy mode (lazy.c) ---- */
 /* Whether h is lazy mode's hook (not a recorder's). */

@@ -211,6 +211,7 @@ static lz_state *state_get(bool create) {
     st->async = jit_env_flag("EMBER_ASYNC_COMPILE");
     st->dynamic = jit_env_dynamic(&st->log) >= 0;
     st->env.log = &st->log;
+    st->env.autotune = jit_env_autotune(&st->log);
     st->env.cache = jit_cache_open(&st->log);
     st->record = record_path();
     bool spin = pthread_spin_init(&st->pending_lock, PTHREAD_PROCESS_PRIVATE) == 0;

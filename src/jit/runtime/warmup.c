@@ -113,7 +113,8 @@ jit_warm_result jit_warmup(const jit_record *r, kc_cache *cache, const char *tar
     quiet.f = stderr;
     /* a named target is the GPU's: CPU records compile for this machine */
     jit_env env = {.cache = cache, .log = &quiet,
-                   .target = b->device->type == EM_CUDA ? target : NULL};
+                   .target = b->device->type == EM_CUDA ? target : NULL,
+                   .autotune = jit_env_autotune(&quiet)}; /* tunes only on the device itself */
     bool dynamic = false;
     if (!compile_record(b, r, &env, &dynamic, why, nwhy)) return JIT_WARM_FAILED;
     if (dynamic) return env.compiled > 0 ? JIT_WARM_COMPILED : JIT_WARM_PRESENT;
