@@ -290,7 +290,7 @@ em_status jit_get_kernels_with(const jit_device *d, int index, jit_env *env, k_k
 #define JIT_TUNE_MAX_KERNELS 8
 #define JIT_TUNE_REPS 5
 #define JIT_TUNE_MIN_BYTES ((int64_t)1 << 20) /* smaller: launch-bound, nothing to win */
-#define JIT_TUNE_BUDGET 0.2                   /* seconds of timing a graph (+ its compiles) */
+#define JIT_TUNE_BUDGET 0.2                   /* seconds of timing a graph, after its compiles */
 
 /* Whether compiles on d with env tune (above). */
 bool jit_tune_on(const jit_device *d, int index, const jit_env *env);
