@@ -451,25 +451,29 @@ START_TEST(test_blas_choice) {
         if (cases[i].msg) ck_assert_msg(strstr(msg, cases[i].msg), "case %zu: %s", i, msg);
         else ck_assert_msg(!msg[0], "case %zu: %s", i, msg);
     }
-    /* oneDNN for f32: auto where the CPU has AVX2 or more and it loads */
+    /* oneDNN for f32: auto on AVX-512, or on AVX2 without a native cblas library */
     static const struct {
         const char *want;
         em_isa cpu;
-        bool have, use;
+        bool native, have, use;
         const char *msg;
     } dn[] = {
-        {NULL, EM_ISA_AVX2, true, true, NULL},
-        {"auto", EM_ISA_AVX512, true, true, NULL},
-        {NULL, EM_ISA_AVX, true, false, NULL},       /* its JIT kernels start at AVX2 */
-        {NULL, EM_ISA_AVX512, false, false, NULL},   /* not installed: nothing to say */
-        {"onednn", EM_ISA_AVX, true, true, NULL},    /* asked for */
-        {"onednn", EM_ISA_AVX2, false, false, "does not load"},
-        {"openblas", EM_ISA_AVX512, true, false, NULL},
-        {"blis", EM_ISA_AVX512, true, false, NULL},
+        {NULL, EM_ISA_AVX512, true, true, true, NULL},
+        {"auto", EM_ISA_AVX512, false, true, true, NULL},
+        {NULL, EM_ISA_AVX2, true, true, false, NULL},  /* a native OpenBLAS or BLIS stays */
+        {NULL, EM_ISA_AVX2, false, true, true, NULL},  /* generic OpenBLAS, or none */
+        {NULL, EM_ISA_AVX, false, true, false, NULL},  /* its JIT kernels start at AVX2 */
+        {NULL, EM_ISA_AVX512, true, false, false, NULL}, /* not installed: nothing to say */
+        {"onednn", EM_ISA_AVX, true, true, true, NULL},  /* asked for */
+        {"onednn", EM_ISA_AVX2, true, true, true, NULL},
+        {"onednn", EM_ISA_AVX2, false, false, false, "does not load"},
+        {"openblas", EM_ISA_AVX512, true, true, false, NULL},
+        {"blis", EM_ISA_AVX512, true, true, false, NULL},
     };
     for (size_t i = 0; i < sizeof dn / sizeof dn[0]; i++) {
         char msg[256] = "";
-        bool use = em_blas_choose_onednn(dn[i].want, dn[i].cpu, dn[i].have, msg, sizeof msg);
+        bool use = em_blas_choose_onednn(dn[i].want, dn[i].cpu, dn[i].native, dn[i].have, msg,
+                                         sizeof msg);
         ck_assert_msg(use == dn[i].use, "onednn case %zu", i);
         if (dn[i].msg) ck_assert_msg(strstr(msg, dn[i].msg), "onednn case %zu: %s", i, msg);
         else ck_assert_msg(!msg[0], "onednn case %zu: %s", i, msg);

@@ -163,11 +163,16 @@ typedef enum em_blas_lib { EM_BLAS_NONE, EM_BLAS_OPENBLAS, EM_BLAS_BLIS, EM_BLAS
  * or empty. */
 em_blas_lib em_blas_choose(const char *want, const char *core, bool coretype_set, em_isa cpu,
                            bool have_blis, char *msg, size_t n);
-/* Whether f32 products run on oneDNN's sgemm: EMBER_BLAS (want, as above)
- * auto on a CPU with AVX2 or more, or onednn, when oneDNN loads
- * (have_onednn).  msg: what to say once (onednn asked for and missing),
- * or left as it was. */
-bool em_blas_choose_onednn(const char *want, em_isa cpu, bool have_onednn, char *msg, size_t n);
+/* Whether f32 products run on oneDNN's sgemm, when it loads (have_onednn):
+ * EMBER_BLAS (want, as above) onednn, or auto on a CPU with AVX-512, or on
+ * one with AVX2 whose cblas library has no kernels for it (cblas_native
+ * false: no library, or OpenBLAS on a generic core).  On AVX2 a native
+ * OpenBLAS or BLIS stays: oneDNN's AVX2 sgemm ran wide products
+ * (256x512x2048, 128x768x3072) at half OpenBLAS's rate on an AMD EPYC
+ * (docs/benchmarks.md).  msg: what to say once (onednn asked for and
+ * missing), or left as it was. */
+bool em_blas_choose_onednn(const char *want, em_isa cpu, bool cblas_native, bool have_onednn,
+                           char *msg, size_t n);
 /* The BLAS matmuls run on in this process and the kernels it runs (a
  * core or arch name), into buf; loads it if no matmul did yet. */
 em_blas_lib em_blas_in_use(char *buf, size_t n);

@@ -3,11 +3,13 @@
  * Ember makes: em_sgemm and em_dgemm (row-major, one thread each: Ember's
  * pool splits the work).
  *
- * f32 products run on oneDNN's sgemm where it loads (x86-64 with AVX2 or
- * later; EMBER_BLAS=auto or onednn): it generates its kernels at run time
- * for the ISA cpuid reports (AVX2, AVX-512, AMX), so it never runs a
- * generic core, and on the 2-core Xeon it ran 1.1-1.3x OpenBLAS's SkylakeX
- * kernels per thread on the shapes of MiniLM, GPT-2 and the benchmark
+ * f32 products run on oneDNN's sgemm where it loads and auto chooses it
+ * (em_blas_choose_onednn: AVX-512, or AVX2 with no native cblas core) or
+ * EMBER_BLAS=onednn asks: it generates its kernels at run time for the ISA
+ * cpuid reports (AVX2, AVX-512, AMX), so it never runs a generic core, and
+ * on the 2-core Xeon it ran 1.1-1.3x OpenBLAS's SkylakeX kernels per
+ * thread on the shapes of MiniLM, GPT-2 and the benchmark; on an AVX2 AMD
+ * EPYC its wide products ran at half OpenBLAS's Zen kernels' rate
  * (bench/bench_blas, docs/benchmarks.md).  Products of at most 64^3
  * multiply-adds (attention's per-head tiles) stay on the cblas library,
  * whose small-matrix kernels were up to 2x oneDNN's there; so do f64
@@ -178,13 +180,15 @@ em_blas_lib em_blas_choose(const char *want, const char *core, bool coretype_set
     return EM_BLAS_OPENBLAS;
 }
 
-bool em_blas_choose_onednn(const char *want, em_isa cpu, bool have_onednn, char *msg, size_t n) {
+bool em_blas_choose_onednn(const char *want, em_isa cpu, bool cblas_native, bool have_onednn,
+                           char *msg, size_t n) {
     bool asked = want && !strcmp(want, "onednn");
     if (want && *want && !asked && strcmp(want, "auto")) return false; /* openblas, blis */
     if (asked && !have_onednn)
         snprintf(msg, n, "EMBER_BLAS=onednn: oneDNN (libdnnl.so, Debian's libdnnl2) does not load: "
                  "using the cblas library");
-    return have_onednn && (asked || cpu >= EM_ISA_AVX2);
+    return have_onednn &&
+           (asked || cpu >= EM_ISA_AVX512 || (cpu >= EM_ISA_AVX2 && !cblas_native));
 }
 
 /* Says msg once (stderr, or EMBER_LOG_FILE's file). */
@@ -330,11 +334,19 @@ static void blas_load(void) {
         snprintf(blas_kernels, sizeof blas_kernels, "%s", core);
     }
     if (blis && lib != EM_BLAS_BLIS) dlclose(blis);
-    bool may_onednn = !(w && (!strcmp(w, "openblas") || !strcmp(w, "blis"))) &&
+    char dmsg[256] = "";
+    /* the cblas library runs kernels for this CPU: BLIS (its own choice)
+     * or OpenBLAS on a core it knows (or one the user set) */
+    bool native = blas_lib == EM_BLAS_BLIS ||
+                  (blas_lib == EM_BLAS_OPENBLAS &&
+                   (coretype || !em_blas_core_warning(core, em_cpu_isa(), dmsg, sizeof dmsg)));
+    dmsg[0] = '\0';
+    /* oneDNN is opened only where it may be chosen (and not under the
+     * tools that trip on it, unless asked for) */
+    bool may_onednn = em_blas_choose_onednn(w, em_cpu_isa(), native, true, dmsg, sizeof dmsg) &&
                       ((!leak_sanitizer() && !under_valgrind()) || (w && !strcmp(w, "onednn")));
     void *dnnl = may_onednn ? onednn_open() : NULL;
-    char dmsg[256] = "";
-    if (em_blas_choose_onednn(w, em_cpu_isa(), dnnl != NULL, dmsg, sizeof dmsg)) {
+    if (em_blas_choose_onednn(w, em_cpu_isa(), native, dnnl != NULL, dmsg, sizeof dmsg)) {
         onednn_use(dnnl);
         char cblas[sizeof blas_kernels];
         memcpy(cblas, blas_kernels, sizeof cblas);
