@@ -2,7 +2,7 @@
  * and em_compile (fused libgccjit kernels), with the machine's floors
  * measured in the same run.
  *
- *   bench/bench_eager [--reps N] [--only NAME] [--json FILE] [--async]
+ *   bench/bench_eager [--reps N] [--only NAME] [--json FILE] [--async] [--dtype f32|bf16|f16]
  *
  * Beside them, gpt2_small: GPT-2 small's forward (bench/gpt2_small.h; 12
  * layers, batch 2 x 64 tokens, seeded random weights), issue 17's model.
@@ -47,10 +47,14 @@ static const char *fmt_time(double t, char *buf) {
 }
 
 static em_generator *gen;
+/* --dtype: the workloads' inputs (and so their math) in f32, f16 or bf16;
+ * gpt2_small's weights stay f32, so it runs in f32 only */
+static em_dtype bench_dtype = EM_F32;
 
 static em_tensor *rnd(int ndim, const int64_t *sizes, double scale) {
     em_tensor *t = em_randn(gen, ndim, sizes, EM_F32, em_cpu());
-    return scale == 1.0 ? t : em_mul_scalar(t, scale);
+    if (scale != 1.0) t = em_mul_scalar(t, scale);
+    return bench_dtype == EM_F32 ? t : em_cast(t, bench_dtype);
 }
 #define RND(scale, ...) rnd(sizeof((int64_t[]){__VA_ARGS__}) / 8, (int64_t[]){__VA_ARGS__}, scale)
 
@@ -203,8 +207,14 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--first-call") && i + 1 < argc) first = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--only") && i + 1 < argc) only = argv[++i];
         else if (!strcmp(argv[i], "--async")) async_compile = 1;
-        else {
-            fprintf(stderr, "usage: %s [--reps N] [--only NAME] [--json FILE] [--async]\n", argv[0]);
+        else if (!strcmp(argv[i], "--dtype") && i + 1 < argc &&
+                 (!strcmp(argv[i + 1], "f32") || !strcmp(argv[i + 1], "bf16") ||
+                  !strcmp(argv[i + 1], "f16"))) {
+            const char *d = argv[++i];
+            bench_dtype = !strcmp(d, "bf16") ? EM_BF16 : !strcmp(d, "f16") ? EM_F16 : EM_F32;
+        } else {
+            fprintf(stderr, "usage: %s [--reps N] [--only NAME] [--json FILE] [--async] "
+                    "[--dtype f32|bf16|f16]\n", argv[0]);
             return 2;
         }
     }
@@ -222,11 +232,13 @@ int main(int argc, char **argv) {
                                      em_unsqueeze(em_arange(0, T, 1, EM_I64, em_cpu()), 1)),
                                em_scalar(-INFINITY, EM_F32, em_cpu()),
                                em_scalar(0, EM_F32, em_cpu()));
+    if (bench_dtype != EM_F32) mask = em_cast(mask, bench_dtype);
+    double esz = (double)em_dtype_size(bench_dtype);
     double blk_flops = 2.0 * B * T * (E * 3.0 * E + E * E + 8.0 * E * E) + 4.0 * B * NH * T * T * HD;
     workload w[] = {
-        {"pointwise", {RND(1, N), RND(1, N), RND(1, N)}, 4.0 * 4 * N, 0, wl_pointwise},
-        {"softmax", {RND(1, R, C)}, 2.0 * 4 * R * C, 0, wl_softmax},
-        {"layernorm", {RND(1, R, C), RND(1, C), RND(1, C)}, 2.0 * 4 * R * C, 0, wl_layernorm},
+        {"pointwise", {RND(1, N), RND(1, N), RND(1, N)}, 4.0 * esz * N, 0, wl_pointwise},
+        {"softmax", {RND(1, R, C)}, 2.0 * esz * R * C, 0, wl_softmax},
+        {"layernorm", {RND(1, R, C), RND(1, C), RND(1, C)}, 2.0 * esz * R * C, 0, wl_layernorm},
         {"mlp", {RND(1, M, K), RND(1 / sqrt(K), K, H), RND(1, H), RND(1 / sqrt(H), H, K), RND(1, K)},
          0, 2.0 * M * K * H * 2, wl_mlp},
         {"attention_block",
@@ -259,13 +271,14 @@ int main(int argc, char **argv) {
     int printed = 0;
     for (int i = 0; i < nw; i++) {
         if (only && strcmp(only, w[i].name)) continue;
+        if (bench_dtype != EM_F32 && w[i].run == gpt2_small) continue; /* f32 weights */
         int r = w[i].flops == 0 && w[i].bytes == 0 ? reps * 50 : reps;
         double *te = malloc(sizeof(double) * r), *tc = malloc(sizeof(double) * r),
                *tl = malloc(sizeof(double) * r);
         double ready, cold = first_call(&w[i], &ready);
         char cmd[512];
-        snprintf(cmd, sizeof cmd, "'%s' --first-call %d%s", argv[0], i,
-                 async_compile > 0 ? " --async" : "");
+        snprintf(cmd, sizeof cmd, "'%s' --dtype %s --first-call %d%s", argv[0],
+                 em_dtype_name(bench_dtype), i, async_compile > 0 ? " --async" : "");
         FILE *p = popen(cmd, "r");
         double warm = -1;
         if (!p || fscanf(p, "%lf", &warm) != 1) warm = -1;

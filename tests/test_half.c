@@ -700,6 +700,16 @@ START_TEST(matmul_in_both_formats) {
         check_matmul(em_transpose(hrand(74, 2, TU_SIZES(7, 5), d, 1), 0, 1),
                      hrand(75, 2, TU_SIZES(7, 4), d, 1), d);
         check_matmul(hrand(76, 3, TU_SIZES(3, 4, 6), d, 1), hrand(77, 2, TU_SIZES(6, 5), d, 1), d);
+        /* split over the threads (by rows, then by columns), a batch of
+         * both operands, and a view no BLAS reads in place (steps of 2 in
+         * both dims: converted, where bf16 otherwise runs in place on a
+         * bf16 gemm where the CPU has one) */
+        check_matmul(hrand(80, 2, TU_SIZES(131, 70), d, 1), hrand(81, 2, TU_SIZES(70, 151), d, 1), d);
+        check_matmul(hrand(82, 2, TU_SIZES(9, 300), d, 1), hrand(83, 2, TU_SIZES(300, 517), d, 1), d);
+        check_matmul(hrand(84, 3, TU_SIZES(2, 5, 9), d, 1), hrand(85, 3, TU_SIZES(2, 9, 4), d, 1), d);
+        em_tensor *big = hrand(86, 2, TU_SIZES(14, 22), d, 1);
+        em_tensor *strided = em_slice(em_slice(big, 0, 0, 14, 2), 1, 0, 22, 2);
+        check_matmul(strided, hrand(87, 2, TU_SIZES(11, 6), d, 1), d);
         /* 1-d operands, size-0 and K = 0 */
         em_tensor *v = hrand(78, 1, TU_SIZES(6), d, 1), *m = hrand(79, 2, TU_SIZES(6, 2), d, 1);
         em_tensor *r = em_matmul(v, m);

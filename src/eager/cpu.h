@@ -189,6 +189,15 @@ void em_sgemm(bool ta, bool tb, int m, int n, int k, float alpha, const float *a
               const float *b, int ldb, float beta, float *c, int ldc);
 void em_dgemm(bool ta, bool tb, int m, int n, int k, double alpha, const double *a, int lda,
               const double *b, int ldb, double beta, double *c, int ldc);
+/* Whether bf16 products run on a bf16 gemm (oneDNN's dnnl_gemm_bf16bf16f32,
+ * where oneDNN runs the f32 products and implements it on this CPU: AVX-512
+ * on, natively with AVX512-BF16 or AMX); otherwise they convert their
+ * operands to f32 for em_sgemm. */
+bool em_bf16gemm_ready(void);
+/* em_sgemm's product of bf16 operands (their bits, uint16_t) into f32 c,
+ * accumulated in f32.  Only after em_bf16gemm_ready() said true. */
+void em_bf16gemm(bool ta, bool tb, int m, int n, int k, float alpha, const uint16_t *a, int lda,
+                 const uint16_t *b, int ldb, float beta, float *c, int ldc);
 
 /* EM_VMATH_CLONES: the F32 loops of vmath.h's functions are compute bound:
  * on x86-64 with glibc (ifunc), gcc also builds them for AVX2 and AVX-512 and picks one

@@ -229,7 +229,11 @@ static void blis_arch(void *h, char *buf, size_t n) {
 typedef int dnnl_sgemm_fn(char, char, int64_t, int64_t, int64_t, float, const float *, int64_t,
                           const float *, int64_t, float, float *, int64_t);
 static const char *const onednn_paths[] = {"libdnnl.so.3", "libdnnl.so.2"};
+typedef int dnnl_bf16gemm_fn(char, char, int64_t, int64_t, int64_t, float, const uint16_t *,
+                             int64_t, const uint16_t *, int64_t, float, float *, int64_t);
 static dnnl_sgemm_fn *onednn_sgemm; /* NULL: f32 on the cblas library */
+/* NULL: bf16 products convert their operands to f32 (cpu_matmul.c) */
+static dnnl_bf16gemm_fn *onednn_bf16gemm;
 static void (*omp_set_threads)(int);
 static int (*omp_max_threads)(void);
 
@@ -264,26 +268,46 @@ static bool under_valgrind(void) {
 #endif
 }
 
+/* Whether oneDNN's bf16 gemm runs on this CPU: it has kernels from
+ * AVX-512 on (AVX512-BF16 and AMX natively) and answers dnnl_unimplemented
+ * (3) below, so one 1x1x1 product tells, once. */
+static bool bf16gemm_works(dnnl_bf16gemm_fn *f) {
+    const uint16_t one = 0x3f80; /* 1.0 */
+    float c = 0;
+    int threads = omp_max_threads();
+    omp_set_threads(1);
+    int st = f('N', 'N', 1, 1, 1, 1.0f, &one, 1, &one, 1, 0.0f, &c, 1);
+    omp_set_threads(threads);
+    return st == 0 && c == 1.0f;
+}
+
 static void onednn_use(void *h) {
     onednn_sgemm = (dnnl_sgemm_fn *)dlsym(h, "dnnl_sgemm");
     omp_set_threads = (void (*)(int))dlsym(h, "omp_set_num_threads");
     omp_max_threads = (int (*)(void))dlsym(h, "omp_get_max_threads");
+    dnnl_bf16gemm_fn *bf = (dnnl_bf16gemm_fn *)dlsym(h, "dnnl_gemm_bf16bf16f32");
+    onednn_bf16gemm = bf && bf16gemm_works(bf) ? bf : NULL;
 }
 
-/* Plain loops for an sgemm no library could run (oneDNN out of memory
- * and no cblas library): the same product, slower. */
-static void sgemm_loops(bool ta, bool tb, int m, int n, int k, float alpha, const float *a, int lda,
-                        const float *b, int ldb, float beta, float *c, int ldc) {
-    for (int i = 0; i < m; i++)
-        for (int j = 0; j < n; j++) {
-            float acc = 0;
-            for (int p = 0; p < k; p++)
-                acc += (ta ? a[(int64_t)p * lda + i] : a[(int64_t)i * lda + p]) *
-                       (tb ? b[(int64_t)j * ldb + p] : b[(int64_t)p * ldb + j]);
-            float *cij = c + (int64_t)i * ldc + j;
-            *cij = alpha * acc + (beta == 0.0f ? 0.0f : beta * *cij);
-        }
-}
+/* Plain loops for a product no library could run (oneDNN out of memory
+ * and no cblas library): the same product, slower.  LOAD reads an operand
+ * element as float. */
+#define GEMM_LOOPS(NAME, T, LOAD)                                                            \
+    static void NAME(bool ta, bool tb, int m, int n, int k, float alpha, const T *a, int lda, \
+                     const T *b, int ldb, float beta, float *c, int ldc) {                   \
+        for (int i = 0; i < m; i++)                                                          \
+            for (int j = 0; j < n; j++) {                                                    \
+                float acc = 0;                                                               \
+                for (int p = 0; p < k; p++)                                                  \
+                    acc += LOAD(ta ? a[(int64_t)p * lda + i] : a[(int64_t)i * lda + p]) *    \
+                           LOAD(tb ? b[(int64_t)j * ldb + p] : b[(int64_t)p * ldb + j]);     \
+                float *cij = c + (int64_t)i * ldc + j;                                       \
+                *cij = alpha * acc + (beta == 0.0f ? 0.0f : beta * *cij);                    \
+            }                                                                                \
+    }
+#define AS_FLOAT(x) (x)
+GEMM_LOOPS(sgemm_loops, float, AS_FLOAT)
+GEMM_LOOPS(bf16gemm_loops, uint16_t, em_bf16_to_float)
 
 static void blas_use(void *h, em_blas_lib lib) {
     blas_sgemm = (__typeof__(cblas_sgemm) *)dlsym(h, "cblas_sgemm");
@@ -391,6 +415,22 @@ void em_sgemm(bool ta, bool tb, int m, int n, int k, float alpha, const float *a
                    n, k, alpha, a, lda, b, ldb, beta, c, ldc);
     else
         sgemm_loops(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+bool em_bf16gemm_ready(void) {
+    pthread_once(&blas_once, blas_load);
+    return blas_ok && onednn_bf16gemm != NULL;
+}
+
+void em_bf16gemm(bool ta, bool tb, int m, int n, int k, float alpha, const uint16_t *a, int lda,
+                 const uint16_t *b, int ldb, float beta, float *c, int ldc) {
+    int threads = omp_max_threads();
+    omp_set_threads(1);
+    int st = onednn_bf16gemm(ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, alpha, a, lda, b, ldb, beta,
+                             c, ldc);
+    omp_set_threads(threads);
+    if (st != 0) /* out of memory inside oneDNN: the same product, slower */
+        bf16gemm_loops(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
 void em_dgemm(bool ta, bool tb, int m, int n, int k, double alpha, const double *a, int lda,

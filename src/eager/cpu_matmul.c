@@ -114,8 +114,8 @@ typedef struct mmctx {
     operand a, b;
     const em_tensor *a_t, *b_t; /* the operands' tensors */
     char *c;
-    em_dtype dt;
-    int64_t esz, M, N, K;
+    em_dtype dt;                /* the operands'; bf16: c is f32 (em_bf16gemm) */
+    int64_t esz, M, N, K;       /* esz: bytes of an element of c */
     int nb;
     int64_t bsz[EM_MAX_DIMS];
     int64_t nbatch;
@@ -132,29 +132,36 @@ static void batch_offsets(const mmctx *X, int64_t bi, int64_t *ao, int64_t *bo) 
     }
 }
 
+/* One BLAS product of X's dtype: m x k times k x n at element offsets ao,
+ * bo of a and b into c (row stride ldc). */
+static void gemm_one(const mmctx *X, int M, int N, int K, int64_t ao, int64_t bo, char *c, int ldc) {
+    bool ta = X->a.trans, tb = X->b.trans;
+    int lda = (int)X->a.ld, ldb = (int)X->b.ld;
+    if (X->dt == EM_F32)
+        em_sgemm(ta, tb, M, N, K, 1.0f, (const float *)X->a.data + ao, lda,
+                 (const float *)X->b.data + bo, ldb, 0.0f, (float *)c, ldc);
+    else if (X->dt == EM_BF16)
+        em_bf16gemm(ta, tb, M, N, K, 1.0f, (const uint16_t *)X->a.data + ao, lda,
+                    (const uint16_t *)X->b.data + bo, ldb, 0.0f, (float *)c, ldc);
+    else
+        em_dgemm(ta, tb, M, N, K, 1.0, (const double *)X->a.data + ao, lda,
+                 (const double *)X->b.data + bo, ldb, 0.0, (double *)c, ldc);
+}
+
 static void gemm_batches(void *ctx, int64_t b, int64_t e) {
     const mmctx *X = ctx;
-    int M = (int)X->M, N = (int)X->N, K = (int)X->K;
-    int ldc = N > 1 ? N : 1;
-    bool ta = X->a.trans, tb = X->b.trans;
+    int ldc = X->N > 1 ? (int)X->N : 1;
     for (int64_t bi = b; bi < e; bi++) {
         int64_t ao, bo;
         batch_offsets(X, bi, &ao, &bo);
-        char *cp = X->c + bi * X->M * X->N * X->esz;
-        if (X->dt == EM_F32)
-            em_sgemm(ta, tb, M, N, K, 1.0f, (const float *)X->a.data + ao, (int)X->a.ld,
-                     (const float *)X->b.data + bo, (int)X->b.ld, 0.0f, (float *)cp, ldc);
-        else
-            em_dgemm(ta, tb, M, N, K, 1.0, (const double *)X->a.data + ao, (int)X->a.ld,
-                     (const double *)X->b.data + bo, (int)X->b.ld, 0.0, (double *)cp, ldc);
+        gemm_one(X, (int)X->M, (int)X->N, (int)X->K, ao, bo, X->c + bi * X->M * X->N * X->esz, ldc);
     }
 }
 
 /* One gemm of a single batch, split over Ember's threads: by rows of C
  * when there are enough, else by columns.  Pieces are [b, e) of that dim. */
 static void gemm_piece(const mmctx *X, bool by_rows, int64_t b, int64_t e) {
-    int M = (int)X->M, N = (int)X->N, K = (int)X->K, ldc = N > 1 ? N : 1;
-    bool ta = X->a.trans, tb = X->b.trans;
+    int M = (int)X->M, N = (int)X->N, ldc = N > 1 ? N : 1;
     int64_t ao = 0, bo = 0, co;
     if (by_rows) { /* rows b..e of A (a column offset when A is transposed) */
         ao = X->a.trans ? b : b * X->a.ld;
@@ -165,12 +172,7 @@ static void gemm_piece(const mmctx *X, bool by_rows, int64_t b, int64_t e) {
         co = b;
         N = (int)(e - b);
     }
-    if (X->dt == EM_F32)
-        em_sgemm(ta, tb, M, N, K, 1.0f, (const float *)X->a.data + ao, (int)X->a.ld,
-                 (const float *)X->b.data + bo, (int)X->b.ld, 0.0f, (float *)X->c + co, ldc);
-    else
-        em_dgemm(ta, tb, M, N, K, 1.0, (const double *)X->a.data + ao, (int)X->a.ld,
-                 (const double *)X->b.data + bo, (int)X->b.ld, 0.0, (double *)X->c + co, ldc);
+    gemm_one(X, M, N, (int)X->K, ao, bo, X->c + co * X->esz, ldc);
 }
 
 static void gemm_rows(void *ctx, int64_t b, int64_t e) { gemm_piece(ctx, true, b, e); }
@@ -232,7 +234,8 @@ static em_status run_gemm(mmctx *X, const em_tensor *a, const em_tensor *b) {
     if (X->dt == EM_I32) rows = rows_i32;
     if (X->dt == EM_I64) rows = rows_i64;
     bool blas = rows == NULL && X->M <= INT_MAX && X->N <= INT_MAX && X->K <= INT_MAX;
-    blas = blas && em_blas_ready(X->dt);
+    /* bf16 operands come here only in place, with em_bf16gemm ready */
+    blas = blas && (X->dt == EM_BF16 || em_blas_ready(X->dt));
     if (rows == NULL && !blas) rows = X->dt == EM_F32 ? rows_f32 : rows_f64;
 
     if (blas) {
@@ -269,20 +272,25 @@ static em_status run_gemm(mmctx *X, const em_tensor *a, const em_tensor *b) {
     return st;
 }
 
-/* f16 and bf16: both operands converted to f32 once (operand_copy: whole
- * rows through em_half_to_f32_n, never element by element calls), one f32
- * product (BLAS sgemm, f32 accumulation) into an f32 buffer, each element
- * of it rounded into out once. */
+/* f16 and bf16: one product with f32 accumulation into an f32 buffer,
+ * each element of it rounded into out once.  bf16 operands that the BLAS
+ * reads in place go to its bf16 gemm where there is one (em_bf16gemm:
+ * oneDNN on AVX-512, AMX); otherwise both operands are converted to f32
+ * once (operand_copy: whole rows through em_half_to_f32_n, never element
+ * by element calls) for the f32 product (BLAS sgemm). */
 static em_status matmul_half(mmctx *X, em_tensor *out) {
     const em_tensor *a = X->a_t, *b = X->b_t;
     int64_t numel = X->nbatch * X->M * X->N;
     float *c32 = em_malloc((size_t)numel * sizeof(float));
     if (!c32) return em_error(EM_ERR_NOMEM, "matmul: out of memory (%lld elements)", (long long)numel);
-    X->dt = EM_F32;
+    bool bf16 = out->dtype == EM_BF16 && X->M <= INT_MAX && X->N <= INT_MAX && X->K <= INT_MAX &&
+                em_bf16gemm_ready() && blas_layout(&X->a) && blas_layout(&X->b);
+    X->dt = bf16 ? EM_BF16 : EM_F32;
     X->esz = 4;
     X->c = (char *)c32;
-    em_status st = operand_copy(&X->a, a, X->nb, X->bsz);
-    if (st == EM_OK) st = operand_copy(&X->b, b, X->nb, X->bsz);
+    em_status st = EM_OK;
+    if (!bf16) st = operand_copy(&X->a, a, X->nb, X->bsz);
+    if (st == EM_OK && !bf16) st = operand_copy(&X->b, b, X->nb, X->bsz);
     if (st == EM_OK) st = run_gemm(X, a, b);
     if (st == EM_OK) em_f32_to_half_n(out->dtype, c32, em_data(out), 2, numel);
     em_free(c32);
