@@ -279,10 +279,30 @@ static char *linear_of(const char *text, int *n) {
     return t;
 }
 
-static bool say_no(void *ctx, const tr_graph *g, int m, int b) {
-    (void)g, (void)m, (void)b;
+static bool say_no(void *ctx, const tr_graph *g, int m, int b, em_act act) {
+    (void)g, (void)m, (void)b, (void)act;
     (*(int *)ctx)++;
     return false;
+}
+
+/* A device hook that adds the bias and applies no activation (as CUDA's
+ * skinny kernel): counts the questions in *ctx. */
+static bool bias_only(void *ctx, const tr_graph *g, int m, int b, em_act act) {
+    (void)g, (void)m, (void)b;
+    (*(int *)ctx)++;
+    return act == EM_ACT_NONE;
+}
+
+/* The pass on text with want as text (NULL: no rewrite). */
+static char *linear_want_of(const char *text, tr_linear_want want, void *ctx, int *n) {
+    tr_graph *g = tr_parse_placeholders(text);
+    ck_assert_msg(g != NULL, "%s", em_last_error());
+    tr_graph *f = tr_fuse_linear_map(g, want, ctx, n, NULL);
+    char *t = f ? text_of(f) : NULL;
+    if (f) ck_assert_int_eq(tr_verify(f), EM_OK);
+    tr_graph_free(f);
+    tr_graph_free(g);
+    return t;
 }
 
 START_TEST(linear_pass_golden) {
@@ -291,7 +311,19 @@ START_TEST(linear_pass_golden) {
     ck_assert_int_eq(n, 1);
     ck_assert_str_eq(t, "graph(%x: f32[4, 8]{8, 1}, %w: f32[8, 16]{16, 1}) {\n"
                         "  %2 = constant #0 : f32[16]{1}\n"
-                        "  %3 = linear(%x, %w, %2) : f32[4, 16]{16, 1}\n"
+                        "  %3 = linear(%x, %w, %2) [act=relu] : f32[4, 16]{16, 1}\n"
+                        "  return (%3)\n"
+                        "}\n");
+    em_free(t);
+    /* a device that applies no activation: the relu stays, asked twice
+     * (with relu, then without) */
+    int asked = 0;
+    t = linear_want_of(mlp_text, bias_only, &asked, &n);
+    ck_assert_int_eq(n, 1);
+    ck_assert_int_eq(asked, 2);
+    ck_assert_str_eq(t, "graph(%x: f32[4, 8]{8, 1}, %w: f32[8, 16]{16, 1}) {\n"
+                        "  %2 = constant #0 : f32[16]{1}\n"
+                        "  %3 = linear(%x, %w, %2) [act=none] : f32[4, 16]{16, 1}\n"
                         "  %4 = relu(%3) : f32[4, 16]{16, 1}\n"
                         "  return (%4)\n"
                         "}\n");
@@ -304,16 +336,16 @@ START_TEST(linear_pass_golden) {
                   "}\n", &n);
     ck_assert_int_eq(n, 1);
     ck_assert_str_eq(t, "graph(%x: f32[2, 1, 8]{8, 8, 1}, %w: f32[8, 16]{16, 1}, %b: f32[1, 1, 16]{16, 16, 1}) {\n"
-                        "  %3 = linear(%x, %w, %b) : f32[2, 1, 16]{16, 16, 1}\n"
+                        "  %3 = linear(%x, %w, %b) [act=none] : f32[2, 1, 16]{16, 16, 1}\n"
                         "  return (%3)\n"
                         "}\n");
     em_free(t);
     /* the device's no: nothing rewritten, each match asked once */
     tr_graph *g = tr_parse_placeholders(mlp_text);
-    int asked = 0;
+    asked = 0;
     ck_assert_ptr_null(tr_fuse_linear_map(g, say_no, &asked, &n, NULL));
     ck_assert_int_eq(n, 0);
-    ck_assert_int_eq(asked, 1);
+    ck_assert_int_eq(asked, 2); /* with the relu, then without */
     tr_graph_free(g);
 }
 END_TEST
@@ -357,6 +389,130 @@ START_TEST(linear_pass_leaves_non_bias_adds) {
         char *t = linear_of(cases[i], &n);
         ck_assert_msg(t == NULL && n == 0, "case %zu rewritten:\n%s", i, t ? t : "");
     }
+}
+END_TEST
+
+/* The linear pass's activations: gelu_tanh folds as relu does (golden);
+ * gelu with erf, an add read twice and an add that is an output keep
+ * their act as a node, the add still made linear; a product and bias of
+ * different dtypes fuse nothing. */
+static const char *gelu_mlp_text =
+    "graph(%x: bf16[3, 5]{5, 1}, %w1: bf16[5, 7]{7, 1}, %b1: bf16[7]{1}, %w2: bf16[7, 2]{2, 1}, %b2: bf16[2]{1}) {\n"
+    "  %5 = matmul(%x, %w1) : bf16[3, 7]{7, 1}\n"
+    "  %6 = add(%5, %b1) : bf16[3, 7]{7, 1}\n"
+    "  %7 = gelu_tanh(%6) : bf16[3, 7]{7, 1}\n"
+    "  %8 = matmul(%7, %w2) : bf16[3, 2]{2, 1}\n"
+    "  %9 = add(%b2, %8) : bf16[3, 2]{2, 1}\n"
+    "  return (%9)\n"
+    "}\n";
+
+START_TEST(linear_pass_activations) {
+    int n;
+    char *t = linear_of(gelu_mlp_text, &n);
+    ck_assert_int_eq(n, 2);
+    ck_assert_str_eq(t, "graph(%x: bf16[3, 5]{5, 1}, %w1: bf16[5, 7]{7, 1}, %b1: bf16[7]{1}, %w2: bf16[7, 2]{2, 1}, "
+                        "%b2: bf16[2]{1}) {\n"
+                        "  %5 = linear(%x, %w1, %b1) [act=gelu_tanh] : bf16[3, 7]{7, 1}\n"
+                        "  %6 = linear(%5, %w2, %b2) [act=none] : bf16[3, 2]{2, 1}\n"
+                        "  return (%6)\n"
+                        "}\n");
+    em_free(t);
+    static const struct {
+        const char *why, *text, *want;
+    } kept[] = {
+        {"gelu with erf",
+         "graph(%x: f32[4, 8]{8, 1}, %w: f32[8, 16]{16, 1}, %b: f32[16]{1}) {\n"
+         "  %3 = matmul(%x, %w) : f32[4, 16]{16, 1}\n"
+         "  %4 = add(%3, %b) : f32[4, 16]{16, 1}\n"
+         "  %5 = gelu(%4) : f32[4, 16]{16, 1}\n"
+         "  return (%5)\n}\n",
+         "  %3 = linear(%x, %w, %b) [act=none] : f32[4, 16]{16, 1}\n"
+         "  %4 = gelu(%3) : f32[4, 16]{16, 1}\n"
+         "  return (%4)\n}\n"},
+        {"the linear read twice",
+         "graph(%x: f32[4, 8]{8, 1}, %w: f32[8, 16]{16, 1}, %b: f32[16]{1}) {\n"
+         "  %3 = matmul(%x, %w) : f32[4, 16]{16, 1}\n"
+         "  %4 = add(%3, %b) : f32[4, 16]{16, 1}\n"
+         "  %5 = relu(%4) : f32[4, 16]{16, 1}\n"
+         "  %6 = mul(%5, %4) : f32[4, 16]{16, 1}\n"
+         "  return (%6)\n}\n",
+         "  %3 = linear(%x, %w, %b) [act=none] : f32[4, 16]{16, 1}\n"
+         "  %4 = relu(%3) : f32[4, 16]{16, 1}\n"
+         "  %5 = mul(%4, %3) : f32[4, 16]{16, 1}\n"
+         "  return (%5)\n}\n"},
+        {"the linear an output",
+         "graph(%x: f32[4, 8]{8, 1}, %w: f32[8, 16]{16, 1}, %b: f32[16]{1}) {\n"
+         "  %3 = matmul(%x, %w) : f32[4, 16]{16, 1}\n"
+         "  %4 = add(%3, %b) : f32[4, 16]{16, 1}\n"
+         "  %5 = gelu_tanh(%4) : f32[4, 16]{16, 1}\n"
+         "  return (%5, %4)\n}\n",
+         "  %3 = linear(%x, %w, %b) [act=none] : f32[4, 16]{16, 1}\n"
+         "  %4 = gelu_tanh(%3) : f32[4, 16]{16, 1}\n"
+         "  return (%4, %3)\n}\n"},
+    };
+    for (size_t i = 0; i < sizeof kept / sizeof *kept; i++) {
+        t = linear_of(kept[i].text, &n);
+        ck_assert_msg(t != NULL && n == 1, "%s: %d rewritten", kept[i].why, n);
+        const char *body = strstr(t, "{\n");
+        ck_assert_msg(body && !strcmp(body + 2, kept[i].want), "%s:\n%s", kept[i].why, t);
+        em_free(t);
+    }
+    /* a bias of another dtype (f16 product, f32 bias: the add reads the
+     * product's cast): nothing fused */
+    t = linear_of("graph(%x: f16[4, 8]{8, 1}, %w: f16[8, 16]{16, 1}, %b: f32[16]{1}) {\n"
+                  "  %3 = matmul(%x, %w) : f16[4, 16]{16, 1}\n"
+                  "  %4 = cast(%3) [dtype=f32] : f32[4, 16]{16, 1}\n"
+                  "  %5 = add(%4, %b) : f32[4, 16]{16, 1}\n"
+                  "  %6 = relu(%5) : f32[4, 16]{16, 1}\n"
+                  "  return (%6)\n}\n", &n);
+    ck_assert_msg(t == NULL && n == 0, "rewritten:\n%s", t ? t : "");
+}
+END_TEST
+
+/* The activation in the text form: printed, parsed back, checked. */
+START_TEST(linear_act_text) {
+    static const char *acts[] = {"none", "relu", "gelu_tanh"};
+    for (int a = 0; a < 3; a++) {
+        char text[512];
+        snprintf(text, sizeof text,
+                 "graph(%%x: f32[2, 3]{3, 1}, %%w: f32[3, 4]{4, 1}, %%b: f32[4]{1}) {\n"
+                 "  %%3 = linear(%%x, %%w, %%b) [act=%s] : f32[2, 4]{4, 1}\n"
+                 "  return (%%3)\n"
+                 "}\n", acts[a]);
+        tr_graph *g = tr_parse_placeholders(text);
+        ck_assert_msg(g != NULL, "%s", em_last_error());
+        ck_assert_int_eq((int)g->nodes[3].attrs.act, a);
+        ck_assert_int_eq(tr_verify(g), EM_OK);
+        char *t = text_of(g);
+        ck_assert_str_eq(t, text);
+        em_free(t);
+        tr_graph_free(g);
+    }
+    static const struct {
+        const char *attrs, *error;
+    } bad[] = {
+        {"[act=tanh]", "an activation (none, relu or gelu_tanh)"},
+        {"[act=gelu]", "an activation (none, relu or gelu_tanh)"},
+        {"[]", "linear needs attribute 'act'"},
+        {"[act=relu, act=relu]", "given twice"},
+        {"[dim=1]", "linear has no attribute 'dim'"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        char text[512];
+        snprintf(text, sizeof text,
+                 "graph(%%x: f32[2, 3]{3, 1}, %%w: f32[3, 4]{4, 1}, %%b: f32[4]{1}) {\n"
+                 "  %%3 = linear(%%x, %%w, %%b) %s : f32[2, 4]{4, 1}\n"
+                 "  return (%%3)\n"
+                 "}\n", bad[i].attrs);
+        ck_assert_ptr_null(tr_parse_placeholders(text));
+        ck_assert_msg(strstr(em_last_error(), bad[i].error), "%s: %s", bad[i].attrs, em_last_error());
+        em_clear_error();
+    }
+    /* two linears that differ only in the act are different calls */
+    tr_node x = {.kind = TR_CALL, .op = EM_OP_LINEAR, .nin = 0}, y = x;
+    y.attrs.act = EM_ACT_RELU;
+    ck_assert(!tr_same_call(&x, &y));
+    ck_assert(tr_same_call(&x, &x));
 }
 END_TEST
 
@@ -1053,6 +1209,8 @@ static Suite *suite(void) {
     tcase_add_test(tc, golden_mlp);
     tcase_add_test(tc, linear_pass_golden);
     tcase_add_test(tc, linear_pass_leaves_non_bias_adds);
+    tcase_add_test(tc, linear_pass_activations);
+    tcase_add_test(tc, linear_act_text);
     tcase_add_test(tc, golden_attrs);
     tcase_add_test(tc, golden_odd_names_and_devices);
     tcase_add_test(tc, golden_inputs_by_number);

@@ -5,6 +5,7 @@
 #include "cpu.h" /* em_blas_core_warning */
 #include "eager.h" /* em_dispatch: the linear op has no public wrapper */
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -336,6 +337,80 @@ START_TEST(test_linear) {
 }
 END_TEST
 
+/* ---- linear with an activation: act(a @ w + bias) ---- */
+
+static double act_ref(em_act act, double x) {
+    if (act == EM_ACT_RELU) return x > 0 ? x : 0;
+    if (act == EM_ACT_GELU_TANH) return 0.5 * x * (1 + tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)));
+    return x;
+}
+
+/* linear(a, w, bias) [act] against float64 act(product + bias), and bit
+ * for bit against the matmul, add and act it stands for.  Tolerances:
+ * f64 1e-12, f32 1e-5, bf16 2e-2 (the product, the sum and the act each
+ * rounded to 8 bits), relative, with an absolute term growing with K
+ * (cancellation in the sum of K products of values up to 3). */
+static void check_linear_act_at(int line, em_tensor *a, em_tensor *w, em_tensor *bias, em_act act) {
+    int nd;
+    int64_t osz[EM_MAX_DIMS];
+    double *ref = matmul_ref(a, w, &nd, osz), *bv = tu_values(bias);
+    int64_t n = 1, N = osz[nd - 1];
+    for (int d = 0; d < nd; d++) n *= osz[d];
+    for (int64_t i = 0; i < n; i++) ref[i] = act_ref(act, ref[i] + bv[i % N]);
+    em_tensor *in[3] = {a, w, bias};
+    em_op_attrs at = {.act = act};
+    em_tensor *r = em_dispatch(EM_OP_LINEAR, 3, in, &at);
+    ck_assert_msg(r != NULL, "line %d: linear [act=%d] failed: %s", line, (int)act, em_last_error());
+    em_dtype dt = em_dtype_of(a);
+    double tol = dt == EM_F64 ? 1e-12 : dt == EM_F32 ? 1e-5 : 2e-2;
+    tu_check_close_at(__FILE__, line, r, ref, nd, osz, tol, tol * (double)(em_size(a, -1) + 1));
+    em_tensor *u = em_add(em_matmul(a, w), bias);
+    u = act == EM_ACT_RELU ? em_relu(u) : act == EM_ACT_GELU_TANH ? em_gelu_tanh(u) : u;
+    double *rv = tu_values(r), *uv = tu_values(u);
+    for (int64_t i = 0; i < n; i++)
+        ck_assert_msg(rv[i] == uv[i] || (rv[i] != rv[i] && uv[i] != uv[i]), "line %d: %lld", line, (long long)i);
+    free(rv), free(uv), free(ref), free(bv);
+}
+#define check_linear_act(a, w, bias, act) check_linear_act_at(__LINE__, a, w, bias, act)
+
+START_TEST(test_linear_act) {
+    static const em_dtype dts[] = {EM_F32, EM_F64, EM_BF16, EM_F16};
+    for (int t = 0; t < 4; t++) {
+        em_dtype dt = dts[t];
+        for (em_act act = EM_ACT_RELU; act < EM_ACT_COUNT; act++) {
+            check_linear_act(RND(40, dt, 5, 7), RND(41, dt, 7, 9), RND(42, dt, 9), act); /* odd sizes */
+            check_linear_act(RND(43, dt, 1, 13), RND(44, dt, 13, 3), RND(45, dt, 3), act); /* M = 1 */
+            /* batched with a broadcast [1, 1, N] bias, and a w broadcast over a batch */
+            check_linear_act(RND(46, dt, 2, 3, 5), RND(47, dt, 5, 4), RND(48, dt, 1, 1, 4), act);
+            check_linear_act(RND(49, dt, 3, 1, 2, 5), RND(50, dt, 2, 5, 6), RND(51, dt, 6), act);
+        }
+    }
+    for (em_act act = EM_ACT_NONE; act < EM_ACT_COUNT; act++) {
+        /* size 0 (no rows; an empty inner dim: act of the bias alone) */
+        check_linear_act(RND(52, EM_F32, 0, 3), RND(53, EM_F32, 3, 4), RND(54, EM_F32, 4), act);
+        check_linear_act(RND(55, EM_F32, 2, 0), RND(56, EM_F32, 0, 4), RND(57, EM_F32, 4), act);
+        /* a transposed weight view and a strided bias */
+        em_tensor *wt = em_transpose(RND(58, EM_F32, 5, 6), 0, 1);
+        em_tensor *bias = em_transpose(em_slice(RND(59, EM_F32, 5, 3), 1, 2, 3, 1), 0, 1);
+        check_linear_act(RND(60, EM_F32, 3, 6), wt, bias, act);
+    }
+}
+END_TEST
+
+START_TEST(test_linear_act_errors) {
+    em_tensor *in[3] = {RND(61, EM_F32, 2, 3), RND(62, EM_F32, 3, 4), RND(63, EM_F32, 4)};
+    em_op_attrs bad = {.act = EM_ACT_COUNT};
+    ck_assert_ptr_null(em_dispatch(EM_OP_LINEAR, 3, in, &bad));
+    ck_assert_int_eq(em_last_status(), EM_ERR_ARG);
+    ck_assert(strstr(em_last_error(), "activation") != NULL);
+    em_clear_error();
+    bad.act = (em_act)-1;
+    ck_assert_ptr_null(em_dispatch(EM_OP_LINEAR, 3, in, &bad));
+    ck_assert_int_eq(em_last_status(), EM_ERR_ARG);
+    em_clear_error();
+}
+END_TEST
+
 START_TEST(test_linear_errors) {
     em_tensor *a = RND(30, EM_F32, 2, 3), *w = RND(31, EM_F32, 3, 4);
     em_tensor *bad[][3] = {{a, w, RND(32, EM_F32, 2, 4)},  /* a full-size addend */
@@ -498,6 +573,8 @@ static Suite *suite(void) {
         {"errors", test_errors},
         {"linear", test_linear},
         {"linear_errors", test_linear_errors},
+        {"linear_act", test_linear_act},
+        {"linear_act_errors", test_linear_act_errors},
         {"blas_core_warning", test_blas_core_warning},
         {"blas_choice", test_blas_choice},
     };

@@ -345,16 +345,27 @@ em_status cpu_matmul(const em_op_call *c, em_tensor *out) {
     return st;
 }
 
-/* The product, then the bias added in place by add's own kernel: the same
- * bits as the matmul and add it stands for (the CPU gains nothing from
- * the fused form, which only the linear pass makes, for devices whose
- * matmul kernels add the bias: src/trace/linear.c). */
+/* The product, then the bias added in place by add's own kernel, then the
+ * activation in place by its own: the same bits as the matmul, add and
+ * relu/gelu_tanh it stands for (the CPU gains nothing from the fused
+ * form, which only the linear pass makes, for devices whose matmul
+ * kernels add the bias and apply the activation: src/trace/linear.c). */
 em_status cpu_linear(const em_op_call *c, em_tensor *out) {
+    em_act act = c->attrs->act;
+    if ((unsigned)act >= EM_ACT_COUNT)
+        return em_error(EM_ERR_ARG, "linear: activation %d is not none, relu or gelu_tanh", (int)act);
     em_op_call mm = {.op = EM_OP_MATMUL, .nin = 2, .in = c->in, .attrs = c->attrs};
     em_status s = cpu_matmul(&mm, out);
     if (s != EM_OK) return s;
     em_tensor *in[2] = {out, c->in[2]};
     em_op_call add = {.op = EM_OP_ADD, .nin = 2, .in = in, .attrs = c->attrs};
-    return cpu_add(&add, out);
+    s = cpu_add(&add, out);
+    if (s != EM_OK || act == EM_ACT_NONE) return s;
+    em_op_call f = {.op = em_act_op(act), .nin = 1, .in = in, .attrs = c->attrs};
+    return em_op_table[f.op].cpu(&f, out);
+}
+
+em_op em_act_op(em_act act) {
+    return act == EM_ACT_RELU ? EM_OP_RELU : act == EM_ACT_GELU_TANH ? EM_OP_GELU_TANH : EM_OP_COUNT;
 }
 

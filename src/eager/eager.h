@@ -56,8 +56,14 @@ enum {
     A_DTYPE = 1 << 8,      /* dtype */
     A_DEVICE = 1 << 9,     /* device */
     A_RNG = 1 << 10,       /* seed, offset, generator */
-    A_CAUSAL = 1 << 11     /* causal */
+    A_CAUSAL = 1 << 11,    /* causal */
+    A_ACT = 1 << 12        /* act */
 };
+
+/* The activation a linear node applies after its bias (attrs.act): the
+ * linear pass folds relu and gelu_tanh readers into the node for a device
+ * whose matmul epilogue applies them (src/trace/linear.c). */
+typedef enum em_act { EM_ACT_NONE, EM_ACT_RELU, EM_ACT_GELU_TANH, EM_ACT_COUNT } em_act;
 
 /* Scalar attributes of an op call.  One flat struct for every op, so that a
  * graph node can hold any call; each op reads only the fields it documents. */
@@ -73,6 +79,7 @@ typedef struct em_op_attrs {
     int correction;                /* var */
     bool keepdim;                  /* reductions */
     bool causal;                   /* attention: key j > query i is masked out */
+    em_act act;                    /* linear: activation after the bias */
     em_dtype dtype;                /* creation, cast: result dtype */
     em_device device;              /* creation: result device */
     uint64_t seed, offset;         /* rand, randn: Philox key and first counter */
@@ -237,6 +244,9 @@ em_status em_attention_sizes(const char *fn, const em_tensor *q, const em_tensor
  * is m's last, and at most m's dims (infer.c: the linear op's rule, and
  * the linear pass's). */
 bool em_is_row_bias(const em_meta *m, int ndim, const int64_t *sizes);
+/* The pointwise op activation act applies (relu, gelu_tanh), or
+ * EM_OP_COUNT for none (cpu_matmul.c: the linear op's semantics). */
+em_op em_act_op(em_act act);
 
 /* ---- Per-thread context ---- */
 typedef struct em_scope_frame {

@@ -159,6 +159,7 @@ static bool same_attrs(const em_op_attrs *a, const em_op_attrs *b, unsigned mask
     if ((mask & A_CORRECTION) && a->correction != b->correction) return false;
     if ((mask & A_KEEPDIM) && a->keepdim != b->keepdim) return false;
     if ((mask & A_CAUSAL) && a->causal != b->causal) return false;
+    if ((mask & A_ACT) && a->act != b->act) return false;
     if ((mask & A_DTYPE) && a->dtype != b->dtype) return false;
     if ((mask & A_DEVICE) && !em_same_device(a->device, b->device)) return false;
     if ((mask & A_RNG) && (a->seed != b->seed || a->offset != b->offset || a->generator != b->generator))
@@ -193,6 +194,7 @@ uint64_t tr_call_hash(const tr_node *n) {
     if (mask & A_RANGE) h = fnv(h, &a->start, sizeof a->start);
     if (mask & A_VALUE) h = fnv(h, &a->value, sizeof a->value);
     if (mask & A_DTYPE) h = fnv(h, &a->dtype, sizeof a->dtype);
+    if (mask & A_ACT) h = fnv(h, &a->act, sizeof a->act);
     return h;
 }
 

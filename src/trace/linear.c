@@ -11,7 +11,14 @@
  * in some of its matmul kernels (CUDA: the skinny ones) leaves the others
  * alone, where the add fuses with its readers instead.  The linear node
  * takes the add's place (its inputs all come before it) and tr_dce drops
- * the matmul. */
+ * the matmul.
+ *
+ * The activation: when such an add's one reader is relu or gelu_tanh (the
+ * add no output, the act of the add's dtype), want is first asked with
+ * that activation, and a yes makes the act node the linear node, with
+ * attrs.act set (tr_dce drops the add too): a device whose matmul epilogue
+ * applies it (cuBLASLt's RELU_BIAS, GELU_BIAS) saves the act's pass over
+ * the product.  gelu with erf has no such epilogue and is never folded. */
 #include "trace.h"
 
 #include <string.h>
@@ -38,42 +45,82 @@ static bool match_at(const tr_graph *g, const int *uses, int i, int *m, int *b) 
     return false;
 }
 
-/* tr_rewrite_fn: add node i of g made linear(matmul m's operands, bias
- * b) for pick[2i, 2i + 1] = m, b (ctx: pick). */
+/* What the linear node made at node i stands for: matmul m, bias b and
+ * the activation act. */
+typedef struct lin_pick {
+    int m, b;
+    em_act act;
+} lin_pick;
+
+/* tr_rewrite_fn: node i of g (the add, or the act reading it) made
+ * linear(matmul's operands, bias, act) as pick[i] says (ctx: pick). */
 static bool rewrite(tr_graph *g, int i, void *ctx) {
-    const int *pick = ctx;
-    int m = pick[2 * i], b = pick[2 * i + 1];
+    const lin_pick *p = &((const lin_pick *)ctx)[i];
     tr_node *n = &g->nodes[i];
     int *in = em_malloc(sizeof(int) * 3);
     if (!in) return false;
-    in[0] = g->nodes[m].in[0], in[1] = g->nodes[m].in[1], in[2] = b;
+    in[0] = g->nodes[p->m].in[0], in[1] = g->nodes[p->m].in[1], in[2] = p->b;
     em_free(n->in);
     n->in = in;
     n->nin = 3;
     n->op = EM_OP_LINEAR;
     memset(&n->attrs, 0, sizeof n->attrs);
+    n->attrs.act = p->act;
     return true;
+}
+
+/* The activation node j applies when it reads a matched add alone (the
+ * add not an output), or EM_ACT_NONE: relu or gelu_tanh of the add's
+ * dtype (matched[k]: whether add k matched). */
+static em_act act_at(const tr_graph *g, const int *uses, const bool *matched, int j) {
+    const tr_node *n = &g->nodes[j];
+    em_act act = is_call(g, j, EM_OP_RELU) ? EM_ACT_RELU : is_call(g, j, EM_OP_GELU_TANH) ? EM_ACT_GELU_TANH : EM_ACT_NONE;
+    if (act == EM_ACT_NONE || n->nin != 1) return EM_ACT_NONE;
+    int i = n->in[0];
+    if (!matched[i] || uses[i] != 1 || g->nodes[i].meta.dtype != n->meta.dtype) return EM_ACT_NONE;
+    return act;
+}
+
+/* Marks the linear nodes of g in hit and pick (matched: scratch, a flag a
+ * node); returns how many. */
+static int find(const tr_graph *g, const int *uses, tr_linear_want want, void *ctx, bool *matched,
+                lin_pick *pick, bool *hit) {
+    int n = 0;
+    for (int i = 0; i < g->nnodes; i++) {
+        pick[i].act = EM_ACT_NONE;
+        matched[i] = match_at(g, uses, i, &pick[i].m, &pick[i].b);
+        em_act act = act_at(g, uses, matched, i);
+        if (act == EM_ACT_NONE) continue;
+        const lin_pick *add = &pick[g->nodes[i].in[0]];
+        if (want && !want(ctx, g, add->m, add->b, act)) continue;
+        pick[i] = (lin_pick){add->m, add->b, act};
+        matched[g->nodes[i].in[0]] = false; /* folded into node i */
+        hit[i] = true;
+        n++;
+    }
+    for (int i = 0; i < g->nnodes; i++) {
+        if (!matched[i] || (want && !want(ctx, g, pick[i].m, pick[i].b, EM_ACT_NONE))) continue;
+        hit[i] = true;
+        n++;
+    }
+    return n;
 }
 
 tr_graph *tr_fuse_linear_map(const tr_graph *g, tr_linear_want want, void *ctx, int *nfused, int *map) {
     *nfused = -1;
+    size_t slots = (size_t)g->nnodes + 1;
     int *uses = tr_count_uses(g);
-    int *pick = uses ? em_malloc(sizeof(int) * 2 * ((size_t)g->nnodes + 1)) : NULL;
-    bool *hit = pick ? em_calloc((size_t)g->nnodes + 1, sizeof *hit) : NULL;
+    lin_pick *pick = uses ? em_malloc(sizeof *pick * slots) : NULL;
+    bool *hit = pick ? em_calloc(slots, sizeof *hit) : NULL;
+    bool *matched = hit ? em_calloc(slots, sizeof *matched) : NULL;
     tr_graph *c = NULL;
-    int n = 0;
-    for (int i = 0; hit && i < g->nnodes; i++) {
-        int m, b;
-        if (!match_at(g, uses, i, &m, &b) || (want && !want(ctx, g, m, b))) continue;
-        pick[2 * i] = m, pick[2 * i + 1] = b;
-        hit[i] = true;
-        n++;
-    }
-    if (hit) *nfused = n;
+    int n = matched ? find(g, uses, want, ctx, matched, pick, hit) : 0;
+    if (matched) *nfused = n;
     if (n > 0) c = tr_copy_rewritten(g, hit, rewrite, pick, map);
     if (n > 0 && !c) *nfused = -1;
     em_free(uses);
     em_free(pick);
     em_free(hit);
+    em_free(matched);
     return c;
 }

@@ -75,7 +75,7 @@ static void fmt_double(double v, char *buf, size_t n) {
 
 enum {
     K_SIZES, K_DIMS, K_DIM, K_START, K_END, K_STEP, K_VALUE, K_FROM, K_BY,
-    K_CORRECTION, K_KEEPDIM, K_CAUSAL, K_DTYPE, K_DEVICE, K_SEED, K_OFFSET, K_COUNT
+    K_CORRECTION, K_KEEPDIM, K_CAUSAL, K_ACT, K_DTYPE, K_DEVICE, K_SEED, K_OFFSET, K_COUNT
 };
 
 static const struct {
@@ -94,11 +94,15 @@ static const struct {
     [K_CORRECTION] = {"correction", A_CORRECTION},
     [K_KEEPDIM] = {"keepdim", A_KEEPDIM},
     [K_CAUSAL] = {"causal", A_CAUSAL},
+    [K_ACT] = {"act", A_ACT},
     [K_DTYPE] = {"dtype", A_DTYPE},
     [K_DEVICE] = {"device", A_DEVICE},
     [K_SEED] = {"seed", A_RNG},
     [K_OFFSET] = {"offset", A_RNG},
 };
+
+/* A linear node's activation by em_act (attrs.act). */
+static const char *const act_names[EM_ACT_COUNT] = {"none", "relu", "gelu_tanh"};
 
 static bool is_digit(char c) { return c >= '0' && c <= '9'; }
 static bool is_ident_start(char c) {
@@ -201,6 +205,10 @@ static void print_attrs(FILE *f, const em_op_attrs *a, unsigned mask) {
         case K_CORRECTION: fprintf(f, "%d", a->correction); break;
         case K_KEEPDIM: fputs(a->keepdim ? "true" : "false", f); break;
         case K_CAUSAL: fputs(a->causal ? "true" : "false", f); break;
+        case K_ACT:
+            if ((unsigned)a->act < EM_ACT_COUNT) fputs(act_names[a->act], f);
+            else fprintf(f, "invalid_act_%d", (int)a->act);
+            break;
         case K_DTYPE: fputs(em_dtype_name(a->dtype), f); break;
         case K_DEVICE: print_device(f, a->device); break;
         case K_SEED: fprintf(f, "%" PRIu64, a->seed); break;
@@ -605,6 +613,18 @@ static bool parse_bool(parser *ps, const char *what, bool *out) {
     return true;
 }
 
+static bool parse_act(parser *ps, em_act *out) {
+    const char *s;
+    size_t n = word(ps, &s);
+    for (int k = 0; k < EM_ACT_COUNT; k++)
+        if (n && word_is(s, n, act_names[k])) {
+            *out = (em_act)k;
+            ps->p += n;
+            return true;
+        }
+    return expected(ps, "an activation (none, relu or gelu_tanh)");
+}
+
 static bool parse_dtype(parser *ps, em_dtype *out) {
     const char *s;
     size_t n = word(ps, &s);
@@ -914,6 +934,7 @@ static bool parse_attrs(parser *ps, const char *opname, unsigned mask, em_op_att
                 break;
             case K_KEEPDIM: ok = parse_bool(ps, "true or false", &a->keepdim); break;
             case K_CAUSAL: ok = parse_bool(ps, "true or false", &a->causal); break;
+            case K_ACT: ok = parse_act(ps, &a->act); break;
             case K_DTYPE: ok = parse_dtype(ps, &a->dtype); break;
             case K_DEVICE: ok = parse_device(ps, &a->device); break;
             case K_SEED: ok = parse_u64(ps, "a seed", &a->seed); break;

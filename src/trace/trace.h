@@ -150,13 +150,16 @@ tr_graph *tr_fuse_attention_for(const tr_graph *g, tr_attention_takes takes, voi
                                 int *map);
 /* linear.c: each add(matmul(a, w), bias) (either order) whose matmul
  * nothing else reads, bias of sizes 1 but its last, one dtype, becomes one
- * linear node (ops.def), where want(ctx, g, matmul node, bias node) says
- * yes (NULL: always).  Not in tr_optimize: the engine runs it for devices
- * that add the bias in their matmul kernels (jit_device's fuse_linear).
- * Returns the rewritten copy (caller frees) with *nfused > 0; NULL with
- * *nfused 0 when nothing matched, -1 when out of memory; map as
- * tr_fuse_attention_map's. */
-typedef bool (*tr_linear_want)(void *ctx, const tr_graph *g, int matmul, int bias);
+ * linear node (ops.def), where want(ctx, g, matmul node, bias node, act)
+ * says yes (NULL: always); when the add's one reader is relu or gelu_tanh
+ * (not an output, the same dtype), want is asked first with that
+ * activation (EM_ACT_RELU, EM_ACT_GELU_TANH) and a yes folds the act into
+ * the node too; else with EM_ACT_NONE.  Not in tr_optimize: the engine
+ * runs it for devices that add the bias in their matmul kernels
+ * (jit_device's fuse_linear).  Returns the rewritten copy (caller frees)
+ * with *nfused > 0 (the linear nodes made); NULL with *nfused 0 when
+ * nothing matched, -1 when out of memory; map as tr_fuse_attention_map's. */
+typedef bool (*tr_linear_want)(void *ctx, const tr_graph *g, int matmul, int bias, em_act act);
 tr_graph *tr_fuse_linear_map(const tr_graph *g, tr_linear_want want, void *ctx, int *nfused, int *map);
 /* Invariants (tr_verify): nodes in topological order (inputs < index);
  * inputs numbered 0..ninputs-1 once each, with unique names; constants in

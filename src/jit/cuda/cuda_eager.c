@@ -365,9 +365,10 @@ static em_status capturable(cuda_device *d, const em_op_call *c) {
 
 static em_status cuda_run(const em_op_call *c, em_tensor *out);
 
-/* out = a @ w + bias as the matmul and the add it stands for, when the
- * skinny kernel cannot add the bias itself (alignment, a size it does not
- * take): the same bits as the unfused graph. */
+/* out = act(a @ w + bias) as the matmul, the add and the act it stands
+ * for, when neither the skinny kernel nor cuBLASLt can run it (alignment,
+ * a size they do not take, no cuBLASLt): the same bits as the unfused
+ * graph.  The add and the act write out in place, element by element. */
 static em_status linear_unfused(const em_op_call *c, em_tensor *out) {
     em_op_call mm = {.op = EM_OP_MATMUL, .nin = 2, .in = c->in, .attrs = c->attrs};
     em_meta m;
@@ -381,7 +382,10 @@ static em_status linear_unfused(const em_op_call *c, em_tensor *out) {
     em_op_call add = {.op = EM_OP_ADD, .nin = 2, .in = in, .attrs = c->attrs};
     s = p ? cuda_run(&add, out) : em_last_status();
     em_scope_end(); /* the product is freed in stream order, after the add */
-    return s;
+    if (s != EM_OK || c->attrs->act == EM_ACT_NONE) return s;
+    em_tensor *o[1] = {out};
+    em_op_call act = {.op = em_act_op(c->attrs->act), .nin = 1, .in = o, .attrs = c->attrs};
+    return cuda_run(&act, out);
 }
 
 static em_status cuda_run(const em_op_call *c, em_tensor *out) {
@@ -391,10 +395,16 @@ static em_status cuda_run(const em_op_call *c, em_tensor *out) {
     em_status cs = capturable(d, c);
     if (cs != EM_OK) return cs;
     if (c->op == EM_OP_MATMUL || c->op == EM_OP_LINEAR) {
-        em_status s = cuda_native_skinny_matmul(d, c, out, &eager_stats);
+        bool lin = c->op == EM_OP_LINEAR;
+        if (!lin || c->attrs->act == EM_ACT_NONE) { /* the skinny kernel adds a bias, no act */
+            em_status s = cuda_native_skinny_matmul(d, c, out, &eager_stats);
+            if (s != EM_ERR_UNSUPPORTED) return s;
+            em_clear_error();
+        }
+        em_status s = lin ? cuda_linear(d, c, out) : EM_ERR_UNSUPPORTED;
         if (s != EM_ERR_UNSUPPORTED) return s;
         em_clear_error();
-        if (c->op == EM_OP_LINEAR) return linear_unfused(c, out);
+        if (lin) return linear_unfused(c, out);
         s = cuda_matmul(d, c, out);
         if (s != EM_ERR_UNSUPPORTED) return s;
         em_clear_error();

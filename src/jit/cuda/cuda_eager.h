@@ -14,6 +14,18 @@
 /* out = c's matmul on device d via cuBLAS; EM_ERR_UNSUPPORTED for dtypes
  * and layouts it does not take (the caller then uses the host). */
 em_status cuda_matmul(cuda_device *d, const em_op_call *c, em_tensor *out);
+/* out = c's linear (act(a @ w + bias)) on device d as one cuBLASLt matmul
+ * whose epilogue adds the bias and applies the activation;
+ * EM_ERR_UNSUPPORTED where cuBLASLt is missing or off (EMBER_CUDA_LT=0),
+ * for layouts it does not take, and where its heuristic has no algorithm
+ * (the caller then runs the matmul, add and act apart); EM_ERR_DEVICE
+ * with cuBLASLt's status name when a call fails. */
+em_status cuda_linear(cuda_device *d, const em_op_call *c, em_tensor *out);
+/* Whether cuda_linear may run a linear of these metas and act (dtypes,
+ * ranks, cuBLASLt loaded and on): what the linear pass asks the device. */
+bool cuda_linear_takes(const em_meta *a, const em_meta *w, const em_meta *bias, em_act act);
+/* Whether cuBLASLt is used (EMBER_CUDA_LT, default on; 0: off). */
+bool cuda_lt_enabled(void);
 
 /* out = c's fused attention (the attention op) on device d, one generated
  * kernel (cuda_attention.c); its compile or load is counted in stats.

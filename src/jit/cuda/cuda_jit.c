@@ -189,11 +189,16 @@ static void cuda_add(int index, const kc_key *key, jit_kernel *k) {
  * fewer rows than the GPU has SMs and long rows: the eager CUDA op runs it
  * in two launches (cuda_eager.c's split scheme) where one kernel would
  * use a block per row.  -1 otherwise. */
-/* The skinny matmul kernel adds a bias as it writes (cuda_native.c);
- * cuBLAS's gemms do not, and their bias add fuses with its readers. */
-static bool cuda_fuse_linear(int index, const em_meta *a, const em_meta *w, const em_meta *bias) {
+/* The skinny matmul kernel adds a bias as it writes (cuda_native.c), and
+ * keeps the shapes it takes (it beats cuBLAS there): an act after it
+ * stays a node of its own.  Elsewhere cuBLASLt's epilogue adds the bias
+ * and applies relu or gelu_tanh (cuda_matmul.c); without cuBLASLt (or
+ * with EMBER_CUDA_LT=0) cuBLAS's gemms add nothing, and the bias add
+ * fuses with its readers. */
+static bool cuda_fuse_linear(int index, const em_meta *a, const em_meta *w, const em_meta *bias, em_act act) {
     (void)index;
-    return cuda_native_skinny_takes(a, w, bias);
+    if (cuda_native_skinny_takes(a, w, bias)) return act == EM_ACT_NONE;
+    return cuda_linear_takes(a, w, bias, act);
 }
 
 static int cuda_prefer_eager(int index, const sc_schedule *s, int gi) {

@@ -169,6 +169,41 @@ const cublas_api *cuda_cublas(void) {
     return &bl;
 }
 
+/* ---- cuBLASLt ---- */
+static cublaslt_api lt;
+static lib_state lt_state = {.once = PTHREAD_ONCE_INIT};
+
+static void load_cublaslt(void) {
+    lib_state *st = &lt_state;
+    st->handle = open_lib("libcublasLt.so.13", "no cuBLASLt", st->why, sizeof st->why);
+    if (!st->handle) return;
+    void *h = st->handle;
+    char *w = st->why;
+    size_t n = sizeof st->why;
+#define L(field, fn) load_sym(h, SYM(fn), (void **)&lt.field, w, n)
+    st->ok = L(Create, cublasLtCreate) && L(GetStatusName, cublasLtGetStatusName) &&
+             L(Matmul, cublasLtMatmul) && L(MatmulDescCreate, cublasLtMatmulDescCreate) &&
+             L(MatmulDescDestroy, cublasLtMatmulDescDestroy) &&
+             L(MatmulDescSetAttribute, cublasLtMatmulDescSetAttribute) &&
+             L(MatrixLayoutCreate, cublasLtMatrixLayoutCreate) &&
+             L(MatrixLayoutDestroy, cublasLtMatrixLayoutDestroy) &&
+             L(MatrixLayoutSetAttribute, cublasLtMatrixLayoutSetAttribute) &&
+             L(MatmulPreferenceCreate, cublasLtMatmulPreferenceCreate) &&
+             L(MatmulPreferenceDestroy, cublasLtMatmulPreferenceDestroy) &&
+             L(MatmulPreferenceSetAttribute, cublasLtMatmulPreferenceSetAttribute) &&
+             L(MatmulAlgoGetHeuristic, cublasLtMatmulAlgoGetHeuristic);
+#undef L
+}
+
+const cublaslt_api *cuda_cublaslt(void) {
+    pthread_once(&lt_state.once, load_cublaslt);
+    if (!lt_state.ok) {
+        em_error(EM_ERR_DEVICE, "%s", lt_state.why);
+        return NULL;
+    }
+    return &lt;
+}
+
 em_status cuda_check(CUresult r, const char *what) {
     if (r == CUDA_SUCCESS) return EM_OK;
     const char *msg = NULL;
@@ -282,6 +317,7 @@ static em_status device_init(cuda_device *d, int index) {
     pthread_mutex_init(&d->lock, NULL);
     pthread_mutex_init(&d->kerror_lock, NULL);
     pthread_mutex_init(&d->capture_lock, NULL);
+    pthread_mutex_init(&d->lt_lock, NULL);
     return s;
 }
 

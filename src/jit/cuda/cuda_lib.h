@@ -25,6 +25,7 @@
 #include "config.h"
 #ifdef EMBER_HAVE_CUDA
 
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda.h>
 #include <nvrtc.h>
@@ -109,11 +110,30 @@ typedef struct cublas_api {
     __typeof__(&cublasSetWorkspace) SetWorkspace;
 } cublas_api;
 
+/* ---- cuBLASLt (libcublasLt.so.13): matmuls with a fused bias and
+ * activation (cuda_matmul.c's linear path; absent: the unfused one) ---- */
+typedef struct cublaslt_api {
+    __typeof__(&cublasLtCreate) Create;
+    __typeof__(&cublasLtGetStatusName) GetStatusName;
+    __typeof__(&cublasLtMatmul) Matmul;
+    __typeof__(&cublasLtMatmulDescCreate) MatmulDescCreate;
+    __typeof__(&cublasLtMatmulDescDestroy) MatmulDescDestroy;
+    __typeof__(&cublasLtMatmulDescSetAttribute) MatmulDescSetAttribute;
+    __typeof__(&cublasLtMatrixLayoutCreate) MatrixLayoutCreate;
+    __typeof__(&cublasLtMatrixLayoutDestroy) MatrixLayoutDestroy;
+    __typeof__(&cublasLtMatrixLayoutSetAttribute) MatrixLayoutSetAttribute;
+    __typeof__(&cublasLtMatmulPreferenceCreate) MatmulPreferenceCreate;
+    __typeof__(&cublasLtMatmulPreferenceDestroy) MatmulPreferenceDestroy;
+    __typeof__(&cublasLtMatmulPreferenceSetAttribute) MatmulPreferenceSetAttribute;
+    __typeof__(&cublasLtMatmulAlgoGetHeuristic) MatmulAlgoGetHeuristic;
+} cublaslt_api;
+
 /* Each returns the loaded table, or NULL with an EM_ERR_DEVICE error that
  * says which library is missing (or which symbol it lacks). */
 const cu_api *cuda_driver(void);
 const nvrtc_api *cuda_nvrtc(void);
 const cublas_api *cuda_cublas(void);
+const cublaslt_api *cuda_cublaslt(void);
 
 /* Records a driver failure "what: CUDA_ERROR_... (text)" and returns
  * EM_ERR_DEVICE (EM_ERR_NOMEM for out-of-memory). */
@@ -166,6 +186,15 @@ typedef struct cuda_device {
                                     with workspace */
     CUdeviceptr blas_workspace;
     bool blas_capture_tf32;
+    /* cuBLASLt (cuda_matmul.c), all under lt_lock: the handle and the
+     * workspace (created at the first linear it runs, process-long as the
+     * cuBLAS handle), the heuristic's answers by problem (a bounded
+     * table), and whether the log was told that cuBLASLt is missing */
+    pthread_mutex_t lt_lock;
+    cublasLtHandle_t lt;
+    CUdeviceptr lt_workspace;
+    struct cuda_lt_algos *lt_algos;
+    bool lt_said;
     /* CUDA_NSEMS arrival counters, zero between kernels: a kernel split
      * into groups of blocks counts each group's arrivals here, and the
      * group's last block finishes the work (adds the partials) and sets

@@ -404,13 +404,13 @@ static void store_plan(jit_env *env, const kc_key *gkey, const kc_manifest *why,
     em_clear_error(); /* a plan not stored only costs the next process a compile */
 }
 
-/* Whether st's device adds bias b in the kernel of matmul m of g
- * (tr_linear_want). */
-static bool device_takes_linear(void *ctx, const tr_graph *g, int m, int b) {
+/* Whether st's device adds bias b in the kernel of matmul m of g and
+ * applies act (tr_linear_want). */
+static bool device_takes_linear(void *ctx, const tr_graph *g, int m, int b, em_act act) {
     const jit_compiled *st = ctx;
     const tr_node *mm = &g->nodes[m];
     return st->dev->fuse_linear(st->index, &g->nodes[mm->in[0]].meta, &g->nodes[mm->in[1]].meta,
-                                &g->nodes[b].meta);
+                                &g->nodes[b].meta, act);
 }
 
 /* What the device rewrites fused (fused_graph). */

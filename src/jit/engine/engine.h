@@ -184,10 +184,12 @@ typedef struct jit_device {
      * attention pass fuses half attention too (tr_fuse_attention_for). */
     bool (*fused_attention_takes)(int index, em_dtype dt, int64_t D, int64_t Dv);
     /* Optional (NULL: never): whether the device's matmul kernel adds a
-     * bias as it writes a @ w's product (metas of a, w, bias), so that the
-     * engine rewrites such a matmul and its bias add into one linear node
-     * (tr_fuse_linear_map) before scheduling a static compile. */
-    bool (*fuse_linear)(int index, const em_meta *a, const em_meta *w, const em_meta *bias);
+     * bias as it writes a @ w's product (metas of a, w, bias) and then
+     * applies act (EM_ACT_NONE: nothing; relu, gelu_tanh), so that the
+     * engine rewrites such a matmul, its bias add and act into one linear
+     * node (tr_fuse_linear_map) before scheduling a static compile.  A
+     * device that cannot apply act says no, and the act stays a node. */
+    bool (*fuse_linear)(int index, const em_meta *a, const em_meta *w, const em_meta *bias, em_act act);
     /* Optional (false): its generator takes f16/bf16 buffers, loads, stores
      * and conversions, so the scheduler fuses half values (computed in
      * f32: sched/lower.c); otherwise they run as eager steps. */

@@ -422,6 +422,7 @@ static void put_attrs(bytes *b, em_op op, const em_op_attrs *a) {
     if (mask & A_CORRECTION) bytes_u64(b, (uint64_t)a->correction);
     if (mask & A_KEEPDIM) bytes_u64(b, a->keepdim);
     if (mask & A_CAUSAL) bytes_u64(b, a->causal);
+    if (mask & A_ACT) bytes_u64(b, (uint64_t)a->act);
     if (mask & A_DTYPE) bytes_u64(b, a->dtype);
     if (mask & A_DEVICE) bytes_u64(b, (uint64_t)a->device.type << 32 | (uint32_t)a->device.index);
     if (mask & A_RNG) {
