@@ -189,12 +189,14 @@ typedef struct cuda_device {
     /* cuBLASLt (cuda_matmul.c), all under lt_lock: the handle and the
      * workspace (created at the first linear it runs, process-long as the
      * cuBLAS handle), the heuristic's answers by problem (a bounded
-     * table), and whether the log was told that cuBLASLt is missing */
+     * table), whether the log was told that cuBLASLt is missing, and
+     * how many linears it ran (tests read it) */
     pthread_mutex_t lt_lock;
     cublasLtHandle_t lt;
     CUdeviceptr lt_workspace;
     struct cuda_lt_algos *lt_algos;
     bool lt_said;
+    int64_t lt_calls;
     /* CUDA_NSEMS arrival counters, zero between kernels: a kernel split
      * into groups of blocks counts each group's arrivals here, and the
      * group's last block finishes the work (adds the partials) and sets

@@ -375,6 +375,7 @@ static bool lt_problem(const em_op_call *c, const em_tensor *out, lt_key *k, mm_
     const em_tensor *a = c->in[0], *w = c->in[1], *bias = c->in[2];
     int nb = out->ndim - 2;
     memset(k, 0, sizeof *k);
+    if (nb < 0 || a->ndim < 2 || w->ndim < 2) return false;
     k->M = out->sizes[nb], k->N = out->sizes[nb + 1], k->K = a->sizes[a->ndim - 1];
     k->batch = 1;
     for (int i = 0; i < nb; i++) k->batch *= out->sizes[i];
@@ -410,6 +411,7 @@ static em_status lt_run(cuda_device *d, const cublaslt_api *lt, const lt_key *k,
         r = lt->Matmul(d->lt, x.op, &one, W->data, x.w, A->data, x.a, &zero, out, x.out, out, x.out, &al->algo,
                        (void *)(uintptr_t)d->lt_workspace, LT_WORKSPACE, (cudaStream_t)cuda_stream(d));
         if (r != CUBLAS_STATUS_SUCCESS) s = lt_fail(d, lt, "cublasLtMatmul", r);
+        else d->lt_calls++;
     }
     lt_desc_free(lt, &x);
     return s;
