@@ -266,18 +266,21 @@ static const char *odd_text =
 
 /* ---- the linear pass (linear.c) ---- */
 
-/* The pass on text with want NULL (every match), as text (NULL: no
- * rewrite); *n: the matches. */
-static char *linear_of(const char *text, int *n) {
+/* The pass on text with want (ctx), as text (NULL: no rewrite); *n: the
+ * linear nodes made. */
+static char *linear_want_of(const char *text, tr_linear_want want, void *ctx, int *n) {
     tr_graph *g = tr_parse_placeholders(text);
     ck_assert_msg(g != NULL, "%s", em_last_error());
-    tr_graph *f = tr_fuse_linear_map(g, NULL, NULL, n, NULL);
+    tr_graph *f = tr_fuse_linear_map(g, want, ctx, n, NULL);
     char *t = f ? text_of(f) : NULL;
     if (f) ck_assert_int_eq(tr_verify(f), EM_OK);
     tr_graph_free(f);
     tr_graph_free(g);
     return t;
 }
+
+/* The same with want NULL (every match). */
+static char *linear_of(const char *text, int *n) { return linear_want_of(text, NULL, NULL, n); }
 
 static bool say_no(void *ctx, const tr_graph *g, int m, int b, em_act act) {
     (void)g, (void)m, (void)b, (void)act;
@@ -291,18 +294,6 @@ static bool bias_only(void *ctx, const tr_graph *g, int m, int b, em_act act) {
     (void)g, (void)m, (void)b;
     (*(int *)ctx)++;
     return act == EM_ACT_NONE;
-}
-
-/* The pass on text with want as text (NULL: no rewrite). */
-static char *linear_want_of(const char *text, tr_linear_want want, void *ctx, int *n) {
-    tr_graph *g = tr_parse_placeholders(text);
-    ck_assert_msg(g != NULL, "%s", em_last_error());
-    tr_graph *f = tr_fuse_linear_map(g, want, ctx, n, NULL);
-    char *t = f ? text_of(f) : NULL;
-    if (f) ck_assert_int_eq(tr_verify(f), EM_OK);
-    tr_graph_free(f);
-    tr_graph_free(g);
-    return t;
 }
 
 START_TEST(linear_pass_golden) {
