@@ -1,16 +1,17 @@
 /* cuda_lib.h - the CUDA libraries, loaded at run time, and per-device state.
  *
- * Ember links no CUDA library: libcuda.so.1 (driver API), libnvrtc.so.13
- * and libcublas.so.13 are opened with dlopen the first time something asks
- * for them, once per process (pthread_once), into function-pointer tables.
+ * Ember links no CUDA library: libcuda.so.1 (driver API), libnvrtc.so.13,
+ * libcublas.so.13 and libcublasLt.so.13 (optional: linear layers' fused
+ * epilogues) are opened with dlopen the first time something asks for
+ * them, once per process (pthread_once), into function-pointer tables.
  * One build therefore runs on machines with and without a GPU; without a
  * driver, every entry point returns EM_ERR_DEVICE with a message such as
  * "no CUDA driver: libcuda.so.1 not found".
  *
  * Process-wide state, and why: the loaded tables (a library is loaded once
  * per process anyway) and, per device, the primary context, one stream, the
- * cuBLAS handle, the caching allocator's free lists and the loaded kernel
- * modules, and for graph capture a capture stream, a cuBLAS handle with its
+ * cuBLAS handle, the cuBLASLt handle, workspace and algorithm table, the
+ * caching allocator's free lists and the loaded kernel modules, and for graph capture a capture stream, a cuBLAS handle with its
  * workspace on it and the lock that admits one capture at a time (a capture
  * in progress is the capturing thread's: one thread-local pointer).  These mirror what the driver itself keeps per process (the
  * primary context is per process and device), and device memory freed by
