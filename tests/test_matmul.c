@@ -393,6 +393,12 @@ START_TEST(test_linear_act) {
         em_tensor *wt = em_transpose(RND(58, EM_F32, 5, 6), 0, 1);
         em_tensor *bias = em_transpose(em_slice(RND(59, EM_F32, 5, 3), 1, 2, 3, 1), 0, 1);
         check_linear_act(RND(60, EM_F32, 3, 6), wt, bias, act);
+        /* f32 applies the bias and act to each piece of the product as the
+         * BLAS writes it: pieces of rows (M >= N), of columns (M < N), and
+         * a batch of products that does not fold into one (w per batch) */
+        check_linear_act(RND(64, EM_F32, 131, 67), RND(65, EM_F32, 67, 45), RND(66, EM_F32, 45), act);
+        check_linear_act(RND(67, EM_F32, 17, 70), RND(68, EM_F32, 70, 301), RND(69, EM_F32, 301), act);
+        check_linear_act(RND(70, EM_F32, 3, 33, 20), RND(71, EM_F32, 3, 20, 29), RND(72, EM_F32, 29), act);
     }
 }
 END_TEST

@@ -199,6 +199,15 @@ bool em_bf16gemm_ready(void);
 void em_bf16gemm(bool ta, bool tb, int m, int n, int k, float alpha, const uint16_t *a, int lda,
                  const uint16_t *b, int ldb, float beta, float *c, int ldc);
 
+/* EM_SIMD before a loop: `omp simd` (-fopenmp-simd, configure's
+ * EM_OPENMP_SIMD) lifts -O2's cost model, which left loops of vmath.h's
+ * functions scalar. */
+#if defined(_OPENMP) || defined(EM_OPENMP_SIMD)
+#define EM_SIMD _Pragma("omp simd")
+#else
+#define EM_SIMD
+#endif
+
 /* EM_VMATH_CLONES: the F32 loops of vmath.h's functions are compute bound:
  * on x86-64 with glibc (ifunc), gcc also builds them for AVX2 and AVX-512 and picks one
  * by the CPU at load time (2-4x the baseline SSE2 loop).  None of the

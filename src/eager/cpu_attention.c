@@ -23,10 +23,8 @@
 /* `omp simd` lifts -O2's cost model (as in cpu_pointwise.c); its
  * reduction may reassociate, which a sum of positive terms tolerates. */
 #if defined(_OPENMP) || defined(EM_OPENMP_SIMD)
-#define EM_SIMD _Pragma("omp simd")
 #define EM_SIMD_SUM_SUM _Pragma("omp simd reduction(+:sum)")
 #else
-#define EM_SIMD
 #define EM_SIMD_SUM_SUM
 #endif
 

@@ -9,6 +9,7 @@
  * use plain loops with wrapping (modular) accumulation, which gives the same
  * bits as accumulating in int64. */
 #include "cpu.h"
+#include "vmath.h" /* em_vgelu_tanhf: a linear layer's epilogue */
 
 #include <limits.h>
 #include <string.h>
@@ -119,7 +120,30 @@ typedef struct mmctx {
     int nb;
     int64_t bsz[EM_MAX_DIMS];
     int64_t nbatch;
+    const float *bias; /* f32 c only: a linear layer's bias [N] (NULL: none), */
+    em_act act;        /* then its activation, applied a piece at a time */
 } mmctx;
+
+/* A linear layer's epilogue on rows x n of f32 c (row stride ldc) just
+ * written by the BLAS, while they are in cache: + bias[j], then act, each
+ * as the eager add and relu / gelu_tanh compute it (the same bits as the
+ * three ops one after another). */
+EM_VMATH_CLONES static void epilogue(float *c, int64_t ldc, int64_t rows, int64_t n,
+                                     const float *bias, em_act act) {
+    for (int64_t r = 0; r < rows; r++) {
+        float *restrict row = c + r * ldc;
+        const float *restrict b = bias;
+        if (act == EM_ACT_RELU)
+            EM_SIMD for (int64_t j = 0; j < n; j++) {
+                float v = row[j] + b[j];
+                row[j] = v < 0 ? 0 : v;
+            }
+        else if (act == EM_ACT_GELU_TANH)
+            EM_SIMD for (int64_t j = 0; j < n; j++) row[j] = em_vgelu_tanhf(row[j] + b[j]);
+        else
+            EM_SIMD for (int64_t j = 0; j < n; j++) row[j] += b[j];
+    }
+}
 
 /* Element offsets of batch bi in a and b. */
 static void batch_offsets(const mmctx *X, int64_t bi, int64_t *ao, int64_t *bo) {
@@ -154,7 +178,9 @@ static void gemm_batches(void *ctx, int64_t b, int64_t e) {
     for (int64_t bi = b; bi < e; bi++) {
         int64_t ao, bo;
         batch_offsets(X, bi, &ao, &bo);
-        gemm_one(X, (int)X->M, (int)X->N, (int)X->K, ao, bo, X->c + bi * X->M * X->N * X->esz, ldc);
+        char *c = X->c + bi * X->M * X->N * X->esz;
+        gemm_one(X, (int)X->M, (int)X->N, (int)X->K, ao, bo, c, ldc);
+        if (X->bias) epilogue((float *)c, ldc, X->M, X->N, X->bias, X->act);
     }
 }
 
@@ -173,6 +199,7 @@ static void gemm_piece(const mmctx *X, bool by_rows, int64_t b, int64_t e) {
         N = (int)(e - b);
     }
     gemm_one(X, M, N, (int)X->K, ao, bo, X->c + co * X->esz, ldc);
+    if (X->bias) epilogue((float *)X->c + co, ldc, M, N, X->bias + (by_rows ? 0 : b), X->act);
 }
 
 static void gemm_rows(void *ctx, int64_t b, int64_t e) { gemm_piece(ctx, true, b, e); }
@@ -267,6 +294,7 @@ static em_status run_gemm(mmctx *X, const em_tensor *a, const em_tensor *b) {
             int64_t work = X->N * X->K;
             int64_t grain = work > 0 ? EM_PARALLEL_GRAIN / work : 1;
             em_parallel_for(X->nbatch * X->M, grain > 0 ? grain : 1, rows, X);
+            if (X->bias) epilogue((float *)X->c, X->N, X->nbatch * X->M, X->N, X->bias, X->act);
         }
     }
     return st;
@@ -297,11 +325,15 @@ static em_status matmul_half(mmctx *X, em_tensor *out) {
     return st;
 }
 
-em_status cpu_matmul(const em_op_call *c, em_tensor *out) {
-    const em_tensor *a = c->in[0], *b = c->in[1];
+/* out = a @ b, then for an f32 out with bias (f32, [N] contiguous; NULL:
+ * none) the linear epilogue: + bias and act, a piece at a time. */
+static em_status matmul_into(const em_tensor *a, const em_tensor *b, em_tensor *out,
+                             const float *bias, em_act act) {
     if (a->ndim < 2 || b->ndim < 2 || out->ndim < 2)
         return em_error(EM_ERR_SHAPE, "matmul: operands must have at least 2 dims");
     mmctx X;
+    X.bias = bias;
+    X.act = act;
     X.a_t = a;
     X.b_t = b;
     X.nb = out->ndim - 2;
@@ -325,6 +357,7 @@ em_status cpu_matmul(const em_op_call *c, em_tensor *out) {
     X.c = em_data(out);
     if (X.K == 0) {
         memset(X.c, 0, (size_t)(numel * X.esz));
+        if (bias) epilogue((float *)X.c, X.N, X.nbatch * X.M, X.N, bias, act);
         return EM_OK;
     }
     operand_init(&X.a, a, X.nb, X.bsz);
@@ -345,15 +378,30 @@ em_status cpu_matmul(const em_op_call *c, em_tensor *out) {
     return st;
 }
 
-/* The product, then the bias added in place by add's own kernel, then the
- * activation in place by its own: the same bits as the matmul, add and
- * relu/gelu_tanh it stands for (the CPU gains nothing from the fused
- * form, which only the linear pass makes, for devices whose matmul
- * kernels add the bias and apply the activation: src/trace/linear.c). */
+em_status cpu_matmul(const em_op_call *c, em_tensor *out) {
+    return matmul_into(c->in[0], c->in[1], out, NULL, EM_ACT_NONE);
+}
+
+/* Whether bias holds n f32 values one after another: sizes 1 but the
+ * last, n, read with stride 1 (or n = 1). */
+static bool contiguous_row_bias(const em_tensor *bias, int64_t n) {
+    if (bias->dtype != EM_F32 || bias->ndim < 1 || bias->sizes[bias->ndim - 1] != n) return false;
+    for (int d = 0; d < bias->ndim - 1; d++)
+        if (bias->sizes[d] != 1) return false;
+    return n <= 1 || bias->strides[bias->ndim - 1] == 1;
+}
+
+/* act(a @ w + bias).  f32 with a contiguous bias: the bias and act applied
+ * to each piece of the product as the BLAS writes it, in cache (the same
+ * bits as the three ops: epilogue()); otherwise the product, then the bias
+ * added in place by add's own kernel, then the activation in place by its
+ * own.  The linear pass makes the node (src/trace/linear.c). */
 em_status cpu_linear(const em_op_call *c, em_tensor *out) {
     em_act act = c->attrs->act;
     if ((unsigned)act >= EM_ACT_COUNT)
         return em_error(EM_ERR_ARG, "linear: activation %d is not none, relu or gelu_tanh", (int)act);
+    if (out->dtype == EM_F32 && out->ndim >= 2 && contiguous_row_bias(c->in[2], out->sizes[out->ndim - 1]))
+        return matmul_into(c->in[0], c->in[1], out, (const float *)em_data(c->in[2]), act);
     em_op_call mm = {.op = EM_OP_MATMUL, .nin = 2, .in = c->in, .attrs = c->attrs};
     em_status s = cpu_matmul(&mm, out);
     if (s != EM_OK) return s;

@@ -23,11 +23,6 @@
 #include <emmintrin.h>
 #endif
 
-#if defined(_OPENMP) || defined(EM_OPENMP_SIMD)
-#define EM_SIMD _Pragma("omp simd")
-#else
-#define EM_SIMD
-#endif
 
 typedef uint8_t em_bool_t; /* EM_BOOL storage: one byte, 0 or 1 */
 

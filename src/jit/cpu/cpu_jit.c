@@ -154,6 +154,16 @@ static bool cpu_model(int index, char *buf, size_t n) {
     return true;
 }
 
+/* f32 linear layers: cpu_linear adds the bias and applies relu or
+ * gelu_tanh to each piece of the product as the BLAS writes it, while it
+ * is in cache, instead of a kernel reading the whole product back
+ * (src/eager/cpu_matmul.c). */
+static bool cpu_fuse_linear(int index, const em_meta *a, const em_meta *w, const em_meta *bias,
+                            em_act act) {
+    (void)index, (void)act;
+    return a->dtype == EM_F32 && w->dtype == EM_F32 && bias->dtype == EM_F32;
+}
+
 const jit_device jit_cpu_device = {
     .name = "cpu",
     .type = EM_CPU,
@@ -165,6 +175,7 @@ const jit_device jit_cpu_device = {
     .launch = cpu_launch,
     .unload = cpu_unload,
     .fused_attention = true, /* src/eager/cpu_attention.c */
+    .fuse_linear = cpu_fuse_linear,
     .half_kernels = true,    /* computed in f32; cpu_vmath_gccjit.c converts */
     .time = cpu_time,
     .model = cpu_model,
