@@ -1382,14 +1382,18 @@ static void on_gpu_in_half(const char *name, void (*test)(em_dtype dt)) {
     test(EM_F16);
 }
 
-/* Shapes around and across the 64 x 64 tiles, head dims 64 and 128, odd
- * ones (padded to 16) and 256, T = 1, odd T, Tq != Tk, causal or not
- * (causal blocks skipped), in bf16 and f16. */
+/* Shapes around and across the tiles of each tiling (128 queries x 32
+ * keys for small heads, 128 x 64 up to 128, 64 x 32 past), head dims 64
+ * and 128, odd ones (padded to 16), 144 and 256, T = 1, odd T, Tq != Tk
+ * both ways, causal or not (causal blocks skipped, warps before the
+ * diagonal idle), many key tiles through the two-stage ring, in bf16 and
+ * f16. */
 static void half_shapes(em_dtype dt) {
     int64_t shapes[][4] = {{1, 1, 64, 64},      {7, 7, 64, 64},     {63, 65, 64, 64},  {129, 129, 64, 64},
                            {130, 600, 128, 128}, {600, 130, 128, 128}, {257, 257, 64, 64}, {3, 520, 32, 32},
                            {33, 5, 17, 17},      {1, 300, 128, 128}, {100, 1, 80, 80},  {65, 64, 256, 128},
-                           {70, 90, 64, 8},      {1000, 1000, 64, 64}};
+                           {70, 90, 64, 8},      {1000, 1000, 64, 64}, {200, 333, 64, 64}, {127, 97, 128, 128},
+                           {300, 300, 64, 32},   {129, 40, 144, 64}, {33, 33, 128, 64}, {385, 1100, 128, 128}};
     for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
         int64_t Tq = shapes[s][0], Tk = shapes[s][1], D = shapes[s][2], Dv = shapes[s][3];
         em_scope_begin();
@@ -1447,7 +1451,7 @@ END_TEST
 
 /* Layouts: a qkv split read in place (rows strided by 3C, heads
  * permuted: 16-byte vector loads), one whose rows are not 16-byte
- * aligned (D 20: element loads), columns strided (a transposed k and v),
+ * aligned (D 20: element loads), k alone unaligned, columns strided (a transposed k and v),
  * broadcast batch and an expanded k; EMBER_CUDA_ATTENTION=simt (which
  * half operands ignore); the edges: no keys (zeros), an
  * empty batch; and head sizes past the kernel's (Dv 200), which the host
@@ -1467,6 +1471,14 @@ static void half_layouts_and_edges(em_dtype dt) {
         check_half(label, &(ref_in){qkv[0], qkv[1], qkv[2], NULL, true, EM_SCALE_DEFAULT});
         check_half(label, &(ref_in){qkv[0], qkv[1], qkv[2], NULL, false, 0.3});
     }
+    /* k's rows 16-byte aligned in no batch (a slice from column 1 of rows
+     * of 65: element loads, not cp.async) beside q and v that are: each
+     * operand takes its own path in one kernel */
+    em_tensor *k65 = hrnd(dt, 29, 4, TU_SIZES(2, 2, 150, 65), 1);
+    check_half("k rows unaligned", &(ref_in){hrnd(dt, 30, 4, TU_SIZES(2, 2, 150, 64), 1),
+                                             em_slice(k65, -1, 1, 65, 1),
+                                             hrnd(dt, 31, 4, TU_SIZES(2, 2, 150, 64), 1), NULL, true,
+                                             EM_SCALE_DEFAULT});
     /* EMBER_CUDA_ATTENTION does not apply to half operands (tensor cores only) */
     setenv("EMBER_CUDA_ATTENTION", "simt", 1);
     check_half("EMBER_CUDA_ATTENTION=simt", &(ref_in){hrnd(dt, 26, 3, TU_SIZES(2, 1, 64), 1),
