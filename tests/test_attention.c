@@ -1416,7 +1416,8 @@ END_TEST
 /* Additive masks in the half type: padding [B, 1, 1, Tk] (-1e4: finite in
  * f16), a full [Tq, Tk] one with and without causal, a per-key row, an
  * expanded column (stride 0), -inf over whole key tiles (skipped) and
- * over every key of some queries (NaN rows), with head dims 64 and 128. */
+ * over every key of some queries (NaN rows), with head dims 64 and 128;
+ * an odd number of keys, and mask rows not 4-byte aligned. */
 static void half_masks(em_dtype dt) {
     for (int64_t D = 64; D <= 128; D *= 2) {
         em_scope_begin();
@@ -1444,6 +1445,16 @@ static void half_masks(em_dtype dt) {
         check_half("-inf mask, causal", &(ref_in){q, k, v, dm, true, EM_SCALE_DEFAULT});
         em_scope_end();
     }
+    /* an odd number of keys: the mask read two keys a load up to the last
+     * (rows of 78, 4-byte aligned), and one whose rows start at odd
+     * elements (a slice from column 1: one key a load) */
+    em_scope_begin();
+    em_tensor *q = hrnd(dt, 32, 4, TU_SIZES(2, 2, 50, 64), 1), *k = hrnd(dt, 33, 4, TU_SIZES(2, 2, 77, 64), 1);
+    em_tensor *v = hrnd(dt, 34, 4, TU_SIZES(2, 2, 77, 64), 1), *m78 = hrnd(dt, 35, 2, TU_SIZES(50, 78), 2);
+    check_half("mask, odd keys", &(ref_in){q, k, v, em_slice(m78, -1, 0, 77, 1), false, EM_SCALE_DEFAULT});
+    check_half("mask, odd keys, causal", &(ref_in){q, k, v, em_slice(m78, -1, 0, 77, 1), true, 0.3});
+    check_half("mask rows unaligned", &(ref_in){q, k, v, em_slice(m78, -1, 1, 78, 1), false, EM_SCALE_DEFAULT});
+    em_scope_end();
 }
 
 START_TEST(fused_on_cuda_half_masks) { on_gpu_in_half("fused_on_cuda_half_masks", half_masks); }

@@ -19,10 +19,10 @@
  * longest query blocks first (causal work grows with the query index).
  * f32 on CUDA cores: TF32 stays off for f32 (docs/cuda.md), as for matmul.
  * On sm_80 on the tiled kernel runs on tensor cores instead
- * (attention_mma, below: 3xTF32 for f32; for f16 and bf16 operands the
- * same body with another operand part, m16n8k16 with f32 accumulation,
- * and the only kernel half operands take); at most 8 queries take the
- * decode kernel (f32).
+ * (attention_mma, below: 3xTF32 for f32; for f16 and bf16 operands
+ * attention_fa2, FlashAttention-2's schedule with m16n8k16 and f32
+ * accumulation, the only kernel half operands take); at most 8 queries
+ * take the decode kernel (f32).
  *
  * The text is specialized on the operand dtype, the head sizes, causal,
  * the mask and the number of batch dims (so each has its own cache key);
@@ -55,7 +55,7 @@ typedef struct attn_args {
     long long Tq, Tk, nqblk, nbatch;
     long long nsplit, chunk; /* the decode kernel: key chunks a query row, keys a chunk */
     float scale; /* scale * log2(e) */
-    int vec;     /* bit 0, 1, 2: q, k, v read as 16-byte vectors */
+    int vec;     /* bit 0, 1, 2: q, k, v read as 16-byte vectors; 3: a half mask's pairs as 4 bytes */
 } attn_args;
 
 /* The kernel body; the generator puts the defines in front of it (D, DV:
@@ -593,6 +593,16 @@ static const char attention_mma_half[] =
  * mrow: its queries' mask rows. */
 static const char attention_mma_steps[] =
     "#define MCOL(j) (MASK == 2 ? (j) : (j) * a.mc) /* MASK 2: unit column stride */\n"
+    "/* The mask at keys j, j + 1 (j even; 0 past Tk) of row mr: half masks\n"
+    " * with unit column stride and rows 4-byte aligned (a.vec bit 3) read\n"
+    " * both in one load where both keys exist */\n"
+    "__device__ __forceinline__ float2 mask_pair(const attn_args &a, const T *mr, long long j) {\n"
+    "  if (HALF && MASK == 2 && (a.vec & 8) && j + 1 < a.Tk) {\n"
+    "    const unsigned w = *(const unsigned *)(mr + j);\n"
+    "    return make_float2(FROM_T((T)(w & 0xffffu)), FROM_T((T)(w >> 16)));\n"
+    "  }\n"
+    "  return make_float2(j < a.Tk ? FROM_T(mr[MCOL(j)]) : 0.f, j + 1 < a.Tk ? FROM_T(mr[MCOL(j + 1)]) : 0.f);\n"
+    "}\n"
     "/* Whether the mask keeps any of this thread's scores of the tile at j0\n"
     " * (the block's threads together: a tile the mask drops for every query\n"
     " * costs nothing, padding keys or an additive causal mask's upper tiles) */\n"
@@ -602,13 +612,12 @@ static const char attention_mma_steps[] =
     "#pragma unroll\n"
     "  for (int h = 0; h < 2; h++)\n"
     "#pragma unroll\n"
-    "    for (int n = 0; n < BK / 8; n++)\n"
-    "#pragma unroll\n"
-    "      for (int e = 0; e < 2; e++) {\n"
-    "        long long j = j0 + 8 * n + 2 * t + e;\n"
-    "        if (iq[h] < a.Tq && j < a.Tk && !(CAUSAL && j > iq[h]))\n"
-    "          live |= FROM_T(mrow[h][MCOL(j)]) != -INFINITY;\n"
-    "      }\n"
+    "    for (int n = 0; n < BK / 8; n++) {\n"
+    "      const long long j = j0 + 8 * n + 2 * t;\n"
+    "      if (iq[h] >= a.Tq || j >= a.Tk || (CAUSAL && j > iq[h])) continue;\n"
+    "      const float2 mk = mask_pair(a, mrow[h], j);\n"
+    "      live |= mk.x != -INFINITY || (j + 1 < a.Tk && !(CAUSAL && j + 1 > iq[h]) && mk.y != -INFINITY);\n"
+    "    }\n"
     "  return live;\n"
     "}\n"
     "/* The online softmax step of the tile at j0 for the thread's two\n"
@@ -622,17 +631,20 @@ static const char attention_mma_steps[] =
     "  for (int h = 0; h < 2; h++) {\n"
     "    float mx = -INFINITY;\n"
     "#pragma unroll\n"
-    "    for (int n = 0; n < BK / 8; n++)\n"
+    "    for (int n = 0; n < BK / 8; n++) {\n"
+    "      const long long j = j0 + 8 * n + 2 * t;\n"
+    "      const float2 mk = MASK && edge && iq[h] < a.Tq && j < a.Tk ? mask_pair(a, mrow[h], j)\n"
+    "                                                                : make_float2(0.f, 0.f);\n"
     "#pragma unroll\n"
     "      for (int e = 0; e < 2; e++) {\n"
     "        float &x = s[n][2 * h + e];\n"
     "        if (edge) {\n"
-    "          long long j = j0 + 8 * n + 2 * t + e;\n"
-    "          if (j >= a.Tk || (CAUSAL && j > iq[h])) x = -INFINITY;\n"
-    "          else if (MASK && iq[h] < a.Tq) x += FROM_T(mrow[h][MCOL(j)]) * LOG2E;\n"
+    "          if (j + e >= a.Tk || (CAUSAL && j + e > iq[h])) x = -INFINITY;\n"
+    "          else if (MASK && iq[h] < a.Tq) x += (e ? mk.y : mk.x) * LOG2E;\n"
     "        }\n"
     "        mx = fmaxf(mx, x);\n"
     "      }\n"
+    "    }\n"
     "    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));\n"
     "    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));\n"
     "    float mnew = fmaxf(m[h], mx), sum = 0.f;\n"
@@ -1180,8 +1192,10 @@ em_status cuda_attention(cuda_device *d, const em_op_call *c, em_tensor *out, cu
     int w = 16 / p.esize;
     a.vec = vector_rows(q, nb, a.qb, a.qr, a.qc, D, w) | vector_rows(k, nb, a.kb, a.kr, a.kc, D, w) << 1 |
             vector_rows(v, nb, a.vb, a.vr, a.vc, Dv, w) << 2;
-    /* MASK 2: the mask's columns are adjacent, no multiply per score */
+    /* MASK 2: the mask's columns are adjacent, no multiply per score;
+     * half ones read two at a time where every row starts 4-byte aligned */
     int mkind = !mask ? 0 : a.mc == 1 ? 2 : 1;
+    if (mkind == 2 && half && vector_rows(mask, nb, a.mb, a.mr, 1, 2, 2)) a.vec |= 8;
     CUdeviceptr ptrs[5] = {(CUdeviceptr)(uintptr_t)em_data(q), (CUdeviceptr)(uintptr_t)em_data(k),
                            (CUdeviceptr)(uintptr_t)em_data(v), mask ? (CUdeviceptr)(uintptr_t)em_data(mask) : 0,
                            (CUdeviceptr)(uintptr_t)em_data(out)};
