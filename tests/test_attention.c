@@ -1382,14 +1382,18 @@ static void on_gpu_in_half(const char *name, void (*test)(em_dtype dt)) {
     test(EM_F16);
 }
 
-/* Shapes around and across the 64 x 64 tiles, head dims 64 and 128, odd
- * ones (padded to 16) and 256, T = 1, odd T, Tq != Tk, causal or not
- * (causal blocks skipped), in bf16 and f16. */
+/* Shapes around and across the tiles of each tiling (128 queries x 32
+ * keys for small heads, 128 x 64 up to 128, 64 x 32 past), head dims 64
+ * and 128, odd ones (padded to 16), 144 and 256, T = 1, odd T, Tq != Tk
+ * both ways, causal or not (causal blocks skipped, warps before the
+ * diagonal idle), many key tiles through the two-stage ring, in bf16 and
+ * f16. */
 static void half_shapes(em_dtype dt) {
     int64_t shapes[][4] = {{1, 1, 64, 64},      {7, 7, 64, 64},     {63, 65, 64, 64},  {129, 129, 64, 64},
                            {130, 600, 128, 128}, {600, 130, 128, 128}, {257, 257, 64, 64}, {3, 520, 32, 32},
                            {33, 5, 17, 17},      {1, 300, 128, 128}, {100, 1, 80, 80},  {65, 64, 256, 128},
-                           {70, 90, 64, 8},      {1000, 1000, 64, 64}};
+                           {70, 90, 64, 8},      {1000, 1000, 64, 64}, {200, 333, 64, 64}, {127, 97, 128, 128},
+                           {300, 300, 64, 32},   {129, 40, 144, 64}, {33, 33, 128, 64}, {385, 1100, 128, 128}};
     for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
         int64_t Tq = shapes[s][0], Tk = shapes[s][1], D = shapes[s][2], Dv = shapes[s][3];
         em_scope_begin();
@@ -1412,7 +1416,8 @@ END_TEST
 /* Additive masks in the half type: padding [B, 1, 1, Tk] (-1e4: finite in
  * f16), a full [Tq, Tk] one with and without causal, a per-key row, an
  * expanded column (stride 0), -inf over whole key tiles (skipped) and
- * over every key of some queries (NaN rows), with head dims 64 and 128. */
+ * over every key of some queries (NaN rows), with head dims 64 and 128;
+ * an odd number of keys, and mask rows not 4-byte aligned. */
 static void half_masks(em_dtype dt) {
     for (int64_t D = 64; D <= 128; D *= 2) {
         em_scope_begin();
@@ -1440,6 +1445,16 @@ static void half_masks(em_dtype dt) {
         check_half("-inf mask, causal", &(ref_in){q, k, v, dm, true, EM_SCALE_DEFAULT});
         em_scope_end();
     }
+    /* an odd number of keys: the mask read two keys a load up to the last
+     * (rows of 78, 4-byte aligned), and one whose rows start at odd
+     * elements (a slice from column 1: one key a load) */
+    em_scope_begin();
+    em_tensor *q = hrnd(dt, 32, 4, TU_SIZES(2, 2, 50, 64), 1), *k = hrnd(dt, 33, 4, TU_SIZES(2, 2, 77, 64), 1);
+    em_tensor *v = hrnd(dt, 34, 4, TU_SIZES(2, 2, 77, 64), 1), *m78 = hrnd(dt, 35, 2, TU_SIZES(50, 78), 2);
+    check_half("mask, odd keys", &(ref_in){q, k, v, em_slice(m78, -1, 0, 77, 1), false, EM_SCALE_DEFAULT});
+    check_half("mask, odd keys, causal", &(ref_in){q, k, v, em_slice(m78, -1, 0, 77, 1), true, 0.3});
+    check_half("mask rows unaligned", &(ref_in){q, k, v, em_slice(m78, -1, 1, 78, 1), false, EM_SCALE_DEFAULT});
+    em_scope_end();
 }
 
 START_TEST(fused_on_cuda_half_masks) { on_gpu_in_half("fused_on_cuda_half_masks", half_masks); }
@@ -1447,7 +1462,7 @@ END_TEST
 
 /* Layouts: a qkv split read in place (rows strided by 3C, heads
  * permuted: 16-byte vector loads), one whose rows are not 16-byte
- * aligned (D 20: element loads), columns strided (a transposed k and v),
+ * aligned (D 20: element loads), k alone unaligned, columns strided (a transposed k and v),
  * broadcast batch and an expanded k; EMBER_CUDA_ATTENTION=simt (which
  * half operands ignore); the edges: no keys (zeros), an
  * empty batch; and head sizes past the kernel's (Dv 200), which the host
@@ -1467,6 +1482,14 @@ static void half_layouts_and_edges(em_dtype dt) {
         check_half(label, &(ref_in){qkv[0], qkv[1], qkv[2], NULL, true, EM_SCALE_DEFAULT});
         check_half(label, &(ref_in){qkv[0], qkv[1], qkv[2], NULL, false, 0.3});
     }
+    /* k's rows 16-byte aligned in no batch (a slice from column 1 of rows
+     * of 65: element loads, not cp.async) beside q and v that are: each
+     * operand takes its own path in one kernel */
+    em_tensor *k65 = hrnd(dt, 29, 4, TU_SIZES(2, 2, 150, 65), 1);
+    check_half("k rows unaligned", &(ref_in){hrnd(dt, 30, 4, TU_SIZES(2, 2, 150, 64), 1),
+                                             em_slice(k65, -1, 1, 65, 1),
+                                             hrnd(dt, 31, 4, TU_SIZES(2, 2, 150, 64), 1), NULL, true,
+                                             EM_SCALE_DEFAULT});
     /* EMBER_CUDA_ATTENTION does not apply to half operands (tensor cores only) */
     setenv("EMBER_CUDA_ATTENTION", "simt", 1);
     check_half("EMBER_CUDA_ATTENTION=simt", &(ref_in){hrnd(dt, 26, 3, TU_SIZES(2, 1, 64), 1),

@@ -720,23 +720,31 @@ START_TEST(attention_kernel_compiles) {
 END_TEST
 
 /* The fused attention kernel for f16 and bf16 operands (m16n8k16 tensor
- * cores, sm_80 on) compiles for sm_90 in each specialization: both
- * dtypes with each mask kind (none, strided, unit-stride columns),
- * causal or not, head dims 64, 128, 256 (the largest taken) and odd ones
- * (padded to 16), Dv from 8 to 128, 0 to 8 batch dims (six texts: about a
- * minute each under valgrind); other dtypes and head sizes past the
+ * cores, sm_80 on; FlashAttention-2's schedule: cp.async ring, ldmatrix)
+ * compiles for sm_90 in each specialization: both dtypes with each mask
+ * kind (none, strided, unit-stride columns), causal or not, head dims 64,
+ * 128, 256 (the largest taken) and odd ones (padded to 16), Dv from 8 to
+ * 128, 0 to 8 batch dims, and each of the plan's three tilings (128
+ * queries x 32 keys for small heads, 128 x 64 up to 128, 64 x 32 past:
+ * cuda_attention.c's plan_half); seven texts, one a dtype under valgrind
+ * (about a minute each there); other dtypes and head sizes past the
  * kernel's are EM_ERR_ARG. */
 START_TEST(attention_half_kernels_compile) {
-    static const struct { em_dtype dt; int64_t D, Dv; int causal, mask, nb; } cases[] = {
-        {EM_BF16, 64, 64, 1, 0, 2}, {EM_BF16, 128, 128, 0, 2, 1}, {EM_BF16, 256, 128, 0, 1, 0},
-        {EM_F16, 64, 64, 0, 2, 2},  {EM_F16, 17, 100, 1, 1, 8},   {EM_F16, 80, 8, 1, 0, 3}};
+    static const struct { em_dtype dt; int64_t D, Dv; int causal, mask, nb, bq, bk; } cases[] = {
+        {EM_BF16, 64, 64, 1, 0, 2, 128, 32}, {EM_BF16, 128, 128, 0, 2, 1, 128, 64},
+        {EM_BF16, 256, 128, 0, 1, 0, 64, 32}, {EM_F16, 64, 64, 0, 2, 2, 128, 32},
+        {EM_F16, 17, 100, 1, 1, 8, 128, 64}, {EM_F16, 80, 8, 1, 0, 3, 128, 32},
+        {EM_BF16, 144, 64, 1, 2, 2, 64, 32}};
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         char *text = cuda_attention_half_text(cases[i].dt, cases[i].D, cases[i].Dv, cases[i].causal,
                                               cases[i].mask, cases[i].nb);
         ck_assert_ptr_nonnull(text);
-        char want[32];
+        char want[32], tiles[48];
         snprintf(want, sizeof want, "#define HALF %d\n", cases[i].dt == EM_BF16 ? 2 : 1);
+        snprintf(tiles, sizeof tiles, "#define BQ %d\n#define BK %d\n", cases[i].bq, cases[i].bk);
         ck_assert_msg(strstr(text, want) && strstr(text, "m16n8k16") && strstr(text, "em_to_bf16"), "%s", text);
+        ck_assert_msg(strstr(text, tiles) && strstr(text, "cp.async.cg.shared.global") &&
+                      strstr(text, "ldmatrix.sync.aligned.m8n8.x4.shared.b16"), "case %zu: %s", i, text);
         if (sample_nvrtc() && i != 0 && i != 4) { /* one text a dtype */
             em_free(text);
             continue;

@@ -19,10 +19,10 @@
  * longest query blocks first (causal work grows with the query index).
  * f32 on CUDA cores: TF32 stays off for f32 (docs/cuda.md), as for matmul.
  * On sm_80 on the tiled kernel runs on tensor cores instead
- * (attention_mma, below: 3xTF32 for f32; for f16 and bf16 operands the
- * same body with another operand part, m16n8k16 with f32 accumulation,
- * and the only kernel half operands take); at most 8 queries take the
- * decode kernel (f32).
+ * (attention_mma, below: 3xTF32 for f32; for f16 and bf16 operands
+ * attention_fa2, FlashAttention-2's schedule with m16n8k16 and f32
+ * accumulation, the only kernel half operands take); at most 8 queries
+ * take the decode kernel (f32).
  *
  * The text is specialized on the operand dtype, the head sizes, causal,
  * the mask and the number of batch dims (so each has its own cache key);
@@ -55,7 +55,7 @@ typedef struct attn_args {
     long long Tq, Tk, nqblk, nbatch;
     long long nsplit, chunk; /* the decode kernel: key chunks a query row, keys a chunk */
     float scale; /* scale * log2(e) */
-    int vec;     /* bit 0, 1, 2: q, k, v read as 16-byte vectors */
+    int vec;     /* bit 0, 1, 2: q, k, v read as 16-byte vectors; 3: a half mask's pairs as 4 bytes */
 } attn_args;
 
 /* The kernel body; the generator puts the defines in front of it (D, DV:
@@ -523,8 +523,6 @@ static const char attention_mma_half[] =
     "      : \"+f\"(c[0]), \"+f\"(c[1]), \"+f\"(c[2]), \"+f\"(c[3])\n"
     "      : \"r\"(a[0]), \"r\"(a[1]), \"r\"(a[2]), \"r\"(a[3]), \"r\"(b[0]), \"r\"(b[1]));\n"
     "}\n"
-    "/* Two adjacent halves as one register (the first in the lower bits) */\n"
-    "__device__ __forceinline__ unsigned pair_at(const T *p) { return *(const unsigned *)p; }\n"
     "/* lo and hi rounded to nearest even (TO_T's rounding, one instruction\n"
     " * for both), lo in the lower bits: cvt puts its first source high */\n"
     "__device__ __forceinline__ unsigned pack_pair(float lo, float hi) {\n"
@@ -540,21 +538,31 @@ static const char attention_mma_half[] =
     "  asm volatile(\"ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\"\n"
     "      : \"=r\"(r[0]), \"=r\"(r[1]), \"=r\"(r[2]), \"=r\"(r[3]) : \"r\"(a));\n"
     "}\n"
-    "/* s[n] = the scores of the warp's queries m0 + g, + 8 and keys 8n + 2t,\n"
-    " * + 1 of the tile (the mma's C), times scale (* log2 e) */\n"
-    "__device__ __forceinline__ void scores_of(float (*s)[4], const T *Qs, const T *Ks, int m0, int g, int t,\n"
+    "/* A fragments of 16 rows x 16 columns, or B fragments of two 8-key\n"
+    " * blocks, from a row-major tile: ldmatrix .x4 gives thread (g, t) row g\n"
+    " * and columns 2t, 2t + 1 of each of the four 8 x 8 matrices whose rows\n"
+    " * lanes 8i .. 8i + 7 address */\n"
+    "__device__ __forceinline__ void ldmatrix_x4(unsigned *r, const T *p) {\n"
+    "  unsigned a = (unsigned)__cvta_generic_to_shared(p);\n"
+    "  asm volatile(\"ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\"\n"
+    "      : \"=r\"(r[0]), \"=r\"(r[1]), \"=r\"(r[2]), \"=r\"(r[3]) : \"r\"(a));\n"
+    "}\n"
+    "/* s[n] = the scores of the warp's queries g, g + 8 and keys 8n + 2t, + 1\n"
+    " * of the tile (the mma's C), times scale (* log2 e): q's A fragments\n"
+    " * from registers (qf, loaded once), k's B fragments by ldmatrix (matrix\n"
+    " * i: keys 8 (n + i / 2) .., columns 16 kk + 8 (i & 1) ..) */\n"
+    "__device__ __forceinline__ void scores_of(float (*s)[4], const unsigned (*qf)[4], const T *Ks, int lane,\n"
     "                                          float scale) {\n"
-    "#pragma unroll 2\n"
-    "  for (int k0 = 0; k0 < D8; k0 += 16) {\n"
-    "    const T *qr = Qs + (m0 + g) * QP + k0 + 2 * t;\n"
-    "    unsigned af[4] = {pair_at(qr), pair_at(qr + 8 * QP), pair_at(qr + 8), pair_at(qr + 8 * QP + 8)};\n"
+    "  const T *kr = Ks + ((lane & 7) + ((lane >> 4) << 3)) * QP + 8 * ((lane >> 3) & 1);\n"
     "#pragma unroll\n"
-    "    for (int n = 0; n < BK / 8; n++) {\n"
-    "      const T *kr = Ks + (8 * n + g) * QP + k0 + 2 * t;\n"
-    "      unsigned bf[2] = {pair_at(kr), pair_at(kr + 8)};\n"
-    "      mma16(s[n], af, bf);\n"
+    "  for (int kk = 0; kk < D8 / 16; kk++)\n"
+    "#pragma unroll\n"
+    "    for (int n = 0; n < BK / 8; n += 2) {\n"
+    "      unsigned bf[4];\n"
+    "      ldmatrix_x4(bf, kr + 8 * n * QP + 16 * kk);\n"
+    "      mma16(s[n], qf[kk], bf);\n"
+    "      mma16(s[n + 1], qf[kk], bf + 2);\n"
     "    }\n"
-    "  }\n"
     "#pragma unroll\n"
     "  for (int n = 0; n < BK / 8; n++) s[n][0] *= scale, s[n][1] *= scale, s[n][2] *= scale, s[n][3] *= scale;\n"
     "}\n"
@@ -579,105 +587,94 @@ static const char attention_mma_half[] =
     "  }\n"
     "}\n";
 
-/* The tensor-core kernel's body (either operand type): each of 4 warps
- * takes 16 queries of the block's 64 and every key of a 64-key tile. */
-static const char attention_mma[] =
-    "extern \"C\" __global__ void BOUNDS k(const T *__restrict__ q,\n"
-    "    const T *__restrict__ kk, const T *__restrict__ v,\n"
-    "    const T *__restrict__ mask, T *__restrict__ out, attn_args a) {\n"
-    "  EM_AFTER_PRIOR();\n"
-    "  extern __shared__ float4 smem4[];\n"
-    "  T *Qs = (T *)smem4, *Ks = Qs + BQ * QP, *Vs = Ks + BK * QP;\n"
-    "  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;\n"
-    "  const int m0 = (threadIdx.x >> 5) * 16; /* the warp's 16 queries */\n"
-    "  long long b, i0, qo, ko, vo, mo;\n"
-    "  block_of(a, &b, &i0, &qo, &ko, &vo, &mo);\n"
-    "  load_tile<BQ, D, D8, QP>(Qs, q + qo, i0, a.Tq, a.qr, a.qc, QMUL(a), a.vec & 1);\n"
-    "  const long long iq[2] = {i0 + m0 + g, i0 + m0 + g + 8}; /* this thread's two queries */\n"
-    "  /* their mask rows (row 0 past Tq: never read there); MASK 2: unit\n"
-    "   * column stride */\n"
-    "  const T *mrow[2] = {mask + mo + (iq[0] < a.Tq ? iq[0] : 0) * a.mr,\n"
-    "                      mask + mo + (iq[1] < a.Tq ? iq[1] : 0) * a.mr};\n"
-    "#define MCOL(j) (MASK == 2 ? (j) : (j) * a.mc)\n"
-    "  float o[DV8 / 8][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};\n"
+/* The tensor-core kernels' steps (either operand type, either body): a
+ * thread holds two queries iq[h] (rows g, g + 8 of its warp's 16) and,
+ * of a key tile at j0, the keys j0 + 8n + 2t, + 1 (the mma's C layout);
+ * mrow: its queries' mask rows. */
+static const char attention_mma_steps[] =
+    "#define MCOL(j) (MASK == 2 ? (j) : (j) * a.mc) /* MASK 2: unit column stride */\n"
+    "/* The mask at keys j, j + 1 (j even; 0 past Tk) of row mr: half masks\n"
+    " * with unit column stride and rows 4-byte aligned (a.vec bit 3) read\n"
+    " * both in one load where both keys exist */\n"
+    "__device__ __forceinline__ float2 mask_pair(const attn_args &a, const T *mr, long long j) {\n"
+    "  if (HALF && MASK == 2 && (a.vec & 8) && j + 1 < a.Tk) {\n"
+    "    const unsigned w = *(const unsigned *)(mr + j);\n"
+    "    return make_float2(FROM_T((T)(w & 0xffffu)), FROM_T((T)(w >> 16)));\n"
+    "  }\n"
+    "  return make_float2(j < a.Tk ? FROM_T(mr[MCOL(j)]) : 0.f, j + 1 < a.Tk ? FROM_T(mr[MCOL(j + 1)]) : 0.f);\n"
+    "}\n"
+    "/* Whether the mask keeps any of this thread's scores of the tile at j0\n"
+    " * (the block's threads together: a tile the mask drops for every query\n"
+    " * costs nothing, padding keys or an additive causal mask's upper tiles) */\n"
+    "__device__ __forceinline__ bool tile_live(const attn_args &a, const long long *iq, const T *const *mrow,\n"
+    "                                          long long j0, int t) {\n"
+    "  bool live = false;\n"
     "#pragma unroll\n"
-    "  for (int n = 0; n < DV8 / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;\n"
-    "  long long kend = a.Tk;\n"
-    "  if (CAUSAL && i0 + BQ < kend) kend = i0 + BQ;\n"
-    "  for (long long j0 = 0; j0 < kend; j0 += BK) {\n"
-    "    if (MASK) {\n"
-    "      /* a tile the mask drops for every query of the block costs\n"
-    "       * nothing (padding keys, an additive causal mask's upper tiles);\n"
-    "       * each thread looks at its own scores' places */\n"
-    "      bool live = false;\n"
+    "  for (int h = 0; h < 2; h++)\n"
     "#pragma unroll\n"
-    "      for (int h = 0; h < 2; h++)\n"
-    "#pragma unroll\n"
-    "        for (int n = 0; n < BK / 8; n++)\n"
-    "#pragma unroll\n"
-    "          for (int e = 0; e < 2; e++) {\n"
-    "            long long j = j0 + 8 * n + 2 * t + e;\n"
-    "            if (iq[h] < a.Tq && j < a.Tk && !(CAUSAL && j > iq[h]))\n"
-    "              live |= FROM_T(mrow[h][MCOL(j)]) != -INFINITY;\n"
-    "          }\n"
-    "      if (!__syncthreads_or(live)) continue;\n"
-    "    } else {\n"
-    "      __syncthreads();\n"
+    "    for (int n = 0; n < BK / 8; n++) {\n"
+    "      const long long j = j0 + 8 * n + 2 * t;\n"
+    "      if (iq[h] >= a.Tq || j >= a.Tk || (CAUSAL && j > iq[h])) continue;\n"
+    "      const float2 mk = mask_pair(a, mrow[h], j);\n"
+    "      live |= mk.x != -INFINITY || (j + 1 < a.Tk && !(CAUSAL && j + 1 > iq[h]) && mk.y != -INFINITY);\n"
     "    }\n"
-    "    load_tile<BK, D, D8, QP>(Ks, kk + ko, j0, a.Tk, a.kr, a.kc, 1.f, a.vec & 2);\n"
-    "    load_tile<BK, DV, DV8, VP>(Vs, v + vo, j0, a.Tk, a.vr, a.vc, 1.f, a.vec & 4);\n"
-    "    __syncthreads();\n"
-    "    /* s[n]: keys j0 + 8n + 2t, +1 of queries g, g + 8 (the mma's C) */\n"
-    "    float s[BK / 8][4];\n"
+    "  return live;\n"
+    "}\n"
+    "/* The online softmax step of the tile at j0 for the thread's two\n"
+    " * queries: on an edge tile (the diagonal, past the keys, a mask) the\n"
+    " * dropped scores to -inf and the mask added; the running max m and sum\n"
+    " * l updated, the scores s turned into probabilities, o rescaled */\n"
+    "__device__ __forceinline__ void softmax_step(float (*s)[4], float (*o)[4], float *m, float *l,\n"
+    "    const attn_args &a, const long long *iq, const T *const *mrow, long long j0, int t, bool edge) {\n"
+    "  float alpha[2];\n"
     "#pragma unroll\n"
-    "    for (int n = 0; n < BK / 8; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;\n"
-    "    scores_of(s, Qs, Ks, m0, g, t, a.scale);\n"
-    "    /* a tile on the diagonal or past the keys drops some scores */\n"
-    "    bool edge = j0 + BK > a.Tk || (CAUSAL && j0 + BK - 1 > i0) || MASK;\n"
-    "    float alpha[2];\n"
+    "  for (int h = 0; h < 2; h++) {\n"
+    "    float mx = -INFINITY;\n"
     "#pragma unroll\n"
-    "    for (int h = 0; h < 2; h++) {\n"
-    "      float mx = -INFINITY;\n"
+    "    for (int n = 0; n < BK / 8; n++) {\n"
+    "      const long long j = j0 + 8 * n + 2 * t;\n"
+    "      const float2 mk = MASK && edge && iq[h] < a.Tq && j < a.Tk ? mask_pair(a, mrow[h], j)\n"
+    "                                                                : make_float2(0.f, 0.f);\n"
+    "#pragma unroll\n"
+    "      for (int e = 0; e < 2; e++) {\n"
+    "        float &x = s[n][2 * h + e];\n"
+    "        if (edge) {\n"
+    "          if (j + e >= a.Tk || (CAUSAL && j + e > iq[h])) x = -INFINITY;\n"
+    "          else if (MASK && iq[h] < a.Tq) x += (e ? mk.y : mk.x) * LOG2E;\n"
+    "        }\n"
+    "        mx = fmaxf(mx, x);\n"
+    "      }\n"
+    "    }\n"
+    "    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));\n"
+    "    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));\n"
+    "    float mnew = fmaxf(m[h], mx), sum = 0.f;\n"
+    "    alpha[h] = 1.f;\n"
+    "    if (mnew == -INFINITY) {\n"
+    "#pragma unroll\n"
+    "      for (int n = 0; n < BK / 8; n++) s[n][2 * h] = s[n][2 * h + 1] = 0.f;\n"
+    "    } else {\n"
+    "      alpha[h] = exp2f(m[h] - mnew);\n"
     "#pragma unroll\n"
     "      for (int n = 0; n < BK / 8; n++)\n"
     "#pragma unroll\n"
     "        for (int e = 0; e < 2; e++) {\n"
-    "          float &x = s[n][2 * h + e];\n"
-    "          if (edge) {\n"
-    "            long long j = j0 + 8 * n + 2 * t + e;\n"
-    "            if (j >= a.Tk || (CAUSAL && j > iq[h])) x = -INFINITY;\n"
-    "            else if (MASK && iq[h] < a.Tq) x += FROM_T(mrow[h][MCOL(j)]) * LOG2E;\n"
-    "          }\n"
-    "          mx = fmaxf(mx, x);\n"
+    "          s[n][2 * h + e] = exp2f(s[n][2 * h + e] - mnew);\n"
+    "          sum += s[n][2 * h + e];\n"
     "        }\n"
-    "      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));\n"
-    "      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));\n"
-    "      float mnew = fmaxf(m[h], mx), sum = 0.f;\n"
-    "      alpha[h] = 1.f;\n"
-    "      if (mnew == -INFINITY) {\n"
-    "#pragma unroll\n"
-    "        for (int n = 0; n < BK / 8; n++) s[n][2 * h] = s[n][2 * h + 1] = 0.f;\n"
-    "      } else {\n"
-    "        alpha[h] = exp2f(m[h] - mnew);\n"
-    "#pragma unroll\n"
-    "        for (int n = 0; n < BK / 8; n++)\n"
-    "#pragma unroll\n"
-    "          for (int e = 0; e < 2; e++) {\n"
-    "            s[n][2 * h + e] = exp2f(s[n][2 * h + e] - mnew);\n"
-    "            sum += s[n][2 * h + e];\n"
-    "          }\n"
-    "      }\n"
-    "      sum += __shfl_xor_sync(0xffffffffu, sum, 1);\n"
-    "      sum += __shfl_xor_sync(0xffffffffu, sum, 2);\n"
-    "      l[h] = l[h] * alpha[h] + sum;\n"
-    "      m[h] = mnew;\n"
     "    }\n"
-    "#pragma unroll\n"
-    "    for (int n = 0; n < DV8 / 8; n++) {\n"
-    "      o[n][0] *= alpha[0], o[n][1] *= alpha[0], o[n][2] *= alpha[1], o[n][3] *= alpha[1];\n"
-    "    }\n"
-    "    pv_of(o, s, Vs, g, t, lane);\n"
+    "    sum += __shfl_xor_sync(0xffffffffu, sum, 1);\n"
+    "    sum += __shfl_xor_sync(0xffffffffu, sum, 2);\n"
+    "    l[h] = l[h] * alpha[h] + sum;\n"
+    "    m[h] = mnew;\n"
     "  }\n"
+    "#pragma unroll\n"
+    "  for (int n = 0; n < DV8 / 8; n++)\n"
+    "    o[n][0] *= alpha[0], o[n][1] *= alpha[0], o[n][2] *= alpha[1], o[n][3] *= alpha[1];\n"
+    "}\n"
+    "/* out's rows of the thread's queries: o / l (NaN where every key was\n"
+    " * dropped, 0 without keys) */\n"
+    "__device__ __forceinline__ void store_rows(T *__restrict__ out, const attn_args &a, long long b,\n"
+    "    const long long *iq, float (*o)[4], const float *m, const float *l, int t) {\n"
     "#pragma unroll\n"
     "  for (int h = 0; h < 2; h++) {\n"
     "    if (iq[h] >= a.Tq) continue;\n"
@@ -693,6 +690,168 @@ static const char attention_mma[] =
     "  }\n"
     "}\n";
 
+/* The 3xTF32 kernel's body (f32 operands): each of 4 warps takes 16
+ * queries of the block's 64 and every key of a 64-key tile; the tiles
+ * load synchronously into one buffer. */
+static const char attention_mma[] =
+    "extern \"C\" __global__ void BOUNDS k(const T *__restrict__ q,\n"
+    "    const T *__restrict__ kk, const T *__restrict__ v,\n"
+    "    const T *__restrict__ mask, T *__restrict__ out, attn_args a) {\n"
+    "  EM_AFTER_PRIOR();\n"
+    "  extern __shared__ float4 smem4[];\n"
+    "  T *Qs = (T *)smem4, *Ks = Qs + BQ * QP, *Vs = Ks + BK * QP;\n"
+    "  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;\n"
+    "  const int m0 = (threadIdx.x >> 5) * 16; /* the warp's 16 queries */\n"
+    "  long long b, i0, qo, ko, vo, mo;\n"
+    "  block_of(a, &b, &i0, &qo, &ko, &vo, &mo);\n"
+    "  load_tile<BQ, D, D8, QP>(Qs, q + qo, i0, a.Tq, a.qr, a.qc, QMUL(a), a.vec & 1);\n"
+    "  const long long iq[2] = {i0 + m0 + g, i0 + m0 + g + 8}; /* this thread's two queries */\n"
+    "  /* their mask rows (row 0 past Tq: never read there) */\n"
+    "  const T *mrow[2] = {mask + mo + (iq[0] < a.Tq ? iq[0] : 0) * a.mr,\n"
+    "                      mask + mo + (iq[1] < a.Tq ? iq[1] : 0) * a.mr};\n"
+    "  float o[DV8 / 8][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};\n"
+    "#pragma unroll\n"
+    "  for (int n = 0; n < DV8 / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;\n"
+    "  long long kend = a.Tk;\n"
+    "  if (CAUSAL && i0 + BQ < kend) kend = i0 + BQ;\n"
+    "  for (long long j0 = 0; j0 < kend; j0 += BK) {\n"
+    "    if (MASK) {\n"
+    "      if (!__syncthreads_or(tile_live(a, iq, mrow, j0, t))) continue;\n"
+    "    } else {\n"
+    "      __syncthreads();\n"
+    "    }\n"
+    "    load_tile<BK, D, D8, QP>(Ks, kk + ko, j0, a.Tk, a.kr, a.kc, 1.f, a.vec & 2);\n"
+    "    load_tile<BK, DV, DV8, VP>(Vs, v + vo, j0, a.Tk, a.vr, a.vc, 1.f, a.vec & 4);\n"
+    "    __syncthreads();\n"
+    "    /* s[n]: keys j0 + 8n + 2t, +1 of queries g, g + 8 (the mma's C) */\n"
+    "    float s[BK / 8][4];\n"
+    "#pragma unroll\n"
+    "    for (int n = 0; n < BK / 8; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;\n"
+    "    scores_of(s, Qs, Ks, m0, g, t, a.scale);\n"
+    "    /* a tile on the diagonal or past the keys drops some scores */\n"
+    "    bool edge = j0 + BK > a.Tk || (CAUSAL && j0 + BK - 1 > i0) || MASK;\n"
+    "    softmax_step(s, o, m, l, a, iq, mrow, j0, t, edge);\n"
+    "    pv_of(o, s, Vs, g, t, lane);\n"
+    "  }\n"
+    "  store_rows(out, a, b, iq, o, m, l, t);\n"
+    "}\n";
+
+/* The half kernel's body (f16, bf16; FlashAttention-2's schedule, Dao
+ * 2023): NW warps of 16 queries each, the warp's q fragments loaded once
+ * into registers (ldmatrix); the k and v tiles through a ring of two
+ * shared-memory stages filled by 16-byte cp.async copies, tile j + 1's
+ * copies issued before tile j is computed (rows that cannot be read as
+ * 16-byte vectors take load_tile's synchronous path instead); k's and
+ * v's B fragments by ldmatrix (.trans for v).  The row pitches (8 mod 16
+ * halves) put the 8 rows an ldmatrix matrix reads in 8 different 4-bank
+ * groups: no bank conflicts, and every row 16-byte aligned for cp.async. */
+static const char attention_fa2[] =
+    "/* A 16-byte copy from global to shared memory in flight (cp.async.cg,\n"
+    " * through L2 only); src_bytes 0 reads nothing and zero-fills dst */\n"
+    "__device__ __forceinline__ void cp_async16(T *dst, const T *src, int src_bytes) {\n"
+    "  unsigned d = (unsigned)__cvta_generic_to_shared(dst);\n"
+    "  asm volatile(\"cp.async.cg.shared.global [%0], [%1], 16, %2;\" :: \"r\"(d), \"l\"(src), \"r\"(src_bytes)\n"
+    "               : \"memory\");\n"
+    "}\n"
+    "__device__ __forceinline__ void cp_commit() { asm volatile(\"cp.async.commit_group;\" ::: \"memory\"); }\n"
+    "/* the thread's copies but the last N groups done */\n"
+    "template <int N> __device__ __forceinline__ void cp_wait() {\n"
+    "  asm volatile(\"cp.async.wait_group %0;\" :: \"n\"(N) : \"memory\");\n"
+    "}\n"
+    "/* load_tile's tile (zero past nrows and COLS) by cp.async (vec: unit\n"
+    " * column stride, 16-byte aligned rows), else by load_tile (it is then\n"
+    " * in shared memory when this returns) */\n"
+    "template <int ROWS, int COLS, int COLSV, int PITCH>\n"
+    "__device__ __forceinline__ void fetch_tile(T *dst, const T *__restrict__ src, long long r0, long long nrows,\n"
+    "    long long rs, long long cs, bool vec) {\n"
+    "  if (!vec) {\n"
+    "    load_tile<ROWS, COLS, COLSV, PITCH>(dst, src, r0, nrows, rs, cs, 1.f, false);\n"
+    "    return;\n"
+    "  }\n"
+    "  const int NV = ROWS * (COLSV / 8);\n"
+    "  /* rolled: unrolled, the copies' offsets (the same for every tile)\n"
+    "   * would be hoisted out of the key loop into registers */\n"
+    "#pragma unroll 1\n"
+    "  for (int i = 0; i < (NV + NT - 1) / NT; i++) {\n"
+    "    const int e = threadIdx.x + i * NT, r = e / (COLSV / 8), c = e % (COLSV / 8) * 8;\n"
+    "    const bool in = r0 + r < nrows && c < COLS;\n"
+    "    if (NV % NT == 0 || e < NV) cp_async16(dst + r * PITCH + c, in ? src + (r0 + r) * rs + c : src, in ? 16 : 0);\n"
+    "  }\n"
+    "}\n"
+    "/* The first key tile from j0 on that the mask keeps a score of the\n"
+    " * block in (j0 itself without a mask), kend when none: the same answer\n"
+    " * in every thread */\n"
+    "__device__ __forceinline__ long long next_live(const attn_args &a, long long j0, long long kend,\n"
+    "    const long long *iq, const T *const *mrow, int t) {\n"
+    "  if (MASK)\n"
+    "    for (; j0 < kend; j0 += BK)\n"
+    "      if (__syncthreads_or(tile_live(a, iq, mrow, j0, t))) return j0;\n"
+    "  return j0 < kend ? j0 : kend;\n"
+    "}\n"
+    "extern \"C\" __global__ void BOUNDS k(const T *__restrict__ q,\n"
+    "    const T *__restrict__ kk, const T *__restrict__ v,\n"
+    "    const T *__restrict__ mask, T *__restrict__ out, attn_args a) {\n"
+    "  EM_AFTER_PRIOR();\n"
+    "  extern __shared__ float4 smem4[];\n"
+    "  /* the q tile, then the k tile's two stages, then v's */\n"
+    "  T *Qs = (T *)smem4, *Ks = Qs + BQ * QP, *Vs = Ks + 2 * BK * QP;\n"
+    "  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;\n"
+    "  const int m0 = (threadIdx.x >> 5) * 16; /* the warp's 16 queries */\n"
+    "  long long b, i0, qo, ko, vo, mo;\n"
+    "  block_of(a, &b, &i0, &qo, &ko, &vo, &mo);\n"
+    "  const long long iq[2] = {i0 + m0 + g, i0 + m0 + g + 8}; /* this thread's two queries */\n"
+    "  /* their mask rows (row 0 past Tq: never read there) */\n"
+    "  const T *mrow[2] = {mask + mo + (iq[0] < a.Tq ? iq[0] : 0) * a.mr,\n"
+    "                      mask + mo + (iq[1] < a.Tq ? iq[1] : 0) * a.mr};\n"
+    "  long long kend = a.Tk;\n"
+    "  if (CAUSAL && i0 + BQ < kend) kend = i0 + BQ;\n"
+    "  /* q's copies one group, the first live tile's the next */\n"
+    "  fetch_tile<BQ, D, D8, QP>(Qs, q + qo, i0, a.Tq, a.qr, a.qc, a.vec & 1);\n"
+    "  cp_commit();\n"
+    "  long long j0 = next_live(a, 0, kend, iq, mrow, t);\n"
+    "  if (j0 < kend) {\n"
+    "    fetch_tile<BK, D, D8, QP>(Ks, kk + ko, j0, a.Tk, a.kr, a.kc, a.vec & 2);\n"
+    "    fetch_tile<BK, DV, DV8, VP>(Vs, v + vo, j0, a.Tk, a.vr, a.vc, a.vec & 4);\n"
+    "  }\n"
+    "  cp_commit();\n"
+    "  cp_wait<1>();\n"
+    "  __syncthreads();\n"
+    "  unsigned qf[D8 / 16][4]; /* the warp's q as A fragments, for every tile */\n"
+    "#pragma unroll\n"
+    "  for (int kk = 0; kk < D8 / 16; kk++)\n"
+    "    ldmatrix_x4(qf[kk], Qs + (m0 + (lane & 15)) * QP + 16 * kk + 8 * (lane >> 4));\n"
+    "  float o[DV8 / 8][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};\n"
+    "#pragma unroll\n"
+    "  for (int n = 0; n < DV8 / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;\n"
+    "  /* a warp past the queries, or (causal) before every key of a tile,\n"
+    "   * skips the tile's work (but not the block's barriers) */\n"
+    "  const long long wfirst = i0 + m0, wlast = wfirst + 15;\n"
+    "  for (int st = 0; j0 < kend; st ^= 1) {\n"
+    "    const long long jn = next_live(a, j0 + BK, kend, iq, mrow, t);\n"
+    "    __syncthreads(); /* every warp is done with stage st ^ 1 (the tile before j0) */\n"
+    "    if (jn < kend) {\n"
+    "      fetch_tile<BK, D, D8, QP>(Ks + (st ^ 1) * BK * QP, kk + ko, jn, a.Tk, a.kr, a.kc, a.vec & 2);\n"
+    "      fetch_tile<BK, DV, DV8, VP>(Vs + (st ^ 1) * BK * VP, v + vo, jn, a.Tk, a.vr, a.vc, a.vec & 4);\n"
+    "    }\n"
+    "    cp_commit();\n"
+    "    cp_wait<1>(); /* tile j0's copies (this thread's) */\n"
+    "    __syncthreads(); /* and every thread's */\n"
+    "    if (wfirst < a.Tq && !(CAUSAL && j0 > wlast)) {\n"
+    "      /* s[n]: keys j0 + 8n + 2t, +1 of queries g, g + 8 (the mma's C) */\n"
+    "      float s[BK / 8][4];\n"
+    "#pragma unroll\n"
+    "      for (int n = 0; n < BK / 8; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;\n"
+    "      scores_of(s, qf, Ks + st * BK * QP, lane, a.scale);\n"
+    "      /* a tile on the warp's diagonal or past the keys drops some scores */\n"
+    "      const bool edge = j0 + BK > a.Tk || (CAUSAL && j0 + BK - 1 > wfirst) || MASK;\n"
+    "      softmax_step(s, o, m, l, a, iq, mrow, j0, t, edge);\n"
+    "      pv_of(o, s, Vs + st * BK * VP, g, t, lane);\n"
+    "    }\n"
+    "    j0 = jn;\n"
+    "  }\n"
+    "  store_rows(out, a, b, iq, o, m, l, t);\n"
+    "}\n";
+
 /* How a call runs: which kernel, its tiling, its launch. */
 typedef struct attn_plan {
     bool mma;       /* tensor cores (sm_80 on): 3xTF32 or half, else CUDA cores */
@@ -700,6 +859,7 @@ typedef struct attn_plan {
     int esize;      /* bytes an element */
     int tr, rm, cn; /* CUDA cores: 8 x tr threads, each rm queries x cn keys */
     int nt, bq, bk; /* threads, queries and keys of a block's tiles */
+    int blocks;     /* half: the blocks an SM should hold (__launch_bounds__) */
     int64_t D, Dv, dp, dvp, qp, vp; /* head sizes, their tile widths, row pitches */
 } attn_plan;
 
@@ -750,18 +910,41 @@ static bool use_decode(int64_t Tq) {
     return Tq <= 8 && !attention_env_is("simt") && !attention_env_is("tiled");
 }
 
-/* The plan for head sizes D, Dv and operands half (half_of).  Tensor
- * cores (always for half operands): 4 warps of 16 queries, 64 keys a
- * tile (the C fragments of the scores are the A fragments of p v).  CUDA
+/* The plan of the half kernel (attention_fa2) for head sizes D and Dv
+ * padded to dp and dvp.  A thread keeps q's A fragments (dp / 4
+ * registers), the output's C fragments (dvp / 2) and the scores' (bk / 2)
+ * for the whole key loop, so the rule comes from the register file
+ * (64K a SM, at most 255 a thread; ptxas for sm_90 takes about twice the
+ * fragments' registers) and shared memory (227 KB a SM; q's tile plus
+ * two stages of k's and v's):
+ *  - at most 64 registers of fragments with 32-key tiles (dp and dvp
+ *    up to 64): 8 warps of 16 queries (each k and v tile serving 128
+ *    queries), 2 blocks (16 warps) an SM at 128 registers, no spills;
+ *    37 KB a block at 64;
+ *  - else dp <= 128: 8 warps, 64 keys (up to 128 registers of fragments,
+ *    about 235 in all): 1 block of 8 warps an SM, as FlashAttention-2
+ *    runs head size 128; 104 KB at 128;
+ *  - past (up to 256, dvp up to 128): 4 warps, 32 keys (the k tile's
+ *    rows are long), 2 blocks an SM at 255 registers (ptxas spills about
+ *    100 bytes at 256); 85 KB a block at 256. */
+static void plan_half(attn_plan *p) {
+    p->dp = up(p->D, 16), p->dvp = up(p->Dv, 16);
+    p->qp = half_pitch_of(p->dp), p->vp = half_pitch_of(p->dvp);
+    bool small = p->dp / 4 + p->dvp / 2 + 16 <= 64, wide = p->dp > 128;
+    p->nt = wide ? 128 : 256, p->bq = p->nt / 2, p->bk = small || wide ? 32 : 64;
+    p->blocks = small || wide ? 2 : 1;
+}
+
+/* The plan for head sizes D, Dv and operands half (half_of).  Half
+ * operands: plan_half.  Tensor cores for f32: 4 warps of 16 queries, 64
+ * keys a tile (the C fragments of the scores are the A fragments of p v).  CUDA
  * cores: 8 x 8 scores a thread for head sizes up to 64 (a
  * 128 x 64 tile), else 4 x 4 (the output's registers, rm x Dv/8, and the
  * tiles' shared memory). */
 static attn_plan plan_for(bool mma, int half, int64_t D, int64_t Dv) {
     attn_plan p = {.mma = mma || half, .half = half, .esize = half ? 2 : 4, .D = D, .Dv = Dv};
-    if (half) { /* m16n8k16: the head sizes in 16s; v's tile as ldmatrix reads it */
-        p.nt = 128, p.bq = 64, p.bk = 64;
-        p.dp = up(D, 16), p.dvp = up(Dv, 16);
-        p.qp = half_pitch_of(p.dp), p.vp = half_pitch_of(p.dvp);
+    if (half) {
+        plan_half(&p);
         return p;
     }
     if (p.mma) {
@@ -778,10 +961,12 @@ static attn_plan plan_for(bool mma, int half, int64_t D, int64_t Dv) {
     return p;
 }
 
-/* Shared memory of p's kernel, in bytes: the q, k and v tiles (and on
- * CUDA cores the probabilities'). */
+/* Shared memory of p's kernel, in bytes: the q, k and v tiles (two
+ * stages of k and v for half operands; on CUDA cores the probabilities'
+ * too). */
 static unsigned smem_bytes(const attn_plan *p) {
-    int64_t n = p->bq * p->qp + p->bk * p->qp + p->bk * p->vp;
+    int stages = p->half ? 2 : 1;
+    int64_t n = p->bq * p->qp + stages * p->bk * (p->qp + p->vp);
     if (!p->mma) n += p->bq * (p->bk + 4);
     return (unsigned)(n * p->esize);
 }
@@ -799,21 +984,14 @@ static void plan_defines(const attn_plan *p, char *buf, size_t n) {
                  (long long)p->qp);
 }
 
-enum { ATTN_PARTS = 5 }; /* plan_parts' most */
+enum { ATTN_PARTS = 6 }; /* plan_parts' most */
 
 /* The tensor-core kernel's __launch_bounds__ (the text's BOUNDS), into
- * buf.  Half kernels: the blocks an SM should hold (registers capped at
- * 64K / (128 x blocks); each block loads its tiles synchronously, so the
- * other blocks hide that), as many as fit with ptxas for sm_90: without a
- * mask 4 at head dims up to 64 (128 registers), 3 up to 128 (156), 2
- * past, none spilling; a mask's loads take more registers: 3 at 64 (168,
- * 16 bytes spilled, against 224 registers and 2 blocks), 2 up to 128, 1
- * past.  f32: threads only (a minimum of 1 block made ptxas take 218
- * registers instead of 162). */
-static void launch_bounds(const attn_plan *p, int mask, char *buf, size_t n) {
-    int b = p->dp <= 64 ? 4 : p->dp <= 128 ? 3 : 2;
-    if (mask) b--;
-    if (p->half) snprintf(buf, n, "__launch_bounds__(NT, %d)", b);
+ * buf: half kernels, the plan's blocks an SM (plan_half); f32, threads
+ * only (a minimum of 1 block made ptxas take 218 registers instead of
+ * 162). */
+static void launch_bounds(const attn_plan *p, char *buf, size_t n) {
+    if (p->half) snprintf(buf, n, "__launch_bounds__(NT, %d)", p->blocks);
     else snprintf(buf, n, "__launch_bounds__(NT)");
 }
 
@@ -825,7 +1003,7 @@ static int plan_parts(const attn_plan *p, bool causal, int mask, int nb, char *h
                       const char *parts[ATTN_PARTS]) {
     char defs[512], bounds[64];
     plan_defines(p, defs, sizeof defs);
-    launch_bounds(p, mask, bounds, sizeof bounds);
+    launch_bounds(p, bounds, sizeof bounds);
     snprintf(head, n, "/* ember fused attention */\n#define D %lld\n#define DV %lld\n#define CAUSAL %d\n"
              "#define MASK %d\n#define NB %d\n#define HALF %d\n#define BOUNDS %s\n%s", (long long)p->D,
              (long long)p->Dv, causal, mask, nb, p->half, bounds, defs);
@@ -833,8 +1011,11 @@ static int plan_parts(const attn_plan *p, bool causal, int mask, int nb, char *h
     parts[k++] = head;
     if (p->half) parts[k++] = cuda_half_helpers;
     parts[k++] = attention_prelude;
-    if (p->mma) parts[k++] = p->half ? attention_mma_half : attention_mma_f32;
-    parts[k++] = p->mma ? attention_mma : attention_simt;
+    if (p->mma) {
+        parts[k++] = p->half ? attention_mma_half : attention_mma_f32;
+        parts[k++] = attention_mma_steps;
+    }
+    parts[k++] = !p->mma ? attention_simt : p->half ? attention_fa2 : attention_mma;
     return k;
 }
 
@@ -1011,8 +1192,10 @@ em_status cuda_attention(cuda_device *d, const em_op_call *c, em_tensor *out, cu
     int w = 16 / p.esize;
     a.vec = vector_rows(q, nb, a.qb, a.qr, a.qc, D, w) | vector_rows(k, nb, a.kb, a.kr, a.kc, D, w) << 1 |
             vector_rows(v, nb, a.vb, a.vr, a.vc, Dv, w) << 2;
-    /* MASK 2: the mask's columns are adjacent, no multiply per score */
+    /* MASK 2: the mask's columns are adjacent, no multiply per score;
+     * half ones read two at a time where every row starts 4-byte aligned */
     int mkind = !mask ? 0 : a.mc == 1 ? 2 : 1;
+    if (mkind == 2 && half && vector_rows(mask, nb, a.mb, a.mr, 1, 2, 2)) a.vec |= 8;
     CUdeviceptr ptrs[5] = {(CUdeviceptr)(uintptr_t)em_data(q), (CUdeviceptr)(uintptr_t)em_data(k),
                            (CUdeviceptr)(uintptr_t)em_data(v), mask ? (CUdeviceptr)(uintptr_t)em_data(mask) : 0,
                            (CUdeviceptr)(uintptr_t)em_data(out)};
