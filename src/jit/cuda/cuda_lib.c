@@ -21,6 +21,17 @@ typedef struct lib_state {
     char why[256];
 } lib_state;
 
+/* The loaded library's table api, loading it (load) at the first call;
+ * NULL with the reason as an EM_ERR_DEVICE error when it did not load. */
+static const void *lib_ready(lib_state *st, void (*load)(void), const void *api) {
+    pthread_once(&st->once, load);
+    if (!st->ok) {
+        em_error(EM_ERR_DEVICE, "%s", st->why);
+        return NULL;
+    }
+    return api;
+}
+
 static bool load_sym(void *h, const char *name, void **slot, char *why, size_t n) {
     *slot = dlsym(h, name);
     if (!*slot) snprintf(why, n, "symbol %s missing", name);
@@ -97,14 +108,7 @@ static void load_driver(void) {
     st->ok = true;
 }
 
-const cu_api *cuda_driver(void) {
-    pthread_once(&cu_state.once, load_driver);
-    if (!cu_state.ok) {
-        em_error(EM_ERR_DEVICE, "%s", cu_state.why);
-        return NULL;
-    }
-    return &cu;
-}
+const cu_api *cuda_driver(void) { return lib_ready(&cu_state, load_driver, &cu); }
 
 /* ---- NVRTC ---- */
 static nvrtc_api nv;
@@ -128,14 +132,7 @@ static void load_nvrtc(void) {
 #undef L
 }
 
-const nvrtc_api *cuda_nvrtc(void) {
-    pthread_once(&nv_state.once, load_nvrtc);
-    if (!nv_state.ok) {
-        em_error(EM_ERR_DEVICE, "%s", nv_state.why);
-        return NULL;
-    }
-    return &nv;
-}
+const nvrtc_api *cuda_nvrtc(void) { return lib_ready(&nv_state, load_nvrtc, &nv); }
 
 /* ---- cuBLAS ---- */
 static cublas_api bl;
@@ -160,14 +157,7 @@ static void load_cublas(void) {
     load_sym(h, SYM(cublasSetWorkspace), (void **)&bl.SetWorkspace, why, sizeof why);
 }
 
-const cublas_api *cuda_cublas(void) {
-    pthread_once(&bl_state.once, load_cublas);
-    if (!bl_state.ok) {
-        em_error(EM_ERR_DEVICE, "%s", bl_state.why);
-        return NULL;
-    }
-    return &bl;
-}
+const cublas_api *cuda_cublas(void) { return lib_ready(&bl_state, load_cublas, &bl); }
 
 /* ---- cuBLASLt ---- */
 static cublaslt_api lt;
@@ -195,14 +185,7 @@ static void load_cublaslt(void) {
 #undef L
 }
 
-const cublaslt_api *cuda_cublaslt(void) {
-    pthread_once(&lt_state.once, load_cublaslt);
-    if (!lt_state.ok) {
-        em_error(EM_ERR_DEVICE, "%s", lt_state.why);
-        return NULL;
-    }
-    return &lt;
-}
+const cublaslt_api *cuda_cublaslt(void) { return lib_ready(&lt_state, load_cublaslt, &lt); }
 
 em_status cuda_check(CUresult r, const char *what) {
     if (r == CUDA_SUCCESS) return EM_OK;
