@@ -381,6 +381,12 @@ typedef struct em_compile_options {
      * kernel cache.  1: on; -1: off; 0 (default): EMBER_AUTOTUNE (default
      * off). */
     int autotune;
+    /* The eager check (docs/compile.md#the-eager-check): the calls after
+     * a new CPU entry's first compiled one alternate between its compiled
+     * plan and its graph op by op, this many of each, timed; the entry
+     * keeps whichever had the lower median.  N (1..15): that many; -1:
+     * off; 0 (default): EMBER_EAGER_CHECK (default 3). */
+    int eager_check;
 } em_compile_options;
 
 typedef struct em_compile_stats {
@@ -408,6 +414,7 @@ typedef struct em_compile_stats {
     int64_t kernels_tuned;    /* kernels whose schedule this function chose by timing
                                  (autotune) */
     int64_t tune_hits;        /* kernels whose schedule came from a choice in the cache */
+    int eager_entries;        /* entries the eager check moved to op by op */
 } em_compile_stats;
 
 /* Wraps fn; nothing runs until the first em_call.  NULL on bad options. */

@@ -83,7 +83,7 @@ static const char *device_target(const jit_device *d) {
     return NULL;
 }
 
-#define ENGINE_BACKEND(id, dev)                                                                   \
+#define ENGINE_BACKEND(id, dev, timed)                                                               \
     static em_status id##_compile(const tr_graph *g, jit_env *env, void **state) {               \
         return jit_engine_compile(&dev, g, env, (jit_compiled **)state);                         \
     }                                                                                            \
@@ -98,10 +98,11 @@ static const char *device_target(const jit_device *d) {
         .kernels = engine_kernels, .graph_stats = engine_graph_stats, .target = id##_target,     \
         .compile_dynamic = id##_compile_dynamic, .specialize = engine_specialize,                \
         .declined = engine_declined, .run_dynamic = engine_run_dynamic, .device = &dev,          \
+        .host_timed = timed,                                                                     \
     };
 
-ENGINE_BACKEND(cpu, jit_cpu_device)
-ENGINE_BACKEND(cuda, jit_cuda_device)
+ENGINE_BACKEND(cpu, jit_cpu_device, true)
+ENGINE_BACKEND(cuda, jit_cuda_device, false) /* a run returns once its launches are queued */
 
 /* ---- "auto": the backend of the graph's device ----
  * em_compile picks its backend before any input is seen; the default

@@ -85,6 +85,9 @@ static em_status check_options(em_fn fn, const em_compile_options *o) {
         return em_error(EM_ERR_ARG, "em_compile: dynamic (%d), async_compile (%d), lazy_trace (%d), "
                         "cuda_graphs (%d) and autotune (%d) are -1, 0 or 1", o->dynamic, o->async_compile,
                         o->lazy_trace, o->cuda_graphs, o->autotune);
+    if (o->eager_check < -1 || o->eager_check > JIT_EAGER_CHECK_MAX)
+        return em_error(EM_ERR_ARG, "em_compile: eager_check is -1 (off), 0 (EMBER_EAGER_CHECK) or "
+                        "1 to %d calls, not %d", JIT_EAGER_CHECK_MAX, o->eager_check);
     if (o->nwatch < 0 || (o->nwatch > 0 && !o->watch))
         return em_error(EM_ERR_ARG, "em_compile: %d watched slots but no array", o->nwatch);
     for (int i = 0; i < o->nwatch; i++)
@@ -200,7 +203,10 @@ em_compiled *em_compile(em_fn fn, void *ctx, const em_compile_options *opts) {
     }
     f->own = (jit_owner){.name = f->name, .lock = &f->lock, .log = &f->log, .env = &f->env,
                          .alloc = f->alloc, .async = f->async, .compiled = count_compile,
-                         .log_dynamic = log_dynamic};
+                         .log_dynamic = log_dynamic,
+                         .eager_check = opts->eager_check < 0   ? 0
+                                        : opts->eager_check > 0 ? opts->eager_check
+                                                                : jit_env_eager_check(&f->log)};
     return f;
 }
 
@@ -424,7 +430,7 @@ static bool trace_lazily(const em_compiled *f, em_tensor *const *in) {
     return false;
 }
 
-static em_status run_entry(em_compiled *f, const jit_entry *e, bool ready, bool follows,
+static em_status run_entry(em_compiled *f, jit_entry *e, bool ready, bool follows,
                            void *spec, em_tensor *const *in, const double *scalars,
                            em_tensor **out);
 
@@ -637,11 +643,11 @@ static bool dynamic_dims(const em_compiled *f, em_tensor *const *in, const doubl
 /* Runs entry e (the lock is released): compiled, or while its compile is
  * pending, op by op (fn itself when attribute sizes follow the sizes: the
  * recorded graph holds the traced ones). */
-static em_status run_entry(em_compiled *f, const jit_entry *e, bool ready, bool follows,
+static em_status run_entry(em_compiled *f, jit_entry *e, bool ready, bool follows,
                            void *spec, em_tensor *const *in, const double *scalars,
                            em_tensor **out) {
     if (!ready && follows) return run_eager(f, in, scalars, out);
-    return jit_entry_run(e, ready, spec, in, out);
+    return jit_entry_run(&f->own, e, ready, spec, in, out);
 }
 
 static em_status call_entries(em_compiled *f, em_tensor *const *in, const double *scalars,
@@ -761,6 +767,7 @@ em_status em_compiled_stats(const em_compiled *f, em_compile_stats *out) {
         if (e->ready && e->state && e->backend->graph_stats) e->backend->graph_stats(e->state, &c, &r);
         out->graphs_captured += c;
         out->graph_replays += r;
+        out->eager_entries += __atomic_load_n(&e->eager, __ATOMIC_ACQUIRE);
     }
     pthread_mutex_unlock((pthread_mutex_t *)&f->lock);
     return EM_OK;

@@ -45,7 +45,16 @@ typedef struct jit_owner {
      * kernels too); else why e stays static. */
     void (*log_dynamic)(const struct jit_owner *o, const jit_entry *e, bool compiled,
                         const char *why);
+    /* The eager check (entry.c): calls of each plan a new CPU entry times
+     * before it keeps the faster; 0: none (jit_env_eager_check). */
+    int eager_check;
+    /* The check's clock in seconds; NULL: CLOCK_MONOTONIC (tests set a
+     * fake, so that which plan is faster does not depend on the machine). */
+    double (*check_clock)(void);
 } jit_owner;
+
+/* The most timed calls of each plan in one eager check. */
+enum { JIT_EAGER_CHECK_MAX = 15 };
 
 /* A graph and how it runs. */
 struct jit_entry {
@@ -68,6 +77,14 @@ struct jit_entry {
     /* what its compile did (per-entry statistics) */
     int64_t kernels_compiled, kernels_loaded, plans_loaded, plans_stored, lowered;
     int64_t tuned, tune_hits;   /* autotuning: kernels timed, choices read from the cache */
+    /* The eager check (entry.c), with __atomic operations: calls handed
+     * out, times recorded ([0] the compiled plan's, [1] op by op's, in
+     * seconds; each slot written by its call); eager: op by op won, for
+     * good. */
+    int check_calls, check_timed;
+    bool check_over;            /* decided, or abandoned (a timed call failed) */
+    double check_s[2][JIT_EAGER_CHECK_MAX];
+    bool eager;
 };
 
 /* ---- entries ---- */
@@ -85,9 +102,11 @@ bool jit_entry_serves(const jit_owner *o, jit_entry *e, em_tensor *const *in,
                       const double *scalars, void **spec);
 /* Runs e (unlocked: entries live as long as their owner, and a compiled
  * entry's state never changes again); ready: e->ready as read under the
- * lock.  Not ready (compiling, failed): op by op with the replay backend. */
-em_status jit_entry_run(const jit_entry *e, bool ready, void *spec, em_tensor *const *in,
-                        em_tensor **out);
+ * lock.  Not ready (compiling, failed), or moved to op by op by its eager
+ * check: op by op with the replay backend.  o: e's owner (its settings
+ * and log).  The owner's lock may be held or not. */
+em_status jit_entry_run(const jit_owner *o, jit_entry *e, bool ready, void *spec,
+                        em_tensor *const *in, em_tensor **out);
 
 /* ---- the entry table ---- */
 

@@ -7,8 +7,10 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #define DEFAULT_RECOMPILE_LIMIT 8
+#define DEFAULT_EAGER_CHECK 3
 #define INDEX_MIN 64
 
 /* ---- settings from the environment ---- */
@@ -51,6 +53,21 @@ static bool env_switch(const char *name, const char *what, const jit_log *log) {
 bool jit_env_cuda_graphs(const jit_log *log) { return env_switch("EMBER_CUDA_GRAPHS", "graphs stay", log); }
 
 bool jit_env_autotune(const jit_log *log) { return env_switch("EMBER_AUTOTUNE", "autotuning stays", log); }
+
+int jit_env_eager_check(const jit_log *log) {
+    char buf[64];
+    const char *e = em_getenv("EMBER_EAGER_CHECK", buf, sizeof buf);
+    if (!e || !*e) return DEFAULT_EAGER_CHECK;
+    if (!strcmp(e, "off")) return 0;
+    char *end;
+    long v = strtol(e, &end, 10);
+    if (*end || v < 0 || v > JIT_EAGER_CHECK_MAX) {
+        jit_logf(log, 0, "EMBER_EAGER_CHECK=%s is not 0 to %d or off: using %d", e,
+                 JIT_EAGER_CHECK_MAX, DEFAULT_EAGER_CHECK);
+        return DEFAULT_EAGER_CHECK;
+    }
+    return (int)v;
+}
 
 bool jit_env_flag(const char *name) {
     char buf[64];
@@ -97,12 +114,102 @@ bool jit_entry_serves(const jit_owner *o, jit_entry *e, em_tensor *const *in,
     return (!e->guards || gd_check(e->guards, in, scalars)) && kernels_serve(o, e, in, spec);
 }
 
-em_status jit_entry_run(const jit_entry *e, bool ready, void *spec, em_tensor *const *in,
-                        em_tensor **out) {
-    if (!ready) return jit_replay_backend.run(NULL, e->graph, in, out);
+/* ---- the eager check ----
+ * A compiled plan is meant to beat its graph run op by op, but a graph
+ * that is mostly matmuls can lose: its fused kernels between the BLAS
+ * calls may cost more than the eager ops they replace (on the H200's
+ * 16-core host, the compiled bf16 mlp ran 0.89x eager).  So the calls of
+ * a new CPU entry after its first compiled one alternate between the plan
+ * and op by op, o->eager_check of each, timed; if op by op's median is
+ * lower, the entry runs op by op from then on (for good: timing again
+ * would let results switch between the two roundings), and EMBER_LOG=tune
+ * says so either way.  Only static entries of host-timed backends (the
+ * CPU) and graphs without effects are checked: a CUDA call's time is its
+ * launches', not its kernels'; a dynamic entry's calls differ in size;
+ * and a graph that draws random numbers or writes an input must run the
+ * same way on every call.  The
+ * two plans compute the same ops, so a result differs between them only
+ * by rounding (fused kernels round as the eager ops do, compile.md). */
+
+static bool check_wanted(const jit_owner *o, const jit_entry *e) {
+    if (o->eager_check <= 0 || e->dynamic || !e->backend->host_timed) return false;
+    for (int i = 0; i < e->graph->nnodes; i++)
+        if (tr_has_effect(&e->graph->nodes[i])) return false;
+    return true;
+}
+
+/* The check's slot for this call: -1 none (over, or not checked); 0 the
+ * untimed first compiled call (it pays first touches: page faults, a
+ * BLAS's first-call setup); 1, 2, ... timed, odd the plan, even op by op.
+ * Atomic, not under the owner's lock: a call may run inside a trace that
+ * holds it. */
+static int check_slot(const jit_owner *o, jit_entry *e) {
+    int slot = __atomic_fetch_add(&e->check_calls, 1, __ATOMIC_ACQ_REL);
+    if (slot == 0 && !check_wanted(o, e)) __atomic_store_n(&e->check_over, true, __ATOMIC_RELEASE);
+    if (slot > 2 * o->eager_check || __atomic_load_n(&e->check_over, __ATOMIC_ACQUIRE)) return -1;
+    return slot;
+}
+
+static double check_median(double *x, int n) {
+    for (int i = 1; i < n; i++) /* insertion sort: n <= JIT_EAGER_CHECK_MAX */
+        for (int j = i; j > 0 && x[j] < x[j - 1]; j--) {
+            double t = x[j];
+            x[j] = x[j - 1];
+            x[j - 1] = t;
+        }
+    return n % 2 ? x[n / 2] : 0.5 * (x[n / 2 - 1] + x[n / 2]);
+}
+
+/* Records slot's time (ok: the call succeeded); the call that records
+ * the last time decides (every slot's time is in by then). */
+static void check_record(const jit_owner *o, jit_entry *e, int slot, bool ok, double s) {
+    if (!ok) { /* an error says nothing about speed: keep the plan */
+        __atomic_store_n(&e->check_over, true, __ATOMIC_RELEASE);
+        return;
+    }
+    e->check_s[slot % 2 == 0][(slot - 1) / 2] = s;
+    if (__atomic_add_fetch(&e->check_timed, 1, __ATOMIC_ACQ_REL) != 2 * o->eager_check ||
+        __atomic_load_n(&e->check_over, __ATOMIC_ACQUIRE))
+        return;
+    __atomic_store_n(&e->check_over, true, __ATOMIC_RELEASE);
+    double plan = check_median(e->check_s[0], o->eager_check);
+    double eager = check_median(e->check_s[1], o->eager_check);
+    bool op_by_op = eager < plan;
+    jit_logf(o->log, JIT_LOG_TUNE, "%s: eager check (%d calls each, medians): compiled %.4g ms, "
+             "op by op %.4g ms: %s", o->name, o->eager_check, plan * 1e3, eager * 1e3,
+             op_by_op ? "runs op by op from now on" : "keeps the compiled plan");
+    if (op_by_op) __atomic_store_n(&e->eager, true, __ATOMIC_RELEASE);
+}
+
+static double seconds(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+static em_status run_plan(const jit_entry *e, void *spec, em_tensor *const *in, em_tensor **out) {
     if (e->dynamic && e->backend->run_dynamic)
         return e->backend->run_dynamic(e->state, spec, e->graph, in, out);
     return e->backend->run(e->state, e->graph, in, out);
+}
+
+em_status jit_entry_run(const jit_owner *o, jit_entry *e, bool ready, void *spec,
+                        em_tensor *const *in, em_tensor **out) {
+    if (!ready || __atomic_load_n(&e->eager, __ATOMIC_ACQUIRE))
+        return jit_replay_backend.run(NULL, e->graph, in, out);
+    /* unlocked fast path: check_over only ever turns true */
+    if (o->eager_check <= 0 || __atomic_load_n(&e->check_over, __ATOMIC_ACQUIRE))
+        return run_plan(e, spec, in, out);
+    int slot = check_slot(o, e);
+    if (slot <= 0) return run_plan(e, spec, in, out);
+    bool op_by_op = slot % 2 == 0;
+    double (*clock)(void) = o->check_clock ? o->check_clock : seconds;
+    double t0 = clock();
+    em_status s = op_by_op ? jit_replay_backend.run(NULL, e->graph, in, out)
+                           : run_plan(e, spec, in, out);
+    double t = clock() - t0;
+    check_record(o, e, slot, s == EM_OK, t);
+    return s;
 }
 
 /* ---- the key index: open addressing, linear probing ---- */

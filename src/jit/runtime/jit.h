@@ -49,6 +49,9 @@ typedef struct jit_backend {
                              em_tensor **out);
     /* The engine's device it compiles for (NULL: replay, auto). */
     const jit_device *device;
+    /* A run returns when its work is done (the CPU): its wall time is its
+     * cost, so the eager check (entry.c) may compare it with op by op. */
+    bool host_timed;
 } jit_backend;
 
 extern const jit_backend jit_replay_backend;
@@ -139,6 +142,10 @@ bool jit_env_cuda_graphs(const struct jit_log *log);
 /* EMBER_AUTOTUNE: 1 (or on) true, 0, off or unset false (the default:
  * a first compile then never spends time timing); other values are logged. */
 bool jit_env_autotune(const struct jit_log *log);
+/* EMBER_EAGER_CHECK: the calls of each plan an entry's eager check times
+ * (entry.c): unset 3, 0 or off none, else 1 to 15; other values are
+ * logged and mean 3. */
+int jit_env_eager_check(const struct jit_log *log);
 
 /* ---- lazy mode (lazy.c) ---- */
 /* Whether h is lazy mode's hook (not a recorder's). */

@@ -220,7 +220,8 @@ static lz_state *state_get(bool create) {
     st->own = (jit_owner){.name = "lazy mode", .lock = &st->lock, .log = &st->log,
                           .env = &st->env, .alloc = st->alloc, .async = st->async,
                           .hold = state_hold, .drop = state_drop, .compiled = count_compile,
-                          .log_dynamic = log_dynamic};
+                          .log_dynamic = log_dynamic,
+                          .eager_check = jit_env_eager_check(&st->log)};
     if (!forcing || pthread_setspecific(state_key, st) != 0) {
         if (forcing) pthread_mutex_destroy(&st->force_lock);
         if (locked) pthread_mutex_destroy(&st->lock);
@@ -721,7 +722,7 @@ static jit_entry *dyn_make(lz_state *st, const jit_entry *prev, cut *c) {
 /* What a flush runs: an entry (a structure's dynamic entry with what its
  * run needs for these sizes), compiled or not. */
 typedef struct lz_run {
-    const jit_entry *e;
+    jit_entry *e;
     bool ready;          /* e->ready, read under the lock */
     void *spec;          /* dynamic: the backend's specialize result */
 } lz_run;
@@ -848,7 +849,7 @@ static em_status run_outputs(lz_state *st, cut *c, em_tensor **vals) {
     c->g = NULL;
     em_set_allocator(caller);
     if (s != EM_OK) return s;
-    return jit_entry_run(run.e, run.ready, run.spec, c->inputs, vals);
+    return jit_entry_run(&st->own, run.e, run.ready, run.spec, c->inputs, vals);
 }
 
 /* Computes the pending tensors roots[0..n) (all made on state st) in one
