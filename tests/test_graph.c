@@ -411,15 +411,14 @@ START_TEST(linear_pass_activations) {
     static const struct {
         const char *why, *text, *want;
     } kept[] = {
-        {"gelu with erf",
+        {"gelu's erf form (folded as gelu_tanh is)",
          "graph(%x: f32[4, 8]{8, 1}, %w: f32[8, 16]{16, 1}, %b: f32[16]{1}) {\n"
          "  %3 = matmul(%x, %w) : f32[4, 16]{16, 1}\n"
          "  %4 = add(%3, %b) : f32[4, 16]{16, 1}\n"
          "  %5 = gelu(%4) : f32[4, 16]{16, 1}\n"
          "  return (%5)\n}\n",
-         "  %3 = linear(%x, %w, %b) [act=none] : f32[4, 16]{16, 1}\n"
-         "  %4 = gelu(%3) : f32[4, 16]{16, 1}\n"
-         "  return (%4)\n}\n"},
+         "  %3 = linear(%x, %w, %b) [act=gelu] : f32[4, 16]{16, 1}\n"
+         "  return (%3)\n}\n"},
         {"the linear read twice",
          "graph(%x: f32[4, 8]{8, 1}, %w: f32[8, 16]{16, 1}, %b: f32[16]{1}) {\n"
          "  %3 = matmul(%x, %w) : f32[4, 16]{16, 1}\n"
@@ -462,8 +461,8 @@ END_TEST
 
 /* The activation in the text form: printed, parsed back, checked. */
 START_TEST(linear_act_text) {
-    static const char *acts[] = {"none", "relu", "gelu_tanh"};
-    for (int a = 0; a < 3; a++) {
+    static const char *acts[] = {"none", "relu", "gelu_tanh", "gelu"};
+    for (int a = 0; a < 4; a++) {
         char text[512];
         snprintf(text, sizeof text,
                  "graph(%%x: f32[2, 3]{3, 1}, %%w: f32[3, 4]{4, 1}, %%b: f32[4]{1}) {\n"
@@ -482,8 +481,8 @@ START_TEST(linear_act_text) {
     static const struct {
         const char *attrs, *error;
     } bad[] = {
-        {"[act=tanh]", "an activation (none, relu or gelu_tanh)"},
-        {"[act=gelu]", "an activation (none, relu or gelu_tanh)"},
+        {"[act=tanh]", "an activation (none, relu, gelu_tanh or gelu)"},
+        {"[act=gelu_erf]", "an activation (none, relu, gelu_tanh or gelu)"},
         {"[]", "linear needs attribute 'act'"},
         {"[act=relu, act=relu]", "given twice"},
         {"[dim=1]", "linear has no attribute 'dim'"},

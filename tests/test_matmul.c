@@ -342,6 +342,7 @@ END_TEST
 static double act_ref(em_act act, double x) {
     if (act == EM_ACT_RELU) return x > 0 ? x : 0;
     if (act == EM_ACT_GELU_TANH) return 0.5 * x * (1 + tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)));
+    if (act == EM_ACT_GELU) return 0.5 * x * (1 + erf(x / sqrt(2.0)));
     return x;
 }
 
@@ -365,7 +366,10 @@ static void check_linear_act_at(int line, em_tensor *a, em_tensor *w, em_tensor 
     double tol = dt == EM_F64 ? 1e-12 : dt == EM_F32 ? 1e-5 : 2e-2;
     tu_check_close_at(__FILE__, line, r, ref, nd, osz, tol, tol * (double)(em_size(a, -1) + 1));
     em_tensor *u = em_add(em_matmul(a, w), bias);
-    u = act == EM_ACT_RELU ? em_relu(u) : act == EM_ACT_GELU_TANH ? em_gelu_tanh(u) : u;
+    u = act == EM_ACT_RELU        ? em_relu(u)
+        : act == EM_ACT_GELU_TANH ? em_gelu_tanh(u)
+        : act == EM_ACT_GELU      ? em_gelu(u)
+                                  : u;
     double *rv = tu_values(r), *uv = tu_values(u);
     for (int64_t i = 0; i < n; i++)
         ck_assert_msg(rv[i] == uv[i] || (rv[i] != rv[i] && uv[i] != uv[i]), "line %d: %lld", line, (long long)i);

@@ -126,8 +126,8 @@ typedef struct mmctx {
 
 /* A linear layer's epilogue on rows x n of f32 c (row stride ldc) just
  * written by the BLAS, while they are in cache: + bias[j], then act, each
- * as the eager add and relu / gelu_tanh compute it (the same bits as the
- * three ops one after another). */
+ * as the eager add and relu / gelu_tanh / gelu compute it (the same bits
+ * as the three ops one after another). */
 EM_VMATH_CLONES static void epilogue(float *c, int64_t ldc, int64_t rows, int64_t n,
                                      const float *bias, em_act act) {
     for (int64_t r = 0; r < rows; r++) {
@@ -140,6 +140,8 @@ EM_VMATH_CLONES static void epilogue(float *c, int64_t ldc, int64_t rows, int64_
             }
         else if (act == EM_ACT_GELU_TANH)
             EM_SIMD for (int64_t j = 0; j < n; j++) row[j] = em_vgelu_tanhf(row[j] + b[j]);
+        else if (act == EM_ACT_GELU)
+            EM_SIMD for (int64_t j = 0; j < n; j++) row[j] = em_vgeluf(row[j] + b[j]);
         else
             EM_SIMD for (int64_t j = 0; j < n; j++) row[j] += b[j];
     }
@@ -414,6 +416,9 @@ em_status cpu_linear(const em_op_call *c, em_tensor *out) {
 }
 
 em_op em_act_op(em_act act) {
-    return act == EM_ACT_RELU ? EM_OP_RELU : act == EM_ACT_GELU_TANH ? EM_OP_GELU_TANH : EM_OP_COUNT;
+    return act == EM_ACT_RELU        ? EM_OP_RELU
+           : act == EM_ACT_GELU_TANH ? EM_OP_GELU_TANH
+           : act == EM_ACT_GELU      ? EM_OP_GELU
+                                     : EM_OP_COUNT;
 }
 

@@ -63,7 +63,7 @@ enum {
 /* The activation a linear node applies after its bias (attrs.act): the
  * linear pass folds relu and gelu_tanh readers into the node for a device
  * whose matmul epilogue applies them (src/trace/linear.c). */
-typedef enum em_act { EM_ACT_NONE, EM_ACT_RELU, EM_ACT_GELU_TANH, EM_ACT_COUNT } em_act;
+typedef enum em_act { EM_ACT_NONE, EM_ACT_RELU, EM_ACT_GELU_TANH, EM_ACT_GELU, EM_ACT_COUNT } em_act;
 
 /* Scalar attributes of an op call.  One flat struct for every op, so that a
  * graph node can hold any call; each op reads only the fields it documents. */

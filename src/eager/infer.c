@@ -545,7 +545,7 @@ em_status infer_linear(const em_op_call *c, em_meta *m) {
     const em_tensor *bias = c->in[2];
     char s1[160], s2[160];
     if ((unsigned)c->attrs->act >= EM_ACT_COUNT)
-        return em_error(EM_ERR_ARG, "linear: activation %d is not none, relu or gelu_tanh",
+        return em_error(EM_ERR_ARG, "linear: activation %d is not none, relu, gelu_tanh or gelu",
                         (int)c->attrs->act);
     if (bias->dtype != m->dtype)
         return em_error(EM_ERR_DTYPE, "linear: bias is %s, the product %s", em_dtype_name(bias->dtype),

@@ -70,11 +70,14 @@ static bool rewrite(tr_graph *g, int i, void *ctx) {
 }
 
 /* The activation node j applies when it reads a matched add alone (the
- * add not an output), or EM_ACT_NONE: relu or gelu_tanh of the add's
+ * add not an output), or EM_ACT_NONE: relu, gelu_tanh or gelu of the add's
  * dtype (matched[k]: whether add k matched). */
 static em_act act_at(const tr_graph *g, const int *uses, const bool *matched, int j) {
     const tr_node *n = &g->nodes[j];
-    em_act act = is_call(g, j, EM_OP_RELU) ? EM_ACT_RELU : is_call(g, j, EM_OP_GELU_TANH) ? EM_ACT_GELU_TANH : EM_ACT_NONE;
+    em_act act = is_call(g, j, EM_OP_RELU)        ? EM_ACT_RELU
+                 : is_call(g, j, EM_OP_GELU_TANH) ? EM_ACT_GELU_TANH
+                 : is_call(g, j, EM_OP_GELU)      ? EM_ACT_GELU
+                                                  : EM_ACT_NONE;
     if (act == EM_ACT_NONE || n->nin != 1) return EM_ACT_NONE;
     int i = n->in[0];
     if (!matched[i] || uses[i] != 1 || g->nodes[i].meta.dtype != n->meta.dtype) return EM_ACT_NONE;

@@ -102,7 +102,7 @@ static const struct {
 };
 
 /* A linear node's activation by em_act (attrs.act). */
-static const char *const act_names[EM_ACT_COUNT] = {"none", "relu", "gelu_tanh"};
+static const char *const act_names[EM_ACT_COUNT] = {"none", "relu", "gelu_tanh", "gelu"};
 
 static bool is_digit(char c) { return c >= '0' && c <= '9'; }
 static bool is_ident_start(char c) {
@@ -622,7 +622,7 @@ static bool parse_act(parser *ps, em_act *out) {
             ps->p += n;
             return true;
         }
-    return expected(ps, "an activation (none, relu or gelu_tanh)");
+    return expected(ps, "an activation (none, relu, gelu_tanh or gelu)");
 }
 
 static bool parse_dtype(parser *ps, em_dtype *out) {

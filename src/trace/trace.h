@@ -151,9 +151,9 @@ tr_graph *tr_fuse_attention_for(const tr_graph *g, tr_attention_takes takes, voi
 /* linear.c: each add(matmul(a, w), bias) (either order) whose matmul
  * nothing else reads, bias of sizes 1 but its last, one dtype, becomes one
  * linear node (ops.def), where want(ctx, g, matmul node, bias node, act)
- * says yes (NULL: always); when the add's one reader is relu or gelu_tanh
- * (not an output, the same dtype), want is asked first with that
- * activation (EM_ACT_RELU, EM_ACT_GELU_TANH) and a yes folds the act into
+ * says yes (NULL: always); when the add's one reader is relu, gelu_tanh or
+ * gelu (not an output, the same dtype), want is asked first with that
+ * activation (EM_ACT_RELU, EM_ACT_GELU_TANH, EM_ACT_GELU) and a yes folds the act into
  * the node too; else with EM_ACT_NONE.  Not in tr_optimize: the engine
  * runs it for devices that add the bias in their matmul kernels
  * (jit_device's fuse_linear).  Returns the rewritten copy (caller frees)

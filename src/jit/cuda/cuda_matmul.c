@@ -362,6 +362,12 @@ static const cublaslt_api *lt_api(cuda_device *d) {
     return NULL;
 }
 
+/* Whether cuBLASLt's epilogues apply act: gelu's erf form is not among
+ * them (theirs is the tanh form), so such a linear runs unfused. */
+static bool lt_has_act(em_act act) {
+    return act == EM_ACT_NONE || act == EM_ACT_RELU || act == EM_ACT_GELU_TANH;
+}
+
 static int32_t lt_epilogue(em_act act) {
     return act == EM_ACT_RELU ? CUBLASLT_EPILOGUE_RELU_BIAS
            : act == EM_ACT_GELU_TANH ? CUBLASLT_EPILOGUE_GELU_BIAS
@@ -418,7 +424,7 @@ static em_status lt_run(cuda_device *d, const cublaslt_api *lt, const lt_key *k,
 }
 
 em_status cuda_linear(cuda_device *d, const em_op_call *c, em_tensor *out) {
-    if (c->op != EM_OP_LINEAR || (unsigned)c->attrs->act >= EM_ACT_COUNT ||
+    if (c->op != EM_OP_LINEAR || !lt_has_act(c->attrs->act) ||
         (out->dtype != EM_F32 && out->dtype != EM_F16 && out->dtype != EM_BF16) || !cuda_lt_enabled())
         return em_error(EM_ERR_UNSUPPORTED, "linear on cuBLASLt: %s", em_dtype_name(out->dtype));
     lt_key k;
@@ -435,7 +441,7 @@ em_status cuda_linear(cuda_device *d, const em_op_call *c, em_tensor *out) {
 
 bool cuda_linear_takes(const em_meta *a, const em_meta *w, const em_meta *bias, em_act act) {
     em_dtype dt = a->dtype;
-    if ((unsigned)act >= EM_ACT_COUNT || (dt != EM_F32 && dt != EM_F16 && dt != EM_BF16) || w->dtype != dt ||
+    if (!lt_has_act(act) || (dt != EM_F32 && dt != EM_F16 && dt != EM_BF16) || w->dtype != dt ||
         bias->dtype != dt || a->ndim < 2 || w->ndim < 2 || !cuda_lt_enabled())
         return false;
     if (cuda_cublaslt()) return true;
