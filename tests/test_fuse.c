@@ -327,12 +327,20 @@ START_TEST(layernorm_kernel_takes_the_mean_once) {
 END_TEST
 
 /* An MLP's bias add and gelu_tanh, or gelu's erf form, run in the
- * matmul's epilogue (the linear pass: no kernel). */
+ * matmul's epilogue (the linear pass: no kernel), in f32 and in the half
+ * types (applied as the product is rounded into the output: the same
+ * bits as eager). */
 START_TEST(mlp_epilogue_fuses_after_matmul) {
     em_tensor *in[3] = {randn(19, 2, TU_SIZES(16, 32)), tu_random(20, 2, TU_SIZES(32, 24), EM_F32, 0.2),
                         randn(21, 1, TU_SIZES(24))};
     ck_assert_int_eq(check_fn(mlp, 3, in, 1e-5, 1e-5), 0);
     ck_assert_int_eq(check_fn(mlp_erf, 3, in, 1e-5, 1e-5), 0);
+    for (int h = 0; h < 2; h++) {
+        em_dtype dt = h ? EM_BF16 : EM_F16;
+        em_tensor *hin[3] = {em_cast(in[0], dt), em_cast(in[1], dt), em_cast(in[2], dt)};
+        ck_assert_int_eq(check_fn(mlp, 3, hin, 0, 0), 0);
+        ck_assert_int_eq(check_fn(mlp_erf, 3, hin, 0, 0), 0);
+    }
 }
 END_TEST
 

@@ -122,6 +122,8 @@ typedef struct mmctx {
     int64_t nbatch;
     const float *bias; /* f32 c only: a linear layer's bias [N] (NULL: none), */
     em_act act;        /* then its activation, applied a piece at a time */
+    const uint16_t *hbias; /* f16/bf16 out: its bias [N], applied with act as
+                              the f32 product is rounded into out (NULL: none) */
 } mmctx;
 
 /* A linear layer's epilogue on rows x n of f32 c (row stride ldc) just
@@ -302,8 +304,58 @@ static em_status run_gemm(mmctx *X, const em_tensor *a, const em_tensor *b) {
     return st;
 }
 
+/* A half linear layer's epilogue on n values of one row: the f32 product
+ * c rounded into out as the eager matmul rounds it, + bias, rounded, then
+ * act, rounded: each step as the eager matmul, add and act compute it on
+ * half tensors (f32 arithmetic, one rounding a result), so the same bits
+ * as the three ops.  TO rounds a float to the half type, FROM widens. */
+#define HALF_EPILOGUE(NAME, TO, FROM)                                                            \
+    EM_VMATH_CLONES static void NAME(const float *restrict c, const uint16_t *restrict b,       \
+                                     em_act act, uint16_t *restrict o, int64_t n) {             \
+        if (act == EM_ACT_RELU)                                                                  \
+            EM_SIMD for (int64_t j = 0; j < n; j++) {                                            \
+                float v = FROM(TO(FROM(TO(c[j])) + FROM(b[j])));                                 \
+                o[j] = TO(v < 0 ? 0 : v);                                                        \
+            }                                                                                    \
+        else if (act == EM_ACT_GELU_TANH)                                                        \
+            EM_SIMD for (int64_t j = 0; j < n; j++)                                              \
+                o[j] = TO(em_vgelu_tanhf(FROM(TO(FROM(TO(c[j])) + FROM(b[j])))));               \
+        else if (act == EM_ACT_GELU)                                                             \
+            EM_SIMD for (int64_t j = 0; j < n; j++)                                              \
+                o[j] = TO(em_vgeluf(FROM(TO(FROM(TO(c[j])) + FROM(b[j])))));                    \
+        else                                                                                     \
+            EM_SIMD for (int64_t j = 0; j < n; j++) o[j] = TO(FROM(TO(c[j])) + FROM(b[j]));      \
+    }
+HALF_EPILOGUE(epilogue_bf16, em_float_to_bf16, em_bf16_to_float)
+HALF_EPILOGUE(epilogue_f16, em_float_to_half, em_half_to_float)
+
+typedef struct half_out {
+    const mmctx *X;
+    const float *c32;
+    uint16_t *out;
+    em_dtype dt;
+} half_out;
+
+/* Rows [b, e) of the f32 product into out: rounded, or through the half
+ * epilogue when the linear layer has a bias. */
+static void half_rows(void *ctx, int64_t b, int64_t e) {
+    const half_out *H = ctx;
+    int64_t N = H->X->N;
+    for (int64_t r = b; r < e; r++) {
+        const float *c = H->c32 + r * N;
+        uint16_t *o = H->out + r * N;
+        if (!H->X->hbias)
+            em_f32_to_half_n(H->dt, c, (char *)o, 2, N);
+        else if (H->dt == EM_BF16)
+            epilogue_bf16(c, H->X->hbias, H->X->act, o, N);
+        else
+            epilogue_f16(c, H->X->hbias, H->X->act, o, N);
+    }
+}
+
 /* f16 and bf16: one product with f32 accumulation into an f32 buffer,
- * each element of it rounded into out once.  bf16 operands that the BLAS
+ * each element of it rounded into out once (with a linear layer's bias
+ * and act, half_rows), rows split over Ember's threads.  bf16 operands that the BLAS
  * reads in place go to its bf16 gemm where there is one (em_bf16gemm:
  * oneDNN on AVX-512, AMX); otherwise both operands are converted to f32
  * once (operand_copy: whole rows through em_half_to_f32_n, never element
@@ -311,7 +363,8 @@ static em_status run_gemm(mmctx *X, const em_tensor *a, const em_tensor *b) {
 static em_status matmul_half(mmctx *X, em_tensor *out) {
     const em_tensor *a = X->a_t, *b = X->b_t;
     int64_t numel = X->nbatch * X->M * X->N;
-    float *c32 = em_malloc((size_t)numel * sizeof(float));
+    /* K = 0: a product of zeros, which the epilogue still reads */
+    float *c32 = X->K ? em_malloc((size_t)numel * sizeof(float)) : em_calloc((size_t)numel, sizeof(float));
     if (!c32) return em_error(EM_ERR_NOMEM, "matmul: out of memory (%lld elements)", (long long)numel);
     bool bf16 = out->dtype == EM_BF16 && X->M <= INT_MAX && X->N <= INT_MAX && X->K <= INT_MAX &&
                 em_bf16gemm_ready() && blas_layout(&X->a) && blas_layout(&X->b);
@@ -319,22 +372,30 @@ static em_status matmul_half(mmctx *X, em_tensor *out) {
     X->esz = 4;
     X->c = (char *)c32;
     em_status st = EM_OK;
-    if (!bf16) st = operand_copy(&X->a, a, X->nb, X->bsz);
-    if (st == EM_OK && !bf16) st = operand_copy(&X->b, b, X->nb, X->bsz);
-    if (st == EM_OK) st = run_gemm(X, a, b);
-    if (st == EM_OK) em_f32_to_half_n(out->dtype, c32, em_data(out), 2, numel);
+    if (X->K && !bf16) st = operand_copy(&X->a, a, X->nb, X->bsz);
+    if (X->K && st == EM_OK && !bf16) st = operand_copy(&X->b, b, X->nb, X->bsz);
+    if (X->K && st == EM_OK) st = run_gemm(X, a, b);
+    if (st == EM_OK) {
+        half_out H = {X, c32, (uint16_t *)em_data(out), out->dtype};
+        int64_t rows = X->nbatch * X->M;
+        int64_t grain = EM_PARALLEL_GRAIN / (X->N > 0 ? X->N : 1);
+        em_parallel_for(rows, grain > 0 ? grain : 1, half_rows, &H);
+    }
     em_free(c32);
     return st;
 }
 
-/* out = a @ b, then for an f32 out with bias (f32, [N] contiguous; NULL:
- * none) the linear epilogue: + bias and act, a piece at a time. */
+/* out = a @ b, then with bias ([N] contiguous of out's dtype; NULL: none)
+ * the linear epilogue: + bias and act; f32 a piece at a time as the BLAS
+ * writes it, f16/bf16 as the f32 product is rounded into out. */
 static em_status matmul_into(const em_tensor *a, const em_tensor *b, em_tensor *out,
-                             const float *bias, em_act act) {
+                             const void *bias, em_act act) {
     if (a->ndim < 2 || b->ndim < 2 || out->ndim < 2)
         return em_error(EM_ERR_SHAPE, "matmul: operands must have at least 2 dims");
     mmctx X;
-    X.bias = bias;
+    bool half = out->dtype == EM_F16 || out->dtype == EM_BF16;
+    X.bias = half ? NULL : bias;
+    X.hbias = half ? bias : NULL;
     X.act = act;
     X.a_t = a;
     X.b_t = b;
@@ -357,7 +418,7 @@ static em_status matmul_into(const em_tensor *a, const em_tensor *b, em_tensor *
     int64_t numel = X.nbatch * X.M * X.N;
     if (numel == 0) return EM_OK;
     X.c = em_data(out);
-    if (X.K == 0) {
+    if (X.K == 0 && !half) {
         memset(X.c, 0, (size_t)(numel * X.esz));
         if (bias) epilogue((float *)X.c, X.N, X.nbatch * X.M, X.N, bias, act);
         return EM_OK;
@@ -384,26 +445,29 @@ em_status cpu_matmul(const em_op_call *c, em_tensor *out) {
     return matmul_into(c->in[0], c->in[1], out, NULL, EM_ACT_NONE);
 }
 
-/* Whether bias holds n f32 values one after another: sizes 1 but the
- * last, n, read with stride 1 (or n = 1). */
-static bool contiguous_row_bias(const em_tensor *bias, int64_t n) {
-    if (bias->dtype != EM_F32 || bias->ndim < 1 || bias->sizes[bias->ndim - 1] != n) return false;
+/* Whether bias holds n values of dtype dt one after another: sizes 1 but
+ * the last, n, read with stride 1 (or n = 1). */
+static bool contiguous_row_bias(const em_tensor *bias, em_dtype dt, int64_t n) {
+    if (bias->dtype != dt || bias->ndim < 1 || bias->sizes[bias->ndim - 1] != n) return false;
     for (int d = 0; d < bias->ndim - 1; d++)
         if (bias->sizes[d] != 1) return false;
     return n <= 1 || bias->strides[bias->ndim - 1] == 1;
 }
 
-/* act(a @ w + bias).  f32 with a contiguous bias: the bias and act applied
- * to each piece of the product as the BLAS writes it, in cache (the same
- * bits as the three ops: epilogue()); otherwise the product, then the bias
+/* act(a @ w + bias).  f32, f16 or bf16 with a contiguous bias: the bias
+ * and act applied to each piece of the product as the BLAS writes it, in
+ * cache (f32: epilogue()), or as the product is rounded into out (half:
+ * half_rows()), the same bits as the three ops; otherwise the product, then the bias
  * added in place by add's own kernel, then the activation in place by its
  * own.  The linear pass makes the node (src/trace/linear.c). */
 em_status cpu_linear(const em_op_call *c, em_tensor *out) {
     em_act act = c->attrs->act;
     if ((unsigned)act >= EM_ACT_COUNT)
-        return em_error(EM_ERR_ARG, "linear: activation %d is not none, relu or gelu_tanh", (int)act);
-    if (out->dtype == EM_F32 && out->ndim >= 2 && contiguous_row_bias(c->in[2], out->sizes[out->ndim - 1]))
-        return matmul_into(c->in[0], c->in[1], out, (const float *)em_data(c->in[2]), act);
+        return em_error(EM_ERR_ARG, "linear: activation %d is not none, relu, gelu_tanh or gelu", (int)act);
+    em_dtype dt = out->dtype;
+    if ((dt == EM_F32 || dt == EM_F16 || dt == EM_BF16) && out->ndim >= 2 &&
+        contiguous_row_bias(c->in[2], dt, out->sizes[out->ndim - 1]))
+        return matmul_into(c->in[0], c->in[1], out, em_data(c->in[2]), act);
     em_op_call mm = {.op = EM_OP_MATMUL, .nin = 2, .in = c->in, .attrs = c->attrs};
     em_status s = cpu_matmul(&mm, out);
     if (s != EM_OK) return s;

@@ -154,14 +154,16 @@ static bool cpu_model(int index, char *buf, size_t n) {
     return true;
 }
 
-/* f32 linear layers: cpu_linear adds the bias and applies relu or
- * gelu_tanh to each piece of the product as the BLAS writes it, while it
- * is in cache, instead of a kernel reading the whole product back
+/* f32, f16 and bf16 linear layers: cpu_linear adds the bias and applies
+ * the act to each piece of the product as the BLAS writes it, while it is
+ * in cache (f32), or as the f32 product is rounded into the half output,
+ * instead of a kernel reading the whole product back
  * (src/eager/cpu_matmul.c). */
 static bool cpu_fuse_linear(int index, const em_meta *a, const em_meta *w, const em_meta *bias,
                             em_act act) {
     (void)index, (void)act;
-    return a->dtype == EM_F32 && w->dtype == EM_F32 && bias->dtype == EM_F32;
+    em_dtype dt = a->dtype;
+    return (dt == EM_F32 || dt == EM_F16 || dt == EM_BF16) && w->dtype == dt && bias->dtype == dt;
 }
 
 const jit_device jit_cpu_device = {
