@@ -387,6 +387,9 @@ START_TEST(test_linear_act) {
             /* batched with a broadcast [1, 1, N] bias, and a w broadcast over a batch */
             check_linear_act(RND(46, dt, 2, 3, 5), RND(47, dt, 5, 4), RND(48, dt, 1, 1, 4), act);
             check_linear_act(RND(49, dt, 3, 1, 2, 5), RND(50, dt, 2, 5, 6), RND(51, dt, 6), act);
+            /* rows over the threads, and K = 0 (the act of the bias alone) */
+            check_linear_act(RND(61, dt, 131, 67), RND(62, dt, 67, 45), RND(63, dt, 45), act);
+            check_linear_act(RND(55, dt, 2, 0), RND(56, dt, 0, 4), RND(57, dt, 4), act);
         }
     }
     for (em_act act = EM_ACT_NONE; act < EM_ACT_COUNT; act++) {
