@@ -369,15 +369,43 @@ START_TEST(half_kernels_compile) {
                             tu_random(2, 2, TU_SIZES(3, 7), dts[i], 1)};
         ck_assert(compile_all(everything, 2, in, 1, to[i]) & (1u << CU_FLAT));
         ck_assert(compile_all(half_casts, 2, in, 2, "em_f64_to_f32_odd(") != 0);
-        /* a flat kernel of half buffers steps by 4 halves (8 bytes) */
+        /* a flat kernel of half buffers steps by 8 halves (16 bytes) */
         int64_t n = 1000;
         em_tensor *p[3] = {tu_random(1, 1, &n, dts[i], 1), tu_random(2, 1, &n, dts[i], 1),
                            tu_random(3, 1, &n, dts[i], 1)};
-        ck_assert_uint_eq(compile_all(wl_pointwise_fn, 3, p, 1, "const uint2 L"), 1u << CU_FLAT);
+        ck_assert_uint_eq(compile_all(wl_pointwise_fn, 3, p, 1, "const uint4 L"), 1u << CU_FLAT);
         ck_assert_uint_eq(compile_all(wl_pointwise_fn, 3, p, 1, "|= (unsigned)v"), 1u << CU_FLAT);
         em_tensor *rows[1] = {tu_random(1, 2, TU_SIZES(8, 300), dts[i], 1)};
         ck_assert_uint_eq(compile_all(wl_softmax_fn, 1, rows, 1, to[i]), 1u << CU_ROWS);
     }
+}
+END_TEST
+
+/* Half kernels step by bytes, as f32 ones: a thread of a long bf16 row
+ * aims for 64 halves (128 bytes: half the threads of an f32 row of that
+ * length); a row past 512 bytes takes lanes of 128 bytes (a bf16 row of
+ * 1001: 16 lanes, 2 rows a warp; f32: a warp a row, as before); a flat
+ * kernel of half buffers moves 16 bytes an access, and one that mixes
+ * halves with 4-byte buffers 4 elements a step (a uint2 of halves). */
+START_TEST(half_rows_step_by_bytes) {
+    em_tensor *lh[1] = {tu_random(1, 2, TU_SIZES(4, 4096), EM_BF16, 1)};
+    em_tensor *lf[1] = {tu_random(1, 2, TU_SIZES(4, 4096), EM_F32, 1)};
+    ck_assert_uint_eq(compile_all(wl_softmax_fn, 1, lh, 1, "__launch_bounds__(64) k_v4("), 1u << CU_ROWS);
+    ck_assert_uint_eq(compile_all(wl_softmax_fn, 1, lf, 1, "__launch_bounds__(128) k_v4("), 1u << CU_ROWS);
+    em_tensor *mh[1] = {tu_random(1, 2, TU_SIZES(9, 1001), EM_F16, 1)};
+    em_tensor *mf[1] = {tu_random(1, 2, TU_SIZES(9, 1001), EM_F32, 1)};
+    ck_assert_uint_eq(compile_all(wl_softmax_fn, 1, mh, 1, "em_t = threadIdx.x & 15, em_s = (threadIdx.x & 31) / 16;"),
+                      1u << CU_ROWS);
+    ck_assert_uint_eq(compile_all(wl_softmax_fn, 1, mf, 1, "const int em_t = threadIdx.x & 31;\n"), 1u << CU_ROWS);
+    int64_t n = 1001;
+    em_tensor *mixed[3] = {tu_random(1, 1, &n, EM_F32, 1), tu_random(2, 1, &n, EM_BF16, 1),
+                           tu_random(3, 1, &n, EM_F32, 1)};
+    ck_assert_uint_eq(compile_all(wl_pointwise_fn, 3, mixed, 1, "const uint2 L"), 1u << CU_FLAT);
+    ck_assert_uint_eq(compile_all(wl_pointwise_fn, 3, mixed, 1, "nv = n / 4;"), 1u << CU_FLAT);
+    em_tensor *halves[3] = {tu_random(1, 1, &n, EM_BF16, 1), tu_random(2, 1, &n, EM_BF16, 1),
+                            tu_random(3, 1, &n, EM_BF16, 1)};
+    ck_assert_uint_eq(compile_all(wl_pointwise_fn, 3, halves, 1, "nv = n / 8;"), 1u << CU_FLAT);
+    ck_assert_uint_eq(compile_all(wl_pointwise_fn, 3, halves, 1, "= nv * 8 + (long long)blockIdx.x"), 1u << CU_FLAT);
 }
 END_TEST
 
@@ -861,6 +889,7 @@ int main(void) {
         {"views_and_lead_rows_compile", views_and_lead_rows_compile},
         {"transpose_is_tiled", transpose_is_tiled}, {"long_rows_use_clusters", long_rows_use_clusters},
         {"half_kernels_compile", half_kernels_compile},
+        {"half_rows_step_by_bytes", half_rows_step_by_bytes},
         {"golden_text", golden_text}, {"errors", errors},
         {"float_to_int_saturates_in_the_ir", float_to_int_saturates_in_the_ir},
         {"no_gpu_is_an_error", no_gpu_is_an_error},

@@ -144,6 +144,10 @@ typedef struct egen {
     bool staging;      /* emitting the compute phase: staged loads read the tile */
     int arch;          /* the target's compute capability (90: sm_90), 0 unknown */
     int64_t widest;    /* CU_ROWS: the longest constant split loop (1024 if none) */
+    int scale;         /* 2 when the widest buffer is a half type, else 1: the
+                          elements a thread aims for and keeps are counted in
+                          4-byte units (row_elems), so a bf16 thread moves the
+                          bytes an f32 one does */
     int cluster;       /* CU_ROWS: blocks a row (a thread-block cluster), else 1 */
 } egen;
 
@@ -860,9 +864,36 @@ static bool row_vec(const cuda_row_params *p) {
     return !p || p->vec >= 0;
 }
 
+/* The fewest lanes (a power of 2, at most 32) that hold `bytes` at `per` a lane. */
+static int lanes_for(int64_t bytes, int64_t per) {
+    int lanes = 1;
+    while (lanes < 32 && lanes * per < bytes) lanes *= 2;
+    return lanes;
+}
+
+/* Lanes a short row of `bytes` (its widest buffer's) takes: the fewest
+ * that hold it at row_lane_bytes() a lane.  A row past SHORT_ROW_LANES
+ * such lanes (512 bytes by default) holds few heads and tails for its
+ * length, and then what bounds it is the bytes a warp has in flight: its
+ * lanes aim for what a long row's thread does, row_elems() 4-byte
+ * elements (128 bytes by default).  By bytes, not elements: a bf16 row of
+ * 1000 took 32 lanes of 62 bytes, a warp a row, where f32 had 125 bytes a
+ * lane, and ran at 54% of copy against f32's 91% (H200,
+ * docs/benchmarks.md); it now takes 16 lanes of 125 bytes, 2 rows a warp.
+ * f32 rows of up to 512 bytes or from 4000 keep their lanes. */
+enum { SHORT_ROW_LANES = 8 };
+static int short_row_lanes(const cuda_row_params *p, int64_t bytes) {
+    int lanes = lanes_for(bytes, row_lane_bytes(p));
+    if (lanes > SHORT_ROW_LANES) {
+        int aim = lanes_for(bytes, 4 * (int64_t)row_elems(p));
+        if (aim < lanes) lanes = aim;
+    }
+    return lanes;
+}
+
 static void choose_shape(egen *G, cuda_src *out) {
     const k_kernel *k = G->k;
-    G->tpr = G->rpb = 1;
+    G->tpr = G->rpb = G->scale = 1;
     G->par = -1;
     bool outside = false; /* loops or stores outside the parallel range */
     for (int i = 0; i < k->n; i++) {
@@ -907,12 +938,13 @@ static void choose_shape(egen *G, cuda_src *out) {
         i = G->match[i]; /* deeper loops stay serial */
     }
     G->widest = widest;
+    G->scale = widest_elem == 2 ? 2 : 1;
     /* rows: row_elems() elements per thread, from a warp up to 1024
      * threads.  Few elements per thread (4: 1024 threads, 2 rows in flight
      * per SM) left the kernels latency-bound on their passes and barriers. */
     G->tpr = G->threads, G->rpb = 1;
     if (G->shape == CU_ROWS) {
-        int per = row_elems(G->params);
+        int per = row_elems(G->params) * G->scale;
         G->threads = G->tpr = pow2_at_least((widest + per - 1) / per);
         /* rows a warp covers: a warp each, 8 to a block, which lifts the
          * one-warp blocks' occupancy (at most 32 blocks an SM: half its
@@ -925,9 +957,7 @@ static void choose_shape(egen *G, cuda_src *out) {
          * 86%, 75%, 53%; 8 lanes 58% (single calls), 16 lanes 30%:
          * docs/benchmarks.md) */
         if (G->tpr == 32) {
-            int lanes = 1;
-            int64_t lane_bytes = row_lane_bytes(G->params);
-            while (lanes < 32 && lanes * lane_bytes < widest * (int64_t)widest_elem) lanes *= 2;
+            int lanes = short_row_lanes(G->params, widest * (int64_t)widest_elem);
             G->tpr = lanes;
             G->rpb = 256 / lanes < CUDA_MAX_ROWS_PER_BLOCK ? 256 / lanes : CUDA_MAX_ROWS_PER_BLOCK;
             G->threads = G->rpb * lanes;
@@ -998,48 +1028,56 @@ static void emit_flat(egen *G, int U) {
     fputs("  }\n", f);
 }
 
-/* Whether the CU_FLAT kernel can step by vectors of 4 elements: every load
- * and store inside the parallel range reads or writes element v (the
- * range variable itself) of a 4-byte buffer (16-byte vectors) or a half
- * one (8 bytes: a uint2 of 4 halves). */
-static bool vectorizable(const egen *G) {
+/* Whether the CU_FLAT kernel can step by vectors: every load and store
+ * inside the parallel range reads or writes element v (the range variable
+ * itself) of a 4-byte or a half buffer.  G->V, the elements a step, is 16
+ * bytes of the widest: 4 (a float4; a half buffer beside a 4-byte one
+ * moves a uint2 of 4 halves), or 8 when every buffer is a half one (a
+ * uint4 of 8 halves: 16 bytes an access, as f32's). */
+static bool vectorizable(egen *G) {
     const k_kernel *k = G->k;
     int P = G->par;
+    bool halves = false, wide = false;
     for (int i = P + 1; i < G->match[P]; i++) {
         const k_inst *in = &k->insts[i];
         if (in->op != K_LOAD && in->op != K_STORE) continue;
         em_dtype d = k->insts[in->src[0]].dtype;
         if (in->src[1] != P || (d != EM_F32 && d != EM_I32 && d != EM_F16 && d != EM_BF16))
             return false;
+        if (em_dtype_size(d) == 4) wide = true;
+        else halves = true;
     }
+    G->V = halves && !wide ? 8 : 4;
     return true;
 }
 
-static const char *vtype(em_dtype d) {
-    return d == EM_F32 ? "float4" : d == EM_I32 ? "int4" : "uint2"; /* half: 4 in a uint2 */
+static const char *vtype(em_dtype d, int V) {
+    if (d == EM_F32) return "float4";
+    if (d == EM_I32) return "int4";
+    return V == 8 ? "uint4" : "uint2"; /* halves, 2 a word */
 }
 
-/* NAME_v4: four consecutive elements per thread and step, loaded and
- * stored as one 16-byte vector each (the launch picks it when every
- * buffer is 16-byte aligned); the last n % 4 elements one by one. */
+/* NAME_v4: V (4 or 8) consecutive elements per thread and step, loaded
+ * and stored as one vector each (the launch picks it when every buffer is
+ * 16-byte aligned); the last n % V elements one by one. */
 static void emit_flat_v4(egen *G) {
     FILE *f = G->f;
     const k_kernel *k = G->k;
-    int P = G->par, T = G->threads;
-    fprintf(f, "  const long long n = %s, nv = n / 4;\n", G->extent);
+    int P = G->par, T = G->threads, V = G->V;
+    fprintf(f, "  const long long n = %s, nv = n / %d;\n", G->extent, V);
     fprintf(f, "  const long long step = (long long)gridDim.x * %d;\n", T);
     fprintf(f, "  for (long long q = (long long)blockIdx.x * %d + threadIdx.x; q < nv; q += step) {\n", T);
     for (int i = P + 1; i < G->match[P]; i++) {
         const k_inst *in = &k->insts[i];
         em_dtype d = in->op == K_LOAD || in->op == K_STORE ? k->insts[in->src[0]].dtype : EM_F32;
         if (in->op == K_LOAD)
-            fprintf(f, "    const %s L%d = reinterpret_cast<const %s *>(%s)[q];\n", vtype(d), i,
-                    vtype(d), nm(G, in->src[0]));
+            fprintf(f, "    const %s L%d = reinterpret_cast<const %s *>(%s)[q];\n", vtype(d, V), i,
+                    vtype(d, V), nm(G, in->src[0]));
         else if (in->op == K_STORE)
-            fprintf(f, "    %s S%d;\n", vtype(d), i);
+            fprintf(f, "    %s S%d;\n", vtype(d, V), i);
     }
-    for (int lane = 0; lane < 4; lane++) {
-        fprintf(f, "    {\n      const long long v%d = q * 4 + %d;\n", P, lane);
+    for (int lane = 0; lane < V; lane++) {
+        fprintf(f, "    {\n      const long long v%d = q * %d + %d;\n", P, V, lane);
         G->lane = lane;
         G->depth = 2;
         emit_seq(G, P + 1, G->match[P]);
@@ -1050,11 +1088,11 @@ static void emit_flat_v4(egen *G) {
         const k_inst *in = &k->insts[i];
         em_dtype d = in->op == K_STORE ? k->insts[in->src[0]].dtype : EM_F32;
         if (in->op == K_STORE)
-            fprintf(f, "    reinterpret_cast<%s *>(%s)[q] = S%d;\n", vtype(d), nm(G, in->src[0]), i);
+            fprintf(f, "    reinterpret_cast<%s *>(%s)[q] = S%d;\n", vtype(d, V), nm(G, in->src[0]), i);
     }
     fputs("  }\n", f);
-    fprintf(f, "  for (long long v%d = nv * 4 + (long long)blockIdx.x * %d + threadIdx.x; v%d < n; v%d += step) {\n",
-            P, T, P, P);
+    fprintf(f, "  for (long long v%d = nv * %d + (long long)blockIdx.x * %d + threadIdx.x; v%d < n; v%d += step) {\n",
+            P, V, T, P, P);
     G->depth = 1;
     emit_seq(G, P + 1, G->match[P]);
     fputs("  }\n", f);
@@ -1309,8 +1347,8 @@ static int cluster_threads(void) {
 static void choose_cluster(egen *G, cuda_src *out, bool vec) {
     G->cluster = out->cluster = 1;
     if (G->arch < 90 || G->shape != CU_ROWS || G->tile_j >= 0 || G->rpb != 1 || !cluster_wanted()) return;
-    int per = vec ? MAX_CACHED_VEC * G->V : row_elems(G->params);
-    if (per < row_elems(G->params)) per = row_elems(G->params);
+    int per = vec ? MAX_CACHED_VEC * G->V : row_elems(G->params) * G->scale;
+    if (per < row_elems(G->params) * G->scale) per = row_elems(G->params) * G->scale;
     int64_t need = (G->widest + per - 1) / per; /* threads the row wants */
     if (need <= 1024) return;
     int64_t B = cluster_threads(), c;
