@@ -1474,21 +1474,21 @@ END_TEST
 
 /* Half kernels step by bytes (cuda_emit.c): a flat kernel of half
  * buffers moves 8 halves (16 bytes) a step, with the last n % 8 one by
- * one; a rows kernel's thread aims for 64 halves, and a row of more than
- * 512 bytes takes lanes of 128 bytes (bf16 rows of 500 and 1001: 2 rows a
- * warp).  Both half formats against float64 (rows) or the CPU (flat), at
- * lengths around those steps, and off 16-byte boundaries (a column slice:
- * the one-element-a-thread kernel). */
+ * one; a long row's thread aims for 64 halves (8200: 128 threads of 8
+ * vectors).  Both half formats against float64 (rows) or the CPU (flat),
+ * at lengths around those steps, and off 16-byte boundaries (a slice from
+ * element 1: the one-element-a-thread kernel). */
 START_TEST(half_kernels_step_by_bytes) {
     static const em_dtype hs[] = {EM_BF16, EM_F16};
-    static const int64_t rz[][2] = {{9, 37}, {67, 500}, {66, 1001}, {65, 2047}, {33, 8200}};
-    static const int64_t fz[] = {1, 7, 8, 9, 1001, 40007};
+    static const int64_t rz[][2] = {{9, 37}, {33, 8200}};
+    static const int64_t fz[] = {7, 1001};
     for (int h = 0; h < 2; h++) {
         double tol = hs[h] == EM_BF16 ? 1.6e-2 : 4e-3; /* two ulp, statistics in f32 */
         for (size_t i = 0; i < sizeof rz / sizeof rz[0]; i++)
             for (int kind = 0; kind < ROW_KINDS; kind++) {
                 em_tensor *xh = em_cast(tu_random(150 + i, 2, rz[i], EM_F32, 1), hs[h]);
                 check_rows(kind, to_gpu(xh), xh, hs[h], tol);
+                if (i == 0) continue;
                 em_tensor *xs = em_slice(xh, 1, 1, rz[i][1], 1);
                 check_rows(kind, em_slice(to_gpu(xh), 1, 1, rz[i][1], 1), xs, hs[h], tol);
             }

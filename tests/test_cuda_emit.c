@@ -383,20 +383,21 @@ END_TEST
 
 /* Half kernels step by bytes, as f32 ones: a thread of a long bf16 row
  * aims for 64 halves (128 bytes: half the threads of an f32 row of that
- * length); a row past 512 bytes takes lanes of 128 bytes (a bf16 row of
- * 1001: 16 lanes, 2 rows a warp; f32: a warp a row, as before); a flat
- * kernel of half buffers moves 16 bytes an access, and one that mixes
- * halves with 4-byte buffers 4 elements a step (a uint2 of halves). */
+ * length); a short row's lanes hold 64 bytes each whatever the dtype (a
+ * 37-wide f16 row: 2 lanes, an f32 one: 4); a flat kernel of half buffers
+ * moves 16 bytes an access, and one that mixes halves with 4-byte buffers
+ * 4 elements a step (a uint2 of halves). */
 START_TEST(half_rows_step_by_bytes) {
     em_tensor *lh[1] = {tu_random(1, 2, TU_SIZES(4, 4096), EM_BF16, 1)};
     em_tensor *lf[1] = {tu_random(1, 2, TU_SIZES(4, 4096), EM_F32, 1)};
     ck_assert_uint_eq(compile_all(wl_softmax_fn, 1, lh, 1, "__launch_bounds__(64) k_v4("), 1u << CU_ROWS);
     ck_assert_uint_eq(compile_all(wl_softmax_fn, 1, lf, 1, "__launch_bounds__(128) k_v4("), 1u << CU_ROWS);
-    em_tensor *mh[1] = {tu_random(1, 2, TU_SIZES(9, 1001), EM_F16, 1)};
-    em_tensor *mf[1] = {tu_random(1, 2, TU_SIZES(9, 1001), EM_F32, 1)};
-    ck_assert_uint_eq(compile_all(wl_softmax_fn, 1, mh, 1, "em_t = threadIdx.x & 15, em_s = (threadIdx.x & 31) / 16;"),
+    em_tensor *sh[1] = {tu_random(1, 2, TU_SIZES(9, 37), EM_F16, 1)};
+    em_tensor *sf[1] = {tu_random(1, 2, TU_SIZES(9, 37), EM_F32, 1)};
+    ck_assert_uint_eq(compile_all(wl_softmax_fn, 1, sh, 1, "em_t = threadIdx.x & 1, em_s = (threadIdx.x & 31) / 2;"),
                       1u << CU_ROWS);
-    ck_assert_uint_eq(compile_all(wl_softmax_fn, 1, mf, 1, "const int em_t = threadIdx.x & 31;\n"), 1u << CU_ROWS);
+    ck_assert_uint_eq(compile_all(wl_softmax_fn, 1, sf, 1, "em_t = threadIdx.x & 3, em_s = (threadIdx.x & 31) / 4;"),
+                      1u << CU_ROWS);
     int64_t n = 1001;
     em_tensor *mixed[3] = {tu_random(1, 1, &n, EM_F32, 1), tu_random(2, 1, &n, EM_BF16, 1),
                            tu_random(3, 1, &n, EM_F32, 1)};

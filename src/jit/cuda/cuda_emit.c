@@ -864,33 +864,6 @@ static bool row_vec(const cuda_row_params *p) {
     return !p || p->vec >= 0;
 }
 
-/* The fewest lanes (a power of 2, at most 32) that hold `bytes` at `per` a lane. */
-static int lanes_for(int64_t bytes, int64_t per) {
-    int lanes = 1;
-    while (lanes < 32 && lanes * per < bytes) lanes *= 2;
-    return lanes;
-}
-
-/* Lanes a short row of `bytes` (its widest buffer's) takes: the fewest
- * that hold it at row_lane_bytes() a lane.  A row past SHORT_ROW_LANES
- * such lanes (512 bytes by default) holds few heads and tails for its
- * length, and then what bounds it is the bytes a warp has in flight: its
- * lanes aim for what a long row's thread does, row_elems() 4-byte
- * elements (128 bytes by default).  By bytes, not elements: a bf16 row of
- * 1000 took 32 lanes of 62 bytes, a warp a row, where f32 had 125 bytes a
- * lane, and ran at 54% of copy against f32's 91% (H200,
- * docs/benchmarks.md); it now takes 16 lanes of 125 bytes, 2 rows a warp.
- * f32 rows of up to 512 bytes or from 4000 keep their lanes. */
-enum { SHORT_ROW_LANES = 8 };
-static int short_row_lanes(const cuda_row_params *p, int64_t bytes) {
-    int lanes = lanes_for(bytes, row_lane_bytes(p));
-    if (lanes > SHORT_ROW_LANES) {
-        int aim = lanes_for(bytes, 4 * (int64_t)row_elems(p));
-        if (aim < lanes) lanes = aim;
-    }
-    return lanes;
-}
-
 static void choose_shape(egen *G, cuda_src *out) {
     const k_kernel *k = G->k;
     G->tpr = G->rpb = G->scale = 1;
@@ -957,7 +930,9 @@ static void choose_shape(egen *G, cuda_src *out) {
          * 86%, 75%, 53%; 8 lanes 58% (single calls), 16 lanes 30%:
          * docs/benchmarks.md) */
         if (G->tpr == 32) {
-            int lanes = short_row_lanes(G->params, widest * (int64_t)widest_elem);
+            int lanes = 1;
+            int64_t lane_bytes = row_lane_bytes(G->params);
+            while (lanes < 32 && lanes * lane_bytes < widest * (int64_t)widest_elem) lanes *= 2;
             G->tpr = lanes;
             G->rpb = 256 / lanes < CUDA_MAX_ROWS_PER_BLOCK ? 256 / lanes : CUDA_MAX_ROWS_PER_BLOCK;
             G->threads = G->rpb * lanes;
