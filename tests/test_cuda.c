@@ -1472,12 +1472,13 @@ START_TEST(long_row_views_and_bf16_over_clusters) {
 }
 END_TEST
 
-/* Half kernels step by bytes (cuda_emit.c): a flat kernel of half
- * buffers moves 8 halves (16 bytes) a step, with the last n % 8 one by
- * one; a long row's thread aims for 64 halves (8200: 128 threads of 8
- * vectors).  Both half formats against float64 (rows) or the CPU (flat),
- * at lengths around those steps, and off 16-byte boundaries (a slice from
- * element 1: the one-element-a-thread kernel). */
+/* Half kernels by bytes (cuda_emit.c): a thread of a half-typed row
+ * longer than a warp's aims for 64 halves (8200: 128 threads of 8
+ * vectors, a head and a tail in most rows); short rows; flat kernels at
+ * lengths around their 4-element steps.  Both half formats against
+ * float64 (rows) or the CPU (flat), and off 16-byte boundaries (a slice
+ * from element 1: the one-element-a-thread kernel, its row re-read each
+ * pass past 32 elements a thread). */
 START_TEST(half_kernels_step_by_bytes) {
     static const em_dtype hs[] = {EM_BF16, EM_F16};
     static const int64_t rz[][2] = {{9, 37}, {33, 8200}};

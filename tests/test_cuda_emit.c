@@ -369,11 +369,11 @@ START_TEST(half_kernels_compile) {
                             tu_random(2, 2, TU_SIZES(3, 7), dts[i], 1)};
         ck_assert(compile_all(everything, 2, in, 1, to[i]) & (1u << CU_FLAT));
         ck_assert(compile_all(half_casts, 2, in, 2, "em_f64_to_f32_odd(") != 0);
-        /* a flat kernel of half buffers steps by 8 halves (16 bytes) */
+        /* a flat kernel of half buffers steps by 4 halves (8 bytes) */
         int64_t n = 1000;
         em_tensor *p[3] = {tu_random(1, 1, &n, dts[i], 1), tu_random(2, 1, &n, dts[i], 1),
                            tu_random(3, 1, &n, dts[i], 1)};
-        ck_assert_uint_eq(compile_all(wl_pointwise_fn, 3, p, 1, "const uint4 L"), 1u << CU_FLAT);
+        ck_assert_uint_eq(compile_all(wl_pointwise_fn, 3, p, 1, "const uint2 L"), 1u << CU_FLAT);
         ck_assert_uint_eq(compile_all(wl_pointwise_fn, 3, p, 1, "|= (unsigned)v"), 1u << CU_FLAT);
         em_tensor *rows[1] = {tu_random(1, 2, TU_SIZES(8, 300), dts[i], 1)};
         ck_assert_uint_eq(compile_all(wl_softmax_fn, 1, rows, 1, to[i]), 1u << CU_ROWS);
@@ -381,32 +381,24 @@ START_TEST(half_kernels_compile) {
 }
 END_TEST
 
-/* Half kernels step by bytes, as f32 ones: a thread of a long bf16 row
- * aims for 64 halves (128 bytes: half the threads of an f32 row of that
- * length); a short row's lanes hold 64 bytes each whatever the dtype (a
- * 37-wide f16 row: 2 lanes, an f32 one: 4); a flat kernel of half buffers
- * moves 16 bytes an access, and one that mixes halves with 4-byte buffers
- * 4 elements a step (a uint2 of halves). */
+/* A thread of a half-typed row longer than a warp's aims for twice the
+ * elements of an f32 one (the same bytes: a bf16 row of 4096 takes 64
+ * threads, an f32 one 128; of 8192, 128 and 256), never fewer than 64
+ * threads; rows a warp covers keep the lanes the row's bytes give (64
+ * bytes a lane: a 37-wide f16 row 2 lanes, an f32 one 4; a bf16 row of
+ * 2048 a warp, as an f32 row of 1024). */
 START_TEST(half_rows_step_by_bytes) {
-    em_tensor *lh[1] = {tu_random(1, 2, TU_SIZES(4, 4096), EM_BF16, 1)};
-    em_tensor *lf[1] = {tu_random(1, 2, TU_SIZES(4, 4096), EM_F32, 1)};
-    ck_assert_uint_eq(compile_all(wl_softmax_fn, 1, lh, 1, "__launch_bounds__(64) k_v4("), 1u << CU_ROWS);
-    ck_assert_uint_eq(compile_all(wl_softmax_fn, 1, lf, 1, "__launch_bounds__(128) k_v4("), 1u << CU_ROWS);
-    em_tensor *sh[1] = {tu_random(1, 2, TU_SIZES(9, 37), EM_F16, 1)};
-    em_tensor *sf[1] = {tu_random(1, 2, TU_SIZES(9, 37), EM_F32, 1)};
-    ck_assert_uint_eq(compile_all(wl_softmax_fn, 1, sh, 1, "em_t = threadIdx.x & 1, em_s = (threadIdx.x & 31) / 2;"),
-                      1u << CU_ROWS);
-    ck_assert_uint_eq(compile_all(wl_softmax_fn, 1, sf, 1, "em_t = threadIdx.x & 3, em_s = (threadIdx.x & 31) / 4;"),
-                      1u << CU_ROWS);
-    int64_t n = 1001;
-    em_tensor *mixed[3] = {tu_random(1, 1, &n, EM_F32, 1), tu_random(2, 1, &n, EM_BF16, 1),
-                           tu_random(3, 1, &n, EM_F32, 1)};
-    ck_assert_uint_eq(compile_all(wl_pointwise_fn, 3, mixed, 1, "const uint2 L"), 1u << CU_FLAT);
-    ck_assert_uint_eq(compile_all(wl_pointwise_fn, 3, mixed, 1, "nv = n / 4;"), 1u << CU_FLAT);
-    em_tensor *halves[3] = {tu_random(1, 1, &n, EM_BF16, 1), tu_random(2, 1, &n, EM_BF16, 1),
-                            tu_random(3, 1, &n, EM_BF16, 1)};
-    ck_assert_uint_eq(compile_all(wl_pointwise_fn, 3, halves, 1, "nv = n / 8;"), 1u << CU_FLAT);
-    ck_assert_uint_eq(compile_all(wl_pointwise_fn, 3, halves, 1, "= nv * 8 + (long long)blockIdx.x"), 1u << CU_FLAT);
+    static const struct { int64_t len; em_dtype d; const char *want; } c[] = {
+        {4096, EM_BF16, "__launch_bounds__(64) k_v4("},  {4096, EM_F32, "__launch_bounds__(128) k_v4("},
+        {8192, EM_F16, "__launch_bounds__(128) k_v4("},  {8192, EM_F32, "__launch_bounds__(256) k_v4("},
+        {2048, EM_BF16, "__launch_bounds__(64) k_v4("},  {1024, EM_F32, "const int em_t = threadIdx.x & 31;\n"},
+        {37, EM_F16, "em_t = threadIdx.x & 1, em_s = (threadIdx.x & 31) / 2;"},
+        {37, EM_F32, "em_t = threadIdx.x & 3, em_s = (threadIdx.x & 31) / 4;"},
+    };
+    for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
+        em_tensor *x[1] = {tu_random(1, 2, TU_SIZES(4, c[i].len), c[i].d, 1)};
+        ck_assert_uint_eq(compile_all(wl_softmax_fn, 1, x, 1, c[i].want), 1u << CU_ROWS);
+    }
 }
 END_TEST
 

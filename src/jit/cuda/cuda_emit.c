@@ -144,10 +144,10 @@ typedef struct egen {
     bool staging;      /* emitting the compute phase: staged loads read the tile */
     int arch;          /* the target's compute capability (90: sm_90), 0 unknown */
     int64_t widest;    /* CU_ROWS: the longest constant split loop (1024 if none) */
-    int scale;         /* 2 when the widest buffer is a half type, else 1: the
-                          elements a thread aims for and keeps are counted in
-                          4-byte units (row_elems), so a bf16 thread moves the
-                          bytes an f32 one does */
+    int scale;         /* 2 when the widest buffer is a half type, else 1: a
+                          thread of a row longer than a warp's aims for
+                          row_elems() * scale elements, so a bf16 thread
+                          moves the bytes an f32 one does */
     int cluster;       /* CU_ROWS: blocks a row (a thread-block cluster), else 1 */
 } egen;
 
@@ -917,8 +917,19 @@ static void choose_shape(egen *G, cuda_src *out) {
      * per SM) left the kernels latency-bound on their passes and barriers. */
     G->tpr = G->threads, G->rpb = 1;
     if (G->shape == CU_ROWS) {
-        int per = row_elems(G->params) * G->scale;
+        int per = row_elems(G->params);
         G->threads = G->tpr = pow2_at_least((widest + per - 1) / per);
+        /* past a warp, a thread of a half-typed row aims for twice the
+         * elements: the bytes an f32 thread moves (softmax [8191, 4099]
+         * bf16 on the H200: 37.9% -> 45.8% of copy, layer norm 44.5% ->
+         * 55.9%).  Rows a warp covers keep their lanes: a lane of 8 half
+         * vectors in a multi-pass kernel takes 160-236 registers (its
+         * halves and their f32 values; ptxas), one block an SM (a bf16
+         * layer norm of 1000 at 16 lanes a row: 53% -> 42%). */
+        if (G->tpr > 32 && G->scale > 1) {
+            int t = pow2_at_least((widest + per * G->scale - 1) / (per * G->scale));
+            G->threads = G->tpr = t > 64 ? t : 64;
+        }
         /* rows a warp covers: a warp each, 8 to a block, which lifts the
          * one-warp blocks' occupancy (at most 32 blocks an SM: half its
          * warps) and drops the block reductions' barriers.  Short rows
@@ -1003,56 +1014,48 @@ static void emit_flat(egen *G, int U) {
     fputs("  }\n", f);
 }
 
-/* Whether the CU_FLAT kernel can step by vectors: every load and store
- * inside the parallel range reads or writes element v (the range variable
- * itself) of a 4-byte or a half buffer.  G->V, the elements a step, is 16
- * bytes of the widest: 4 (a float4; a half buffer beside a 4-byte one
- * moves a uint2 of 4 halves), or 8 when every buffer is a half one (a
- * uint4 of 8 halves: 16 bytes an access, as f32's). */
-static bool vectorizable(egen *G) {
+/* Whether the CU_FLAT kernel can step by vectors of 4 elements: every load
+ * and store inside the parallel range reads or writes element v (the
+ * range variable itself) of a 4-byte buffer (16-byte vectors) or a half
+ * one (8 bytes: a uint2 of 4 halves). */
+static bool vectorizable(const egen *G) {
     const k_kernel *k = G->k;
     int P = G->par;
-    bool halves = false, wide = false;
     for (int i = P + 1; i < G->match[P]; i++) {
         const k_inst *in = &k->insts[i];
         if (in->op != K_LOAD && in->op != K_STORE) continue;
         em_dtype d = k->insts[in->src[0]].dtype;
         if (in->src[1] != P || (d != EM_F32 && d != EM_I32 && d != EM_F16 && d != EM_BF16))
             return false;
-        if (em_dtype_size(d) == 4) wide = true;
-        else halves = true;
     }
-    G->V = halves && !wide ? 8 : 4;
     return true;
 }
 
-static const char *vtype(em_dtype d, int V) {
-    if (d == EM_F32) return "float4";
-    if (d == EM_I32) return "int4";
-    return V == 8 ? "uint4" : "uint2"; /* halves, 2 a word */
+static const char *vtype(em_dtype d) {
+    return d == EM_F32 ? "float4" : d == EM_I32 ? "int4" : "uint2"; /* half: 4 in a uint2 */
 }
 
-/* NAME_v4: V (4 or 8) consecutive elements per thread and step, loaded
- * and stored as one vector each (the launch picks it when every buffer is
- * 16-byte aligned); the last n % V elements one by one. */
+/* NAME_v4: four consecutive elements per thread and step, loaded and
+ * stored as one 16-byte vector each (the launch picks it when every
+ * buffer is 16-byte aligned); the last n % 4 elements one by one. */
 static void emit_flat_v4(egen *G) {
     FILE *f = G->f;
     const k_kernel *k = G->k;
-    int P = G->par, T = G->threads, V = G->V;
-    fprintf(f, "  const long long n = %s, nv = n / %d;\n", G->extent, V);
+    int P = G->par, T = G->threads;
+    fprintf(f, "  const long long n = %s, nv = n / 4;\n", G->extent);
     fprintf(f, "  const long long step = (long long)gridDim.x * %d;\n", T);
     fprintf(f, "  for (long long q = (long long)blockIdx.x * %d + threadIdx.x; q < nv; q += step) {\n", T);
     for (int i = P + 1; i < G->match[P]; i++) {
         const k_inst *in = &k->insts[i];
         em_dtype d = in->op == K_LOAD || in->op == K_STORE ? k->insts[in->src[0]].dtype : EM_F32;
         if (in->op == K_LOAD)
-            fprintf(f, "    const %s L%d = reinterpret_cast<const %s *>(%s)[q];\n", vtype(d, V), i,
-                    vtype(d, V), nm(G, in->src[0]));
+            fprintf(f, "    const %s L%d = reinterpret_cast<const %s *>(%s)[q];\n", vtype(d), i,
+                    vtype(d), nm(G, in->src[0]));
         else if (in->op == K_STORE)
-            fprintf(f, "    %s S%d;\n", vtype(d, V), i);
+            fprintf(f, "    %s S%d;\n", vtype(d), i);
     }
-    for (int lane = 0; lane < V; lane++) {
-        fprintf(f, "    {\n      const long long v%d = q * %d + %d;\n", P, V, lane);
+    for (int lane = 0; lane < 4; lane++) {
+        fprintf(f, "    {\n      const long long v%d = q * 4 + %d;\n", P, lane);
         G->lane = lane;
         G->depth = 2;
         emit_seq(G, P + 1, G->match[P]);
@@ -1063,11 +1066,11 @@ static void emit_flat_v4(egen *G) {
         const k_inst *in = &k->insts[i];
         em_dtype d = in->op == K_STORE ? k->insts[in->src[0]].dtype : EM_F32;
         if (in->op == K_STORE)
-            fprintf(f, "    reinterpret_cast<%s *>(%s)[q] = S%d;\n", vtype(d, V), nm(G, in->src[0]), i);
+            fprintf(f, "    reinterpret_cast<%s *>(%s)[q] = S%d;\n", vtype(d), nm(G, in->src[0]), i);
     }
     fputs("  }\n", f);
-    fprintf(f, "  for (long long v%d = nv * %d + (long long)blockIdx.x * %d + threadIdx.x; v%d < n; v%d += step) {\n",
-            P, V, T, P, P);
+    fprintf(f, "  for (long long v%d = nv * 4 + (long long)blockIdx.x * %d + threadIdx.x; v%d < n; v%d += step) {\n",
+            P, T, P, P);
     G->depth = 1;
     emit_seq(G, P + 1, G->match[P]);
     fputs("  }\n", f);
