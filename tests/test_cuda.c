@@ -1485,6 +1485,9 @@ START_TEST(half_kernels_step_by_bytes) {
     static const int64_t fz[] = {7, 1001};
     for (int h = 0; h < 2; h++) {
         double tol = hs[h] == EM_BF16 ? 1.6e-2 : 4e-3; /* two ulp, statistics in f32 */
+        /* the fused flat kernel rounds once, the CPU's eager ops at each of
+         * their 5 ops: compiled_half_graphs' tolerances */
+        double ftol = hs[h] == EM_BF16 ? 5e-2 : 1e-2;
         for (size_t i = 0; i < sizeof rz / sizeof rz[0]; i++)
             for (int kind = 0; kind < ROW_KINDS; kind++) {
                 em_tensor *xh = em_cast(tu_random(150 + i, 2, rz[i], EM_F32, 1), hs[h]);
@@ -1496,7 +1499,7 @@ START_TEST(half_kernels_step_by_bytes) {
         for (size_t i = 0; i < sizeof fz / sizeof fz[0]; i++) {
             em_tensor *in[3];
             for (int k = 0; k < 3; k++) in[k] = em_cast(tu_random(160 + 3 * i + k, 1, &fz[i], EM_F32, 1), hs[h]);
-            check_compiled(wl_pointwise_fn, 3, in, 1, NULL, tol);
+            check_compiled(wl_pointwise_fn, 3, in, 1, NULL, ftol);
             int64_t n1 = fz[i] + 1; /* off a 16-byte boundary: a slice from element 1 */
             em_tensor *g[3], *c[3], *out = NULL;
             for (int k = 0; k < 3; k++) {
@@ -1508,7 +1511,7 @@ START_TEST(half_kernels_step_by_bytes) {
             em_compiled *f = em_compile(wl_pointwise_fn, NULL, &o);
             ck_assert_ptr_nonnull(f);
             ck_assert_msg(em_call(f, g, NULL, &out) == EM_OK, "%s", em_last_error());
-            same(out, wl_pointwise(c), tol, tol);
+            same(out, wl_pointwise(c), ftol, ftol);
             em_compiled_free(f);
         }
     }
