@@ -1478,6 +1478,52 @@ START_TEST(long_row_views_and_bf16_over_clusters) {
 }
 END_TEST
 
+/* Half kernels by bytes (cuda_emit.c): a thread of a half-typed row
+ * longer than a warp's aims for 64 halves (8200: 128 threads of 8
+ * vectors, a head and a tail in most rows); short rows; flat kernels at
+ * lengths around their 4-element steps.  Both half formats against
+ * float64 (rows) or the CPU (flat), and off 16-byte boundaries (a slice
+ * from element 1: the one-element-a-thread kernel, its row re-read each
+ * pass past 32 elements a thread). */
+START_TEST(half_kernels_step_by_bytes) {
+    static const em_dtype hs[] = {EM_BF16, EM_F16};
+    static const int64_t rz[][2] = {{9, 37}, {33, 8200}};
+    static const int64_t fz[] = {7, 1001};
+    for (int h = 0; h < 2; h++) {
+        double tol = hs[h] == EM_BF16 ? 1.6e-2 : 4e-3; /* two ulp, statistics in f32 */
+        /* the fused flat kernel rounds once, the CPU's eager ops at each of
+         * their 5 ops: compiled_half_graphs' tolerances */
+        double ftol = hs[h] == EM_BF16 ? 5e-2 : 1e-2;
+        for (size_t i = 0; i < sizeof rz / sizeof rz[0]; i++)
+            for (int kind = 0; kind < ROW_KINDS; kind++) {
+                em_tensor *xh = em_cast(tu_random(150 + i, 2, rz[i], EM_F32, 1), hs[h]);
+                check_rows(kind, to_gpu(xh), xh, hs[h], tol);
+                if (i == 0) continue;
+                em_tensor *xs = em_slice(xh, 1, 1, rz[i][1], 1);
+                check_rows(kind, em_slice(to_gpu(xh), 1, 1, rz[i][1], 1), xs, hs[h], tol);
+            }
+        for (size_t i = 0; i < sizeof fz / sizeof fz[0]; i++) {
+            em_tensor *in[3];
+            for (int k = 0; k < 3; k++) in[k] = em_cast(tu_random(160 + 3 * i + k, 1, &fz[i], EM_F32, 1), hs[h]);
+            check_compiled(wl_pointwise_fn, 3, in, 1, NULL, ftol);
+            int64_t n1 = fz[i] + 1; /* off a 16-byte boundary: a slice from element 1 */
+            em_tensor *g[3], *c[3], *out = NULL;
+            for (int k = 0; k < 3; k++) {
+                em_tensor *x = em_cast(tu_random(170 + 3 * i + k, 1, &n1, EM_F32, 1), hs[h]);
+                c[k] = em_slice(x, 0, 1, n1, 1);
+                g[k] = em_slice(to_gpu(x), 0, 1, n1, 1);
+            }
+            em_compile_options o = {.ninputs = 3, .noutputs = 1, .name = "pw"};
+            em_compiled *f = em_compile(wl_pointwise_fn, NULL, &o);
+            ck_assert_ptr_nonnull(f);
+            ck_assert_msg(em_call(f, g, NULL, &out) == EM_OK, "%s", em_last_error());
+            same(out, wl_pointwise(c), ftol, ftol);
+            em_compiled_free(f);
+        }
+    }
+}
+END_TEST
+
 /* x on the GPU and on the CPU, permuted by perm (non-contiguous on both). */
 static void permuted_pair(em_tensor *x, int nd, const int *perm, em_tensor **g, em_tensor **c) {
     *g = em_permute(to_gpu(x), nd, perm);
@@ -1838,6 +1884,7 @@ int main(int argc, char **argv) {
         {"rows_kernels_on_the_gpu", rows_kernels_on_the_gpu},
         {"long_rows_over_clusters", long_rows_over_clusters},
         {"long_row_views_and_bf16_over_clusters", long_row_views_and_bf16_over_clusters},
+        {"half_kernels_step_by_bytes", half_kernels_step_by_bytes},
 #ifdef EMBER_HAVE_CUDA
         {"native_texts_compile", native_texts_compile},
 #endif

@@ -381,6 +381,27 @@ START_TEST(half_kernels_compile) {
 }
 END_TEST
 
+/* A thread of a half-typed row longer than a warp's aims for twice the
+ * elements of an f32 one (the same bytes: a bf16 row of 4096 takes 64
+ * threads, an f32 one 128; of 8192, 128 and 256), never fewer than 64
+ * threads; rows a warp covers keep the lanes the row's bytes give (64
+ * bytes a lane: a 37-wide f16 row 2 lanes, an f32 one 4; a bf16 row of
+ * 2048 a warp, as an f32 row of 1024). */
+START_TEST(half_rows_step_by_bytes) {
+    static const struct { int64_t len; em_dtype d; const char *want; } c[] = {
+        {4096, EM_BF16, "__launch_bounds__(64) k_v4("},  {4096, EM_F32, "__launch_bounds__(128) k_v4("},
+        {8192, EM_F16, "__launch_bounds__(128) k_v4("},  {8192, EM_F32, "__launch_bounds__(256) k_v4("},
+        {2048, EM_BF16, "__launch_bounds__(64) k_v4("},  {1024, EM_F32, "const int em_t = threadIdx.x & 31;\n"},
+        {37, EM_F16, "em_t = threadIdx.x & 1, em_s = (threadIdx.x & 31) / 2;"},
+        {37, EM_F32, "em_t = threadIdx.x & 3, em_s = (threadIdx.x & 31) / 4;"},
+    };
+    for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
+        em_tensor *x[1] = {tu_random(1, 2, TU_SIZES(4, c[i].len), c[i].d, 1)};
+        ck_assert_uint_eq(compile_all(wl_softmax_fn, 1, x, 1, c[i].want), 1u << CU_ROWS);
+    }
+}
+END_TEST
+
 /* Float-to-integer casts (issue 21, item 2): the kernel IR carries the
  * saturation (kir_convert), so the CUDA text holds the same compares and
  * selects as the CPU's code, around a plain in-range conversion: no
@@ -861,6 +882,7 @@ int main(void) {
         {"views_and_lead_rows_compile", views_and_lead_rows_compile},
         {"transpose_is_tiled", transpose_is_tiled}, {"long_rows_use_clusters", long_rows_use_clusters},
         {"half_kernels_compile", half_kernels_compile},
+        {"half_rows_step_by_bytes", half_rows_step_by_bytes},
         {"golden_text", golden_text}, {"errors", errors},
         {"float_to_int_saturates_in_the_ir", float_to_int_saturates_in_the_ir},
         {"no_gpu_is_an_error", no_gpu_is_an_error},

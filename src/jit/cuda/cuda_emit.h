@@ -90,7 +90,8 @@ em_status cuda_emit_for(const k_kernel *k, int arch, cuda_src *out);
  * a candidate the knobs fix prints the same text as the default. */
 enum { CUDA_ROW_ELEMS = 32, CUDA_ROW_LANE_BYTES = 64 };
 typedef struct cuda_row_params {
-    int elems;      /* elements per thread a rows kernel aims for, 1..64 */
+    int elems;      /* elements per thread a rows kernel aims for, 1..64
+                       (twice that in a half-typed row longer than a warp's) */
     int lane_bytes; /* bytes a lane of a short row aims for, 4..4096 */
     int vec;        /* the 16-byte variant: 0 default (on), 1 on, -1 off */
 } cuda_row_params;
@@ -125,6 +126,6 @@ char *cuda_text_with_key(const cuda_src *src, const char *name, const uint8_t ke
 #define CUDA_LAUNCH_WORDS 9
 
 /* The version of the generator: part of every cache key. */
-#define CUDA_EMIT_VERSION "cuda-emit-7" /* 7: long rows over thread-block clusters, cluster in the launch descriptor; 6: kernels begin with EM_AFTER_PRIOR (programmatic dependent launch); 5: rows a part of a warp, 16-byte rows steps; 4: tiled transposes; 3: extents as size parameters, launch descriptor */
+#define CUDA_EMIT_VERSION "cuda-emit-8" /* 8: half rows longer than a warp's take 2x the elements a thread; 7: long rows over thread-block clusters, cluster in the launch descriptor; 6: kernels begin with EM_AFTER_PRIOR (programmatic dependent launch); 5: rows a part of a warp, 16-byte rows steps; 4: tiled transposes; 3: extents as size parameters, launch descriptor */
 
 #endif
