@@ -121,6 +121,9 @@ int tr_dce_map(tr_graph *g, int *map);
 em_status tr_infer_metas(const tr_graph *g, const em_meta *inputs, em_meta *out);
 /* One call node's part of it: metas[i] from the metas of its inputs. */
 em_status tr_infer_node(const tr_graph *g, int i, em_meta *metas);
+/* Node i's meta set from its inputs' metas in g (a pass that adds a call
+ * computes its result's layout so); the infer rule's error otherwise. */
+em_status tr_infer_own(tr_graph *g, int i);
 int tr_cse(tr_graph *g);                /* cse.c: returns nodes merged */
 /* order.c: the inputs moved to the front, by input number (the order the
  * text form's parser builds), so that printing, parsing and printing again
@@ -161,6 +164,14 @@ tr_graph *tr_fuse_attention_for(const tr_graph *g, tr_attention_takes takes, voi
  * nothing matched, -1 when out of memory; map as tr_fuse_attention_map's. */
 typedef bool (*tr_linear_want)(void *ctx, const tr_graph *g, int matmul, int bias, em_act act);
 tr_graph *tr_fuse_linear_map(const tr_graph *g, tr_linear_want want, void *ctx, int *nfused, int *map);
+/* split.c: each sum, mean, amax or amin (not half-typed) with fewer than
+ * rows result elements and at least 65536 reduced ones becomes a partial
+ * reduction with more results and a final one over the partials (the
+ * file's comment says how it splits).  Not in tr_optimize: the engine
+ * runs it for devices that ask (jit_device's split_rows) on static
+ * compiles.  Returns the rewritten copy (caller frees) with *nsplit > 0;
+ * NULL with *nsplit 0 when nothing split, -1 when out of memory. */
+tr_graph *tr_split_reductions(const tr_graph *g, int64_t rows, int *nsplit);
 /* Invariants (tr_verify): nodes in topological order (inputs < index);
  * inputs numbered 0..ninputs-1 once each, with unique names; constants in
  * range and present; calls with a valid op, the table's arity, and a meta

@@ -178,6 +178,7 @@ const jit_device jit_cpu_device = {
     .unload = cpu_unload,
     .fused_attention = true, /* src/eager/cpu_attention.c */
     .fuse_linear = cpu_fuse_linear,
+    .split_rows = 64,        /* a reduction's rows, split over up to 64 threads */
     .half_kernels = true,    /* computed in f32; cpu_vmath_gccjit.c converts */
     .time = cpu_time,
     .model = cpu_model,

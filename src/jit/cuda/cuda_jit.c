@@ -312,6 +312,7 @@ const jit_device jit_cuda_device = {
     .fused_attention = true, /* cuda_attention.c */
     .fused_attention_takes = cuda_attention_takes, /* f16/bf16 on sm_80 on */
     .fuse_linear = cuda_fuse_linear,
+    .split_rows = 1024,      /* rows kernels: a block a row, 132 SMs on an H200 */
     .half_kernels = true,    /* computed in f32; cuda_emit.c converts */
     .capture_begin = cuda_graph_capture_begin, /* CUDA graphs: cuda_graph.c */
     .capture_end = cuda_graph_capture_end,

@@ -415,7 +415,7 @@ static bool device_takes_linear(void *ctx, const tr_graph *g, int m, int b, em_a
 
 /* What the device rewrites fused (fused_graph). */
 typedef struct fused_counts {
-    int attention, linear;
+    int attention, linear, split;
 } fused_counts;
 
 /* f (g with attention fused, or NULL: g) with each matmul's bias add
@@ -433,6 +433,23 @@ static tr_graph *with_linear(const jit_compiled *st, const tr_graph *g, tr_graph
     return l;
 }
 
+/* f (or g, when f is NULL) with its few-row reductions split where st's
+ * device asks (jit_device's split_rows), for a static compile; NULL:
+ * nothing split or out of memory (unsplit is still correct).  Takes f. */
+static tr_graph *with_split(const jit_compiled *st, const tr_graph *g, tr_graph *f, fused_counts *n) {
+    char buf[8];
+    const char *e = em_getenv("EMBER_SPLIT_REDUCTIONS", buf, sizeof buf);
+    if (st->dev->split_rows <= 0 || (e && !strcmp(e, "0"))) return f;
+    tr_graph *s = tr_split_reductions(f ? f : g, st->dev->split_rows, &n->split);
+    if (n->split < 0) {
+        em_clear_error();
+        n->split = 0;
+    }
+    if (!s) return f;
+    tr_graph_free(f);
+    return s;
+}
+
 /* tr_attention_takes over st's device (ctx: st). */
 static bool device_takes(void *ctx, em_dtype dt, int64_t D, int64_t Dv) {
     const jit_compiled *st = ctx;
@@ -445,7 +462,7 @@ static bool device_takes(void *ctx, em_dtype dt, int64_t D, int64_t Dv) {
  * of memory: unfused is still correct). */
 static tr_graph *fused_graph(const jit_compiled *st, const tr_graph *g, int *map, fused_counts *n,
                              const jit_env *env) {
-    *n = (fused_counts){0, 0};
+    *n = (fused_counts){0, 0, 0};
     tr_graph *f = NULL;
     if (st->dev->fused_attention) {
         tr_attention_takes takes = st->dev->fused_attention_takes ? device_takes : NULL;
@@ -456,10 +473,11 @@ static tr_graph *fused_graph(const jit_compiled *st, const tr_graph *g, int *map
         }
     }
     if (!map) f = with_linear(st, g, f, n);
+    if (!map) f = with_split(st, g, f, n);
     /* the rewrite is checked as every pass is (once per compile, linear in
      * the nodes): a graph it broke runs unfused, never wrong */
     if (f && tr_verify(f) != EM_OK) {
-        jit_logf(env->log, JIT_LOG_CODE, "attention or linear rewrite rejected by the verifier: %s",
+        jit_logf(env->log, JIT_LOG_CODE, "attention, linear or split rewrite rejected by the verifier: %s",
                  em_last_error());
         em_clear_error();
         tr_graph_free(f);
@@ -474,6 +492,9 @@ static const tr_graph *keep_graph(jit_compiled *st, tr_graph *f, const fused_cou
     if (n->linear > 0)
         jit_logf(env->log, JIT_LOG_GRAPH, "%s: %d linear layer%s (a matmul's bias add) fused", st->dev->name,
                  n->linear, n->linear == 1 ? "" : "s");
+    if (n->split > 0)
+        jit_logf(env->log, JIT_LOG_GRAPH, "%s: %d reduction%s split in two (few result rows)", st->dev->name,
+                 n->split, n->split == 1 ? "" : "s");
     jit_logf(env->log, JIT_LOG_GRAPH, "%s: %d attention pattern%s fused:", st->dev->name, n->attention,
              n->attention == 1 ? "" : "s");
     if (env->log && (env->log->flags & JIT_LOG_GRAPH)) tr_print(f, env->log->f);

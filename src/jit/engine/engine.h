@@ -190,6 +190,13 @@ typedef struct jit_device {
      * node (tr_fuse_linear_map) before scheduling a static compile.  A
      * device that cannot apply act says no, and the act stays a node. */
     bool (*fuse_linear)(int index, const em_meta *a, const em_meta *w, const em_meta *bias, em_act act);
+    /* Optional (0: never): how many result elements a reduction needs to
+     * keep the device's kernels busy; a static compile splits reductions
+     * with fewer (and a large input) in two (tr_split_reductions).  A
+     * constant of the device kind, not of the machine (a plan is cached
+     * for the device kind's graph: a thread count here would make two
+     * processes' graphs differ). */
+    int64_t split_rows;
     /* Optional (false): its generator takes f16/bf16 buffers, loads, stores
      * and conversions, so the scheduler fuses half values (computed in
      * f32: sched/lower.c); otherwise they run as eager steps. */

@@ -371,7 +371,7 @@ static int sliced(lower *L, int x, int64_t start, int64_t step) {
 
 /* A reshape that is not only unit dims: the row-major linear index of p,
  * taken apart over the input's sizes. */
-static bool reshape_pos(lower *L, int v, const at_pos *p, at_pos *q) {
+static bool reshape_linear(lower *L, int v, const at_pos *p, at_pos *q) {
     const em_meta *m = &L->g->nodes[v].meta, *um = &L->g->nodes[L->g->nodes[v].in[0]].meta;
     int64_t cv[EM_MAX_DIMS], cu[EM_MAX_DIMS];
     em_contiguous_strides(m->ndim, m->sizes, cv);
@@ -393,6 +393,61 @@ static bool reshape_pos(lower *L, int v, const at_pos *p, at_pos *q) {
         int x = cu[d] == 1 ? lin : kir_alu(L->k, KA_IDIV, lin, ci(L, cu[d]), -1);
         q->at[d] = d == 0 ? x : kir_alu(L->k, KA_MOD, x, ci(L, um->sizes[d]), -1);
     }
+    return true;
+}
+
+/* Dims [o, o2) of the reshape's result and [i, i2) of its input that
+ * hold the same elements, the smallest such groups from o and i on (a
+ * group of one input dim is a split, of one result dim a merge); false
+ * when there is none (a size 0). */
+static bool reshape_group(const em_meta *m, const em_meta *um, int o, int i, int *o2, int *i2) {
+    int64_t po = 1, pi = 1;
+    *o2 = o, *i2 = i;
+    if (*o2 < m->ndim) po *= m->sizes[(*o2)++];
+    if (*i2 < um->ndim) pi *= um->sizes[(*i2)++];
+    while (po != pi) {
+        if (po < pi && *o2 < m->ndim) po *= m->sizes[(*o2)++];
+        else if (pi < po && *i2 < um->ndim) pi *= um->sizes[(*i2)++];
+        else return false;
+    }
+    return po > 0;
+}
+
+/* The same as reshape_linear, a group of dims at a time (reshape_group):
+ * an input dim that the reshape splits is the affine sum of its result
+ * dims' indices, with no division; only dims that it merges are taken
+ * apart.  (The split-reduction pass's views, [R, C] -> [R, S, C / S],
+ * stay affine, so the kernel's loads stay vectorizable.) */
+static bool reshape_pos(lower *L, int v, const at_pos *p, at_pos *q) {
+    const em_meta *m = &L->g->nodes[v].meta, *um = &L->g->nodes[L->g->nodes[v].in[0]].meta;
+    for (int d = 0; d < m->ndim; d++)
+        if (p->at[d] == AT_NONE) return false;
+    for (int o = 0, i = 0, o2, i2; o < m->ndim || i < um->ndim; o = o2, i = i2)
+        if (!reshape_group(m, um, o, i, &o2, &i2)) return reshape_linear(L, v, p, q);
+    at_pos r = {.n = um->ndim};
+    for (int o = 0, i = 0, o2, i2; o < m->ndim || i < um->ndim; o = o2, i = i2) {
+        reshape_group(m, um, o, i, &o2, &i2);
+        int lin = -1;
+        int64_t stride = 1; /* elements of the group's result dims after d */
+        for (int d = o2 - 1; d >= o; d--) {
+            if (p->at[d] != AT_ZERO && m->sizes[d] != 1) {
+                int t = stride == 1 ? p->at[d] : kir_alu(L->k, KA_MUL, p->at[d], ci(L, stride), -1);
+                lin = lin < 0 ? t : kir_alu(L->k, KA_ADD, lin, t, -1);
+            }
+            stride *= m->sizes[d];
+        }
+        int64_t below = 1; /* elements of the group's input dims after d */
+        for (int d = i2 - 1; d >= i; d--) {
+            if (um->sizes[d] == 1 || lin < 0) {
+                r.at[d] = AT_ZERO;
+            } else {
+                int x = below == 1 ? lin : kir_alu(L->k, KA_IDIV, lin, ci(L, below), -1);
+                r.at[d] = d == i ? x : kir_alu(L->k, KA_MOD, x, ci(L, um->sizes[d]), -1);
+            }
+            below *= um->sizes[d];
+        }
+    }
+    *q = r;
     return true;
 }
 

@@ -1,0 +1,185 @@
+/* split.c - the split-reduction pass: a reduction whose result has too
+ * few elements to keep a device busy (the mean of a loss over a whole
+ * tensor, the sums of a few long rows) becomes two reductions, as
+ * Inductor's split reductions do: a partial one with many result rows,
+ * then one over the partials.  Kernels run a reduction's result elements
+ * in parallel (a block a row on a GPU, rows split over threads on the
+ * CPU), so a reduction to one value ran in one block or one thread
+ * however large its input.
+ *
+ * A sum, mean, amax or amin (f32, f64 or integer: a half-typed partial
+ * would round where the one reduction accumulates in f32) whose result
+ * has fewer than rows elements (and at least one) and which reduces at
+ * least SPLIT_MIN_ELEMS elements is split, its reduced dims d1 < ... < dk
+ * (sizes n1..nk):
+ *
+ *   - over inner dims: the partial reduces dj..dk and the final d1..d(j-1)
+ *     (the smallest j >= 2 whose partial has at least rows results), so
+ *     that a partial row is what the unsplit reduction's row was, minus
+ *     its outer dims: `mean(x[:, :1000])` of a [2048, 50257] x is the mean
+ *     of 2048 row means of 1000;
+ *   - else over a dim cut in two: x viewed with a reduced dim of size n as
+ *     [S, n / S] (a view: any strides split so), the partial reducing the
+ *     n / S part and the dims after it, the final the S partials.  S is
+ *     the smallest divisor of n that gives rows partials (the largest
+ *     below it when none does), the first reduced dim that has one; a
+ *     reduced dim of prime size is not cut.
+ *
+ * The result is the same reduction: sums of sums, maxima of maxima, and
+ * means of means over equal parts.  keepdim carries through: the partial
+ * keeps the op's, the final drops its dims from the partial's. */
+#include "trace.h"
+
+#include <string.h>
+
+enum { SPLIT_MIN_ELEMS = 65536 };
+
+static bool splittable(const tr_node *n) {
+    if (n->kind != TR_CALL || n->nin != 1) return false;
+    if (n->op != EM_OP_SUM && n->op != EM_OP_MEAN && n->op != EM_OP_AMAX && n->op != EM_OP_AMIN)
+        return false;
+    return n->meta.dtype != EM_F16 && n->meta.dtype != EM_BF16;
+}
+
+/* How node n (a splittable reduction of in, its input) splits: *j (the
+ * first reduced dim, in order, that the partial reduces; 0 when none) or
+ * *cut (the reduced dim cut in two, -1 none) with *S parts.  false: not
+ * split. */
+static bool plan_split(const tr_node *n, const em_meta *in, int64_t rows, int *j, int *cut, int64_t *S) {
+    const em_op_attrs *a = &n->attrs;
+    int k = a->ndims;
+    if (k < 1 || in->ndim + 1 > EM_MAX_DIMS) return false;
+    int64_t out = 1, red = 1;
+    bool reduced[EM_MAX_DIMS] = {false};
+    for (int i = 0; i < k; i++) {
+        if (a->dims[i] < 0 || a->dims[i] >= in->ndim || (i > 0 && a->dims[i] <= a->dims[i - 1])) return false;
+        reduced[a->dims[i]] = true;
+    }
+    for (int d = 0; d < in->ndim; d++) {
+        if (reduced[d]) red *= in->sizes[d];
+        else out *= in->sizes[d];
+    }
+    if (out < 1 || out >= rows || red < SPLIT_MIN_ELEMS) return false;
+    *j = 0, *cut = -1, *S = 0;
+    int64_t outer = out; /* results of a partial that reduces dims[i..k) */
+    for (int i = 1; i < k; i++) {
+        outer *= in->sizes[a->dims[i - 1]];
+        if (outer >= rows) {
+            *j = i;
+            return true;
+        }
+    }
+    for (int i = 0; i < k && *cut < 0; i++) {
+        int64_t size = in->sizes[a->dims[i]], best = 0;
+        for (int64_t s = 2; s < size && s <= rows; s++) {
+            if (size % s) continue;
+            best = s;
+            if (out * s >= rows) break;
+        }
+        if (best) *cut = a->dims[i], *S = best;
+    }
+    if (*cut >= 0) return true;
+    if (k > 1 && outer > out) { /* the innermost dim alone: some parallel rows */
+        *j = k - 1;
+        return true;
+    }
+    return false;
+}
+
+/* Appends op(x) over dims (sorted, count nd) with keepdim to c, its meta
+ * inferred; the node, or -1. */
+static int add_reduce(tr_graph *c, em_op op, int x, const int *dims, int nd, bool keepdim) {
+    em_op_attrs a;
+    memset(&a, 0, sizeof a);
+    a.ndims = nd;
+    memcpy(a.dims, dims, sizeof(int) * (size_t)nd);
+    a.keepdim = keepdim;
+    em_meta m = c->nodes[x].meta; /* tr_add_call may move c's nodes */
+    int i = tr_add_call(c, op, 1, &x, &a, &m);
+    return i >= 0 && tr_infer_own(c, i) == EM_OK ? i : -1;
+}
+
+/* Appends to c the split of reduction n of node x (c's), as plan_split
+ * says; the final node, or -1. */
+static int add_split(tr_graph *c, const tr_node *n, int x, int j, int cut, int64_t S) {
+    const em_op_attrs *a = &n->attrs;
+    if (cut < 0) {
+        int p = add_reduce(c, n->op, x, a->dims + j, a->ndims - j, a->keepdim);
+        return p < 0 ? -1 : add_reduce(c, n->op, p, a->dims, j, a->keepdim);
+    }
+    em_meta mx = c->nodes[x].meta, *m = &mx; /* tr_add_call may move c's nodes */
+    em_op_attrs v;
+    memset(&v, 0, sizeof v);
+    v.ndim = m->ndim + 1;
+    for (int d = 0, o = 0; d < m->ndim; d++) {
+        if (d == cut) {
+            v.sizes[o++] = S;
+            v.sizes[o++] = m->sizes[d] / S;
+        } else {
+            v.sizes[o++] = m->sizes[d];
+        }
+    }
+    int y = tr_add_call(c, EM_OP_RESHAPE, 1, &x, &v, m);
+    if (y < 0 || tr_infer_own(c, y) != EM_OK) return -1;
+    int dims[EM_MAX_DIMS], nd = 0;
+    for (int i = 0; i < a->ndims; i++) dims[nd++] = a->dims[i] + (a->dims[i] >= cut ? 1 : 0);
+    /* the partial keeps the S dim at cut, less the reduced dims before it
+     * when it drops them; the final drops it */
+    int p = add_reduce(c, n->op, y, dims, nd, a->keepdim);
+    int fin[1] = {cut};
+    if (!a->keepdim)
+        for (int i = 0; i < a->ndims; i++) fin[0] -= a->dims[i] < cut;
+    return p < 0 ? -1 : add_reduce(c, n->op, p, fin, 1, false);
+}
+
+/* Copies node i of g into c with its inputs renumbered by map; the node,
+ * or -1. */
+static int copy_node(tr_graph *c, const tr_graph *g, int i, const int *map) {
+    const tr_node *n = &g->nodes[i];
+    if (n->kind == TR_INPUT) return n->index == c->ninputs ? tr_add_input(c, n->name, &n->meta) : -1;
+    if (n->kind == TR_CONST) return tr_add_const(c, g->consts[n->index]);
+    int in[64];
+    if (n->nin > 64) return -1;
+    for (int k = 0; k < n->nin; k++) in[k] = map[n->in[k]];
+    return tr_add_call(c, n->op, n->nin, in, &n->attrs, &n->meta);
+}
+
+tr_graph *tr_split_reductions(const tr_graph *g, int64_t rows, int *nsplit) {
+    *nsplit = 0;
+    int j, cut;
+    int64_t S;
+    bool any = false;
+    for (int i = 0; i < g->nnodes && !any; i++)
+        any = splittable(&g->nodes[i]) && plan_split(&g->nodes[i], &g->nodes[g->nodes[i].in[0]].meta, rows, &j, &cut, &S);
+    if (!any) return NULL;
+    tr_graph *c = tr_graph_new();
+    int *map = c ? em_malloc(sizeof(int) * ((size_t)g->nnodes + 1)) : NULL;
+    bool ok = map != NULL;
+    for (int i = 0; ok && i < g->nnodes; i++) {
+        const tr_node *n = &g->nodes[i];
+        map[i] = -1;
+        if (splittable(n) && plan_split(n, &g->nodes[n->in[0]].meta, rows, &j, &cut, &S)) {
+            map[i] = add_split(c, n, map[n->in[0]], j, cut, S);
+            /* the split must give the node's own result, or it is not made */
+            if (map[i] >= 0 && (c->nodes[map[i]].meta.ndim != n->meta.ndim ||
+                                memcmp(c->nodes[map[i]].meta.sizes, n->meta.sizes,
+                                       sizeof(int64_t) * (size_t)n->meta.ndim)))
+                map[i] = -1;
+            if (map[i] >= 0) (*nsplit)++;
+        }
+        if (map[i] < 0) map[i] = copy_node(c, g, i, map);
+        ok = map[i] >= 0;
+    }
+    int outs[64];
+    ok = ok && g->noutputs <= 64;
+    for (int k = 0; ok && k < g->noutputs; k++) outs[k] = map[g->outputs[k]];
+    ok = ok && tr_set_outputs(c, g->noutputs, outs) == EM_OK;
+    em_free(map);
+    if (!ok || *nsplit == 0) {
+        if (!ok) *nsplit = -1;
+        tr_graph_free(c);
+        return NULL;
+    }
+    tr_dce(c);
+    return c;
+}
