@@ -172,6 +172,7 @@ SWEEP_FN(sw_layernorm, em_layer_norm(in[0], 1, in[1], in[2], 1e-5))
 SWEEP_FN(sw_colsum, em_sum(in[0], 1, (int[]){0}, false))
 SWEEP_FN(sw_transpose_add, em_add(em_transpose(in[0], 0, 1), in[1]))
 SWEEP_FN(sw_bias_gelu, em_gelu_tanh(em_add(in[0], in[1])))
+SWEEP_FN(sw_mse, em_mean(em_mul(em_sub(in[0], in[1]), em_sub(in[0], in[1])), 0, NULL, false))
 
 typedef struct sweep_case {
     const char *name;
@@ -199,6 +200,8 @@ static const sweep_case sweep[] = {
     {"sw_rmsnorm_37", sw_rmsnorm, 1048573, 37, 1, 2},
     {"sw_layernorm_4099", sw_layernorm, 8191, 4099, 2, 2},
     {"sw_bias_gelu_1001", sw_bias_gelu, 16381, 1001, 1, 2},
+    /* a loss over a whole tensor: a reduction to one value */
+    {"sw_mse_loss", sw_mse, 8192, 4096, 3, 2},
 };
 enum { NSWEEP = sizeof sweep / sizeof sweep[0] };
 

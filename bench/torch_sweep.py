@@ -45,6 +45,7 @@ CASES = {
     "sw_rmsnorm_37": (rmsnorm, (1048573, 37), 1, 2),
     "sw_layernorm_4099": (lambda x, w, b: F.layer_norm(x, (x.shape[-1],), w, b, 1e-5), (8191, 4099), 2, 2),
     "sw_bias_gelu_1001": (lambda x, b: F.gelu(x + b, approximate="tanh"), (16381, 1001), 1, 2),
+    "sw_mse_loss": (lambda x, y: ((x - y) * (x - y)).mean(), (8192, 4096), 3, 2),
 }
 
 DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}

@@ -580,6 +580,106 @@ START_TEST(worker_protocol_round_trip) {
 }
 END_TEST
 
+/* ---- reductions with few result rows, split in two (trace/split.c) ---- */
+
+enum { SP_MSE, SP_ROWS, SP_PERMUTED, SP_BCAST, SP_INT, SP_PRIME, SP_MIDDLE, SP_COUNT };
+
+static em_status split_fn(void *c, em_tensor *const *in, const double *s, em_tensor **out) {
+    (void)s;
+    em_tensor *x = in[0], *d;
+    switch (*(const int *)c) {
+    case SP_MSE: d = em_sub(x, in[1]), out[0] = em_mean(em_mul(d, d), 0, NULL, false); break;
+    case SP_ROWS: out[0] = em_sum(em_tanh(x), 1, (int[]){1}, true); break;
+    case SP_PERMUTED: out[0] = em_amax(em_transpose(x, 0, 1), 0, NULL, false); break;
+    case SP_BCAST: out[0] = em_amin(em_add(x, in[1]), 0, NULL, false); break;
+    case SP_INT: out[0] = em_sum(x, 0, NULL, false); break;
+    case SP_PRIME: out[0] = em_sum(em_exp(em_mul_scalar(x, 0.1)), 1, (int[]){1}, false); break;
+    default: out[0] = em_mean(em_abs(x), 2, (int[]){1, 2}, true); break;
+    }
+    return out[0] ? EM_OK : em_last_status();
+}
+
+/* Case c's result in float64, from its inputs' values, as a flat array
+ * (malloc'd). */
+static double *split_ref(int c, em_tensor *const *in) {
+    double *x = tu_values(in[0]), *y = in[1] ? tu_values(in[1]) : NULL, *r = calloc(8, sizeof(double));
+    int64_t n = em_numel(in[0]), cols = em_size(in[0], -1);
+    if (c == SP_ROWS || c == SP_PRIME || c == SP_MIDDLE) {
+        int64_t rows = em_size(in[0], 0), per = n / rows;
+        for (int64_t i = 0; i < n; i++) {
+            double v = c == SP_ROWS ? tanh(x[i]) : c == SP_PRIME ? exp(0.1 * x[i]) : fabs(x[i]) / (double)per;
+            r[i / per] += v;
+        }
+    } else {
+        r[0] = c == SP_PERMUTED ? -INFINITY : c == SP_BCAST ? INFINITY : 0;
+        for (int64_t i = 0; i < n; i++) {
+            if (c == SP_MSE) r[0] += (x[i] - y[i]) * (x[i] - y[i]) / (double)n;
+            if (c == SP_PERMUTED) r[0] = fmax(r[0], x[i]);
+            if (c == SP_BCAST) r[0] = fmin(r[0], x[i] + y[i % cols]);
+            if (c == SP_INT) r[0] += x[i];
+        }
+    }
+    free(x), free(y);
+    return r;
+}
+
+/* Compiles case c, calls it twice and checks the second call against the
+ * float64 reference; whether the compile split a reduction (its
+ * EMBER_LOG=graph line). */
+static bool check_split_case(int c, em_tensor **in, int nin) {
+    char log[] = "/tmp/ember-split-log-XXXXXX";
+    int fd = mkstemp(log);
+    ck_assert_int_ge(fd, 0);
+    close(fd);
+    setenv("EMBER_LOG", "graph", 1);
+    setenv("EMBER_LOG_FILE", log, 1);
+    em_compile_options o = {.ninputs = nin, .noutputs = 1, .name = "split", .backend = "cpu",
+                            .eager_check = -1};
+    em_compiled *f = em_compile(split_fn, &c, &o);
+    em_tensor *y;
+    ck_assert_msg(em_call(f, in, NULL, &y) == EM_OK, "case %d: %s", c, em_last_error());
+    ck_assert_msg(em_call(f, in, NULL, &y) == EM_OK, "case %d: %s", c, em_last_error());
+    em_tensor *want;
+    ck_assert_int_eq(split_fn(&c, in, NULL, &want), EM_OK);
+    ck_assert_int_eq(em_dtype_of(y), em_dtype_of(want));
+    double *r = split_ref(c, in);
+    tu_check_close(y, r, em_ndim(want), em_sizes(want), 1e-4, 1e-5);
+    free(r);
+    em_compiled_free(f);
+    unsetenv("EMBER_LOG");
+    unsetenv("EMBER_LOG_FILE");
+    char text[8192] = "";
+    FILE *lf = fopen(log, "r");
+    ck_assert_ptr_nonnull(lf);
+    size_t got = fread(text, 1, sizeof text - 1, lf);
+    text[got] = '\0';
+    fclose(lf);
+    unlink(log);
+    return strstr(text, "reduction split in two") != NULL;
+}
+
+START_TEST(few_row_reductions_are_split) {
+    for (int c = 0; c < SP_COUNT; c++) {
+        em_tensor *in[2] = {NULL, NULL};
+        int nin = 1;
+        if (c == SP_MSE) in[0] = randn(900, 2, TU_SIZES(1001, 999)), in[1] = randn(901, 2, TU_SIZES(1001, 999)), nin = 2;
+        if (c == SP_ROWS) in[0] = randn(902, 2, TU_SIZES(3, 65540));     /* cut into 29 of 2260 */
+        if (c == SP_PERMUTED) in[0] = randn(903, 2, TU_SIZES(40000, 7)); /* viewed [7, 40000] */
+        if (c == SP_BCAST) in[0] = randn(904, 2, TU_SIZES(8, 70000)), in[1] = randn(905, 1, TU_SIZES(70000)), nin = 2;
+        if (c == SP_INT) in[0] = tu_random(906, 1, TU_SIZES(131072), EM_I32, 1000);
+        if (c == SP_PRIME) in[0] = randn(907, 2, TU_SIZES(1, 65537)); /* not split */
+        if (c == SP_MIDDLE) in[0] = randn(908, 3, TU_SIZES(2, 300, 401));
+        ck_assert_msg(check_split_case(c, in, nin) == (c != SP_PRIME), "case %d: split or not", c);
+    }
+    /* EMBER_SPLIT_REDUCTIONS=0: not split, the same values */
+    setenv("EMBER_SPLIT_REDUCTIONS", "0", 1);
+    em_tensor *in[2] = {randn(900, 2, TU_SIZES(1001, 999)), randn(901, 2, TU_SIZES(1001, 999))};
+    bool split = check_split_case(SP_MSE, in, 2);
+    unsetenv("EMBER_SPLIT_REDUCTIONS");
+    ck_assert(!split);
+}
+END_TEST
+
 static Suite *suite(void) {
     Suite *s = suite_create("fuse");
     TCase *tc = tcase_create("fuse");
@@ -595,6 +695,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, reductions_and_leading_dims);
     tcase_add_test(tc, integers_bools_and_where);
     tcase_add_test(tc, every_pointwise_op_matches_eager);
+    tcase_add_test(tc, few_row_reductions_are_split);
     tcase_add_test(tc, kernels_compile_in_workers_or_in_process);
     tcase_add_test(tc, worker_protocol_round_trip);
     tcase_add_test(tc, second_process_loads_kernels_from_the_cache);

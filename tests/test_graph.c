@@ -1191,6 +1191,118 @@ START_TEST(dot_escapes_labels) {
 }
 END_TEST
 
+/* ---- the split-reduction pass (split.c) ---- */
+
+/* The pass on text at rows, as text (NULL: nothing split); *n: the
+ * reductions split. */
+static char *split_of(const char *text, int64_t rows, int *n) {
+    tr_graph *g = tr_parse_placeholders(text);
+    ck_assert_msg(g != NULL, "%s", em_last_error());
+    tr_graph *f = tr_split_reductions(g, rows, n);
+    char *t = f ? text_of(f) : NULL;
+    if (f) ck_assert_msg(tr_verify(f) == EM_OK, "%s", em_last_error());
+    tr_graph_free(f);
+    tr_graph_free(g);
+    return t;
+}
+
+#define check_split(text, rows, want_n, want)                                    \
+    do {                                                                         \
+        int n_;                                                                  \
+        char *t_ = split_of(text, rows, &n_);                                    \
+        ck_assert_int_eq(n_, want_n);                                            \
+        if (want) ck_assert_str_eq(t_, want);                                    \
+        else ck_assert_ptr_null(t_);                                             \
+        em_free(t_);                                                             \
+    } while (0)
+
+START_TEST(split_pass_golden) {
+    /* a mean over a slice of long rows: the partial reduces the inner dim */
+    check_split("graph(%x: f32[2048, 50257]{50257, 1}) {\n"
+                "  %1 = slice(%x) [dim=1, start=0, end=1000, step=1] : f32[2048, 1000]{50257, 1}\n"
+                "  %2 = mean(%1) [dims=[0, 1], keepdim=false] : f32[]{}\n"
+                "  return (%2)\n"
+                "}\n", 1024, 1,
+                "graph(%x: f32[2048, 50257]{50257, 1}) {\n"
+                "  %1 = slice(%x) [dim=1, start=0, end=1000, step=1] : f32[2048, 1000]{50257, 1}\n"
+                "  %2 = mean(%1) [dims=[1], keepdim=false] : f32[2048]{1}\n"
+                "  %3 = mean(%2) [dims=[0], keepdim=false] : f32[]{}\n"
+                "  return (%3)\n"
+                "}\n");
+    /* a few long rows, keepdim: the row cut into 16 views of 62500 */
+    check_split("graph(%x: f32[4, 1000000]{1000000, 1}) {\n"
+                "  %1 = sum(%x) [dims=[1], keepdim=true] : f32[4, 1]{1, 1}\n"
+                "  return (%1)\n"
+                "}\n", 64, 1,
+                "graph(%x: f32[4, 1000000]{1000000, 1}) {\n"
+                "  %1 = reshape(%x) [sizes=[4, 16, 62500]] : f32[4, 16, 62500]{1000000, 62500, 1}\n"
+                "  %2 = sum(%1) [dims=[2], keepdim=true] : f32[4, 16, 1]{16, 1, 1}\n"
+                "  %3 = sum(%2) [dims=[1], keepdim=false] : f32[4, 1]{1, 1}\n"
+                "  return (%3)\n"
+                "}\n");
+    /* a transposed input, the first reduced dim prime (7): the second cut
+     * (into 64 of 625); without and with keepdim */
+    check_split("graph(%x: f32[40000, 7]{7, 1}) {\n"
+                "  %1 = permute(%x) [dims=[1, 0]] : f32[7, 40000]{1, 7}\n"
+                "  %2 = amax(%1) [dims=[0, 1], keepdim=false] : f32[]{}\n"
+                "  return (%2)\n"
+                "}\n", 64, 1,
+                "graph(%x: f32[40000, 7]{7, 1}) {\n"
+                "  %1 = permute(%x) [dims=[1, 0]] : f32[7, 40000]{1, 7}\n"
+                "  %2 = reshape(%1) [sizes=[7, 64, 625]] : f32[7, 64, 625]{1, 4375, 7}\n"
+                "  %3 = amax(%2) [dims=[0, 2], keepdim=false] : f32[64]{1}\n"
+                "  %4 = amax(%3) [dims=[0], keepdim=false] : f32[]{}\n"
+                "  return (%4)\n"
+                "}\n");
+    check_split("graph(%x: f32[7, 40000]{40000, 1}) {\n"
+                "  %1 = amin(%x) [dims=[0, 1], keepdim=true] : f32[1, 1]{1, 1}\n"
+                "  return (%1)\n"
+                "}\n", 64, 1,
+                "graph(%x: f32[7, 40000]{40000, 1}) {\n"
+                "  %1 = reshape(%x) [sizes=[7, 64, 625]] : f32[7, 64, 625]{40000, 625, 1}\n"
+                "  %2 = amin(%1) [dims=[0, 2], keepdim=true] : f32[1, 64, 1]{64, 1, 1}\n"
+                "  %3 = amin(%2) [dims=[1], keepdim=false] : f32[1, 1]{1, 1}\n"
+                "  return (%3)\n"
+                "}\n");
+    /* integers: the partial sums are i64 already */
+    check_split("graph(%x: i32[131072]{1}) {\n"
+                "  %1 = sum(%x) [dims=[0], keepdim=false] : i64[]{}\n"
+                "  return (%1)\n"
+                "}\n", 64, 1,
+                "graph(%x: i32[131072]{1}) {\n"
+                "  %1 = reshape(%x) [sizes=[64, 2048]] : i32[64, 2048]{2048, 1}\n"
+                "  %2 = sum(%1) [dims=[1], keepdim=false] : i64[64]{1}\n"
+                "  %3 = sum(%2) [dims=[0], keepdim=false] : i64[]{}\n"
+                "  return (%3)\n"
+                "}\n");
+}
+END_TEST
+
+/* What the split pass leaves alone. */
+START_TEST(split_pass_leaves) {
+    /* enough result rows already; too few elements; a prime row; a half
+     * type (a partial would round to it); var (not split) */
+    static const char *const keep[] = {
+        "graph(%x: f32[128, 65536]{65536, 1}) {\n  %1 = sum(%x) [dims=[1], keepdim=false] : f32[128]{1}\n  return (%1)\n}\n",
+        "graph(%x: f32[100, 100]{100, 1}) {\n  %1 = sum(%x) [dims=[0, 1], keepdim=false] : f32[]{}\n  return (%1)\n}\n",
+        "graph(%x: f32[1, 65537]{65537, 1}) {\n  %1 = mean(%x) [dims=[1], keepdim=false] : f32[1]{1}\n  return (%1)\n}\n",
+        "graph(%x: bf16[4, 1000000]{1000000, 1}) {\n  %1 = sum(%x) [dims=[1], keepdim=false] : bf16[4]{1}\n  return (%1)\n}\n",
+        "graph(%x: f32[4, 1000000]{1000000, 1}) {\n  %1 = var(%x) [dims=[1], correction=1, keepdim=false] : f32[4]{1}\n  return (%1)\n}\n",
+    };
+    for (size_t i = 0; i < sizeof keep / sizeof keep[0]; i++) check_split(keep[i], 64, 0, NULL);
+    /* two long prime dims: the inner one alone is the partial (7 rows) */
+    check_split("graph(%x: f32[7, 65537]{65537, 1}) {\n"
+                "  %1 = sum(%x) [dims=[0, 1], keepdim=false] : f32[]{}\n"
+                "  return (%1)\n"
+                "}\n", 64, 1,
+                "graph(%x: f32[7, 65537]{65537, 1}) {\n"
+                "  %1 = sum(%x) [dims=[1], keepdim=false] : f32[7]{1}\n"
+                "  %2 = sum(%1) [dims=[0], keepdim=false] : f32[]{}\n"
+                "  return (%2)\n"
+                "}\n");
+}
+END_TEST
+
 static Suite *suite(void) {
     Suite *s = suite_create("graph");
     TCase *tc = tcase_create("text");
@@ -1201,6 +1313,8 @@ static Suite *suite(void) {
     tcase_add_test(tc, linear_pass_leaves_non_bias_adds);
     tcase_add_test(tc, linear_pass_activations);
     tcase_add_test(tc, linear_act_text);
+    tcase_add_test(tc, split_pass_golden);
+    tcase_add_test(tc, split_pass_leaves);
     tcase_add_test(tc, golden_attrs);
     tcase_add_test(tc, golden_odd_names_and_devices);
     tcase_add_test(tc, golden_inputs_by_number);
