@@ -1290,6 +1290,22 @@ START_TEST(split_pass_leaves) {
         "graph(%x: f32[4, 1000000]{1000000, 1}) {\n  %1 = var(%x) [dims=[1], correction=1, keepdim=false] : f32[4]{1}\n  return (%1)\n}\n",
     };
     for (size_t i = 0; i < sizeof keep / sizeof keep[0]; i++) check_split(keep[i], 64, 0, NULL);
+    /* statistics broadcast back over their rows (a softmax's max and sum
+     * of a few long rows; the total that divides every element): whole */
+    check_split("graph(%x: f32[4, 1000000]{1000000, 1}) {\n"
+                "  %1 = amax(%x) [dims=[1], keepdim=true] : f32[4, 1]{1, 1}\n"
+                "  %2 = sub(%x, %1) : f32[4, 1000000]{1000000, 1}\n"
+                "  %3 = exp(%2) : f32[4, 1000000]{1000000, 1}\n"
+                "  %4 = sum(%3) [dims=[1], keepdim=true] : f32[4, 1]{1, 1}\n"
+                "  %5 = div(%3, %4) : f32[4, 1000000]{1000000, 1}\n"
+                "  return (%5)\n"
+                "}\n", 64, 0, NULL);
+    check_split("graph(%x: f32[1000, 1000]{1000, 1}) {\n"
+                "  %1 = sum(%x) [dims=[0, 1], keepdim=false] : f32[]{}\n"
+                "  %2 = log(%1) : f32[]{}\n"
+                "  %3 = sub(%x, %2) : f32[1000, 1000]{1000, 1}\n"
+                "  return (%3, %1)\n"
+                "}\n", 64, 0, NULL);
     /* two long prime dims: the inner one alone is the partial (7 rows) */
     check_split("graph(%x: f32[7, 65537]{65537, 1}) {\n"
                 "  %1 = sum(%x) [dims=[0, 1], keepdim=false] : f32[]{}\n"

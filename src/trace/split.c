@@ -27,7 +27,13 @@
  *
  * The result is the same reduction: sums of sums, maxima of maxima, and
  * means of means over equal parts.  keepdim carries through: the partial
- * keeps the op's, the final drops its dims from the partial's. */
+ * keeps the op's, the final drops its dims from the partial's.
+ *
+ * Left whole: a reduction whose result (or a value computed from it
+ * alone) is broadcast back over a larger value, as a softmax's max and
+ * sum are over its rows and a norm's statistics: such a reduction is one
+ * pass of a kernel that keeps the row (a GPU's long rows over a cluster
+ * of blocks), and its split would read the row twice more. */
 #include "trace.h"
 
 #include <string.h>
@@ -39,6 +45,47 @@ static bool splittable(const tr_node *n) {
     if (n->op != EM_OP_SUM && n->op != EM_OP_MEAN && n->op != EM_OP_AMAX && n->op != EM_OP_AMIN)
         return false;
     return n->meta.dtype != EM_F16 && n->meta.dtype != EM_BF16;
+}
+
+/* Readers of each node of g, as lists: node i's are at[start[i] ..
+ * start[i + 1]) (em_malloc'd together; NULL: out of memory). */
+typedef struct readers {
+    int *start, *at;
+} readers;
+
+static bool readers_of(const tr_graph *g, readers *r) {
+    size_t n = (size_t)g->nnodes, edges = 0;
+    for (int i = 0; i < g->nnodes; i++) edges += g->nodes[i].kind == TR_CALL ? (size_t)g->nodes[i].nin : 0;
+    r->start = em_calloc(2 * n + 2 + edges, sizeof(int));
+    if (!r->start) return false;
+    r->at = r->start + n + 1;
+    int *fill = r->at + edges;
+    for (int i = 0; i < g->nnodes; i++)
+        for (int k = 0; g->nodes[i].kind == TR_CALL && k < g->nodes[i].nin; k++) r->start[g->nodes[i].in[k] + 1]++;
+    for (size_t i = 0; i < n; i++) r->start[i + 1] += r->start[i];
+    memcpy(fill, r->start, sizeof(int) * n);
+    for (int i = 0; i < g->nnodes; i++)
+        for (int k = 0; g->nodes[i].kind == TR_CALL && k < g->nodes[i].nin; k++) {
+            int u = g->nodes[i].in[k];
+            r->at[fill[u]++] = i;
+        }
+    return true;
+}
+
+static int64_t numel_of(const tr_node *n) { return em_shape_numel(n->meta.ndim, n->meta.sizes); }
+
+/* Whether node i's value, or one computed from it with no more elements,
+ * meets a larger value in a reader (is broadcast back over it); seen:
+ * scratch, a flag a node, cleared by the caller. */
+static bool broadcast_back(const tr_graph *g, const readers *r, int i, int64_t numel, bool *seen) {
+    if (seen[i]) return false;
+    seen[i] = true;
+    for (int e = r->start[i]; e < r->start[i + 1]; e++) {
+        int j = r->at[e];
+        if (numel_of(&g->nodes[j]) > numel) return true;
+        if (broadcast_back(g, r, j, numel, seen)) return true;
+    }
+    return false;
 }
 
 /* How node n (a splittable reduction of in, its input) splits: *j (the
@@ -144,21 +191,43 @@ static int copy_node(tr_graph *c, const tr_graph *g, int i, const int *map) {
     return tr_add_call(c, n->op, n->nin, in, &n->attrs, &n->meta);
 }
 
+/* Marks in hit the nodes of g to split (seen: scratch); how many, or -1
+ * (out of memory). */
+static int find(const tr_graph *g, int64_t rows, bool *hit, bool *seen) {
+    int j, cut, n = 0;
+    int64_t S;
+    readers r = {NULL, NULL};
+    for (int i = 0; i < g->nnodes; i++) {
+        const tr_node *nd = &g->nodes[i];
+        if (!splittable(nd) || !plan_split(nd, &g->nodes[nd->in[0]].meta, rows, &j, &cut, &S)) continue;
+        if (!r.start && !readers_of(g, &r)) return -1;
+        memset(seen, 0, sizeof(bool) * (size_t)g->nnodes);
+        hit[i] = !broadcast_back(g, &r, i, numel_of(nd), seen);
+        n += hit[i];
+    }
+    em_free(r.start);
+    return n;
+}
+
 tr_graph *tr_split_reductions(const tr_graph *g, int64_t rows, int *nsplit) {
     *nsplit = 0;
     int j, cut;
     int64_t S;
-    bool any = false;
-    for (int i = 0; i < g->nnodes && !any; i++)
-        any = splittable(&g->nodes[i]) && plan_split(&g->nodes[i], &g->nodes[g->nodes[i].in[0]].meta, rows, &j, &cut, &S);
-    if (!any) return NULL;
+    size_t slots = (size_t)g->nnodes + 1;
+    bool *hit = em_calloc(2 * slots, sizeof(bool));
+    int found = hit ? find(g, rows, hit, hit + slots) : -1;
+    if (found <= 0) {
+        *nsplit = found;
+        em_free(hit);
+        return NULL;
+    }
     tr_graph *c = tr_graph_new();
-    int *map = c ? em_malloc(sizeof(int) * ((size_t)g->nnodes + 1)) : NULL;
+    int *map = c ? em_malloc(sizeof(int) * slots) : NULL;
     bool ok = map != NULL;
     for (int i = 0; ok && i < g->nnodes; i++) {
         const tr_node *n = &g->nodes[i];
         map[i] = -1;
-        if (splittable(n) && plan_split(n, &g->nodes[n->in[0]].meta, rows, &j, &cut, &S)) {
+        if (hit[i] && plan_split(n, &g->nodes[n->in[0]].meta, rows, &j, &cut, &S)) {
             map[i] = add_split(c, n, map[n->in[0]], j, cut, S);
             /* the split must give the node's own result, or it is not made */
             if (map[i] >= 0 && (c->nodes[map[i]].meta.ndim != n->meta.ndim ||
@@ -175,6 +244,7 @@ tr_graph *tr_split_reductions(const tr_graph *g, int64_t rows, int *nsplit) {
     for (int k = 0; ok && k < g->noutputs; k++) outs[k] = map[g->outputs[k]];
     ok = ok && tr_set_outputs(c, g->noutputs, outs) == EM_OK;
     em_free(map);
+    em_free(hit);
     if (!ok || *nsplit == 0) {
         if (!ok) *nsplit = -1;
         tr_graph_free(c);
