@@ -1198,7 +1198,7 @@ END_TEST
 static char *split_of(const char *text, int64_t rows, int *n) {
     tr_graph *g = tr_parse_placeholders(text);
     ck_assert_msg(g != NULL, "%s", em_last_error());
-    tr_graph *f = tr_split_reductions(g, rows, n);
+    tr_graph *f = tr_split_reductions(g, rows, true, n, NULL);
     char *t = f ? text_of(f) : NULL;
     if (f) ck_assert_msg(tr_verify(f) == EM_OK, "%s", em_last_error());
     tr_graph_free(f);
@@ -1264,6 +1264,34 @@ START_TEST(split_pass_golden) {
                 "  %3 = amin(%2) [dims=[1], keepdim=false] : f32[1, 1]{1, 1}\n"
                 "  return (%3)\n"
                 "}\n");
+    /* a graph of dynamic sizes (cuts false): over inner dims, or whole */
+    int n;
+    tr_graph *g = tr_parse_placeholders("graph(%x: f32[4, 1000000]{1000000, 1}) {\n"
+                                        "  %1 = sum(%x) [dims=[1], keepdim=true] : f32[4, 1]{1, 1}\n"
+                                        "  return (%1)\n"
+                                        "}\n");
+    ck_assert_ptr_null(tr_split_reductions(g, 64, false, &n, NULL));
+    ck_assert_int_eq(n, 0);
+    tr_graph_free(g);
+    g = tr_parse_placeholders("graph(%a: f32[3]{1}, %x: f32[2048, 1000]{1000, 1}) {\n"
+                              "  %2 = exp(%x) : f32[2048, 1000]{1000, 1}\n"
+                              "  %3 = sum(%2) [dims=[0, 1], keepdim=false] : f32[]{}\n"
+                              "  return (%3, %a)\n"
+                              "}\n");
+    int map[4] = {9, 9, 9, 9};
+    tr_graph *f = tr_split_reductions(g, 1024, false, &n, map);
+    ck_assert_int_eq(n, 1);
+    char *t = text_of(f);
+    ck_assert_str_eq(t, "graph(%a: f32[3]{1}, %x: f32[2048, 1000]{1000, 1}) {\n"
+                        "  %2 = exp(%x) : f32[2048, 1000]{1000, 1}\n"
+                        "  %3 = sum(%2) [dims=[1], keepdim=false] : f32[2048]{1}\n"
+                        "  %4 = sum(%3) [dims=[0], keepdim=false] : f32[]{}\n"
+                        "  return (%4, %a)\n"
+                        "}\n");
+    ck_assert(map[0] == 0 && map[1] == 1 && map[2] == 2 && map[3] == 4);
+    em_free(t);
+    tr_graph_free(f);
+    tr_graph_free(g);
     /* integers: the partial sums are i64 already */
     check_split("graph(%x: i32[131072]{1}) {\n"
                 "  %1 = sum(%x) [dims=[0], keepdim=false] : i64[]{}\n"

@@ -23,7 +23,9 @@
  *     n / S part and the dims after it, the final the S partials.  S is
  *     the smallest divisor of n that gives rows partials (the largest
  *     below it when none does), the first reduced dim that has one; a
- *     reduced dim of prime size is not cut.
+ *     reduced dim of prime size is not cut.  Graphs of dynamic sizes are
+ *     not cut (the view's sizes would be attributes of the traced ones):
+ *     they split over inner dims only.
  *
  * The result is the same reduction: sums of sums, maxima of maxima, and
  * means of means over equal parts.  keepdim carries through: the partial
@@ -92,7 +94,8 @@ static bool broadcast_back(const tr_graph *g, const readers *r, int i, int64_t n
  * first reduced dim, in order, that the partial reduces; 0 when none) or
  * *cut (the reduced dim cut in two, -1 none) with *S parts.  false: not
  * split. */
-static bool plan_split(const tr_node *n, const em_meta *in, int64_t rows, int *j, int *cut, int64_t *S) {
+static bool plan_split(const tr_node *n, const em_meta *in, int64_t rows, bool cuts, int *j, int *cut,
+                       int64_t *S) {
     const em_op_attrs *a = &n->attrs;
     int k = a->ndims;
     if (k < 1 || in->ndim + 1 > EM_MAX_DIMS) return false;
@@ -116,7 +119,7 @@ static bool plan_split(const tr_node *n, const em_meta *in, int64_t rows, int *j
             return true;
         }
     }
-    for (int i = 0; i < k && *cut < 0; i++) {
+    for (int i = 0; cuts && i < k && *cut < 0; i++) {
         int64_t size = in->sizes[a->dims[i]], best = 0;
         for (int64_t s = 2; s < size && s <= rows; s++) {
             if (size % s) continue;
@@ -193,13 +196,13 @@ static int copy_node(tr_graph *c, const tr_graph *g, int i, const int *map) {
 
 /* Marks in hit the nodes of g to split (seen: scratch); how many, or -1
  * (out of memory). */
-static int find(const tr_graph *g, int64_t rows, bool *hit, bool *seen) {
+static int find(const tr_graph *g, int64_t rows, bool cuts, bool *hit, bool *seen) {
     int j, cut, n = 0;
     int64_t S;
     readers r = {NULL, NULL};
     for (int i = 0; i < g->nnodes; i++) {
         const tr_node *nd = &g->nodes[i];
-        if (!splittable(nd) || !plan_split(nd, &g->nodes[nd->in[0]].meta, rows, &j, &cut, &S)) continue;
+        if (!splittable(nd) || !plan_split(nd, &g->nodes[nd->in[0]].meta, rows, cuts, &j, &cut, &S)) continue;
         if (!r.start && !readers_of(g, &r)) return -1;
         memset(seen, 0, sizeof(bool) * (size_t)g->nnodes);
         hit[i] = !broadcast_back(g, &r, i, numel_of(nd), seen);
@@ -209,13 +212,13 @@ static int find(const tr_graph *g, int64_t rows, bool *hit, bool *seen) {
     return n;
 }
 
-tr_graph *tr_split_reductions(const tr_graph *g, int64_t rows, int *nsplit) {
+tr_graph *tr_split_reductions(const tr_graph *g, int64_t rows, bool cuts, int *nsplit, int *where) {
     *nsplit = 0;
     int j, cut;
     int64_t S;
     size_t slots = (size_t)g->nnodes + 1;
     bool *hit = em_calloc(2 * slots, sizeof(bool));
-    int found = hit ? find(g, rows, hit, hit + slots) : -1;
+    int found = hit ? find(g, rows, cuts, hit, hit + slots) : -1;
     if (found <= 0) {
         *nsplit = found;
         em_free(hit);
@@ -227,7 +230,7 @@ tr_graph *tr_split_reductions(const tr_graph *g, int64_t rows, int *nsplit) {
     for (int i = 0; ok && i < g->nnodes; i++) {
         const tr_node *n = &g->nodes[i];
         map[i] = -1;
-        if (hit[i] && plan_split(n, &g->nodes[n->in[0]].meta, rows, &j, &cut, &S)) {
+        if (hit[i] && plan_split(n, &g->nodes[n->in[0]].meta, rows, cuts, &j, &cut, &S)) {
             map[i] = add_split(c, n, map[n->in[0]], j, cut, S);
             /* the split must give the node's own result, or it is not made */
             if (map[i] >= 0 && (c->nodes[map[i]].meta.ndim != n->meta.ndim ||
@@ -243,6 +246,10 @@ tr_graph *tr_split_reductions(const tr_graph *g, int64_t rows, int *nsplit) {
     ok = ok && g->noutputs <= 64;
     for (int k = 0; ok && k < g->noutputs; k++) outs[k] = map[g->outputs[k]];
     ok = ok && tr_set_outputs(c, g->noutputs, outs) == EM_OK;
+    int *dead = ok ? em_malloc(sizeof(int) * ((size_t)c->nnodes + 1)) : NULL;
+    ok = dead && tr_dce_map(c, dead) >= 0;
+    for (int i = 0; ok && where && i < g->nnodes; i++) where[i] = map[i] < 0 ? -1 : dead[map[i]];
+    em_free(dead);
     em_free(map);
     em_free(hit);
     if (!ok || *nsplit == 0) {
@@ -250,6 +257,5 @@ tr_graph *tr_split_reductions(const tr_graph *g, int64_t rows, int *nsplit) {
         tr_graph_free(c);
         return NULL;
     }
-    tr_dce(c);
     return c;
 }

@@ -434,17 +434,28 @@ static tr_graph *with_linear(const jit_compiled *st, const tr_graph *g, tr_graph
 }
 
 /* f (or g, when f is NULL) with its few-row reductions split where st's
- * device asks (jit_device's split_rows), for a static compile; NULL:
- * nothing split or out of memory (unsplit is still correct).  Takes f. */
-static tr_graph *with_split(const jit_compiled *st, const tr_graph *g, tr_graph *f, fused_counts *n) {
+ * device asks (jit_device's split_rows); NULL: nothing split or out of
+ * memory (unsplit is still correct).  Takes f.  map (dynamic compiles,
+ * else NULL): where g's nodes are in f (or in g, f NULL) on entry, in the
+ * result on return; a dynamic graph's reductions split over inner dims
+ * only (no view of the traced sizes). */
+static tr_graph *with_split(const jit_compiled *st, const tr_graph *g, tr_graph *f, int *map, fused_counts *n) {
     char buf[8];
     const char *e = em_getenv("EMBER_SPLIT_REDUCTIONS", buf, sizeof buf);
     if (st->dev->split_rows <= 0 || (e && !strcmp(e, "0"))) return f;
-    tr_graph *s = tr_split_reductions(f ? f : g, st->dev->split_rows, &n->split);
+    const tr_graph *from = f ? f : g;
+    int *where = map ? em_malloc(sizeof(int) * ((size_t)from->nnodes + 1)) : NULL;
+    tr_graph *s = map && !where ? NULL : tr_split_reductions(from, st->dev->split_rows, !map, &n->split, where);
     if (n->split < 0) {
         em_clear_error();
         n->split = 0;
     }
+    if (s && map)
+        for (int i = 0; i < g->nnodes; i++) {
+            int at = f ? map[i] : i;
+            map[i] = at < 0 ? -1 : where[at];
+        }
+    em_free(where);
     if (!s) return f;
     tr_graph_free(f);
     return s;
@@ -473,7 +484,7 @@ static tr_graph *fused_graph(const jit_compiled *st, const tr_graph *g, int *map
         }
     }
     if (!map) f = with_linear(st, g, f, n);
-    if (!map) f = with_split(st, g, f, n);
+    f = with_split(st, g, f, map, n);
     /* the rewrite is checked as every pass is (once per compile, linear in
      * the nodes): a graph it broke runs unfused, never wrong */
     if (f && tr_verify(f) != EM_OK) {

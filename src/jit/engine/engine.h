@@ -191,8 +191,8 @@ typedef struct jit_device {
      * device that cannot apply act says no, and the act stays a node. */
     bool (*fuse_linear)(int index, const em_meta *a, const em_meta *w, const em_meta *bias, em_act act);
     /* Optional (0: never): how many result elements a reduction needs to
-     * keep the device's kernels busy; a static compile splits reductions
-     * with fewer (and a large input) in two (tr_split_reductions).  A
+     * keep the device's kernels busy; a compile splits reductions with
+     * fewer (and a large input) in two (tr_split_reductions).  A
      * constant of the device kind, not of the machine (a plan is cached
      * for the device kind's graph: a thread count here would make two
      * processes' graphs differ). */
