@@ -583,7 +583,7 @@ END_TEST
 
 /* ---- reductions with few result rows, split in two (trace/split.c) ---- */
 
-enum { SP_MSE, SP_ROWS, SP_PERMUTED, SP_BCAST, SP_INT, SP_PRIME, SP_MIDDLE, SP_COUNT };
+enum { SP_MSE, SP_ROWS, SP_PERMUTED, SP_BCAST, SP_INT, SP_PRIME, SP_MIDDLE, SP_HALF, SP_COUNT };
 
 static em_status split_fn(void *c, em_tensor *const *in, const double *s, em_tensor **out) {
     (void)s;
@@ -595,9 +595,20 @@ static em_status split_fn(void *c, em_tensor *const *in, const double *s, em_ten
     case SP_BCAST: out[0] = em_amin(em_add(x, in[1]), 0, NULL, false); break;
     case SP_INT: out[0] = em_sum(x, 0, NULL, false); break;
     case SP_PRIME: out[0] = em_sum(em_exp(em_mul_scalar(x, 0.1)), 1, (int[]){1}, false); break;
+    case SP_HALF: out[0] = em_mean(em_mul(x, x), 0, NULL, false); break; /* bf16 */
     default: out[0] = em_mean(em_abs(x), 2, (int[]){1, 2}, true); break;
     }
     return out[0] ? EM_OK : em_last_status();
+}
+
+/* v (finite, exact in f32) rounded to bf16, to nearest even. */
+static double round_bf16(double v) {
+    float f = (float)v;
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+    memcpy(&f, &u, sizeof f);
+    return f;
 }
 
 /* Case c's result in float64, from its inputs' values, as a flat array
@@ -618,6 +629,8 @@ static double *split_ref(int c, em_tensor *const *in) {
             if (c == SP_PERMUTED) r[0] = fmax(r[0], x[i]);
             if (c == SP_BCAST) r[0] = fmin(r[0], x[i] + y[i % cols]);
             if (c == SP_INT) r[0] += x[i];
+            /* bf16: the square (exact in f32) rounded to bf16, as eager's mul */
+            if (c == SP_HALF) r[0] += round_bf16(x[i] * x[i]) / (double)n;
         }
     }
     free(x), free(y);
@@ -644,7 +657,8 @@ static bool check_split_case_at(int c, em_tensor **in, int nin, int dynamic) {
     ck_assert_int_eq(split_fn(&c, in, NULL, &want), EM_OK);
     ck_assert_int_eq(em_dtype_of(y), em_dtype_of(want));
     double *r = split_ref(c, in);
-    tu_check_close(y, r, em_ndim(want), em_sizes(want), 1e-4, 1e-5);
+    double rt = c == SP_HALF ? 0x1p-7 : 1e-4; /* bf16: the result's one rounding */
+    tu_check_close(y, r, em_ndim(want), em_sizes(want), rt, 1e-5);
     free(r);
     em_compiled_free(f);
     unsetenv("EMBER_LOG");
@@ -672,6 +686,7 @@ START_TEST(few_row_reductions_are_split) {
         if (c == SP_INT) in[0] = tu_random(906, 1, TU_SIZES(131072), EM_I32, 1000);
         if (c == SP_PRIME) in[0] = randn(907, 2, TU_SIZES(1, 65537)); /* not split */
         if (c == SP_MIDDLE) in[0] = randn(908, 3, TU_SIZES(2, 300, 401));
+        if (c == SP_HALF) in[0] = tu_random(909, 2, TU_SIZES(1001, 999), EM_BF16, 1);
         ck_assert_msg(check_split_case(c, in, nin) == (c != SP_PRIME), "case %d: split or not", c);
     }
     /* dynamic sizes from the first call (a dynamic entry, at two sizes):

@@ -7,8 +7,9 @@
  * CPU), so a reduction to one value ran in one block or one thread
  * however large its input.
  *
- * A sum, mean, amax or amin (f32, f64 or integer: a half-typed partial
- * would round where the one reduction accumulates in f32) whose result
+ * A sum, mean, amax or amin (a half sum or mean between casts to f32
+ * and back: a half-typed partial would round where the one reduction
+ * accumulates in f32 and rounds once) whose result
  * has fewer than rows elements (and at least one) and which reduces at
  * least SPLIT_MIN_ELEMS elements is split, its reduced dims d1 < ... < dk
  * (sizes n1..nk):
@@ -42,11 +43,11 @@
 
 enum { SPLIT_MIN_ELEMS = 65536 };
 
+static bool is_half(em_dtype d) { return d == EM_F16 || d == EM_BF16; }
+
 static bool splittable(const tr_node *n) {
     if (n->kind != TR_CALL || n->nin != 1) return false;
-    if (n->op != EM_OP_SUM && n->op != EM_OP_MEAN && n->op != EM_OP_AMAX && n->op != EM_OP_AMIN)
-        return false;
-    return n->meta.dtype != EM_F16 && n->meta.dtype != EM_BF16;
+    return n->op == EM_OP_SUM || n->op == EM_OP_MEAN || n->op == EM_OP_AMAX || n->op == EM_OP_AMIN;
 }
 
 /* Readers of each node of g, as lists: node i's are at[start[i] ..
@@ -149,9 +150,31 @@ static int add_reduce(tr_graph *c, em_op op, int x, const int *dims, int nd, boo
     return i >= 0 && tr_infer_own(c, i) == EM_OK ? i : -1;
 }
 
+/* Appends cast(x) to dt to c; the node, or -1. */
+static int add_cast(tr_graph *c, int x, em_dtype dt) {
+    em_op_attrs a;
+    memset(&a, 0, sizeof a);
+    a.dtype = dt;
+    em_meta m = c->nodes[x].meta;
+    int i = tr_add_call(c, EM_OP_CAST, 1, &x, &a, &m);
+    return i >= 0 && tr_infer_own(c, i) == EM_OK ? i : -1;
+}
+
+static int add_split_as(tr_graph *c, const tr_node *n, int x, int j, int cut, int64_t S);
+
 /* Appends to c the split of reduction n of node x (c's), as plan_split
- * says; the final node, or -1. */
+ * says; the final node, or -1.  A half sum or mean accumulates in f32
+ * and rounds once, so its partials and final are f32 between two casts
+ * (the same single rounding); maxima and minima are exact in any type. */
 static int add_split(tr_graph *c, const tr_node *n, int x, int j, int cut, int64_t S) {
+    em_dtype dt = n->meta.dtype;
+    if (!is_half(dt) || n->op == EM_OP_AMAX || n->op == EM_OP_AMIN) return add_split_as(c, n, x, j, cut, S);
+    int w = add_cast(c, x, EM_F32);
+    int r = w < 0 ? -1 : add_split_as(c, n, w, j, cut, S);
+    return r < 0 ? -1 : add_cast(c, r, dt);
+}
+
+static int add_split_as(tr_graph *c, const tr_node *n, int x, int j, int cut, int64_t S) {
     const em_op_attrs *a = &n->attrs;
     if (cut < 0) {
         int p = add_reduce(c, n->op, x, a->dims + j, a->ndims - j, a->keepdim);

@@ -164,7 +164,7 @@ tr_graph *tr_fuse_attention_for(const tr_graph *g, tr_attention_takes takes, voi
  * nothing matched, -1 when out of memory; map as tr_fuse_attention_map's. */
 typedef bool (*tr_linear_want)(void *ctx, const tr_graph *g, int matmul, int bias, em_act act);
 tr_graph *tr_fuse_linear_map(const tr_graph *g, tr_linear_want want, void *ctx, int *nfused, int *map);
-/* split.c: each sum, mean, amax or amin (not half-typed) with fewer than
+/* split.c: each sum, mean, amax or amin with fewer than
  * rows result elements and at least 65536 reduced ones becomes a partial
  * reduction with more results and a final one over the partials (the
  * file's comment says how it splits); cuts: whether a reduced dim may be
