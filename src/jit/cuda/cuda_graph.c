@@ -66,11 +66,11 @@ static em_status capture_blas(cuda_device *d) {
         }
         d->blas_capture = h; /* process-long, as the device's own handle */
         d->blas_workspace = ws;
-        d->blas_capture_tf32 = false;
+        d->blas_capture_tf32 = !cuda_tf32_enabled(); /* set the mode below */
     }
     bool tf32 = cuda_tf32_enabled();
     if (tf32 != d->blas_capture_tf32) {
-        bl->SetMathMode(d->blas_capture, tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH);
+        bl->SetMathMode(d->blas_capture, cuda_blas_math(tf32));
         d->blas_capture_tf32 = tf32;
     }
     return EM_OK;

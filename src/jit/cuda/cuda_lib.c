@@ -242,6 +242,11 @@ bool cuda_tf32_enabled(void) {
     return e && *e && strcmp(e, "0") != 0;
 }
 
+cublasMath_t cuda_blas_math(bool tf32) {
+    return (cublasMath_t)((tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH) |
+                          CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION);
+}
+
 /* ---- devices ---- */
 #define MAX_DEVICES 64
 

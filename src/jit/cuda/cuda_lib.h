@@ -308,6 +308,10 @@ void cuda_mem_usage(cuda_device *d, size_t *live, size_t *cached);
 /* Whether TF32 tensor cores may be used for f32 matmuls: the environment
  * variable EMBER_CUDA_TF32=1 (default off: full f32 accuracy). */
 bool cuda_tf32_enabled(void);
+/* The math mode of Ember's cuBLAS handles: TF32 as above, and never
+ * split-K partials reduced in a half output's precision (cuBLAS allows
+ * that by default; Ember's half matmuls accumulate in f32). */
+cublasMath_t cuda_blas_math(bool tf32);
 
 #endif /* EMBER_HAVE_CUDA */
 #endif

@@ -106,7 +106,7 @@ static em_status device_handle(cuda_device *d, const cublas_api *bl) {
         d->blas_tf32 = !tf32; /* force the mode below */
     }
     if (d->blas_tf32 != tf32) {
-        bl->SetMathMode(d->blas, tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH);
+        bl->SetMathMode(d->blas, cuda_blas_math(tf32));
         d->blas_tf32 = tf32;
     }
     return EM_OK;
