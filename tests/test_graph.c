@@ -1357,6 +1357,22 @@ START_TEST(split_pass_leaves) {
                 "  %3 = sub(%x, %2) : f32[1000, 1000]{1000, 1}\n"
                 "  return (%3, %1)\n"
                 "}\n", 64, 0, NULL);
+    /* a cross-entropy's log-sum-exp of 512 vocabulary rows: the max is
+     * broadcast back, the sum is computed from it (the same rows) */
+    check_split("graph(%x: f32[512, 50257]{50257, 1}) {\n"
+                "  %1 = amax(%x) [dims=[1], keepdim=true] : f32[512, 1]{1, 1}\n"
+                "  %2 = sub(%x, %1) : f32[512, 50257]{50257, 1}\n"
+                "  %3 = exp(%2) : f32[512, 50257]{50257, 1}\n"
+                "  %4 = sum(%3) [dims=[1], keepdim=true] : f32[512, 1]{1, 1}\n"
+                "  %5 = log(%4) : f32[512, 1]{1, 1}\n"
+                "  %6 = add(%5, %1) : f32[512, 1]{1, 1}\n"
+                "  return (%6)\n"
+                "}\n", 4096, 0, NULL);
+    /* a quarter of rows results already (300 of 1024): one kernel */
+    check_split("graph(%x: f32[300, 70000]{70000, 1}) {\n"
+                "  %1 = sum(%x) [dims=[1], keepdim=false] : f32[300]{1}\n"
+                "  return (%1)\n"
+                "}\n", 1024, 0, NULL);
     /* two long prime dims: the inner one alone is the partial (7 rows) */
     check_split("graph(%x: f32[7, 65537]{65537, 1}) {\n"
                 "  %1 = sum(%x) [dims=[0, 1], keepdim=false] : f32[]{}\n"

@@ -32,11 +32,15 @@
  * means of means over equal parts.  keepdim carries through: the partial
  * keeps the op's, the final drops its dims from the partial's.
  *
- * Left whole: a reduction whose result (or a value computed from it
- * alone) is broadcast back over a larger value, as a softmax's max and
- * sum are over its rows and a norm's statistics: such a reduction is one
- * pass of a kernel that keeps the row (a GPU's long rows over a cluster
- * of blocks), and its split would read the row twice more. */
+ * Left whole, as passes of a kernel that keeps the row (a GPU's long
+ * rows over a cluster of blocks), which a split would make read the row
+ * again: a reduction whose result (or a value computed from it alone) is
+ * broadcast back over a larger value, as a softmax's max and sum are over
+ * its rows and a norm's statistics; and one computed from another
+ * reduction of the same rows (a cross-entropy's sum of exp(x - max),
+ * whose max reduces the same rows).  Also a reduction that already has a
+ * quarter of rows results: its one kernel has rows enough, and a split
+ * would add a launch. */
 #include "trace.h"
 
 #include <string.h>
@@ -91,6 +95,25 @@ static bool broadcast_back(const tr_graph *g, const readers *r, int i, int64_t n
     return false;
 }
 
+static bool is_reduction(const tr_node *n) {
+    return n->kind == TR_CALL && (splittable(n) || n->op == EM_OP_VAR);
+}
+
+/* Whether node i (or a node it is computed from, seen: scratch) is a
+ * reduction other than node self with self's result and input sizes (the
+ * same rows). */
+static bool same_rows_above(const tr_graph *g, int i, int self, bool *seen) {
+    if (seen[i]) return false;
+    seen[i] = true;
+    const tr_node *n = &g->nodes[i], *r = &g->nodes[self];
+    if (i != self && is_reduction(n) && numel_of(n) == numel_of(r) &&
+        numel_of(&g->nodes[n->in[0]]) == numel_of(&g->nodes[r->in[0]]))
+        return true;
+    for (int k = 0; n->kind == TR_CALL && k < n->nin; k++)
+        if (same_rows_above(g, n->in[k], self, seen)) return true;
+    return false;
+}
+
 /* How node n (a splittable reduction of in, its input) splits: *j (the
  * first reduced dim, in order, that the partial reduces; 0 when none) or
  * *cut (the reduced dim cut in two, -1 none) with *S parts.  false: not
@@ -110,7 +133,7 @@ static bool plan_split(const tr_node *n, const em_meta *in, int64_t rows, bool c
         if (reduced[d]) red *= in->sizes[d];
         else out *= in->sizes[d];
     }
-    if (out < 1 || out >= rows || red < SPLIT_MIN_ELEMS) return false;
+    if (out < 1 || out * 4 > rows || red < SPLIT_MIN_ELEMS) return false;
     *j = 0, *cut = -1, *S = 0;
     int64_t outer = out; /* results of a partial that reduces dims[i..k) */
     for (int i = 1; i < k; i++) {
@@ -229,6 +252,8 @@ static int find(const tr_graph *g, int64_t rows, bool cuts, bool *hit, bool *see
         if (!r.start && !readers_of(g, &r)) return -1;
         memset(seen, 0, sizeof(bool) * (size_t)g->nnodes);
         hit[i] = !broadcast_back(g, &r, i, numel_of(nd), seen);
+        memset(seen, 0, sizeof(bool) * (size_t)g->nnodes);
+        hit[i] = hit[i] && !same_rows_above(g, i, i, seen);
         n += hit[i];
     }
     em_free(r.start);
