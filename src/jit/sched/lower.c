@@ -494,17 +494,6 @@ static int operand(lower *L, int v, int k, const at_pos *p) {
     return value_at(L, u, &q);
 }
 
-/* Whether operand k of v (at p, or here) is the same along the row. */
-static bool fixed_along_row(const lower *L, int v, int k, const at_pos *p) {
-    if (!p) return !varies_inner(L, L->g->nodes[v].in[k]);
-    at_pos q;
-    align_pos(L, v, k, p, &q);
-    for (int md = 0; md < q.n; md++)
-        for (int d = L->no; d < L->nd; d++)
-            if (q.at[md] == L->j[d]) return false;
-    return true;
-}
-
 static int memo_get(const lower *L, int v, const at_pos *p) {
     for (int i = L->nmemo - 1; i >= 0; i--) {
         const struct at_memo *e = &L->memo[i];
@@ -572,6 +561,26 @@ static int value_at(lower *L, int v, const at_pos *p) {
 }
 
 /* Node v's value computed at p (NULL: the current position). */
+/* Whether node v is a row statistic: a reduction, or computed from
+ * reductions and constants alone (sum + eps, sqrt(var)); depth bounds the
+ * walk. */
+static bool row_stat(const tr_graph *g, int v, int depth) {
+    const tr_node *n = &g->nodes[v];
+    if (n->kind != TR_CALL || depth > 16) return false;
+    if (sc_is_reduction(n)) return true;
+    em_op_kind k = em_op_table[n->op].kind;
+    if (k == EM_KIND_CREATE) return n->op == EM_OP_FULL;
+    if (k != EM_KIND_UNARY && k != EM_KIND_BINARY && k != EM_KIND_TERNARY && k != EM_KIND_VIEW) return false;
+    bool any = false; /* at least one reduction below, not constants alone */
+    for (int i = 0; i < n->nin; i++) {
+        const tr_node *u = &g->nodes[n->in[i]];
+        if (u->kind == TR_CALL && u->op == EM_OP_FULL) continue;
+        if (!row_stat(g, n->in[i], depth + 1)) return false;
+        any = true;
+    }
+    return any;
+}
+
 static int compute(lower *L, int v, const at_pos *p) {
     const tr_node *n = &L->g->nodes[v];
     /* the fill value converted as the eager kernel does (em_f64_to_int) */
@@ -599,10 +608,14 @@ static int compute(lower *L, int v, const at_pos *p) {
     }
     int x = n->nin > 0 ? operand(L, v, 0, p) : -1, y = n->nin > 1 ? operand(L, v, 1, p) : -1,
         z = n->nin > 2 ? operand(L, v, 2, p) : -1;
-    /* x / y with y fixed along the row (softmax's sum): x * (1/y), whose
-     * 1/y the compiler hoists out of the loop; a division per element costs
-     * ~10x a multiply (results may differ from eager in the last bit) */
-    if (a == KA_DIV && L->inner && fixed_along_row(L, v, 1, p))
+    /* x / y with y a row statistic (softmax's sum): x * (1/y), whose 1/y
+     * the compiler hoists out of the row's loop; a division per element
+     * costs ~10x a multiply (results may differ from eager in the last
+     * bit).  The choice is the node's, never the position's: a value and
+     * a view of it recomputed at another position must have the same bits
+     * (test_fuzz's seed 105 found x < squeeze(x) true when one position
+     * took the reciprocal and the other divided). */
+    if (a == KA_DIV && row_stat(L->g, n->in[1], 0))
         return kir_alu(L->k, KA_MUL, x,
                        kir_alu(L->k, KA_DIV, kir_const_f(L->k, compute_dtype(n->meta.dtype), 1.0), y, -1),
                        -1);
