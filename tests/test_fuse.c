@@ -705,6 +705,89 @@ START_TEST(few_row_reductions_are_split) {
 }
 END_TEST
 
+/* ---- long rows split whatever their number (EMBER_SPLIT_LONG) ---- */
+
+static em_status long_fn(void *c, em_tensor *const *in, const double *s, em_tensor **out) {
+    (void)s;
+    if (*(const int *)c == 0) out[0] = em_softmax(in[0], 1);
+    else out[0] = em_mean(em_slice(em_log_softmax(in[0], -1), 1, 2, 1001, 3), 0, NULL, false);
+    return out[0] ? EM_OK : em_last_status();
+}
+
+/* Case c's float64 reference over x [rows, n] (malloc'd): softmax's
+ * rows, or the mean of log_softmax[:, 2:1001:3]. */
+static double *long_ref(int c, const double *x, int64_t rows, int64_t n) {
+    double *r = calloc((size_t)(rows * n), sizeof(double)), total = 0;
+    for (int64_t i = 0; i < rows; i++) {
+        const double *row = x + i * n;
+        double m = -INFINITY, sum = 0;
+        for (int64_t j = 0; j < n; j++) m = isnan(row[j]) || isnan(m) ? NAN : fmax(m, row[j]);
+        for (int64_t j = 0; j < n; j++) sum += exp(row[j] - m);
+        for (int64_t j = 0; j < n; j++) r[i * n + j] = exp(row[j] - m) / sum;
+        for (int64_t j = 2; j < 1001; j += 3) total += row[j] - m - log(sum);
+    }
+    if (c == 1) r[0] = total / (double)(rows * 333);
+    return r;
+}
+
+/* Compiled with rows of 1000 and more split (cut into parts of 250: an
+ * online softmax's statistics), against float64 and eager; whether the
+ * compile split (EMBER_LOG=graph). */
+static bool check_long_case(int c, em_tensor *x) {
+    char log[] = "/tmp/ember-split-long-XXXXXX";
+    int fd = mkstemp(log);
+    ck_assert_int_ge(fd, 0);
+    close(fd);
+    setenv("EMBER_LOG", "graph", 1);
+    setenv("EMBER_LOG_FILE", log, 1);
+    setenv("EMBER_SPLIT_LONG", "1000", 1);
+    em_compile_options o = {.ninputs = 1, .noutputs = 1, .name = "long", .backend = "cpu", .eager_check = -1};
+    em_compiled *f = em_compile(long_fn, &c, &o);
+    em_tensor *y, *want;
+    ck_assert_msg(em_call(f, &x, NULL, &y) == EM_OK, "case %d: %s", c, em_last_error());
+    unsetenv("EMBER_SPLIT_LONG");
+    unsetenv("EMBER_LOG");
+    unsetenv("EMBER_LOG_FILE");
+    ck_assert_int_eq(long_fn(&c, &x, NULL, &want), EM_OK);
+    double *v = tu_values(x), *r = long_ref(c, v, em_size(x, 0), em_size(x, 1));
+    tu_check_close(y, r, em_ndim(want), em_sizes(want), 1e-5, 1e-7);
+    double *e = tu_values(want);
+    tu_check_close(y, e, em_ndim(want), em_sizes(want), 1e-5, 1e-7);
+    free(v), free(r), free(e);
+    em_compiled_free(f);
+    char text[16384] = "";
+    FILE *lf = fopen(log, "r");
+    ck_assert_ptr_nonnull(lf);
+    size_t got = fread(text, 1, sizeof text - 1, lf);
+    text[got] = '\0';
+    fclose(lf);
+    unlink(log);
+    return strstr(text, "reductions split in two") != NULL;
+}
+
+START_TEST(long_rows_split_as_an_online_softmax) {
+    /* rows 0-3: a part of -inf (a masked span), a NaN, all -inf, plain;
+     * rows 4-6 plain (7 rows, odd); 4000 = 16 parts of 250 */
+    int64_t rows = 7, n = 4000;
+    double *v = malloc(sizeof(double) * (size_t)(rows * n));
+    em_tensor *r = randn(930, 2, TU_SIZES(rows, n));
+    double *rv = tu_values(r);
+    for (int64_t i = 0; i < rows * n; i++) v[i] = 4 * rv[i];
+    for (int64_t j = 0; j < 750; j++) v[j] = -INFINITY;
+    v[n + 1234] = NAN;
+    for (int64_t j = 0; j < n; j++) v[2 * n + j] = -INFINITY;
+    em_tensor *x = tu_tensor(v, 2, TU_SIZES(rows, n), EM_F32);
+    ck_assert(check_long_case(0, x));
+    /* the cross-entropy's shape, on the plain rows (a transposed input) */
+    em_tensor *t = em_transpose(em_contiguous(em_transpose(em_slice(x, 0, 3, 7, 1), 0, 1)), 0, 1);
+    ck_assert(check_long_case(1, t));
+    /* a prime row length: no parts, not split */
+    em_tensor *p = randn(931, 2, TU_SIZES(3, 4001));
+    ck_assert(!check_long_case(0, p));
+    free(v), free(rv);
+}
+END_TEST
+
 static Suite *suite(void) {
     Suite *s = suite_create("fuse");
     TCase *tc = tcase_create("fuse");
@@ -721,6 +804,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, integers_bools_and_where);
     tcase_add_test(tc, every_pointwise_op_matches_eager);
     tcase_add_test(tc, few_row_reductions_are_split);
+    tcase_add_test(tc, long_rows_split_as_an_online_softmax);
     tcase_add_test(tc, kernels_compile_in_workers_or_in_process);
     tcase_add_test(tc, worker_protocol_round_trip);
     tcase_add_test(tc, second_process_loads_kernels_from_the_cache);

@@ -799,11 +799,15 @@ static void fz_called(em_compiled *f, const fz_program *pg, int64_t b, em_device
 }
 
 /* Tolerances: compiled and lazy against eager in the same dtype are tight,
- * eager against the f64 reference looser; both grow with the depth. */
+ * eager against the f64 reference looser; both grow with the depth and
+ * follow the least precise float dtype in the program. */
 static void fz_tolerances(const fz_program *pg, double *tight_r, double *tight_a, double *ref_r,
                           double *ref_a) {
     double depth = pg->nsteps;
+    /* an f64 program that casts a value to f32 is as accurate as f32 */
     bool f64 = pg->dtype == EM_F64;
+    for (int i = 0; i < pg->nsteps; i++)
+        if (pg->step[i].op == OP_CAST && pg->step[i].dtype == EM_F32) f64 = false;
     *tight_r = (f64 ? 1e-10 : 1e-4) * depth;
     *tight_a = (f64 ? 1e-11 : 1e-5) * depth;
     *ref_r = (f64 ? 1e-10 : 2e-3) * depth;

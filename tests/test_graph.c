@@ -1195,10 +1195,10 @@ END_TEST
 
 /* The pass on text at rows, as text (NULL: nothing split); *n: the
  * reductions split. */
-static char *split_of(const char *text, int64_t rows, int *n) {
+static char *split_of(const char *text, int64_t rows, int64_t long_row, int *n) {
     tr_graph *g = tr_parse_placeholders(text);
     ck_assert_msg(g != NULL, "%s", em_last_error());
-    tr_graph *f = tr_split_reductions(g, rows, true, n, NULL);
+    tr_graph *f = tr_split_reductions(g, rows, long_row, true, n, NULL);
     char *t = f ? text_of(f) : NULL;
     if (f) ck_assert_msg(tr_verify(f) == EM_OK, "%s", em_last_error());
     tr_graph_free(f);
@@ -1206,10 +1206,11 @@ static char *split_of(const char *text, int64_t rows, int *n) {
     return t;
 }
 
-#define check_split(text, rows, want_n, want)                                    \
+#define check_split(text, rows, want_n, want) check_split_long(text, rows, 0, want_n, want)
+#define check_split_long(text, rows, long_row, want_n, want)                     \
     do {                                                                         \
         int n_;                                                                  \
-        char *t_ = split_of(text, rows, &n_);                                    \
+        char *t_ = split_of(text, rows, long_row, &n_);                          \
         ck_assert_int_eq(n_, want_n);                                            \
         if (want) ck_assert_str_eq(t_, want);                                    \
         else ck_assert_ptr_null(t_);                                             \
@@ -1270,7 +1271,7 @@ START_TEST(split_pass_golden) {
                                         "  %1 = sum(%x) [dims=[1], keepdim=true] : f32[4, 1]{1, 1}\n"
                                         "  return (%1)\n"
                                         "}\n");
-    ck_assert_ptr_null(tr_split_reductions(g, 64, false, &n, NULL));
+    ck_assert_ptr_null(tr_split_reductions(g, 64, 0, false, &n, NULL));
     ck_assert_int_eq(n, 0);
     tr_graph_free(g);
     g = tr_parse_placeholders("graph(%a: f32[3]{1}, %x: f32[2048, 1000]{1000, 1}) {\n"
@@ -1279,7 +1280,7 @@ START_TEST(split_pass_golden) {
                               "  return (%3, %a)\n"
                               "}\n");
     int map[4] = {9, 9, 9, 9};
-    tr_graph *f = tr_split_reductions(g, 1024, false, &n, map);
+    tr_graph *f = tr_split_reductions(g, 1024, 0, false, &n, map);
     ck_assert_int_eq(n, 1);
     char *t = text_of(f);
     ck_assert_str_eq(t, "graph(%a: f32[3]{1}, %x: f32[2048, 1000]{1000, 1}) {\n"
@@ -1386,6 +1387,52 @@ START_TEST(split_pass_leaves) {
 }
 END_TEST
 
+/* A log_softmax over vocabulary rows, sliced and averaged (a
+ * cross-entropy's shape). */
+static const char lsm_slice_mean[] =
+    "graph(%x: f32[2048, 50257]{50257, 1}) {\n"
+    "  %1 = amax(%x) [dims=[1], keepdim=true] : f32[2048, 1]{1, 1}\n"
+    "  %2 = sub(%x, %1) : f32[2048, 50257]{50257, 1}\n"
+    "  %3 = exp(%2) : f32[2048, 50257]{50257, 1}\n"
+    "  %4 = sum(%3) [dims=[1], keepdim=true] : f32[2048, 1]{1, 1}\n"
+    "  %5 = log(%4) : f32[2048, 1]{1, 1}\n"
+    "  %6 = sub(%2, %5) : f32[2048, 50257]{50257, 1}\n"
+    "  %7 = slice(%6) [dim=1, start=0, end=1000, step=1] : f32[2048, 1000]{50257, 1}\n"
+    "  %8 = mean(%7) [dims=[0, 1], keepdim=false] : f32[]{}\n"
+    "  return (%8)\n"
+    "}\n";
+
+/* Rows longer than long_row split whatever their number: the softmax's
+ * max and sum together (an online softmax's statistics), cut into 29
+ * parts of 1733. */
+START_TEST(split_pass_long_rows) {
+    check_split_long(lsm_slice_mean, 1024, 32769, 3,
+                     "graph(%x: f32[2048, 50257]{50257, 1}) {\n"
+                     "  %1 = reshape(%x) [sizes=[2048, 29, 1733]] : f32[2048, 29, 1733]{50257, 1733, 1}\n"
+                     "  %2 = amax(%1) [dims=[2], keepdim=true] : f32[2048, 29, 1]{29, 1, 1}\n"
+                     "  %3 = amax(%2) [dims=[1], keepdim=false] : f32[2048, 1]{1, 1}\n"
+                     "  %4 = sub(%x, %3) : f32[2048, 50257]{50257, 1}\n"
+                     "  %5 = full() [sizes=[], value=-3.4028234663852886e+38, dtype=f32, device=cpu] : f32[]{}\n"
+                     "  %6 = maximum(%2, %5) : f32[2048, 29, 1]{29, 1, 1}\n"
+                     "  %7 = sub(%1, %6) : f32[2048, 29, 1733]{50257, 1733, 1}\n"
+                     "  %8 = exp(%7) : f32[2048, 29, 1733]{50257, 1733, 1}\n"
+                     "  %9 = sum(%8) [dims=[2], keepdim=true] : f32[2048, 29, 1]{29, 1, 1}\n"
+                     "  %10 = reshape(%3) [sizes=[2048, 1, 1]] : f32[2048, 1, 1]{1, 1, 1}\n"
+                     "  %11 = sub(%6, %10) : f32[2048, 29, 1]{29, 1, 1}\n"
+                     "  %12 = exp(%11) : f32[2048, 29, 1]{29, 1, 1}\n"
+                     "  %13 = mul(%9, %12) : f32[2048, 29, 1]{29, 1, 1}\n"
+                     "  %14 = sum(%13) [dims=[1], keepdim=true] : f32[2048, 1, 1]{1, 1, 1}\n"
+                     "  %15 = reshape(%14) [sizes=[2048, 1]] : f32[2048, 1]{1, 1}\n"
+                     "  %16 = log(%15) : f32[2048, 1]{1, 1}\n"
+                     "  %17 = sub(%4, %16) : f32[2048, 50257]{50257, 1}\n"
+                     "  %18 = slice(%17) [dim=1, start=0, end=1000, step=1] : f32[2048, 1000]{50257, 1}\n"
+                     "  %19 = mean(%18) [dims=[1], keepdim=false] : f32[2048]{1}\n"
+                     "  %20 = mean(%19) [dims=[0], keepdim=false] : f32[]{}\n"
+                     "  return (%20)\n"
+                     "}\n");
+}
+END_TEST
+
 static Suite *suite(void) {
     Suite *s = suite_create("graph");
     TCase *tc = tcase_create("text");
@@ -1398,6 +1445,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, linear_act_text);
     tcase_add_test(tc, split_pass_golden);
     tcase_add_test(tc, split_pass_leaves);
+    tcase_add_test(tc, split_pass_long_rows);
     tcase_add_test(tc, golden_attrs);
     tcase_add_test(tc, golden_odd_names_and_devices);
     tcase_add_test(tc, golden_inputs_by_number);

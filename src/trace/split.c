@@ -43,6 +43,7 @@
  * would add a launch. */
 #include "trace.h"
 
+#include <float.h>
 #include <string.h>
 
 enum { SPLIT_MIN_ELEMS = 65536 };
@@ -114,12 +115,33 @@ static bool same_rows_above(const tr_graph *g, int i, int self, bool *seen) {
     return false;
 }
 
-/* How node n (a splittable reduction of in, its input) splits: *j (the
- * first reduced dim, in order, that the partial reduces; 0 when none) or
- * *cut (the reduced dim cut in two, -1 none) with *S parts.  false: not
- * split. */
-static bool plan_split(const tr_node *n, const em_meta *in, int64_t rows, bool cuts, int *j, int *cut,
-                       int64_t *S) {
+/* What the pass is asked (tr_split_reductions' arguments). */
+typedef struct split_opts {
+    int64_t rows, long_row;
+    bool cuts;
+} split_opts;
+
+/* How a reduction splits: over inner dims from reduced dim j (j > 0), or
+ * reduced dim cut (>= 0) viewed as [S, n / S]; long_row: for the length
+ * of its rows (plan_long), not for their number. */
+typedef struct plan {
+    int j, cut;
+    int64_t S;
+    bool long_row;
+} plan;
+
+static bool plan_long(const tr_node *n, const em_meta *in, const split_opts *o, plan *p);
+
+/* How node n (a splittable reduction of in, its input) splits, into *p:
+ * over inner dims (p->j > 0: the first reduced dim, in order, that the
+ * partial reduces) or a reduced dim cut in two (p->cut >= 0, S parts).
+ * false: not split. */
+static bool plan_split(const tr_node *n, const em_meta *in, const split_opts *o, plan *p) {
+    int64_t rows = o->rows;
+    bool cuts = o->cuts;
+    int *j = &p->j, *cut = &p->cut;
+    int64_t *S = &p->S;
+    p->long_row = false;
     const em_op_attrs *a = &n->attrs;
     int k = a->ndims;
     if (k < 1 || in->ndim + 1 > EM_MAX_DIMS) return false;
@@ -133,8 +155,9 @@ static bool plan_split(const tr_node *n, const em_meta *in, int64_t rows, bool c
         if (reduced[d]) red *= in->sizes[d];
         else out *= in->sizes[d];
     }
-    if (out < 1 || out * 4 > rows || red < SPLIT_MIN_ELEMS) return false;
+    if (out < 1) return false;
     *j = 0, *cut = -1, *S = 0;
+    if (out * 4 > rows || red < SPLIT_MIN_ELEMS) return plan_long(n, in, o, p);
     int64_t outer = out; /* results of a partial that reduces dims[i..k) */
     for (int i = 1; i < k; i++) {
         outer *= in->sizes[a->dims[i - 1]];
@@ -157,6 +180,21 @@ static bool plan_split(const tr_node *n, const em_meta *in, int64_t rows, bool c
         *j = k - 1;
         return true;
     }
+    return false;
+}
+
+/* A reduction over one dim of at least long_row elements (a row longer
+ * than one block keeps), whatever its rows: the dim cut into the fewest
+ * parts of at most long_row / 4 (a row a block keeps easily). */
+static bool plan_long(const tr_node *n, const em_meta *in, const split_opts *o, plan *p) {
+    int d = n->attrs.dims[0];
+    if (o->long_row <= 0 || !o->cuts || n->attrs.ndims != 1 || in->sizes[d] < o->long_row) return false;
+    int64_t size = in->sizes[d];
+    for (int64_t s = 2; s < size; s++)
+        if (size % s == 0 && size / s <= o->long_row / 4) {
+            p->cut = d, p->S = s, p->long_row = true;
+            return true;
+        }
     return false;
 }
 
@@ -183,49 +221,153 @@ static int add_cast(tr_graph *c, int x, em_dtype dt) {
     return i >= 0 && tr_infer_own(c, i) == EM_OK ? i : -1;
 }
 
-static int add_split_as(tr_graph *c, const tr_node *n, int x, int j, int cut, int64_t S);
+/* Appends reshape(x) to sizes (nd dims) to c, or x when it has them; the
+ * node, or -1. */
+static int add_reshape(tr_graph *c, int x, int nd, const int64_t *sizes) {
+    em_meta m = c->nodes[x].meta;
+    if (m.ndim == nd && !memcmp(m.sizes, sizes, sizeof(int64_t) * (size_t)nd)) return x;
+    em_op_attrs v;
+    memset(&v, 0, sizeof v);
+    v.ndim = nd;
+    memcpy(v.sizes, sizes, sizeof(int64_t) * (size_t)nd);
+    int y = tr_add_call(c, EM_OP_RESHAPE, 1, &x, &v, &m);
+    return y >= 0 && tr_infer_own(c, y) == EM_OK ? y : -1;
+}
 
-/* Appends to c the split of reduction n of node x (c's), as plan_split
- * says; the final node, or -1.  A half sum or mean accumulates in f32
- * and rounds once, so its partials and final are f32 between two casts
- * (the same single rounding); maxima and minima are exact in any type. */
-static int add_split(tr_graph *c, const tr_node *n, int x, int j, int cut, int64_t S) {
+/* Appends op(in[0..nin)) (pointwise) to c; the node, or -1. */
+static int add_pointwise(tr_graph *c, em_op op, int nin, const int *in) {
+    for (int k = 0; k < nin; k++)
+        if (in[k] < 0) return -1;
+    em_op_attrs a;
+    memset(&a, 0, sizeof a);
+    em_meta m = c->nodes[in[0]].meta;
+    int i = tr_add_call(c, op, nin, in, &a, &m);
+    return i >= 0 && tr_infer_own(c, i) == EM_OK ? i : -1;
+}
+
+/* Appends a 0-d full(value) of like's dtype and device to c; the node,
+ * or -1. */
+static int add_scalar(tr_graph *c, double value, const em_meta *like) {
+    em_op_attrs a;
+    memset(&a, 0, sizeof a);
+    a.dtype = like->dtype;
+    a.device = like->device;
+    a.value = value;
+    em_meta m = *like;
+    m.ndim = 0;
+    int i = tr_add_call(c, EM_OP_FULL, 0, NULL, &a, &m);
+    return i >= 0 && tr_infer_own(c, i) == EM_OK ? i : -1;
+}
+
+static int add_split_as(tr_graph *c, const tr_node *n, int x, const plan *p, int *part);
+
+/* Appends to c the split of reduction n of node x (c's), as p says; the
+ * final node, or -1; *part: the partial node.  A half sum or mean
+ * accumulates in f32 and rounds once, so its partials and final are f32
+ * between two casts (the same single rounding); maxima and minima are
+ * exact in any type. */
+static int add_split(tr_graph *c, const tr_node *n, int x, const plan *p, int *part) {
     em_dtype dt = n->meta.dtype;
-    if (!is_half(dt) || n->op == EM_OP_AMAX || n->op == EM_OP_AMIN) return add_split_as(c, n, x, j, cut, S);
+    if (!is_half(dt) || n->op == EM_OP_AMAX || n->op == EM_OP_AMIN) return add_split_as(c, n, x, p, part);
     int w = add_cast(c, x, EM_F32);
-    int r = w < 0 ? -1 : add_split_as(c, n, w, j, cut, S);
+    int r = w < 0 ? -1 : add_split_as(c, n, w, p, part);
     return r < 0 ? -1 : add_cast(c, r, dt);
 }
 
-static int add_split_as(tr_graph *c, const tr_node *n, int x, int j, int cut, int64_t S) {
-    const em_op_attrs *a = &n->attrs;
-    if (cut < 0) {
-        int p = add_reduce(c, n->op, x, a->dims + j, a->ndims - j, a->keepdim);
-        return p < 0 ? -1 : add_reduce(c, n->op, p, a->dims, j, a->keepdim);
+/* The dims the final reduction of plan p for n reduces, in the partial's
+ * dims when the partial keeps its dims; their count. */
+static int final_dims(const tr_node *n, const plan *p, int *dims) {
+    if (p->cut >= 0) {
+        dims[0] = p->cut;
+        return 1;
     }
-    em_meta mx = c->nodes[x].meta, *m = &mx; /* tr_add_call may move c's nodes */
-    em_op_attrs v;
-    memset(&v, 0, sizeof v);
-    v.ndim = m->ndim + 1;
-    for (int d = 0, o = 0; d < m->ndim; d++) {
-        if (d == cut) {
-            v.sizes[o++] = S;
-            v.sizes[o++] = m->sizes[d] / S;
+    memcpy(dims, n->attrs.dims, sizeof(int) * (size_t)p->j);
+    return p->j;
+}
+
+static int add_split_as(tr_graph *c, const tr_node *n, int x, const plan *p, int *part) {
+    const em_op_attrs *a = &n->attrs;
+    int fin[EM_MAX_DIMS], nf = final_dims(n, p, fin);
+    if (p->cut < 0) {
+        *part = add_reduce(c, n->op, x, a->dims + p->j, a->ndims - p->j, a->keepdim);
+        return *part < 0 ? -1 : add_reduce(c, n->op, *part, a->dims, nf, a->keepdim);
+    }
+    em_meta m = c->nodes[x].meta; /* tr_add_call may move c's nodes */
+    int64_t sizes[EM_MAX_DIMS];
+    for (int d = 0, o = 0; d < m.ndim; d++) {
+        if (d == p->cut) {
+            sizes[o++] = p->S;
+            sizes[o++] = m.sizes[d] / p->S;
         } else {
-            v.sizes[o++] = m->sizes[d];
+            sizes[o++] = m.sizes[d];
         }
     }
-    int y = tr_add_call(c, EM_OP_RESHAPE, 1, &x, &v, m);
-    if (y < 0 || tr_infer_own(c, y) != EM_OK) return -1;
+    int y = add_reshape(c, x, m.ndim + 1, sizes);
+    if (y < 0) return -1;
     int dims[EM_MAX_DIMS], nd = 0;
-    for (int i = 0; i < a->ndims; i++) dims[nd++] = a->dims[i] + (a->dims[i] >= cut ? 1 : 0);
+    for (int i = 0; i < a->ndims; i++) dims[nd++] = a->dims[i] + (a->dims[i] >= p->cut ? 1 : 0);
     /* the partial keeps the S dim at cut, less the reduced dims before it
      * when it drops them; the final drops it */
-    int p = add_reduce(c, n->op, y, dims, nd, a->keepdim);
-    int fin[1] = {cut};
+    *part = add_reduce(c, n->op, y, dims, nd, a->keepdim);
     if (!a->keepdim)
-        for (int i = 0; i < a->ndims; i++) fin[0] -= a->dims[i] < cut;
-    return p < 0 ? -1 : add_reduce(c, n->op, p, fin, 1, false);
+        for (int i = 0; i < a->ndims; i++) fin[0] -= a->dims[i] < p->cut;
+    return *part < 0 ? -1 : add_reduce(c, n->op, *part, fin, 1, false);
+}
+
+/* ---- an online softmax's statistics ----
+ * m = amax(x, D, keepdim) and s = sum(exp(x - m), D): s's terms need the
+ * whole row's max, so s alone cannot split.  Split together, each part k
+ * has its own max m_k and s_k = sum(exp(x - m_k)) over the part (one
+ * kernel, one read of x), and the final is the max M of the m_k and
+ * s = sum_k s_k * exp(m_k - M), the same sum (exp(x - M) = exp(x - m_k) *
+ * exp(m_k - M)), as an online softmax computes it.  A part whose values
+ * are all -inf has m_k = -inf and would make s_k NaN (-inf - -inf): its
+ * shift is the lowest finite value instead, so s_k = 0 and its weight
+ * exp(lowest - M) = 0; rows with a NaN, a +inf or all -inf give NaN, as
+ * the unsplit s does. */
+
+/* Whether node i of g is s = sum(exp(x - m)) (f32 or f64) over the dims
+ * of m = amax(x, keepdim=true); m's node, or -1. */
+static int stats_pair(const tr_graph *g, int i) {
+    const tr_node *s = &g->nodes[i];
+    if (s->kind != TR_CALL || s->op != EM_OP_SUM || s->nin != 1) return -1;
+    if (s->meta.dtype != EM_F32 && s->meta.dtype != EM_F64) return -1;
+    const tr_node *e = &g->nodes[s->in[0]];
+    if (e->kind != TR_CALL || e->op != EM_OP_EXP) return -1;
+    const tr_node *u = &g->nodes[e->in[0]];
+    if (u->kind != TR_CALL || u->op != EM_OP_SUB) return -1;
+    int mi = u->in[1];
+    const tr_node *m = &g->nodes[mi];
+    if (m->kind != TR_CALL || m->op != EM_OP_AMAX || m->in[0] != u->in[0] || !m->attrs.keepdim) return -1;
+    if (m->attrs.ndims != s->attrs.ndims ||
+        memcmp(m->attrs.dims, s->attrs.dims, sizeof(int) * (size_t)s->attrs.ndims))
+        return -1;
+    return mi;
+}
+
+/* Appends to c the split of s (node si of g), paired with its max m
+ * (already split, its partial at m1 in c, its final at mfin), by plan p;
+ * s's new node, or -1. */
+static int add_pair(tr_graph *c, const tr_graph *g, int si, int m1, int mfin, const plan *p) {
+    const tr_node *s = &g->nodes[si];
+    em_meta pm = c->nodes[m1].meta, sm = s->meta;
+    int v = c->nodes[m1].in[0]; /* x, or its view cut in parts */
+    int fin[EM_MAX_DIMS], nf = final_dims(s, p, fin);
+    int pdims[EM_MAX_DIMS], np = c->nodes[m1].attrs.ndims;
+    memcpy(pdims, c->nodes[m1].attrs.dims, sizeof(int) * (size_t)np);
+    int64_t ksizes[EM_MAX_DIMS]; /* the partial's, final dims 1 */
+    memcpy(ksizes, pm.sizes, sizeof ksizes);
+    for (int k = 0; k < nf; k++) ksizes[fin[k]] = 1;
+    double lowest = pm.dtype == EM_F32 ? -FLT_MAX : -DBL_MAX;
+    int lo = add_scalar(c, lowest, &pm);
+    int shift = add_pointwise(c, EM_OP_MAXIMUM, 2, (int[]){m1, lo});
+    int e = add_pointwise(c, EM_OP_EXP, 1, (int[]){add_pointwise(c, EM_OP_SUB, 2, (int[]){v, shift})});
+    int s1 = e < 0 ? -1 : add_reduce(c, EM_OP_SUM, e, pdims, np, true);
+    int mk = add_reshape(c, mfin, pm.ndim, ksizes);
+    int w = add_pointwise(c, EM_OP_EXP, 1, (int[]){add_pointwise(c, EM_OP_SUB, 2, (int[]){shift, mk})});
+    int t = add_pointwise(c, EM_OP_MUL, 2, (int[]){s1, w});
+    int f = t < 0 ? -1 : add_reduce(c, EM_OP_SUM, t, fin, nf, true);
+    return f < 0 ? -1 : add_reshape(c, f, sm.ndim, sm.sizes);
 }
 
 /* Copies node i of g into c with its inputs renumbered by map; the node,
@@ -240,54 +382,104 @@ static int copy_node(tr_graph *c, const tr_graph *g, int i, const int *map) {
     return tr_add_call(c, n->op, n->nin, in, &n->attrs, &n->meta);
 }
 
-/* Marks in hit the nodes of g to split (seen: scratch); how many, or -1
- * (out of memory). */
-static int find(const tr_graph *g, int64_t rows, bool cuts, bool *hit, bool *seen) {
-    int j, cut, n = 0;
-    int64_t S;
+/* Whether g has a var of node i's rows (a norm's statistics): its
+ * kernel keeps the row, so splitting i would read it again. */
+static bool var_of_rows(const tr_graph *g, int i) {
+    const tr_node *r = &g->nodes[i];
+    for (int k = 0; k < g->nnodes; k++) {
+        const tr_node *n = &g->nodes[k];
+        if (n->kind == TR_CALL && n->op == EM_OP_VAR && numel_of(n) == numel_of(r) &&
+            numel_of(&g->nodes[n->in[0]]) == numel_of(&g->nodes[r->in[0]]))
+            return true;
+    }
+    return false;
+}
+
+/* Whether node i of g splits: 1 or 0, -1 out of memory (seen: scratch;
+ * r: g's readers, made on first use; pair: its max when it splits with
+ * it).  A reduction of few
+ * rows splits unless its result is broadcast back over its rows (their
+ * kernel keeps the row); one of long rows splits even so (such a row
+ * outgrows a kernel's registers), unless a var keeps them.  Either is
+ * left whole when computed from another reduction of its rows, but for
+ * a softmax's sum of exp(x - max) whose max splits. */
+static int splits(const tr_graph *g, int i, const split_opts *o, const bool *hit, int *pair, readers *r,
+                  bool *seen) {
+    const tr_node *nd = &g->nodes[i];
+    plan p;
+    if (!splittable(nd) || !plan_split(nd, &g->nodes[nd->in[0]].meta, o, &p)) return false;
+    if (!r->start && !readers_of(g, r)) return -1;
+    size_t n = (size_t)g->nnodes;
+    memset(seen, 0, sizeof(bool) * n);
+    if (p.long_row ? var_of_rows(g, i) : broadcast_back(g, r, i, numel_of(nd), seen)) return false;
+    memset(seen, 0, sizeof(bool) * n);
+    if (!same_rows_above(g, i, i, seen)) return true;
+    int m = stats_pair(g, i);
+    if (m < 0 || !hit[m]) return false;
+    memset(seen, 0, sizeof(bool) * n);
+    if (same_rows_above(g, g->nodes[m].in[0], i, seen)) return false;
+    pair[i] = m;
+    return true;
+}
+
+/* Marks in hit the nodes of g to split, in pair the max each sum splits
+ * with (-1: none); how many, or -1 (out of memory). */
+static int find(const tr_graph *g, const split_opts *o, bool *hit, int *pair) {
+    int n = 0;
     readers r = {NULL, NULL};
-    for (int i = 0; i < g->nnodes; i++) {
-        const tr_node *nd = &g->nodes[i];
-        if (!splittable(nd) || !plan_split(nd, &g->nodes[nd->in[0]].meta, rows, cuts, &j, &cut, &S)) continue;
-        if (!r.start && !readers_of(g, &r)) return -1;
-        memset(seen, 0, sizeof(bool) * (size_t)g->nnodes);
-        hit[i] = !broadcast_back(g, &r, i, numel_of(nd), seen);
-        memset(seen, 0, sizeof(bool) * (size_t)g->nnodes);
-        hit[i] = hit[i] && !same_rows_above(g, i, i, seen);
-        n += hit[i];
+    bool *seen = em_malloc(sizeof(bool) * ((size_t)g->nnodes + 1));
+    if (!seen) return -1;
+    for (int i = 0; n >= 0 && i < g->nnodes; i++) {
+        pair[i] = -1;
+        int k = splits(g, i, o, hit, pair, &r, seen);
+        hit[i] = k > 0;
+        n = k < 0 ? -1 : n + k;
     }
     em_free(r.start);
+    em_free(seen);
     return n;
 }
 
-tr_graph *tr_split_reductions(const tr_graph *g, int64_t rows, bool cuts, int *nsplit, int *where) {
+/* Appends node i of g to c, split when hit says so; map: g's nodes in
+ * c so far; part: the partial node of each split node (-1: none). */
+static int rewrite_node(tr_graph *c, const tr_graph *g, int i, const split_opts *o, const bool *hit,
+                        const int *pair, const int *map, int *part, int *nsplit) {
+    const tr_node *n = &g->nodes[i];
+    plan p;
+    int r = -1;
+    part[i] = -1;
+    if (hit[i] && plan_split(n, &g->nodes[n->in[0]].meta, o, &p)) {
+        r = pair[i] >= 0 ? (part[pair[i]] < 0 ? -1 : add_pair(c, g, i, part[pair[i]], map[pair[i]], &p))
+                         : add_split(c, n, map[n->in[0]], &p, &part[i]);
+        /* the split must give the node's own result, or it is not made */
+        if (r >= 0 && (c->nodes[r].meta.ndim != n->meta.ndim ||
+                       memcmp(c->nodes[r].meta.sizes, n->meta.sizes, sizeof(int64_t) * (size_t)n->meta.ndim)))
+            r = -1;
+        if (r >= 0) (*nsplit)++;
+        else part[i] = -1;
+    }
+    return r >= 0 ? r : copy_node(c, g, i, map);
+}
+
+tr_graph *tr_split_reductions(const tr_graph *g, int64_t rows, int64_t long_row, bool cuts, int *nsplit,
+                              int *where) {
     *nsplit = 0;
-    int j, cut;
-    int64_t S;
+    split_opts o = {rows, long_row, cuts};
     size_t slots = (size_t)g->nnodes + 1;
-    bool *hit = em_calloc(2 * slots, sizeof(bool));
-    int found = hit ? find(g, rows, cuts, hit, hit + slots) : -1;
+    bool *hit = em_calloc(slots, sizeof(bool));
+    int *ints = hit ? em_malloc(3 * sizeof(int) * slots) : NULL; /* pair, map, part */
+    int found = ints ? find(g, &o, hit, ints) : -1;
     if (found <= 0) {
         *nsplit = found;
         em_free(hit);
+        em_free(ints);
         return NULL;
     }
+    int *pair = ints, *map = ints + slots, *part = ints + 2 * slots;
     tr_graph *c = tr_graph_new();
-    int *map = c ? em_malloc(sizeof(int) * slots) : NULL;
-    bool ok = map != NULL;
+    bool ok = c != NULL;
     for (int i = 0; ok && i < g->nnodes; i++) {
-        const tr_node *n = &g->nodes[i];
-        map[i] = -1;
-        if (hit[i] && plan_split(n, &g->nodes[n->in[0]].meta, rows, cuts, &j, &cut, &S)) {
-            map[i] = add_split(c, n, map[n->in[0]], j, cut, S);
-            /* the split must give the node's own result, or it is not made */
-            if (map[i] >= 0 && (c->nodes[map[i]].meta.ndim != n->meta.ndim ||
-                                memcmp(c->nodes[map[i]].meta.sizes, n->meta.sizes,
-                                       sizeof(int64_t) * (size_t)n->meta.ndim)))
-                map[i] = -1;
-            if (map[i] >= 0) (*nsplit)++;
-        }
-        if (map[i] < 0) map[i] = copy_node(c, g, i, map);
+        map[i] = rewrite_node(c, g, i, &o, hit, pair, map, part, nsplit);
         ok = map[i] >= 0;
     }
     int outs[64];
@@ -298,7 +490,7 @@ tr_graph *tr_split_reductions(const tr_graph *g, int64_t rows, bool cuts, int *n
     ok = dead && tr_dce_map(c, dead) >= 0;
     for (int i = 0; ok && where && i < g->nnodes; i++) where[i] = map[i] < 0 ? -1 : dead[map[i]];
     em_free(dead);
-    em_free(map);
+    em_free(ints);
     em_free(hit);
     if (!ok || *nsplit == 0) {
         if (!ok) *nsplit = -1;

@@ -165,15 +165,18 @@ tr_graph *tr_fuse_attention_for(const tr_graph *g, tr_attention_takes takes, voi
 typedef bool (*tr_linear_want)(void *ctx, const tr_graph *g, int matmul, int bias, em_act act);
 tr_graph *tr_fuse_linear_map(const tr_graph *g, tr_linear_want want, void *ctx, int *nfused, int *map);
 /* split.c: each sum, mean, amax or amin with fewer than
- * rows result elements and at least 65536 reduced ones becomes a partial
+ * rows result elements and at least 65536 reduced ones, or (long_row >
+ * 0) over one dim of at least long_row elements, becomes a partial
  * reduction with more results and a final one over the partials (the
- * file's comment says how it splits); cuts: whether a reduced dim may be
- * cut in two by a reshape view (false for graphs of dynamic sizes).  Not
- * in tr_optimize: the engine runs it for devices that ask (jit_device's
- * split_rows).  Returns the rewritten copy (caller frees) with *nsplit >
- * 0; NULL with *nsplit 0 when nothing split, -1 when out of memory; map
- * as tr_fuse_attention_map's. */
-tr_graph *tr_split_reductions(const tr_graph *g, int64_t rows, bool cuts, int *nsplit, int *map);
+ * file's comment says how it splits; a softmax's sum of exp(x - max)
+ * splits with its max, as an online softmax); cuts: whether a reduced dim
+ * may be cut in two by a reshape view (false for graphs of dynamic
+ * sizes).  Not in tr_optimize: the engine runs it for devices that ask
+ * (jit_device's split_rows, split_long).  Returns the rewritten copy
+ * (caller frees) with *nsplit > 0; NULL with *nsplit 0 when nothing
+ * split, -1 when out of memory; map as tr_fuse_attention_map's. */
+tr_graph *tr_split_reductions(const tr_graph *g, int64_t rows, int64_t long_row, bool cuts, int *nsplit,
+                              int *map);
 /* Invariants (tr_verify): nodes in topological order (inputs < index);
  * inputs numbered 0..ninputs-1 once each, with unique names; constants in
  * range and present; calls with a valid op, the table's arity, and a meta

@@ -8,6 +8,7 @@
  * reason logged under EMBER_LOG=code... never a wrong result. */
 #include "engine-impl.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 /* ---- state ---- */
@@ -433,19 +434,24 @@ static tr_graph *with_linear(const jit_compiled *st, const tr_graph *g, tr_graph
     return l;
 }
 
-/* f (or g, when f is NULL) with its few-row reductions split where st's
- * device asks (jit_device's split_rows); NULL: nothing split or out of
- * memory (unsplit is still correct).  Takes f.  map (dynamic compiles,
- * else NULL): where g's nodes are in f (or in g, f NULL) on entry, in the
- * result on return; a dynamic graph's reductions split over inner dims
- * only (no view of the traced sizes). */
+/* f (or g, when f is NULL) with its few-row and long-row reductions
+ * split where st's device asks (jit_device's split_rows and split_long,
+ * EMBER_SPLIT_LONG); NULL: nothing split or out of memory (unsplit is
+ * still correct).  Takes f.  map (dynamic compiles, else NULL): where g's
+ * nodes are in f (or in g, f NULL) on entry, in the result on return; a
+ * dynamic graph's reductions split over inner dims only (no view of the
+ * traced sizes). */
 static tr_graph *with_split(const jit_compiled *st, const tr_graph *g, tr_graph *f, int *map, fused_counts *n) {
-    char buf[8];
+    char buf[32];
     const char *e = em_getenv("EMBER_SPLIT_REDUCTIONS", buf, sizeof buf);
     if (st->dev->split_rows <= 0 || (e && !strcmp(e, "0"))) return f;
+    int64_t long_row = st->dev->split_long;
+    e = em_getenv("EMBER_SPLIT_LONG", buf, sizeof buf);
+    if (e && *e) long_row = strtoll(e, NULL, 10); /* 0 or less: never */
     const tr_graph *from = f ? f : g;
     int *where = map ? em_malloc(sizeof(int) * ((size_t)from->nnodes + 1)) : NULL;
-    tr_graph *s = map && !where ? NULL : tr_split_reductions(from, st->dev->split_rows, !map, &n->split, where);
+    tr_graph *s = map && !where ? NULL
+                                : tr_split_reductions(from, st->dev->split_rows, long_row, !map, &n->split, where);
     if (n->split < 0) {
         em_clear_error();
         n->split = 0;

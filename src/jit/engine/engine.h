@@ -197,6 +197,11 @@ typedef struct jit_device {
      * for the device kind's graph: a thread count here would make two
      * processes' graphs differ). */
     int64_t split_rows;
+    /* Optional (0: never): the reduced elements from which a row is too
+     * long for the device's row kernels to keep (a GPU block's registers),
+     * so that reductions over longer rows split whatever their number
+     * (tr_split_reductions' long_row).  EMBER_SPLIT_LONG overrides it. */
+    int64_t split_long;
     /* Optional (false): its generator takes f16/bf16 buffers, loads, stores
      * and conversions, so the scheduler fuses half values (computed in
      * f32: sched/lower.c); otherwise they run as eager steps. */
