@@ -1237,9 +1237,10 @@ START_TEST(split_pass_golden) {
                 "}\n", 64, 1,
                 "graph(%x: f32[4, 1000000]{1000000, 1}) {\n"
                 "  %1 = reshape(%x) [sizes=[4, 16, 62500]] : f32[4, 16, 62500]{1000000, 62500, 1}\n"
-                "  %2 = sum(%1) [dims=[2], keepdim=true] : f32[4, 16, 1]{16, 1, 1}\n"
-                "  %3 = sum(%2) [dims=[1], keepdim=false] : f32[4, 1]{1, 1}\n"
-                "  return (%3)\n"
+                "  %2 = sum(%1) [dims=[2], keepdim=false] : f32[4, 16]{16, 1}\n"
+                "  %3 = sum(%2) [dims=[1], keepdim=false] : f32[4]{1}\n"
+                "  %4 = reshape(%3) [sizes=[4, 1]] : f32[4, 1]{1, 1}\n"
+                "  return (%4)\n"
                 "}\n");
     /* a transposed input, the first reduced dim prime (7): the second cut
      * (into 64 of 625); without and with keepdim */
@@ -1261,9 +1262,10 @@ START_TEST(split_pass_golden) {
                 "}\n", 64, 1,
                 "graph(%x: f32[7, 40000]{40000, 1}) {\n"
                 "  %1 = reshape(%x) [sizes=[7, 64, 625]] : f32[7, 64, 625]{40000, 625, 1}\n"
-                "  %2 = amin(%1) [dims=[0, 2], keepdim=true] : f32[1, 64, 1]{64, 1, 1}\n"
-                "  %3 = amin(%2) [dims=[1], keepdim=false] : f32[1, 1]{1, 1}\n"
-                "  return (%3)\n"
+                "  %2 = amin(%1) [dims=[0, 2], keepdim=false] : f32[64]{1}\n"
+                "  %3 = amin(%2) [dims=[0], keepdim=false] : f32[]{}\n"
+                "  %4 = reshape(%3) [sizes=[1, 1]] : f32[1, 1]{1, 1}\n"
+                "  return (%4)\n"
                 "}\n");
     /* a graph of dynamic sizes (cuts false): over inner dims, or whole */
     int n;
@@ -1409,27 +1411,57 @@ START_TEST(split_pass_long_rows) {
     check_split_long(lsm_slice_mean, 1024, 32769, 3,
                      "graph(%x: f32[2048, 50257]{50257, 1}) {\n"
                      "  %1 = reshape(%x) [sizes=[2048, 29, 1733]] : f32[2048, 29, 1733]{50257, 1733, 1}\n"
-                     "  %2 = amax(%1) [dims=[2], keepdim=true] : f32[2048, 29, 1]{29, 1, 1}\n"
-                     "  %3 = amax(%2) [dims=[1], keepdim=false] : f32[2048, 1]{1, 1}\n"
-                     "  %4 = sub(%x, %3) : f32[2048, 50257]{50257, 1}\n"
-                     "  %5 = full() [sizes=[], value=-3.4028234663852886e+38, dtype=f32, device=cpu] : f32[]{}\n"
-                     "  %6 = maximum(%2, %5) : f32[2048, 29, 1]{29, 1, 1}\n"
-                     "  %7 = sub(%1, %6) : f32[2048, 29, 1733]{50257, 1733, 1}\n"
-                     "  %8 = exp(%7) : f32[2048, 29, 1733]{50257, 1733, 1}\n"
-                     "  %9 = sum(%8) [dims=[2], keepdim=true] : f32[2048, 29, 1]{29, 1, 1}\n"
-                     "  %10 = reshape(%3) [sizes=[2048, 1, 1]] : f32[2048, 1, 1]{1, 1, 1}\n"
-                     "  %11 = sub(%6, %10) : f32[2048, 29, 1]{29, 1, 1}\n"
-                     "  %12 = exp(%11) : f32[2048, 29, 1]{29, 1, 1}\n"
-                     "  %13 = mul(%9, %12) : f32[2048, 29, 1]{29, 1, 1}\n"
-                     "  %14 = sum(%13) [dims=[1], keepdim=true] : f32[2048, 1, 1]{1, 1, 1}\n"
-                     "  %15 = reshape(%14) [sizes=[2048, 1]] : f32[2048, 1]{1, 1}\n"
-                     "  %16 = log(%15) : f32[2048, 1]{1, 1}\n"
-                     "  %17 = sub(%4, %16) : f32[2048, 50257]{50257, 1}\n"
-                     "  %18 = slice(%17) [dim=1, start=0, end=1000, step=1] : f32[2048, 1000]{50257, 1}\n"
-                     "  %19 = mean(%18) [dims=[1], keepdim=false] : f32[2048]{1}\n"
-                     "  %20 = mean(%19) [dims=[0], keepdim=false] : f32[]{}\n"
-                     "  return (%20)\n"
+                     "  %2 = amax(%1) [dims=[2], keepdim=false] : f32[2048, 29]{29, 1}\n"
+                     "  %3 = full() [sizes=[], value=-3.4028234663852886e+38, dtype=f32, device=cpu] : f32[]{}\n"
+                     "  %4 = reshape(%2) [sizes=[2048, 29, 1]] : f32[2048, 29, 1]{29, 1, 1}\n"
+                     "  %5 = maximum(%4, %3) : f32[2048, 29, 1]{29, 1, 1}\n"
+                     "  %6 = sub(%1, %5) : f32[2048, 29, 1733]{50257, 1733, 1}\n"
+                     "  %7 = exp(%6) : f32[2048, 29, 1733]{50257, 1733, 1}\n"
+                     "  %8 = sum(%7) [dims=[2], keepdim=false] : f32[2048, 29]{29, 1}\n"
+                     "  %9 = amax(%2) [dims=[1], keepdim=false] : f32[2048]{1}\n"
+                     "  %10 = reshape(%9) [sizes=[2048, 1]] : f32[2048, 1]{1, 1}\n"
+                     "  %11 = maximum(%2, %3) : f32[2048, 29]{29, 1}\n"
+                     "  %12 = sub(%11, %10) : f32[2048, 29]{29, 1}\n"
+                     "  %13 = exp(%12) : f32[2048, 29]{29, 1}\n"
+                     "  %14 = mul(%8, %13) : f32[2048, 29]{29, 1}\n"
+                     "  %15 = sum(%14) [dims=[1], keepdim=false] : f32[2048]{1}\n"
+                     "  %16 = reshape(%15) [sizes=[2048, 1]] : f32[2048, 1]{1, 1}\n"
+                     "  %17 = sub(%x, %10) : f32[2048, 50257]{50257, 1}\n"
+                     "  %18 = log(%16) : f32[2048, 1]{1, 1}\n"
+                     "  %19 = sub(%17, %18) : f32[2048, 50257]{50257, 1}\n"
+                     "  %20 = slice(%19) [dim=1, start=0, end=1000, step=1] : f32[2048, 1000]{50257, 1}\n"
+                     "  %21 = mean(%20) [dims=[1], keepdim=false] : f32[2048]{1}\n"
+                     "  %22 = mean(%21) [dims=[0], keepdim=false] : f32[]{}\n"
+                     "  return (%22)\n"
                      "}\n");
+    /* a softmax of 256 long rows: split though broadcast back; a norm's
+     * mean beside its var, and a prime row, whole */
+    static const char softmax[] =
+        "graph(%x: f32[256, 50304]{50304, 1}) {\n"
+        "  %1 = amax(%x) [dims=[1], keepdim=true] : f32[256, 1]{1, 1}\n"
+        "  %2 = sub(%x, %1) : f32[256, 50304]{50304, 1}\n"
+        "  %3 = exp(%2) : f32[256, 50304]{50304, 1}\n"
+        "  %4 = sum(%3) [dims=[1], keepdim=true] : f32[256, 1]{1, 1}\n"
+        "  %5 = div(%3, %4) : f32[256, 50304]{50304, 1}\n"
+        "  return (%5)\n"
+        "}\n";
+    int n;
+    char *t = split_of(softmax, 1024, 32769, &n);
+    ck_assert_int_eq(n, 2);
+    ck_assert_msg(strstr(t, "reshape(%x) [sizes=[256, 8, 6288]]"), "%s", t); /* parts of 6288 */
+    em_free(t);
+    check_split_long(softmax, 1024, 0, 0, NULL); /* no long_row: whole */
+    check_split_long("graph(%x: f32[64, 65536]{65536, 1}) {\n"
+                     "  %1 = mean(%x) [dims=[1], keepdim=true] : f32[64, 1]{1, 1}\n"
+                     "  %2 = var(%x) [dims=[1], correction=0, keepdim=true] : f32[64, 1]{1, 1}\n"
+                     "  %3 = sub(%x, %1) : f32[64, 65536]{65536, 1}\n"
+                     "  %4 = div(%3, %2) : f32[64, 65536]{65536, 1}\n"
+                     "  return (%4)\n"
+                     "}\n", 1024, 32769, 0, NULL);
+    check_split_long("graph(%x: f32[4096, 65537]{65537, 1}) {\n"
+                     "  %1 = sum(%x) [dims=[1], keepdim=false] : f32[4096]{1}\n"
+                     "  return (%1)\n"
+                     "}\n", 1024, 32769, 0, NULL);
 }
 END_TEST
 

@@ -130,13 +130,14 @@ typedef struct plan {
     bool long_row;
 } plan;
 
-static bool plan_long(const tr_node *n, const em_meta *in, const split_opts *o, plan *p);
+static bool plan_long(const tr_graph *g, const tr_node *n, const split_opts *o, plan *p);
 
 /* How node n (a splittable reduction of in, its input) splits, into *p:
  * over inner dims (p->j > 0: the first reduced dim, in order, that the
  * partial reduces) or a reduced dim cut in two (p->cut >= 0, S parts).
  * false: not split. */
-static bool plan_split(const tr_node *n, const em_meta *in, const split_opts *o, plan *p) {
+static bool plan_split(const tr_graph *g, const tr_node *n, const split_opts *o, plan *p) {
+    const em_meta *in = &g->nodes[n->in[0]].meta;
     int64_t rows = o->rows;
     bool cuts = o->cuts;
     int *j = &p->j, *cut = &p->cut;
@@ -157,7 +158,7 @@ static bool plan_split(const tr_node *n, const em_meta *in, const split_opts *o,
     }
     if (out < 1) return false;
     *j = 0, *cut = -1, *S = 0;
-    if (out * 4 > rows || red < SPLIT_MIN_ELEMS) return plan_long(n, in, o, p);
+    if (out * 4 > rows || red < SPLIT_MIN_ELEMS) return plan_long(g, n, o, p);
     int64_t outer = out; /* results of a partial that reduces dims[i..k) */
     for (int i = 1; i < k; i++) {
         outer *= in->sizes[a->dims[i - 1]];
@@ -183,12 +184,18 @@ static bool plan_split(const tr_node *n, const em_meta *in, const split_opts *o,
     return false;
 }
 
-/* A reduction over one dim of at least long_row elements (a row longer
- * than one block keeps), whatever its rows: the dim cut into the fewest
- * parts of at most long_row / 4 (a row a block keeps easily). */
-static bool plan_long(const tr_node *n, const em_meta *in, const split_opts *o, plan *p) {
+/* A reduction over one dim of at least long_row f32 elements' bytes (a
+ * row longer than one block keeps), whatever its rows; a half row cast
+ * to f32 counts as loaded, at 2 bytes an element.  The dim is cut into
+ * the fewest parts of at most long_row / 4 elements (a row a block keeps
+ * easily). */
+static bool plan_long(const tr_graph *g, const tr_node *n, const split_opts *o, plan *p) {
+    const tr_node *x = &g->nodes[n->in[0]];
+    const em_meta *in = &x->meta;
     int d = n->attrs.dims[0];
-    if (o->long_row <= 0 || !o->cuts || n->attrs.ndims != 1 || in->sizes[d] < o->long_row) return false;
+    const tr_node *src = x->kind == TR_CALL && x->op == EM_OP_CAST ? &g->nodes[x->in[0]] : x;
+    int64_t bytes = in->sizes[d] * (int64_t)em_dtype_size(src->meta.dtype);
+    if (o->long_row <= 0 || !o->cuts || n->attrs.ndims != 1 || bytes < o->long_row * 4) return false;
     int64_t size = in->sizes[d];
     for (int64_t s = 2; s < size; s++)
         if (size % s == 0 && size / s <= o->long_row / 4) {
@@ -259,39 +266,39 @@ static int add_scalar(tr_graph *c, double value, const em_meta *like) {
     return i >= 0 && tr_infer_own(c, i) == EM_OK ? i : -1;
 }
 
-static int add_split_as(tr_graph *c, const tr_node *n, int x, const plan *p, int *part);
+static int add_partial(tr_graph *c, const tr_node *n, int x, const plan *p);
+static int add_final(tr_graph *c, const tr_node *n, int part, const plan *p);
 
 /* Appends to c the split of reduction n of node x (c's), as p says; the
- * final node, or -1; *part: the partial node.  A half sum or mean
- * accumulates in f32 and rounds once, so its partials and final are f32
- * between two casts (the same single rounding); maxima and minima are
- * exact in any type. */
-static int add_split(tr_graph *c, const tr_node *n, int x, const plan *p, int *part) {
-    em_dtype dt = n->meta.dtype;
-    if (!is_half(dt) || n->op == EM_OP_AMAX || n->op == EM_OP_AMIN) return add_split_as(c, n, x, p, part);
-    int w = add_cast(c, x, EM_F32);
-    int r = w < 0 ? -1 : add_split_as(c, n, w, p, part);
-    return r < 0 ? -1 : add_cast(c, r, dt);
+ * final node, or -1.  A half sum or mean accumulates in f32 and rounds
+ * once, so its partials and final are f32 between two casts (the same
+ * single rounding); maxima and minima are exact in any type. */
+static int add_split(tr_graph *c, const tr_node *n, int x, const plan *p) {
+    bool cast = is_half(n->meta.dtype) && n->op != EM_OP_AMAX && n->op != EM_OP_AMIN;
+    int w = cast ? add_cast(c, x, EM_F32) : x;
+    int part = w < 0 ? -1 : add_partial(c, n, w, p);
+    int r = part < 0 ? -1 : add_final(c, n, part, p);
+    return r < 0 || !cast ? r : add_cast(c, r, n->meta.dtype);
 }
 
-/* The dims the final reduction of plan p for n reduces, in the partial's
- * dims when the partial keeps its dims; their count. */
+/* The dims the final reduction of plan p for n reduces, in the
+ * partial's dims (the partial drops the dims it reduces); their count. */
 static int final_dims(const tr_node *n, const plan *p, int *dims) {
-    if (p->cut >= 0) {
+    if (p->cut >= 0) { /* the S dim, less the reduced dims before it */
         dims[0] = p->cut;
+        for (int i = 0; i < n->attrs.ndims; i++) dims[0] -= n->attrs.dims[i] < p->cut;
         return 1;
     }
     memcpy(dims, n->attrs.dims, sizeof(int) * (size_t)p->j);
     return p->j;
 }
 
-static int add_split_as(tr_graph *c, const tr_node *n, int x, const plan *p, int *part) {
+/* The partial reduction of n over x (c's node), as p says, without
+ * keepdim (so that the final's dims are trailing ones when n's are); the
+ * node, or -1.  Over a cut dim, x is viewed with it as [S, n / S]. */
+static int add_partial(tr_graph *c, const tr_node *n, int x, const plan *p) {
     const em_op_attrs *a = &n->attrs;
-    int fin[EM_MAX_DIMS], nf = final_dims(n, p, fin);
-    if (p->cut < 0) {
-        *part = add_reduce(c, n->op, x, a->dims + p->j, a->ndims - p->j, a->keepdim);
-        return *part < 0 ? -1 : add_reduce(c, n->op, *part, a->dims, nf, a->keepdim);
-    }
+    if (p->cut < 0) return add_reduce(c, n->op, x, a->dims + p->j, a->ndims - p->j, false);
     em_meta m = c->nodes[x].meta; /* tr_add_call may move c's nodes */
     int64_t sizes[EM_MAX_DIMS];
     for (int d = 0, o = 0; d < m.ndim; d++) {
@@ -303,15 +310,17 @@ static int add_split_as(tr_graph *c, const tr_node *n, int x, const plan *p, int
         }
     }
     int y = add_reshape(c, x, m.ndim + 1, sizes);
-    if (y < 0) return -1;
     int dims[EM_MAX_DIMS], nd = 0;
     for (int i = 0; i < a->ndims; i++) dims[nd++] = a->dims[i] + (a->dims[i] >= p->cut ? 1 : 0);
-    /* the partial keeps the S dim at cut, less the reduced dims before it
-     * when it drops them; the final drops it */
-    *part = add_reduce(c, n->op, y, dims, nd, a->keepdim);
-    if (!a->keepdim)
-        for (int i = 0; i < a->ndims; i++) fin[0] -= a->dims[i] < p->cut;
-    return *part < 0 ? -1 : add_reduce(c, n->op, *part, fin, 1, false);
+    return y < 0 ? -1 : add_reduce(c, n->op, y, dims, nd, false);
+}
+
+/* The final reduction of n over its partial (c's node part), with n's
+ * sizes (a keepdim result as a view of the final's); the node, or -1. */
+static int add_final(tr_graph *c, const tr_node *n, int part, const plan *p) {
+    int fin[EM_MAX_DIMS], nf = final_dims(n, p, fin);
+    int f = add_reduce(c, n->op, part, fin, nf, false);
+    return f < 0 ? -1 : add_reshape(c, f, n->meta.ndim, n->meta.sizes);
 }
 
 /* ---- an online softmax's statistics ----
@@ -345,29 +354,41 @@ static int stats_pair(const tr_graph *g, int i) {
     return mi;
 }
 
-/* Appends to c the split of s (node si of g), paired with its max m
- * (already split, its partial at m1 in c, its final at mfin), by plan p;
- * s's new node, or -1. */
-static int add_pair(tr_graph *c, const tr_graph *g, int si, int m1, int mfin, const plan *p) {
-    const tr_node *s = &g->nodes[si];
-    em_meta pm = c->nodes[m1].meta, sm = s->meta;
-    int v = c->nodes[m1].in[0]; /* x, or its view cut in parts */
-    int fin[EM_MAX_DIMS], nf = final_dims(s, p, fin);
+/* Appends to c the split of m (node mi of g, over x: c's node) and of s
+ * (node si), by plan p: both partials, then both finals, so that the
+ * partials make one kernel (one read of x) and the finals another; m's
+ * new node, *s_out s's, or -1. */
+static int add_pair(tr_graph *c, const tr_graph *g, int mi, int si, int x, const plan *p, int *s_out) {
+    const tr_node *m = &g->nodes[mi], *s = &g->nodes[si];
+    *s_out = -1;
+    int m1 = add_partial(c, m, x, p);
+    if (m1 < 0) return -1;
+    em_meta pm = c->nodes[m1].meta; /* the partials' sizes */
+    int v = c->nodes[m1].in[0];     /* x, or its view cut in parts */
+    em_meta vm = c->nodes[v].meta;
     int pdims[EM_MAX_DIMS], np = c->nodes[m1].attrs.ndims;
     memcpy(pdims, c->nodes[m1].attrs.dims, sizeof(int) * (size_t)np);
-    int64_t ksizes[EM_MAX_DIMS]; /* the partial's, final dims 1 */
+    int64_t rsizes[EM_MAX_DIMS]; /* v's, reduced dims 1: m1 kept */
+    memcpy(rsizes, vm.sizes, sizeof rsizes);
+    for (int k = 0; k < np; k++) rsizes[pdims[k]] = 1;
+    int lo = add_scalar(c, pm.dtype == EM_F32 ? -FLT_MAX : -DBL_MAX, &pm);
+    int m1k = add_reshape(c, m1, vm.ndim, rsizes);
+    int shift = add_pointwise(c, EM_OP_MAXIMUM, 2, (int[]){m1k, lo});
+    int e = add_pointwise(c, EM_OP_EXP, 1, (int[]){add_pointwise(c, EM_OP_SUB, 2, (int[]){v, shift})});
+    int s1 = e < 0 ? -1 : add_reduce(c, EM_OP_SUM, e, pdims, np, false);
+    int mf = s1 < 0 ? -1 : add_final(c, m, m1, p);
+    if (mf < 0) return -1;
+    int fin[EM_MAX_DIMS], nf = final_dims(s, p, fin);
+    int64_t ksizes[EM_MAX_DIMS]; /* the partials', final dims 1: m's final kept */
     memcpy(ksizes, pm.sizes, sizeof ksizes);
     for (int k = 0; k < nf; k++) ksizes[fin[k]] = 1;
-    double lowest = pm.dtype == EM_F32 ? -FLT_MAX : -DBL_MAX;
-    int lo = add_scalar(c, lowest, &pm);
-    int shift = add_pointwise(c, EM_OP_MAXIMUM, 2, (int[]){m1, lo});
-    int e = add_pointwise(c, EM_OP_EXP, 1, (int[]){add_pointwise(c, EM_OP_SUB, 2, (int[]){v, shift})});
-    int s1 = e < 0 ? -1 : add_reduce(c, EM_OP_SUM, e, pdims, np, true);
-    int mk = add_reshape(c, mfin, pm.ndim, ksizes);
-    int w = add_pointwise(c, EM_OP_EXP, 1, (int[]){add_pointwise(c, EM_OP_SUB, 2, (int[]){shift, mk})});
+    int mk = add_reshape(c, mf, pm.ndim, ksizes);
+    int shift2 = add_pointwise(c, EM_OP_MAXIMUM, 2, (int[]){m1, lo});
+    int w = add_pointwise(c, EM_OP_EXP, 1, (int[]){add_pointwise(c, EM_OP_SUB, 2, (int[]){shift2, mk})});
     int t = add_pointwise(c, EM_OP_MUL, 2, (int[]){s1, w});
-    int f = t < 0 ? -1 : add_reduce(c, EM_OP_SUM, t, fin, nf, true);
-    return f < 0 ? -1 : add_reshape(c, f, sm.ndim, sm.sizes);
+    int f = t < 0 ? -1 : add_reduce(c, EM_OP_SUM, t, fin, nf, false);
+    *s_out = f < 0 ? -1 : add_reshape(c, f, s->meta.ndim, s->meta.sizes);
+    return *s_out < 0 ? -1 : mf;
 }
 
 /* Copies node i of g into c with its inputs renumbered by map; the node,
@@ -407,7 +428,7 @@ static int splits(const tr_graph *g, int i, const split_opts *o, const bool *hit
                   bool *seen) {
     const tr_node *nd = &g->nodes[i];
     plan p;
-    if (!splittable(nd) || !plan_split(nd, &g->nodes[nd->in[0]].meta, o, &p)) return false;
+    if (!splittable(nd) || !plan_split(g, nd, o, &p)) return false;
     if (!r->start && !readers_of(g, r)) return -1;
     size_t n = (size_t)g->nnodes;
     memset(seen, 0, sizeof(bool) * n);
@@ -440,25 +461,41 @@ static int find(const tr_graph *g, const split_opts *o, bool *hit, int *pair) {
     return n;
 }
 
-/* Appends node i of g to c, split when hit says so; map: g's nodes in
- * c so far; part: the partial node of each split node (-1: none). */
-static int rewrite_node(tr_graph *c, const tr_graph *g, int i, const split_opts *o, const bool *hit,
-                        const int *pair, const int *map, int *part, int *nsplit) {
-    const tr_node *n = &g->nodes[i];
+/* The pass's rewrite: pair (from find) and mate (its inverse: the sum
+ * that splits with each max, -1 none); map: g's nodes in c so far;
+ * done: a paired sum's node, made with its max. */
+typedef struct rewrite {
+    const tr_graph *g;
+    tr_graph *c;
+    const split_opts *o;
+    const bool *hit;
+    int *pair, *mate, *map, *done;
+    int nsplit;
+} rewrite;
+
+/* Whether c's node r has n's sizes (a split must give the node's own
+ * result, or it is not made). */
+static bool same_result(const tr_graph *c, int r, const tr_node *n) {
+    return r >= 0 && c->nodes[r].meta.ndim == n->meta.ndim &&
+           !memcmp(c->nodes[r].meta.sizes, n->meta.sizes, sizeof(int64_t) * (size_t)n->meta.ndim);
+}
+
+/* Node i of g in c, split when hit says so (a max with its sum); the
+ * node, or -1. */
+static int rewrite_node(rewrite *w, int i) {
+    const tr_node *n = &w->g->nodes[i];
     plan p;
     int r = -1;
-    part[i] = -1;
-    if (hit[i] && plan_split(n, &g->nodes[n->in[0]].meta, o, &p)) {
-        r = pair[i] >= 0 ? (part[pair[i]] < 0 ? -1 : add_pair(c, g, i, part[pair[i]], map[pair[i]], &p))
-                         : add_split(c, n, map[n->in[0]], &p, &part[i]);
-        /* the split must give the node's own result, or it is not made */
-        if (r >= 0 && (c->nodes[r].meta.ndim != n->meta.ndim ||
-                       memcmp(c->nodes[r].meta.sizes, n->meta.sizes, sizeof(int64_t) * (size_t)n->meta.ndim)))
-            r = -1;
-        if (r >= 0) (*nsplit)++;
-        else part[i] = -1;
+    if (w->pair[i] >= 0 && w->done[i] >= 0) {
+        r = w->done[i];
+    } else if (w->hit[i] && w->pair[i] < 0 && plan_split(w->g, n, w->o, &p)) {
+        int s = w->mate[i], sr = -1;
+        r = s >= 0 ? add_pair(w->c, w->g, i, s, w->map[n->in[0]], &p, &sr) : add_split(w->c, n, w->map[n->in[0]], &p);
+        if (!same_result(w->c, r, n) || (s >= 0 && !same_result(w->c, sr, &w->g->nodes[s]))) r = -1;
+        if (r >= 0 && s >= 0) w->done[s] = sr;
     }
-    return r >= 0 ? r : copy_node(c, g, i, map);
+    w->nsplit += r >= 0;
+    return r >= 0 ? r : copy_node(w->c, w->g, i, w->map);
 }
 
 tr_graph *tr_split_reductions(const tr_graph *g, int64_t rows, int64_t long_row, bool cuts, int *nsplit,
@@ -467,7 +504,7 @@ tr_graph *tr_split_reductions(const tr_graph *g, int64_t rows, int64_t long_row,
     split_opts o = {rows, long_row, cuts};
     size_t slots = (size_t)g->nnodes + 1;
     bool *hit = em_calloc(slots, sizeof(bool));
-    int *ints = hit ? em_malloc(3 * sizeof(int) * slots) : NULL; /* pair, map, part */
+    int *ints = hit ? em_malloc(4 * sizeof(int) * slots) : NULL; /* pair, mate, map, done */
     int found = ints ? find(g, &o, hit, ints) : -1;
     if (found <= 0) {
         *nsplit = found;
@@ -475,20 +512,24 @@ tr_graph *tr_split_reductions(const tr_graph *g, int64_t rows, int64_t long_row,
         em_free(ints);
         return NULL;
     }
-    int *pair = ints, *map = ints + slots, *part = ints + 2 * slots;
-    tr_graph *c = tr_graph_new();
-    bool ok = c != NULL;
+    rewrite w = {g, tr_graph_new(), &o, hit, ints, ints + slots, ints + 2 * slots, ints + 3 * slots, 0};
+    for (int i = 0; i < g->nnodes; i++) w.mate[i] = w.done[i] = -1;
+    for (int i = 0; i < g->nnodes; i++)
+        if (w.pair[i] >= 0) w.mate[w.pair[i]] = i;
+    bool ok = w.c != NULL;
     for (int i = 0; ok && i < g->nnodes; i++) {
-        map[i] = rewrite_node(c, g, i, &o, hit, pair, map, part, nsplit);
-        ok = map[i] >= 0;
+        w.map[i] = rewrite_node(&w, i);
+        ok = w.map[i] >= 0;
     }
+    tr_graph *c = w.c;
+    *nsplit = w.nsplit;
     int outs[64];
     ok = ok && g->noutputs <= 64;
-    for (int k = 0; ok && k < g->noutputs; k++) outs[k] = map[g->outputs[k]];
+    for (int k = 0; ok && k < g->noutputs; k++) outs[k] = w.map[g->outputs[k]];
     ok = ok && tr_set_outputs(c, g->noutputs, outs) == EM_OK;
     int *dead = ok ? em_malloc(sizeof(int) * ((size_t)c->nnodes + 1)) : NULL;
     ok = dead && tr_dce_map(c, dead) >= 0;
-    for (int i = 0; ok && where && i < g->nnodes; i++) where[i] = map[i] < 0 ? -1 : dead[map[i]];
+    for (int i = 0; ok && where && i < g->nnodes; i++) where[i] = w.map[i] < 0 ? -1 : dead[w.map[i]];
     em_free(dead);
     em_free(ints);
     em_free(hit);
