@@ -313,8 +313,9 @@ const jit_device jit_cuda_device = {
     .fused_attention_takes = cuda_attention_takes, /* f16/bf16 on sm_80 on */
     .fuse_linear = cuda_fuse_linear,
     .split_rows = 1024,      /* rows kernels: a block a row, 132 SMs on an H200 */
-    .split_long = 32769,     /* longer than a block keeps in registers: 1024
-                                threads x 8 float4 (cuda_emit.c) */
+    .split_long = 0,         /* never: measured slower on an H200 than a cluster
+                                kernel a row (docs/benchmarks.md); try with
+                                EMBER_SPLIT_LONG=32769 */
     .half_kernels = true,    /* computed in f32; cuda_emit.c converts */
     .capture_begin = cuda_graph_capture_begin, /* CUDA graphs: cuda_graph.c */
     .capture_end = cuda_graph_capture_end,
