@@ -882,19 +882,6 @@ static void model_cast(model *m, em_dtype dt) {
     m->ln_b = em_cast(m->ln_b, dt);
 }
 
-static char *slurp(const char *path) {
-    FILE *f = fopen(path, "rb");
-    ck_assert_ptr_nonnull(f);
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *buf = malloc((size_t)n + 1);
-    ck_assert_int_eq(fread(buf, 1, (size_t)n, f), (size_t)n);
-    buf[n] = '\0';
-    fclose(f);
-    return buf;
-}
-
 static int count_str(const char *s, const char *w) {
     int n = 0;
     for (const char *p = s; (p = strstr(p, w)); p += strlen(w)) n++;
@@ -907,17 +894,12 @@ static int count_str(const char *s, const char *w) {
  * mode within tol. */
 static void check_compiled_on(const model *m, int nin, em_tensor *const *in, const char *dev,
                               double tol, int want) {
-    char path[] = "/tmp/ember-attn-log-XXXXXX";
-    int fd = mkstemp(path);
-    ck_assert_int_ge(fd, 0);
-    close(fd);
-    setenv("EMBER_LOG", "graph", 1);
-    setenv("EMBER_LOG_FILE", path, 1);
+    char path[64];
+    tu_log_begin("graph", path, sizeof path);
     em_compile_options o = {.ninputs = nin, .noutputs = 1, .name = "layers", .dynamic = -1,
                             .autocast = m->autocast};
     em_compiled *f = em_compile(model_fn, (void *)m, &o);
-    unsetenv("EMBER_LOG");
-    unsetenv("EMBER_LOG_FILE");
+    tu_log_end();
     ck_assert_ptr_nonnull(f);
     em_tensor *ye = NULL, *yc = NULL;
     if (m->autocast != EM_F32) ck_assert_int_eq(em_autocast_begin(m->autocast), EM_OK);
@@ -929,8 +911,7 @@ static void check_compiled_on(const model *m, int nin, em_tensor *const *in, con
     ck_assert_int_eq(em_compiled_stats(f, &st), EM_OK);
     ck_assert_int_eq(st.hits, 1);
     em_compiled_free(f);
-    char *log = slurp(path);
-    unlink(path);
+    char *log = tu_log_take(path);
     ck_assert_msg(strstr(log, "captured graph of layers"), "%s", log);
     char line[64];
     snprintf(line, sizeof line, "%s: %d attention patterns fused:", dev, want);
@@ -952,16 +933,11 @@ static void check_compiled(const model *m, int nin, em_tensor *const *in) {
  * attention node's shape and causal flag follow T; the arange the causal
  * mask was built from is gone) and matches eager at each. */
 static void check_dynamic(const model *m, bool bias) {
-    char path[] = "/tmp/ember-attn-log-XXXXXX";
-    int fd = mkstemp(path);
-    ck_assert_int_ge(fd, 0);
-    close(fd);
-    setenv("EMBER_LOG", "graph", 1);
-    setenv("EMBER_LOG_FILE", path, 1);
+    char path[64];
+    tu_log_begin("graph", path, sizeof path);
     em_compile_options o = {.ninputs = bias ? 2 : 1, .noutputs = 1, .name = "layers", .dynamic = 1};
     em_compiled *f = em_compile(model_fn, (void *)m, &o);
-    unsetenv("EMBER_LOG");
-    unsetenv("EMBER_LOG_FILE");
+    tu_log_end();
     const int64_t Ts[] = {67, 45, 90};
     for (int i = 0; i < 3; i++) {
         int64_t T = Ts[i];
@@ -982,8 +958,7 @@ static void check_dynamic(const model *m, bool bias) {
     ck_assert_msg(st.traces == 1 && st.dynamic_entries == 1, "traces %lld, dynamic entries %d: %s",
                   (long long)st.traces, st.dynamic_entries, st.last_failure);
     em_compiled_free(f);
-    char *log = slurp(path);
-    unlink(path);
+    char *log = tu_log_take(path);
     ck_assert_msg(strstr(log, "cpu: 2 attention patterns fused:"), "%s", log);
     ck_assert_msg(count_str(log, " = attention(") == CL, "%s", log);
     free(log);

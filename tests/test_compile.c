@@ -1089,30 +1089,16 @@ END_TEST
 
 /* ---- logging ---- */
 
-static char *read_file(const char *path) {
-    FILE *f = fopen(path, "r");
-    ck_assert_ptr_nonnull(f);
-    static char buf[1 << 16];
-    size_t n = fread(buf, 1, sizeof buf - 1, f);
-    buf[n] = '\0';
-    fclose(f);
-    return buf;
-}
 
 START_TEST(ember_log_reports_graph_recompiles_breaks_and_limit) {
-    char path[] = "/tmp/ember-log-XXXXXX";
-    int fd = mkstemp(path);
-    ck_assert_int_ge(fd, 0);
-    close(fd);
-    setenv("EMBER_LOG", "graph,guards,recompiles,breaks,bogus", 1);
-    setenv("EMBER_LOG_FILE", path, 1);
+    char path[64];
+    tu_log_begin("graph,guards,recompiles,breaks,bogus", path, sizeof path);
     em_compile_options o = opts1("softmax", 1, 0);
     o.recompile_limit = 1;
     em_compiled *f = em_compile(softmax_fn, NULL, &o);
     em_compile_options ob = opts1("breaking", 1, 0);
     em_compiled *fb = em_compile(breaking_fn, NULL, &ob);
-    unsetenv("EMBER_LOG");
-    unsetenv("EMBER_LOG_FILE");
+    tu_log_end();
     em_tensor *y, *a = em_ones(1, TU_SIZES(2), EM_F32, CPU), *b = em_ones(1, TU_SIZES(3), EM_F32, CPU);
     ck_assert_int_eq(em_call(f, &a, NULL, &y), EM_OK);
     ck_assert_int_eq(em_call(f, &b, NULL, &y), EM_OK);
@@ -1120,8 +1106,7 @@ START_TEST(ember_log_reports_graph_recompiles_breaks_and_limit) {
     ck_assert_int_eq(em_call(fb, &a, NULL, &y), EM_OK);
     em_compiled_free(f);
     em_compiled_free(fb);
-    char *log = read_file(path);
-    unlink(path);
+    char *log = tu_log_take(path);
     ck_assert_msg(strstr(log, "[ember] EMBER_LOG: unknown option 'bogus'"), "%s", log);
     ck_assert_msg(strstr(log, "[ember] captured graph of softmax (entry 1):\ngraph(%x: f32[2]{1}) {"),
                   "%s", log);
@@ -1135,27 +1120,24 @@ START_TEST(ember_log_reports_graph_recompiles_breaks_and_limit) {
                   "%s", log);
     ck_assert_msg(strstr(log, "(amax) while tracing; breaking runs as compiled segments around its "
                               "reads from now on (lazy mode)"), "%s", log);
+    free(log);
 }
 END_TEST
 
 START_TEST(recompile_is_logged_with_reason) {
-    char path[] = "/tmp/ember-log-XXXXXX";
-    int fd = mkstemp(path);
-    close(fd);
-    setenv("EMBER_LOG", "recompiles", 1);
-    setenv("EMBER_LOG_FILE", path, 1);
+    char path[64];
+    tu_log_begin("recompiles", path, sizeof path);
     em_compile_options o = opts1("softmax", 1, 0);
     em_compiled *f = em_compile(softmax_fn, NULL, &o);
-    unsetenv("EMBER_LOG");
-    unsetenv("EMBER_LOG_FILE");
+    tu_log_end();
     em_tensor *y, *a = em_ones(1, TU_SIZES(2), EM_F32, CPU), *b = em_ones(1, TU_SIZES(2), EM_F64, CPU);
     ck_assert_int_eq(em_call(f, &a, NULL, &y), EM_OK);
     ck_assert_int_eq(em_call(f, &b, NULL, &y), EM_OK);
     em_compiled_free(f);
-    char *log = read_file(path);
-    unlink(path);
+    char *log = tu_log_take(path);
     ck_assert_str_eq(log, "[ember] recompiling softmax (entry 2 of at most 8): input 0 (x): "
                           "dtype mismatch: expected f32, got f64\n");
+    free(log);
 }
 END_TEST
 

@@ -789,18 +789,13 @@ START_TEST(replay_backend_serves_dynamic_sizes) {
 END_TEST
 
 START_TEST(recompiles_log_the_dynamic_dims) {
-    char path[] = "/tmp/ember-dyn-log-XXXXXX";
-    int fd = mkstemp(path);
-    ck_assert_int_ge(fd, 0);
-    close(fd);
-    setenv("EMBER_LOG", "recompiles", 1);
-    setenv("EMBER_LOG_FILE", path, 1);
+    char path[64];
+    tu_log_begin("recompiles", path, sizeof path);
     em_compile_options o = options("softmax", 1, 0);
     em_compiled *f = em_compile(softmax_fn, NULL, &o);
     em_compile_options p = options("square", 1, 0);
     em_compiled *g = em_compile(square_fn, NULL, &p);
-    unsetenv("EMBER_LOG");
-    unsetenv("EMBER_LOG_FILE");
+    tu_log_end();
     for (int64_t b = 2; b <= 3; b++) {
         em_tensor *x = tu_random((uint64_t)b, 2, TU_SIZES(b, 8), EM_F32, 1), *y;
         ck_assert_int_eq(em_call(f, &x, NULL, &y), EM_OK);
@@ -808,16 +803,12 @@ START_TEST(recompiles_log_the_dynamic_dims) {
     }
     em_compiled_free(f);
     em_compiled_free(g);
-    FILE *fp = fopen(path, "r");
-    char buf[8192] = {0};
-    size_t n = fread(buf, 1, sizeof buf - 1, fp);
-    fclose(fp);
-    unlink(path);
-    buf[n] = '\0';
+    char *buf = tu_log_take(path);
     ck_assert_msg(strstr(buf, "size mismatch at dim 0: expected 2, got 3"), "%s", buf);
     ck_assert_msg(strstr(buf, "softmax: dynamic dims x[0]"), "%s", buf);
     ck_assert_msg(strstr(buf, "square: the new entry is static: node %1 (full) differs from the "
                               "trace at the other sizes"), "%s", buf);
+    free(buf);
 }
 END_TEST
 

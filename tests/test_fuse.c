@@ -641,12 +641,8 @@ static double *split_ref(int c, em_tensor *const *in) {
  * float64 reference; whether the compile split a reduction (its
  * EMBER_LOG=graph line). */
 static bool check_split_case_at(int c, em_tensor **in, int nin, int dynamic) {
-    char log[] = "/tmp/ember-split-log-XXXXXX";
-    int fd = mkstemp(log);
-    ck_assert_int_ge(fd, 0);
-    close(fd);
-    setenv("EMBER_LOG", "graph", 1);
-    setenv("EMBER_LOG_FILE", log, 1);
+    char log[64];
+    tu_log_begin("graph", log, sizeof log);
     em_compile_options o = {.ninputs = nin, .noutputs = 1, .name = "split", .backend = "cpu",
                             .eager_check = -1, .dynamic = dynamic};
     em_compiled *f = em_compile(split_fn, &c, &o);
@@ -661,16 +657,11 @@ static bool check_split_case_at(int c, em_tensor **in, int nin, int dynamic) {
     tu_check_close(y, r, em_ndim(want), em_sizes(want), rt, 1e-5);
     free(r);
     em_compiled_free(f);
-    unsetenv("EMBER_LOG");
-    unsetenv("EMBER_LOG_FILE");
-    char text[8192] = "";
-    FILE *lf = fopen(log, "r");
-    ck_assert_ptr_nonnull(lf);
-    size_t got = fread(text, 1, sizeof text - 1, lf);
-    text[got] = '\0';
-    fclose(lf);
-    unlink(log);
-    return strstr(text, "reduction split in two") != NULL;
+    tu_log_end();
+    char *text = tu_log_take(log);
+    bool split = strstr(text, "reduction split in two") != NULL;
+    free(text);
+    return split;
 }
 
 static bool check_split_case(int c, em_tensor **in, int nin) { return check_split_case_at(c, in, nin, 0); }
@@ -734,20 +725,15 @@ static double *long_ref(int c, const double *x, int64_t rows, int64_t n) {
  * online softmax's statistics), against float64 and eager; whether the
  * compile split (EMBER_LOG=graph). */
 static bool check_long_case(int c, em_tensor *x) {
-    char log[] = "/tmp/ember-split-long-XXXXXX";
-    int fd = mkstemp(log);
-    ck_assert_int_ge(fd, 0);
-    close(fd);
-    setenv("EMBER_LOG", "graph", 1);
-    setenv("EMBER_LOG_FILE", log, 1);
+    char log[64];
+    tu_log_begin("graph", log, sizeof log);
     setenv("EMBER_SPLIT_LONG", "1000", 1);
     em_compile_options o = {.ninputs = 1, .noutputs = 1, .name = "long", .backend = "cpu", .eager_check = -1};
     em_compiled *f = em_compile(long_fn, &c, &o);
     em_tensor *y, *want;
     ck_assert_msg(em_call(f, &x, NULL, &y) == EM_OK, "case %d: %s", c, em_last_error());
     unsetenv("EMBER_SPLIT_LONG");
-    unsetenv("EMBER_LOG");
-    unsetenv("EMBER_LOG_FILE");
+    tu_log_end();
     ck_assert_int_eq(long_fn(&c, &x, NULL, &want), EM_OK);
     double *v = tu_values(x), *r = long_ref(c, v, em_size(x, 0), em_size(x, 1));
     tu_check_close(y, r, em_ndim(want), em_sizes(want), 1e-5, 1e-7);
@@ -755,14 +741,10 @@ static bool check_long_case(int c, em_tensor *x) {
     tu_check_close(y, e, em_ndim(want), em_sizes(want), 1e-5, 1e-7);
     free(v), free(r), free(e);
     em_compiled_free(f);
-    char text[16384] = "";
-    FILE *lf = fopen(log, "r");
-    ck_assert_ptr_nonnull(lf);
-    size_t got = fread(text, 1, sizeof text - 1, lf);
-    text[got] = '\0';
-    fclose(lf);
-    unlink(log);
-    return strstr(text, "reductions split in two") != NULL;
+    char *text = tu_log_take(log);
+    bool split = strstr(text, "reductions split in two") != NULL;
+    free(text);
+    return split;
 }
 
 START_TEST(long_rows_split_as_an_online_softmax) {

@@ -319,6 +319,17 @@ static em_tensor *fz_apply(const fz_step *st, em_tensor *const *v) {
     }
 }
 
+/* Runs pg's steps on in into the pool v (inputs first).  EM_OK, or the
+ * status of the first step that failed. */
+static em_status fz_run_pool(const fz_program *pg, em_tensor *const *in, em_tensor **v) {
+    for (int i = 0; i < pg->ninputs; i++) v[i] = in[i];
+    for (int i = 0; i < pg->nsteps; i++) {
+        v[pg->ninputs + i] = fz_apply(&pg->step[i], v);
+        if (!v[pg->ninputs + i]) return em_last_status() != EM_OK ? em_last_status() : EM_ERR_STATE;
+    }
+    return EM_OK;
+}
+
 /* Runs pg's steps on in; out gets the outputs.  EM_OK, or the status of
  * the first step that failed. */
 static em_status fz_run(const fz_program *pg, em_tensor *const *in, em_tensor **out) {
@@ -701,7 +712,59 @@ typedef struct fz_result {
     em_dtype dtype[FZ_MAX_VALUES];
     fz_shape shape[FZ_MAX_VALUES];
     double *v[FZ_MAX_VALUES];
+    bool taint[FZ_MAX_VALUES]; /* the f64 reference's: output i's values are not compared */
 } fz_result;
+
+/* Whether any element of the f64 tensor t is nonzero (t NULL: no). */
+static bool fz_any(em_tensor *t) {
+    if (!t) return false;
+    double *v = tu_raw_values(t);
+    bool any = false;
+    for (int64_t i = 0; i < em_numel(t) && !any; i++) any = v[i] != 0;
+    free(v);
+    return any;
+}
+
+/* Whether step st, on the f64 reference's pool v, is ill-conditioned:
+ * its result can change under the rounding of its operands (a program in
+ * f32, or a kernel's order of operations), so the other modes may not
+ * agree with eager within any tolerance.  A comparison of values nearer
+ * than 1e-3 of their size (one flips); a layer_norm of a group whose
+ * spread is under 1e-2 of its largest value (the group's rounding error
+ * is divided by its spread: equal values, or a group of one, give
+ * exactly 0 in one mode and a rounding error over sqrt(eps) in another,
+ * where a kernel contracted a product into an FMA in one pass and not in
+ * the other). */
+static bool fz_ill_conditioned(const fz_step *st, em_tensor *const *v) {
+    em_tensor *a = v[st->a];
+    if (st->op == OP_COMPARE) {
+        em_tensor *x = em_cast(a, EM_F64), *y = em_cast(v[st->b], EM_F64);
+        em_tensor *gap = em_abs(em_sub(x, y)), *size = em_add(em_abs(x), em_abs(y));
+        return fz_any(em_le(gap, em_add_scalar(em_mul_scalar(size, 1e-3), 1e-12)));
+    }
+    if (st->op != OP_LAYER_NORM) return false;
+    int n = st->dims[0], dims[EM_MAX_DIMS];
+    for (int i = 0; i < n; i++) dims[i] = em_ndim(a) - n + i;
+    if (em_numel(a) == 0) return false;
+    em_tensor *x = em_cast(a, EM_F64);
+    em_tensor *spread = em_sqrt(em_var(x, n, dims, 0, true)), *big = em_amax(em_abs(x), n, dims, true);
+    return fz_any(em_lt(spread, em_mul_scalar(big, 1e-2)));
+}
+
+/* taint[i]: value i of pg's pool (the f64 reference's, v) comes from an
+ * ill-conditioned step. */
+static void fz_taint(const fz_program *pg, em_tensor *const *v, bool *taint) {
+    for (int i = 0; i < pg->ninputs; i++) taint[i] = false;
+    for (int i = 0; i < pg->nsteps; i++) {
+        const fz_step *st = &pg->step[i];
+        bool t = fz_ill_conditioned(st, v);
+        for (int k = 0; k < 3; k++) {
+            int u = k == 0 ? st->a : k == 1 ? st->b : st->c;
+            t |= u >= 0 && taint[u];
+        }
+        taint[pg->ninputs + i] = t;
+    }
+}
 
 static void fz_result_take(fz_result *res, em_status s, int n, em_tensor *const *out) {
     memset(res, 0, sizeof *res);
@@ -726,10 +789,11 @@ static char fz_text[16384];
 /* Fails with pg's text if got (mode) differs from want beyond
  * atol*scale + rtol*|want|, where scale is max(1, max |want|) (a sum that
  * cancels is as accurate as its terms); dtypes must agree unless
- * check_dtype is false (the f64 reference). */
+ * check_dtype is false (the f64 reference); outputs skip says (the
+ * reference's ill-conditioned ones) are compared by shape and dtype. */
 static void fz_compare(const fz_program *pg, int64_t b, const char *mode, const char *against,
                        const fz_result *got, const fz_result *want, double rtol, double atol,
-                       bool check_dtype) {
+                       bool check_dtype, const bool *skip) {
     char msg[512] = "";
     if (got->status != want->status) {
         snprintf(msg, sizeof msg, "status %s, %s gave %s", em_status_name(got->status), against,
@@ -750,6 +814,7 @@ static void fz_compare(const fz_program *pg, int64_t b, const char *mode, const 
                      against, em_dtype_name(want->dtype[o]));
             break;
         }
+        if (skip && skip[o]) continue; /* ill-conditioned: shape and dtype only */
         int64_t n = fz_numel(gs);
         double scale = 1;
         for (int64_t i = 0; i < n; i++)
@@ -775,10 +840,16 @@ static void fz_compare(const fz_program *pg, int64_t b, const char *mode, const 
 static bool fz_cuda; /* cuda:0 works (asked once in main) */
 
 static void fz_eager(const fz_program *pg, int64_t b, em_dtype dt, em_device dev, bool ref, fz_result *res) {
-    em_tensor *in[FZ_MAX_INPUTS], *out[FZ_MAX_VALUES];
+    em_tensor *in[FZ_MAX_INPUTS], *out[FZ_MAX_VALUES] = {NULL}, *v[FZ_MAX_VALUES];
     for (int i = 0; i < pg->ninputs; i++) in[i] = ref ? fz_ref_input(pg, i, b) : fz_make_input(pg, i, b, dt, dev);
     em_clear_error();
-    fz_result_take(res, fz_run(pg, in, out), pg->noutputs, out);
+    em_status s = fz_run_pool(pg, in, v);
+    for (int i = 0; s == EM_OK && i < pg->noutputs; i++) out[i] = v[pg->out[i]];
+    fz_result_take(res, s, pg->noutputs, out);
+    if (!ref || s != EM_OK) return;
+    bool taint[FZ_MAX_VALUES];
+    fz_taint(pg, v, taint);
+    for (int i = 0; i < pg->noutputs; i++) res->taint[i] = taint[pg->out[i]];
 }
 
 static void fz_lazy(const fz_program *pg, int64_t b, fz_result *res) {
@@ -839,20 +910,20 @@ static void fz_check_program(uint64_t seed) {
         fz_result eager, ref, got;
         fz_eager(&pg, b, pg.dtype, EM_CPU_DEVICE, false, &eager);
         fz_eager(&pg, b, EM_F64, EM_CPU_DEVICE, true, &ref);
-        fz_compare(&pg, b, "eager", "the f64 reference", &eager, &ref, rr, ra, false);
+        fz_compare(&pg, b, "eager", "the f64 reference", &eager, &ref, rr, ra, false, ref.taint);
         fz_result_free(&ref);
         fz_called(f, &pg, b, EM_CPU_DEVICE, &got);
-        fz_compare(&pg, b, "compiled", "eager", &got, &eager, tr, ta, true);
+        fz_compare(&pg, b, "compiled", "eager", &got, &eager, tr, ta, true, ref.taint);
         fz_result_free(&got);
         fz_lazy(&pg, b, &got);
-        fz_compare(&pg, b, "lazy", "eager", &got, &eager, tr, ta, true);
+        fz_compare(&pg, b, "lazy", "eager", &got, &eager, tr, ta, true, ref.taint);
         fz_result_free(&got);
         if (fz_cuda) {
             fz_eager(&pg, b, pg.dtype, em_cuda(0), false, &got);
-            fz_compare(&pg, b, "cuda eager", "cpu eager", &got, &eager, rr, ra, true);
+            fz_compare(&pg, b, "cuda eager", "cpu eager", &got, &eager, rr, ra, true, ref.taint);
             fz_result_free(&got);
             fz_called(g, &pg, b, em_cuda(0), &got);
-            fz_compare(&pg, b, "cuda compiled", "cpu eager", &got, &eager, rr, ra, true);
+            fz_compare(&pg, b, "cuda compiled", "cpu eager", &got, &eager, rr, ra, true, ref.taint);
             fz_result_free(&got);
         }
         fz_result_free(&eager);
@@ -871,11 +942,9 @@ static uint64_t fz_env(const char *name, uint64_t dflt) {
  * where EMBER_FUZZ_PROGRAMS is set smaller by Makefile.am). */
 START_TEST(random_programs_agree_in_every_mode) {
     uint64_t first = fz_env("EMBER_FUZZ_SEED", 1);
-    /* seeds 1-129 pass; seed 130 (layer_norm of a row whose values are all
-     * equal: eager's double mean gives 0, a kernel's f32 mean a rounding
-     * error amplified by 1/sqrt(eps)) needs tolerances that follow the
-     * conditioning, which the generator does not compute yet */
-    uint64_t n = fz_env("EMBER_FUZZ_PROGRAMS", RUNNING_ON_VALGRIND ? 20 : 120);
+    /* 150 includes seed 105 (the reciprocal bug) and seed 130 (a
+     * layer_norm of equal values: ill-conditioned, compared by shape) */
+    uint64_t n = fz_env("EMBER_FUZZ_PROGRAMS", RUNNING_ON_VALGRIND ? 20 : 150);
     for (uint64_t s = first; s < first + n; s++) fz_check_program(s);
 }
 END_TEST

@@ -252,3 +252,37 @@ int tu_tool(char *out, size_t n, const char *fmt, ...) {
     int st = pclose(p);
     return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
+
+void tu_log_begin(const char *what, char *path, size_t n) {
+    ck_assert_uint_ge(n, 32);
+    snprintf(path, n, "/tmp/ember-test-log-XXXXXX");
+    int fd = mkstemp(path);
+    ck_assert_int_ge(fd, 0);
+    close(fd);
+    setenv("EMBER_LOG", what, 1);
+    setenv("EMBER_LOG_FILE", path, 1);
+}
+
+void tu_log_end(void) {
+    unsetenv("EMBER_LOG");
+    unsetenv("EMBER_LOG_FILE");
+}
+
+char *tu_log_take(const char *path) {
+    FILE *f = fopen(path, "rb");
+    ck_assert_msg(f != NULL, "%s: cannot open the log", path);
+    size_t cap = 4096, len = 0, got;
+    char *buf = malloc(cap);
+    ck_assert_ptr_nonnull(buf);
+    while ((got = fread(buf + len, 1, cap - len - 1, f)) > 0) {
+        len += got;
+        if (cap - len - 1 == 0) {
+            buf = realloc(buf, cap *= 2);
+            ck_assert_ptr_nonnull(buf);
+        }
+    }
+    buf[len] = '\0';
+    fclose(f);
+    unlink(path);
+    return buf;
+}

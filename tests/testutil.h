@@ -66,6 +66,14 @@ Suite *tu_suite(const char *name, const tu_test *tests, size_t n, double timeout
 /* Runs a suite (CK_ENV verbosity) and returns the process exit status. */
 int tu_run(Suite *s);
 
+/* EMBER_LOG capture: tu_log_begin sets EMBER_LOG to what and
+ * EMBER_LOG_FILE to a new empty temporary file, its path in path (n >=
+ * 32); tu_log_end unsets both; tu_log_take returns the file's text
+ * (malloc'd: the caller frees) and removes the file. */
+void tu_log_begin(const char *what, char *path, size_t n);
+void tu_log_end(void);
+char *tu_log_take(const char *path);
+
 /* Runs the built ember-cache (EMBER_CACHE_TOOL, set by make check) with
  * the arguments fmt makes; its exit status, and its stdout and stderr in
  * out. */
