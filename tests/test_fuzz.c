@@ -57,7 +57,10 @@ static bool fz_chance(fz_rng *r, int percent) { return fz_int(r, 100) < percent;
 typedef enum fz_op {
     OP_UNARY, OP_BINARY, OP_SCALAR, OP_COMPARE, OP_WHERE, OP_REDUCE, OP_SOFTMAX,
     OP_LAYER_NORM, OP_MATMUL, OP_TRANSPOSE, OP_PERMUTE, OP_SLICE, OP_UNSQUEEZE,
-    OP_SQUEEZE, OP_EXPAND, OP_RESHAPE, OP_CAST, OP_CAT, OP_COUNT
+    OP_SQUEEZE, OP_EXPAND, OP_RESHAPE, OP_CAST, OP_CAT, OP_COUNT,
+    /* appended at a program's end only (fz_extend), so that the programs
+     * of the ops above keep their seeds */
+    OP_ARGMAX
 } fz_op;
 
 static const char *const UNARY[] = {"tanh", "sigmoid", "relu", "gelu", "gelu_tanh", "neg",
@@ -177,6 +180,7 @@ static void fz_step_str(char *p, size_t n, const fz_step *st) {
         break;
     case OP_CAST: snprintf(p, n, "cast(v%d, %s)", st->a, em_dtype_name(st->dtype)); break;
     case OP_CAT: snprintf(p, n, "cat({v%d, v%d}, dim=%d)", st->a, st->b, st->dims[0]); break;
+    case OP_ARGMAX: snprintf(p, n, "argmax(v%d, dim=%d, keepdim=%d)", st->a, st->dims[0], st->keepdim); break;
     default: snprintf(p, n, "?"); break;
     }
 }
@@ -315,6 +319,7 @@ static em_tensor *fz_apply(const fz_step *st, em_tensor *const *v) {
     case OP_RESHAPE: return fz_reshape(st, a);
     case OP_CAST: return em_cast(a, st->dtype);
     case OP_CAT: return em_cat(2, (em_tensor *const[]){a, v[st->b]}, st->dims[0]);
+    case OP_ARGMAX: return em_argmax(a, st->dims[0], st->keepdim);
     default: return NULL;
     }
 }
@@ -639,6 +644,33 @@ static bool fz_gen_step(fz_rng *r, const fz_pool *p, fz_step *st, fz_shape *out,
     }
 }
 
+/* Appends to pg (pool p) an argmax of a float value, in 40% of programs,
+ * drawn from a stream of its own so that the steps before it are those
+ * the seed made before argmax existed; its operand stays an output if it
+ * was one (used: untouched). */
+static void fz_extend(uint64_t seed, fz_program *pg, fz_pool *p) {
+    fz_rng e = {seed * 0xD1B54A32D192ED03ULL + 0x8CB92BA72F3D8DD7ULL};
+    fz_next(&e);
+    if (!fz_chance(&e, 40) || pg->nsteps >= FZ_MAX_STEPS) return;
+    int a = fz_pick(&e, p, false);
+    if (a < 0 || p->shape[a].ndim == 0 || !em_dtype_is_float(p->dtype[a])) return;
+    fz_step *st = &pg->step[pg->nsteps];
+    memset(st, 0, sizeof *st);
+    st->op = OP_ARGMAX, st->a = a, st->b = st->c = -1;
+    int n = p->shape[a].ndim, d = fz_int(&e, n);
+    st->dims[0] = fz_chance(&e, 30) ? d - n : d; /* negative dims too */
+    st->keepdim = fz_chance(&e, 50);
+    fz_shape out = p->shape[a];
+    if (st->keepdim) out.s[d] = 1;
+    else {
+        for (int i = d; i + 1 < n; i++) out.s[i] = out.s[i + 1];
+        out.ndim--;
+    }
+    p->shape[p->n] = out;
+    p->dtype[p->n++] = EM_I64;
+    pg->nsteps++;
+}
+
 static void fz_generate(uint64_t seed, fz_program *pg) {
     fz_rng r = {seed * 0x9E3779B97F4A7C15ULL + 0x632BE59BD9B4E019ULL};
     fz_next(&r);
@@ -665,6 +697,7 @@ static void fz_generate(uint64_t seed, fz_program *pg) {
         p.dtype[p.n++] = dt;
         pg->nsteps++;
     }
+    fz_extend(seed, pg, &p);
     /* outputs: the results no step consumed */
     for (int i = pg->ninputs; i < p.n; i++)
         if (!used[i]) pg->out[pg->noutputs++] = i;
@@ -741,6 +774,14 @@ static bool fz_ill_conditioned(const fz_step *st, em_tensor *const *v) {
         em_tensor *x = em_cast(a, EM_F64), *y = em_cast(v[st->b], EM_F64);
         em_tensor *gap = em_abs(em_sub(x, y)), *size = em_add(em_abs(x), em_abs(y));
         return fz_any(em_le(gap, em_add_scalar(em_mul_scalar(size, 1e-3), 1e-12)));
+    }
+    if (st->op == OP_ARGMAX) { /* a maximum within 1e-3 of another: which is first flips */
+        em_tensor *x = em_cast(a, EM_F64);
+        if (em_numel(x) == 0) return false;
+        int d = st->dims[0];
+        em_tensor *m = em_amax(x, 1, &d, true);
+        em_tensor *near = em_ge(x, em_sub(m, em_add_scalar(em_mul_scalar(em_abs(m), 1e-3), 1e-12)));
+        return fz_any(em_gt(em_sum(em_cast(near, EM_I64), 1, &d, false), em_scalar(1, EM_I64, em_cpu())));
     }
     if (st->op != OP_LAYER_NORM) return false;
     int n = st->dims[0], dims[EM_MAX_DIMS];
