@@ -209,6 +209,22 @@ static em_status allow_cluster(const cuda_kernel *ck) {
     return s;
 }
 
+/* Clusters of fn that run at once on d (its registers and shared memory
+ * decide how many fit), 0 when the driver cannot say or fn is not a
+ * cluster kernel. */
+static int clusters_of(const cuda_device *d, const cuda_kernel *ck, CUfunction fn) {
+    const cu_api *cu = cuda_driver();
+    if (ck->cluster <= 1 || !cu->OccupancyMaxActiveClusters) return 0;
+    CUlaunchAttribute attr = {.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION};
+    attr.value.clusterDim.x = (unsigned)ck->cluster;
+    attr.value.clusterDim.y = attr.value.clusterDim.z = 1;
+    CUlaunchConfig cfg = {.gridDimX = (unsigned)ck->cluster, .gridDimY = 1, .gridDimZ = 1,
+                          .blockDimX = (unsigned)ck->threads, .blockDimY = 1, .blockDimZ = 1,
+                          .hStream = cuda_stream(d), .attrs = &attr, .numAttrs = 1};
+    int n = 0;
+    return cu->OccupancyMaxActiveClusters(&n, fn, &cfg) == CUDA_SUCCESS && n > 0 ? n : 0;
+}
+
 em_status cuda_kernel_load(cuda_device *d, const void *img, const kc_key *key, cuda_kernel **out) {
     const cu_api *cu = cuda_driver();
     cuda_kernel *ck = calloc(1, sizeof *ck); /* owned by the device, process-long */
@@ -222,6 +238,10 @@ em_status cuda_kernel_load(cuda_device *d, const void *img, const kc_key *key, c
         s = cuda_check(cu->ModuleGetFunction(&ck->fn_v4, ck->module, JIT_KERNEL_NAME "_v4"),
                        "cuModuleGetFunction");
     if (s == EM_OK) s = allow_cluster(ck);
+    if (s == EM_OK) {
+        ck->clusters[0] = clusters_of(d, ck, ck->fn);
+        ck->clusters[1] = ck->fn_v4 ? clusters_of(d, ck, ck->fn_v4) : 0;
+    }
     if (s != EM_OK) {
         if (ck->module) cu->ModuleUnload(ck->module);
         free(ck);
@@ -327,21 +347,29 @@ em_status cuda_kernel_time(cuda_device *d, const cuda_kernel *ck, void *const *b
 
 /* ---- launching ---- */
 
+/* Blocks to launch.  A block (a cluster) for each step of work, as many
+ * as that makes: the hardware hands blocks to SMs as others finish, which
+ * balances the tail better than fewer blocks stepping over the range by
+ * the grid (on the H200 the sweep's rows and pointwise kernels ran 3-20%
+ * faster than with one block an SM's thread capacity: docs/benchmarks.md).
+ * Cluster kernels, whose rows are long, keep to one wave of the clusters
+ * that fit at once: there many clusters of a few rows each ran slower. */
 static unsigned grid_of(const cuda_device *d, const cuda_kernel *ck, int64_t extent, bool v4) {
-    int64_t per_sm = 2048 / ck->threads, cap = (int64_t)d->sm_count * (per_sm > 0 ? per_sm : 1);
-    int64_t want, per_block = (int64_t)ck->threads * (v4 ? 4 : ck->unroll);
+    int64_t want;
     switch (ck->shape) {
-    case CU_FLAT: want = (extent + per_block - 1) / per_block; break;
+    case CU_FLAT: want = (extent + (int64_t)ck->threads * (v4 ? 4 : ck->unroll) - 1) /
+                         ((int64_t)ck->threads * (v4 ? 4 : ck->unroll)); break;
     case CU_ROWS: want = (extent + ck->unroll - 1) / (ck->unroll > 0 ? ck->unroll : 1); break; /* unroll: rows a block */
     default: return 1;
     }
-    if (ck->cluster > 1) { /* whole clusters, a row each at a time */
-        int64_t clusters = cap / ck->cluster > 0 ? cap / ck->cluster : 1;
-        if (want < clusters) clusters = want;
-        return (unsigned)(clusters * ck->cluster);
+    int64_t unit = ck->cluster > 1 ? ck->cluster : 1, cap = INT32_MAX / unit;
+    if (unit > 1 && ck->clusters[v4] > 0) cap = ck->clusters[v4];
+    else if (unit > 1) { /* the driver cannot say: 2048 threads an SM */
+        int64_t per_sm = 2048 / ck->threads;
+        cap = (int64_t)d->sm_count * (per_sm > 0 ? per_sm : 1) / unit;
     }
     if (want > cap) want = cap;
-    return want > 0 ? (unsigned)want : 1;
+    return (unsigned)((want > 0 ? want : 1) * unit);
 }
 
 em_status cuda_kernel_launch(cuda_device *d, const cuda_kernel *ck, void *const *bufs,

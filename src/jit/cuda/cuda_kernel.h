@@ -29,6 +29,8 @@ typedef struct cuda_kernel {
     bool vec4;
     int nbufs, nsizes;
     int cluster;      /* CU_ROWS: blocks a row, launched as a cluster (>= 1) */
+    int clusters[2];  /* cluster kernels: clusters of fn, fn_v4 the device
+                         runs at once (the driver's occupancy), 0: unknown */
     int device;       /* the index of the device it is loaded on */
     int smem_optin;   /* dynamic shared memory opted into so far (generated
                          kernels, cuda_source_launch; set atomically) */

@@ -67,6 +67,7 @@ static void load_graph_syms(void *h) {
     ok = O(GraphExecDestroy, cuGraphExecDestroy) && ok;
     ok = O(GraphDestroy, cuGraphDestroy) && ok;
     O(LaunchKernelEx, cuLaunchKernelEx);
+    O(OccupancyMaxActiveClusters, cuOccupancyMaxActiveClusters);
 #undef O
     cu.graphs = ok;
 }

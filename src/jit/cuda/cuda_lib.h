@@ -77,6 +77,9 @@ typedef struct cu_api {
     /* Optional (NULL: plain launches): launches with attributes, for
      * programmatic dependent launch (cuda_launch_fn). */
     __typeof__(&cuLaunchKernelEx) LaunchKernelEx;
+    /* Optional (NULL: a guess from 2048 threads an SM): how many clusters
+     * of a function run at once (cuda_kernel.c launches one wave of them). */
+    __typeof__(&cuOccupancyMaxActiveClusters) OccupancyMaxActiveClusters;
 } cu_api;
 
 /* ---- NVRTC (libnvrtc.so.13) ---- */

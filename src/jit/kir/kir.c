@@ -171,8 +171,23 @@ int kir_alu(k_kernel *k, k_alu op, int a, int b, int c) {
     return push(k, (k_inst){.op = K_ALU, .alu = op, .dtype = d, .nsrc = n, .src = {a, b, c}});
 }
 
+/* A half value widened to f32 and narrowed back is the value itself: f32
+ * holds every half value, so the narrowing is exact (a bf16 NaN keeps its
+ * bits both ways; an f16 NaN comes back as the one f16 NaN a conversion
+ * makes, the same bits when the value was itself converted).  Lowering
+ * makes such pairs where a half node feeds a store or another half cast,
+ * and the rounding they cost is most of a half row kernel's arithmetic. */
+static int narrowed_back(const k_kernel *k, int value, em_dtype d) {
+    const k_inst *in = &k->insts[value];
+    if ((d != EM_BF16 && d != EM_F16) || in->op != K_CAST || in->dtype != EM_F32) return -1;
+    const k_inst *w = &k->insts[in->src[0]];
+    return w->dtype == d && (d == EM_BF16 || w->op == K_CAST) ? in->src[0] : -1;
+}
+
 int kir_cast(k_kernel *k, int value, em_dtype d) {
     if (!ok(k, value)) return fail(k, "cast of an undefined operand");
+    int same = narrowed_back(k, value, d);
+    if (same >= 0) return same;
     return push(k, (k_inst){.op = K_CAST, .dtype = d, .nsrc = 1, .src = {value}});
 }
 
