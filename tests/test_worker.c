@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "testutil.h"
+#include "engine.h"
 #include "worker.h"
 
 #define ROWS 6
@@ -440,10 +441,34 @@ START_TEST(units_split_when_a_kernel_fails) {
         paths[i] = malloc(4096);
         ck_assert(jit_worker_temp_path(paths[i], 4096));
     }
-    jit_workers *w = jit_workers_start(ks, (const char *const *)paths, N, 2, NULL);
+    /* the worker's message about the bad kernel goes to EMBER_LOG=code,
+     * not to the program's stderr (here a file, to be read after) */
+    char *logtext = NULL;
+    size_t loglen = 0;
+    jit_log lg = {.flags = JIT_LOG_CODE, .f = open_memstream(&logtext, &loglen)};
+    ck_assert_ptr_nonnull(lg.f);
+    char errpath[] = "/tmp/ember-worker-stderr-XXXXXX";
+    int errfd = mkstemp(errpath), saved = dup(2);
+    ck_assert(errfd >= 0 && saved >= 0);
+    fflush(stderr);
+    dup2(errfd, 2);
+    jit_workers *w = jit_workers_start(ks, (const char *const *)paths, N, 2, &lg);
     ck_assert_ptr_nonnull(w);
     jit_worker_result res[N];
     jit_workers_finish(w, res);
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    char said[4096];
+    ssize_t got = pread(errfd, said, sizeof said - 1, 0);
+    said[got > 0 ? got : 0] = '\0';
+    close(errfd);
+    unlink(errpath);
+    fclose(lg.f);
+    ck_assert_msg(strstr(said, "ember-jit-worker") == NULL, "the worker wrote on our stderr: %s", said);
+    ck_assert_msg(strstr(logtext, "failed a unit of") && strstr(logtext, "ember-jit-worker:"),
+                  "the log says: %s", logtext);
+    free(logtext);
     for (int i = 0; i < N; i++) {
         ck_assert_int_eq(res[i], i == BAD ? JIT_WORKER_RETRY : JIT_WORKER_DONE);
         if (i == BAD) continue;

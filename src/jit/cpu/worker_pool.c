@@ -10,7 +10,10 @@
  * paid once), the largest first, as soon as it has answered the previous
  * one on its stdout: '+' when the shared object is written, '-' when the
  * compiler reported an error (a unit of several is then sent again kernel
- * by kernel; a kernel alone then compiles in process).  Where the program lives: EMBER_JIT_WORKER,
+ * by kernel; a kernel alone then compiles in process).  A worker's stderr
+ * is an anonymous file read after each answer: its last line goes to
+ * EMBER_LOG=code (and into the line that reports a dead worker), never to
+ * the program's stderr, where libgccjit's internal errors would dump RTL.  Where the program lives: EMBER_JIT_WORKER,
  * else the installed one (EMBER_WORKER_PATH, set by the build), else the
  * build tree's.
  *
@@ -56,6 +59,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <dirent.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -151,6 +156,7 @@ bool jit_worker_read(FILE *f, jit_worker_unit *u) {
 typedef struct proc {
     pid_t pid;     /* -1: none */
     int in, out;   /* our ends of its stdin and stdout */
+    int err;       /* its stderr: an anonymous file (memfd) we read, -1: none */
     uint64_t kind; /* its program and CPU level (proc_kind): an idle worker
                       serves only compiles that would start the same one */
     double idle_since; /* when it was last given back (now()) */
@@ -489,8 +495,9 @@ static char **worker_env(char *march, char *parent, char *tmpdir) {
     return env;
 }
 
-/* posix_spawn of prog with stdin from in_r, stdout to out_w. */
-static pid_t spawn_process(const char *prog, int in_r, int out_w) {
+/* posix_spawn of prog with stdin from in_r, stdout to out_w, stderr to
+ * err. */
+static pid_t spawn_process(const char *prog, int in_r, int out_w, int err) {
     char march[64], parent[64], tmpdir[EM_ENV_MAX + 8];
     snprintf(march, sizeof march, "EMBER_JIT_MARCH=%s", jit_cpu_march());
     snprintf(parent, sizeof parent, "EMBER_JIT_PARENT=%d", (int)getpid());
@@ -503,7 +510,8 @@ static pid_t spawn_process(const char *prog, int in_r, int out_w) {
     int rc = ENOMEM;
     char *argv[] = {(char *)prog, NULL};
     if (posix_spawn_file_actions_adddup2(&fa, in_r, 0) == 0 &&
-        posix_spawn_file_actions_adddup2(&fa, out_w, 1) == 0) {
+        posix_spawn_file_actions_adddup2(&fa, out_w, 1) == 0 &&
+        posix_spawn_file_actions_adddup2(&fa, err, 2) == 0) {
         em_env_lock(false); /* environ must not move while it is copied (env.c) */
         char **env = worker_env(march, parent, tmpdir);
         rc = env ? posix_spawn(&pid, prog, &fa, NULL, argv, env) : ENOMEM;
@@ -529,13 +537,17 @@ static int high_fd(int fd) {
  * could not (no memory, no pipes, no process). */
 static bool proc_start(proc *p, const char *prog, uint64_t kind) {
     int in[2] = {-1, -1}, out[2] = {-1, -1};
-    *p = (proc){.pid = -1, .in = -1, .out = -1, .kind = kind};
+    *p = (proc){.pid = -1, .in = -1, .out = -1, .err = -1, .kind = kind};
     /* close-on-exec: a worker spawned meanwhile by another thread must not
      * inherit these pipes, or it would hold this one's input open */
     if (pipe2(in, O_CLOEXEC) != 0 || pipe2(out, O_CLOEXEC) != 0) goto fail;
     for (int i = 0; i < 2; i++)
         if ((in[i] = high_fd(in[i])) < 0 || (out[i] = high_fd(out[i])) < 0) goto fail;
-    p->pid = spawn_process(prog, in[0], out[1]);
+    /* its stderr: what the compiler says (an internal error dumps pages
+     * of RTL) goes to EMBER_LOG=code, not to the program's terminal */
+    if ((p->err = memfd_create("ember-jit-worker-stderr", MFD_CLOEXEC)) < 0 || (p->err = high_fd(p->err)) < 0)
+        goto fail;
+    p->pid = spawn_process(prog, in[0], out[1], p->err);
     if (p->pid < 0) goto fail;
     pthread_mutex_lock(&wp.m);
     live_set_locked(p->pid, true);
@@ -553,7 +565,8 @@ fail:;
         if (in[i] >= 0) close(in[i]);
         if (out[i] >= 0) close(out[i]);
     }
-    p->pid = -1;
+    if (p->err >= 0) close(p->err);
+    p->pid = p->err = -1;
     errno = err;
     return false;
 }
@@ -565,7 +578,26 @@ static void proc_forget(proc *p) {
     live_set(p->pid, false);
     if (p->in >= 0) close(p->in);
     if (p->out >= 0) close(p->out);
-    *p = (proc){.pid = -1, .in = -1, .out = -1};
+    if (p->err >= 0) close(p->err);
+    *p = (proc){.pid = -1, .in = -1, .out = -1, .err = -1};
+}
+
+/* The last line p wrote on its stderr since the last call ("" if none),
+ * into buf; what it wrote is then dropped.  Called when p is between
+ * units (it answered, or it is gone), so nothing writes meanwhile; the
+ * file's offset is shared with p's descriptor, hence the lseek. */
+static void proc_said(proc *p, char *buf, size_t n) {
+    buf[0] = '\0';
+    if (p->err < 0) return;
+    struct stat st;
+    if (fstat(p->err, &st) != 0 || st.st_size == 0) return;
+    off_t from = st.st_size > (off_t)(n - 1) ? st.st_size - (off_t)(n - 1) : 0;
+    ssize_t r = pread(p->err, buf, n - 1, from);
+    buf[r > 0 ? r : 0] = '\0';
+    for (size_t len = strlen(buf); len > 0 && (buf[len - 1] == '\n' || buf[len - 1] == '\r');) buf[--len] = '\0';
+    char *last = strrchr(buf, '\n');
+    if (last) memmove(buf, last + 1, strlen(last + 1) + 1);
+    if (ftruncate(p->err, 0) == 0) lseek(p->err, 0, SEEK_SET);
 }
 
 /* Ends p: killed first (kill_first), else given 200 ms to exit by itself
@@ -881,14 +913,19 @@ static void slot_fail(jit_workers *ws, slot *s, const char *killed_why) {
         return;
     }
     pid_t pid = s->p.pid;
+    char said[512];
+    proc_said(&s->p, said, sizeof said); /* a dead worker wrote all it will */
     int st = proc_end(&s->p, killed_why != NULL);
     const char *why = killed_why ? killed_why : WIFSIGNALED(st) ? "was killed by a signal" : NULL;
     bool ending = jit_workers_exiting();
     if (s->unit >= 0) {
         unit_result(ws, s->unit, why || ending ? JIT_WORKER_FAILED : JIT_WORKER_RETRY);
         if (why && !ending)
-            jit_logf(ws->log, 0, "compile worker %d %s on a unit of %d kernel%s; its graph runs op by op",
-                     (int)pid, why, ws->count[s->unit], ws->count[s->unit] == 1 ? "" : "s");
+            jit_logf(ws->log, 0, "compile worker %d %s on a unit of %d kernel%s; its graph runs op by op%s%s",
+                     (int)pid, why, ws->count[s->unit], ws->count[s->unit] == 1 ? "" : "s",
+                     *said ? "; it said: " : "", said);
+        else if (*said && !ending)
+            jit_logf(ws->log, JIT_LOG_CODE, "compile worker %d: %s", (int)pid, said);
     }
     if (why || ending) ws->stop = true;
     slot_clear_unit(s);
@@ -918,6 +955,14 @@ static void slot_receive(jit_workers *ws, slot *s) {
     if (r != 1 || s->unit < 0 || (buf[0] != '+' && buf[0] != '-')) {
         slot_fail(ws, s, "answered garbage");
         return;
+    }
+    char said[512];
+    proc_said(&s->p, said, sizeof said);
+    if (buf[0] == '+' && *said) jit_logf(ws->log, JIT_LOG_CODE, "compile worker %d: %s", (int)s->p.pid, said);
+    if (buf[0] == '-') {
+        jit_logf(ws->log, JIT_LOG_CODE, "compile worker %d failed a unit of %d kernel%s (%s); %s", (int)s->p.pid,
+                 ws->count[s->unit], ws->count[s->unit] == 1 ? "" : "s", *said ? said : "it said nothing",
+                 ws->count[s->unit] > 1 ? "its kernels go again one by one" : "the kernel compiles in process");
     }
     if (buf[0] == '-' && ws->count[s->unit] > 1)
         split_unit(ws, s->unit);
