@@ -8,6 +8,7 @@
  * reason logged under EMBER_LOG=code... never a wrong result. */
 #include "engine-impl.h"
 
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -441,13 +442,29 @@ static tr_graph *with_linear(const jit_compiled *st, const tr_graph *g, tr_graph
  * nodes are in f (or in g, f NULL) on entry, in the result on return; a
  * dynamic graph's reductions split over inner dims only (no view of the
  * traced sizes). */
-static tr_graph *with_split(const jit_compiled *st, const tr_graph *g, tr_graph *f, int *map, fused_counts *n) {
+/* The row length from which a reduction splits however many rows it has:
+ * EMBER_SPLIT_LONG (0 or less: never), else the device's.  A value that
+ * is not a number is logged and ignored. */
+static int64_t split_long_of(const jit_compiled *st, const jit_env *env) {
+    char buf[32], *end;
+    const char *e = em_getenv("EMBER_SPLIT_LONG", buf, sizeof buf);
+    if (!e || !*e) return st->dev->split_long;
+    errno = 0;
+    long long v = strtoll(e, &end, 10);
+    if (*end || errno) {
+        jit_logf(env->log, 0, "EMBER_SPLIT_LONG=%s is not a number of elements: using %lld", e,
+                 (long long)st->dev->split_long);
+        return st->dev->split_long;
+    }
+    return v;
+}
+
+static tr_graph *with_split(const jit_compiled *st, const tr_graph *g, tr_graph *f, int *map, fused_counts *n,
+                            const jit_env *env) {
     char buf[32];
     const char *e = em_getenv("EMBER_SPLIT_REDUCTIONS", buf, sizeof buf);
     if (st->dev->split_rows <= 0 || (e && !strcmp(e, "0"))) return f;
-    int64_t long_row = st->dev->split_long;
-    e = em_getenv("EMBER_SPLIT_LONG", buf, sizeof buf);
-    if (e && *e) long_row = strtoll(e, NULL, 10); /* 0 or less: never */
+    int64_t long_row = split_long_of(st, env);
     const tr_graph *from = f ? f : g;
     int *where = map ? em_malloc(sizeof(int) * ((size_t)from->nnodes + 1)) : NULL;
     tr_graph *s = map && !where ? NULL
@@ -490,7 +507,7 @@ static tr_graph *fused_graph(const jit_compiled *st, const tr_graph *g, int *map
         }
     }
     if (!map) f = with_linear(st, g, f, n);
-    f = with_split(st, g, f, map, n);
+    f = with_split(st, g, f, map, n, env);
     /* the rewrite is checked as every pass is (once per compile, linear in
      * the nodes): a graph it broke runs unfused, never wrong */
     if (f && tr_verify(f) != EM_OK) {
