@@ -355,10 +355,9 @@ em_status cuda_kernel_time(cuda_device *d, const cuda_kernel *ck, void *const *b
  * Cluster kernels, whose rows are long, keep to one wave of the clusters
  * that fit at once: there many clusters of a few rows each ran slower. */
 static unsigned grid_of(const cuda_device *d, const cuda_kernel *ck, int64_t extent, bool v4) {
-    int64_t want;
+    int64_t want, per_block = (int64_t)ck->threads * (v4 ? 4 : ck->unroll);
     switch (ck->shape) {
-    case CU_FLAT: want = (extent + (int64_t)ck->threads * (v4 ? 4 : ck->unroll) - 1) /
-                         ((int64_t)ck->threads * (v4 ? 4 : ck->unroll)); break;
+    case CU_FLAT: want = (extent + per_block - 1) / per_block; break;
     case CU_ROWS: want = (extent + ck->unroll - 1) / (ck->unroll > 0 ? ck->unroll : 1); break; /* unroll: rows a block */
     default: return 1;
     }

@@ -435,13 +435,6 @@ static tr_graph *with_linear(const jit_compiled *st, const tr_graph *g, tr_graph
     return l;
 }
 
-/* f (or g, when f is NULL) with its few-row and long-row reductions
- * split where st's device asks (jit_device's split_rows and split_long,
- * EMBER_SPLIT_LONG); NULL: nothing split or out of memory (unsplit is
- * still correct).  Takes f.  map (dynamic compiles, else NULL): where g's
- * nodes are in f (or in g, f NULL) on entry, in the result on return; a
- * dynamic graph's reductions split over inner dims only (no view of the
- * traced sizes). */
 /* The row length from which a reduction splits however many rows it has:
  * EMBER_SPLIT_LONG (0 or less: never), else the device's.  A value that
  * is not a number is logged and ignored. */
@@ -459,6 +452,13 @@ static int64_t split_long_of(const jit_compiled *st, const jit_env *env) {
     return v;
 }
 
+/* f (or g, when f is NULL) with its few-row and long-row reductions
+ * split where st's device asks (jit_device's split_rows and split_long,
+ * EMBER_SPLIT_LONG); NULL: nothing split or out of memory (unsplit is
+ * still correct).  Takes f.  map (dynamic compiles, else NULL): where g's
+ * nodes are in f (or in g, f NULL) on entry, in the result on return; a
+ * dynamic graph's reductions split over inner dims only (no view of the
+ * traced sizes). */
 static tr_graph *with_split(const jit_compiled *st, const tr_graph *g, tr_graph *f, int *map, fused_counts *n,
                             const jit_env *env) {
     char buf[32];
