@@ -7,9 +7,9 @@
  *    grid-stride loop in which each thread handles U elements per step,
  *    T apart (coalesced), with every buffer __restrict__ so the U loads of
  *    a step are all in flight before the first store; a tail loop does the
- *    last partial step.  The grid is sized from the SM count.  When every
- *    load and store is element v of a 4-byte buffer, NAME_v4 does the same
- *    with one 16-byte load or store per buffer for four elements.
+ *    last partial step.  The launch makes a block per step (cuda_kernel.c).
+ *    When every load and store is element v of a 4-byte buffer, NAME_v4 does
+ *    the same with one 16-byte load or store per buffer for four elements.
  *  - CU_ROWS: loops inside (rows with reductions, broadcasts along a row).
  *    A block per row (grid-stride over rows); the first inner loop of each
  *    pass is split over the block's threads (j = tid + it*T for a constant,
