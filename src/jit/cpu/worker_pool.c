@@ -13,9 +13,9 @@
  * by kernel; a kernel alone then compiles in process).  A worker's stderr
  * is an anonymous file read after each answer: its last line goes to
  * EMBER_LOG=code (and into the line that reports a dead worker), never to
- * the program's stderr, where libgccjit's internal errors would dump RTL.  Where the program lives: EMBER_JIT_WORKER,
- * else the installed one (EMBER_WORKER_PATH, set by the build), else the
- * build tree's.
+ * the program's stderr, where libgccjit's internal errors would dump RTL.
+ * Where the program lives: EMBER_JIT_WORKER, else the installed one
+ * (EMBER_WORKER_PATH, set by the build), else the build tree's.
  *
  * Nothing here waits without a deadline: a unit not answered within
  * EMBER_COMPILE_TIMEOUT seconds a kernel of being sent kills its worker,
